@@ -1,0 +1,180 @@
+// The experiment, as typed structs. YAML becomes these once (config/parse.hpp) and nothing
+// downstream looks anything up by string. These are plain data: every module may read them,
+// and this header depends on nothing else in dtrain.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace dtrain::config {
+
+// Where a value came from, for error messages raised after parsing.
+struct SourceLocation {
+  std::string file;
+  int line = 0;    // 1-based; 0 = not from a file (default or --set)
+  int column = 0;  // 1-based
+};
+
+// ---------------------------------------------------------------- strategy
+enum class StrategyKind { default_strategy };  // more kinds arrive with the strategies issue
+struct StrategyConfig {
+  StrategyKind kind = StrategyKind::default_strategy;
+};
+
+// ---------------------------------------------------------------- data
+enum class SourceKind {
+  fashion_mnist,  // IDX files of Fashion-MNIST (default directory /usr/share/datasets/fashion-mnist)
+  idx,            // any MNIST-style IDX directory: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]
+  hdf5,           // one HDF5 file with groups /train and /test, each holding datasets x and y
+  synthetic,      // random images and labels of a given shape (benchmarks)
+  tensors,        // one example (x, y) repeated `size` times (tf.data.Dataset.from_tensors(...).repeat)
+};
+enum class DistributeMode { split_global_batch, per_replica };
+
+struct DataConfig {
+  SourceKind source = SourceKind::fashion_mnist;
+  std::string path;  // idx/fashion_mnist: directory; hdf5: file. Empty = the source's default.
+  // synthetic
+  std::vector<std::int64_t> shape{28, 28, 1};
+  int classes = 10;
+  std::int64_t train_size = 60000;  // synthetic train examples; tensors: `size`
+  std::int64_t test_size = 10000;   // synthetic test examples
+  // tensors
+  std::vector<double> x;
+  std::vector<double> y;
+  // pipeline
+  std::int64_t batch_size_per_replica = 64;
+  std::int64_t shuffle_buffer = 60000;  // 0 = no shuffle; >= dataset size = full uniform shuffle
+  bool drop_remainder = false;
+  DistributeMode distribute = DistributeMode::split_global_batch;
+  double validation_split = 0.0;  // fraction of the training set held out, in [0, 1)
+  std::int64_t eval_batch_size = 0;  // 0 = the global batch
+  bool prefetch = true;             // prepare the next batch in the background
+};
+
+// ---------------------------------------------------------------- model
+enum class Activation { linear, relu, sigmoid, tanh, softmax };
+enum class Padding { valid, same };
+
+struct Regularizer {
+  double l2 = 0.0;  // loss += l2 * sum(w^2), Keras' L2
+};
+
+struct Conv2DConfig {
+  int filters = 0;
+  std::array<int, 2> kernel_size{3, 3};
+  std::array<int, 2> strides{1, 1};
+  Padding padding = Padding::valid;
+  Activation activation = Activation::linear;
+  bool use_bias = true;
+  Regularizer kernel_regularizer;
+};
+struct MaxPool2DConfig {
+  std::array<int, 2> pool_size{2, 2};
+  std::optional<std::array<int, 2>> strides;  // Keras: defaults to pool_size
+  Padding padding = Padding::valid;
+};
+struct DenseConfig {
+  int units = 0;
+  Activation activation = Activation::linear;
+  bool use_bias = true;
+  Regularizer kernel_regularizer;
+};
+struct FlattenConfig {};
+struct ReshapeConfig {
+  std::vector<std::int64_t> target_shape;  // without the batch dimension; one entry may be -1
+};
+struct ActivationConfig {
+  Activation activation = Activation::linear;
+};
+
+using LayerOptions =
+    std::variant<Conv2DConfig, MaxPool2DConfig, DenseConfig, FlattenConfig, ReshapeConfig, ActivationConfig>;
+
+struct LayerConfig {
+  std::string name;  // Keras-style automatic name when not given: conv2d, conv2d_1, dense, ...
+  LayerOptions options;
+  SourceLocation where;
+};
+
+struct ModelConfig {
+  std::vector<std::int64_t> input_shape;  // without the batch dimension, channels last
+  std::vector<LayerConfig> layers;
+};
+
+// ---------------------------------------------------------------- loss
+enum class LossKind { sparse_categorical_crossentropy, categorical_crossentropy, binary_crossentropy, mean_squared_error };
+enum class Reduction { none, sum, sum_over_batch_size, auto_reduction };
+
+struct LossConfig {
+  LossKind kind = LossKind::sparse_categorical_crossentropy;
+  bool from_logits = false;
+  Reduction reduction = Reduction::auto_reduction;
+  SourceLocation where;
+};
+
+// ---------------------------------------------------------------- optimizer
+enum class ScheduleKind { constant, exponential_decay, piecewise_constant, cosine_decay };
+
+struct LearningRateConfig {
+  ScheduleKind kind = ScheduleKind::constant;
+  double initial_learning_rate = 0.001;  // constant: the learning rate
+  // exponential_decay: lr0 * decay_rate ^ (step / decay_steps), floored when staircase
+  std::int64_t decay_steps = 1;
+  double decay_rate = 1.0;
+  bool staircase = false;
+  // piecewise_constant: values[i] while step <= boundaries[i] (values has one more entry)
+  std::vector<std::int64_t> boundaries;
+  std::vector<double> values;
+  // cosine_decay: lr0 * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, decay_steps) / decay_steps)) + alpha)
+  double alpha = 0.0;
+};
+
+enum class OptimizerKind { sgd, adam, rmsprop };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::adam;
+  LearningRateConfig learning_rate;
+  // sgd, rmsprop
+  double momentum = 0.0;
+  bool nesterov = false;  // sgd
+  // adam
+  double beta_1 = 0.9;
+  double beta_2 = 0.999;
+  // adam, rmsprop
+  double epsilon = 1e-7;
+  // rmsprop
+  double rho = 0.9;
+  bool centered = false;
+};
+
+// ---------------------------------------------------------------- metrics, training
+enum class MetricKind { sparse_categorical_accuracy, accuracy, categorical_accuracy };
+
+enum class ProgressMode { auto_detect, bar, lines, none };
+
+struct TrainConfig {
+  int epochs = 10;
+  std::int64_t steps_per_epoch = 0;  // 0 = the whole training set each epoch
+  int threads = 0;                   // compute threads; 0 = all cores
+  ProgressMode progress = ProgressMode::auto_detect;
+};
+
+struct Experiment {
+  std::string name = "experiment";
+  std::uint64_t seed = 42;
+  StrategyConfig strategy;
+  DataConfig data;
+  ModelConfig model;
+  LossConfig loss;
+  OptimizerConfig optimizer;
+  std::vector<MetricKind> metrics;
+  TrainConfig train;
+  std::string source_file;  // the YAML it was read from
+};
+
+}  // namespace dtrain::config

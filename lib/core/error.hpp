@@ -1,0 +1,48 @@
+// Errors thrown inside lib/. Each says what failed, where, and what to do; apps/ maps the
+// category to a documented exit code (README "Exit codes").
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace dtrain {
+
+enum class ErrorKind {
+  config,    // the experiment or the command line is wrong (exit 2)
+  input,     // a data file is missing, truncated or malformed (exit 2)
+  io,        // writing run outputs failed (exit 3)
+  internal,  // a broken invariant inside dtrain: a bug (exit 1)
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const noexcept { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+struct ConfigError : Error {
+  explicit ConfigError(const std::string& message) : Error(ErrorKind::config, message) {}
+};
+struct InputError : Error {
+  explicit InputError(const std::string& message) : Error(ErrorKind::input, message) {}
+};
+struct IoError : Error {
+  explicit IoError(const std::string& message) : Error(ErrorKind::io, message) {}
+};
+struct InternalError : Error {
+  explicit InternalError(const std::string& message) : Error(ErrorKind::internal, message) {}
+};
+
+[[noreturn]] void throw_internal(const char* expr, const char* file, int line, const std::string& detail);
+
+}  // namespace dtrain
+
+// Invariant checks that stay on in Release: a failed one is a dtrain bug, never bad user input
+// (user input gets a ConfigError/InputError with a helpful message instead).
+#define DTRAIN_CHECK(cond, detail)                                              \
+  do {                                                                          \
+    if (!(cond)) ::dtrain::throw_internal(#cond, __FILE__, __LINE__, (detail)); \
+  } while (0)

@@ -1,0 +1,46 @@
+// Counter-based random numbers (Philox4x32-10, Salmon et al. 2011).
+//
+// Reproducibility contract: every random draw in dtrain comes from a named *stream*, and a
+// stream is fully determined by (experiment seed, stream id, index). Nothing depends on thread
+// timing or on how many draws another stream made, so the same seed reproduces a run, and an
+// iterator can be restored from (seed, epoch, step) alone.
+//
+// Streams in use (see also README "Reproducibility"):
+//   RngStream::init        index = layer position in the model    weight initializers
+//   RngStream::shuffle     index = epoch (0-based)                 the per-epoch shuffle order
+//   RngStream::split       index = 0                               validation_split selection
+//   RngStream::synthetic   index = sample id                       synthetic data source
+//   RngStream::test        index = anything                        tests only
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace dtrain {
+
+enum class RngStream : std::uint32_t { init = 1, shuffle = 2, split = 3, synthetic = 4, test = 99 };
+
+class Rng {
+ public:
+  Rng(std::uint64_t seed, RngStream stream, std::uint64_t index = 0);
+
+  std::uint32_t next_u32();
+  std::uint64_t next_u64();
+  // Uniform in [0, 1) with 24 random bits.
+  float uniform();
+  // Uniform in [lo, hi).
+  float uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
+  // Uniform integer in [0, n), unbiased (Lemire's multiply-and-reject).
+  std::uint64_t below(std::uint64_t n);
+  // Standard normal (Box-Muller).
+  float normal();
+
+ private:
+  void refill();
+  std::array<std::uint32_t, 2> key_;
+  std::array<std::uint32_t, 4> counter_;
+  std::array<std::uint32_t, 4> block_{};
+  int used_ = 4;
+};
+
+}  // namespace dtrain

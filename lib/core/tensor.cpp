@@ -1,0 +1,114 @@
+#include "core/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace dtrain {
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::u8: return 1;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::u8: return "u8";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+std::string Device::to_string() const { return fmt::format("{}:{}", kind == Kind::cpu ? "cpu" : "gpu", index); }
+
+std::int64_t Shape::numel() const {
+  std::int64_t n = 1;
+  for (auto d : dims_) n *= d;
+  return n;
+}
+
+Shape Shape::with_batch(std::int64_t n) const {
+  std::vector<std::int64_t> d{n};
+  d.insert(d.end(), dims_.begin(), dims_.end());
+  return Shape(std::move(d));
+}
+
+std::string Shape::to_string() const {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims_.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", dims_[i]);
+  return s + (dims_.size() == 1 ? ",)" : ")");
+}
+
+Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  DTRAIN_CHECK(device.kind == Device::Kind::cpu, "only cpu storage is built in this release");
+  std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  data_ = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  if (!data_) throw std::bad_alloc();
+  std::memset(data_, 0, rounded == 0 ? alignment : rounded);
+}
+
+Storage::~Storage() { std::free(data_); }
+
+Tensor::Tensor(Shape shape, DType dtype, Device device)
+    : storage_(std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), device)),
+      shape_(std::move(shape)),
+      dtype_(dtype),
+      device_(device) {}
+
+void Tensor::check_type(std::size_t elem) const {
+  DTRAIN_CHECK(storage_ != nullptr, "tensor has no storage");
+  DTRAIN_CHECK(elem == dtype_size(dtype_), fmt::format("element size {} does not match dtype {}", elem, dtype_name(dtype_)));
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  DTRAIN_CHECK(shape.numel() == numel(), fmt::format("cannot reshape {} to {}", shape_.to_string(), shape.to_string()));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::slice_rows(std::int64_t begin, std::int64_t end) const {
+  DTRAIN_CHECK(shape_.rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "slice out of range");
+  Tensor t = *this;
+  std::int64_t row = shape_[0] == 0 ? 0 : numel() / shape_[0];
+  t.offset_ += static_cast<std::size_t>(begin * row) * dtype_size(dtype_);
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(shape_, dtype_, device_);
+  if (bytes()) std::memcpy(t.raw(), raw(), bytes());
+  return t;
+}
+
+void Tensor::fill(float value) {
+  for (auto& v : span<float>()) v = value;
+}
+
+void Tensor::zero() {
+  if (bytes()) std::memset(raw(), 0, bytes());
+}
+
+void Tensor::ensure(const Shape& shape, DType dtype) {
+  std::size_t need = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  if (!storage_ || offset_ + need > storage_->bytes()) {
+    *this = Tensor(shape, dtype, device_);
+    return;
+  }
+  shape_ = shape;
+  dtype_ = dtype;
+}
+
+}  // namespace dtrain
