@@ -1,3 +1,82 @@
-#include "dtrain/build_info.hpp"
+// dtrain: the command line. Subcommands live in cmd_*.cpp; this file parses arguments and maps
+// exceptions to the exit codes of commands.hpp.
 #include <cstdio>
-int main() { std::printf("dtrain %s\n", dtrain::build_info::version); }
+#include <exception>
+#include <new>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "dtrain/build_info.hpp"
+
+namespace {
+
+constexpr const char* kExamples = R"(
+Examples:
+  dtrain run experiments/fashion_mnist.yaml
+  dtrain run experiments/fashion_mnist.yaml --set train.epochs=1 --set data.batch_size_per_replica=128
+  dtrain run experiments/regression_toy.yaml --run-dir /tmp/toy
+  dtrain validate experiments/fashion_mnist.yaml
+  dtrain info
+
+Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data, 3 cannot write outputs.)";
+
+int exit_code_for(dtrain::ErrorKind kind) {
+  switch (kind) {
+    case dtrain::ErrorKind::config:
+    case dtrain::ErrorKind::input: return dtrain::app::kBadInput;
+    case dtrain::ErrorKind::io: return dtrain::app::kIoError;
+    case dtrain::ErrorKind::internal: return dtrain::app::kInternalError;
+  }
+  return dtrain::app::kInternalError;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dtrain: tf.distribute-style custom training loops in C++, driven by YAML experiments"};
+  app.footer(kExamples);
+  app.set_version_flag("--version", fmt::format("dtrain {}", dtrain::build_info::version));
+  app.require_subcommand(1);
+
+  dtrain::app::RunArgs run_args;
+  auto* run = app.add_subcommand("run", "Train an experiment and print the per-epoch loss and metrics");
+  run->add_option("experiment", run_args.experiment, "Experiment YAML file")->required();
+  run->add_option("--set", run_args.overrides, "Override a setting: --set train.epochs=3 (repeatable)");
+  run->add_option("--run-dir", run_args.run_dir, "Directory for config.yaml and metrics.jsonl (default runs/<name>)");
+
+  dtrain::app::ValidateArgs validate_args;
+  auto* validate = app.add_subcommand("validate", "Check an experiment and print it fully resolved");
+  validate->add_option("experiment", validate_args.experiment, "Experiment YAML file")->required();
+  validate->add_option("--set", validate_args.overrides, "Override a setting (repeatable)");
+
+  auto* info = app.add_subcommand("info", "Versions, CPU ISA, threads and which backends are available");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? dtrain::app::kOk : dtrain::app::kBadInput;
+  }
+
+  try {
+    if (*run) return dtrain::app::run_command(run_args);
+    if (*validate) return dtrain::app::validate_command(validate_args);
+    if (*info) return dtrain::app::info_command();
+  } catch (const dtrain::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "dtrain: error: {}\n", e.what());
+    return exit_code_for(e.kind());
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    fmt::print(stderr, "dtrain: error: out of memory; try a smaller batch size\n");
+    return dtrain::app::kInternalError;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "dtrain: internal error: {} (please report this)\n", e.what());
+    return dtrain::app::kInternalError;
+  }
+  return dtrain::app::kInternalError;
+}

@@ -13,16 +13,19 @@
 namespace dtrain::config {
 
 // Where a value came from, for error messages raised after parsing.
+// Every struct has defaulted ==, so a resolved config can be compared (round trips, resume checks).
 struct SourceLocation {
   std::string file;
   int line = 0;    // 1-based; 0 = not from a file (default or --set)
   int column = 0;  // 1-based
+  bool operator==(const SourceLocation&) const = default;
 };
 
 // ---------------------------------------------------------------- strategy
 enum class StrategyKind { default_strategy };  // more kinds arrive with the strategies issue
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::default_strategy;
+  bool operator==(const StrategyConfig&) const = default;
 };
 
 // ---------------------------------------------------------------- data
@@ -54,6 +57,7 @@ struct DataConfig {
   double validation_split = 0.0;  // fraction of the training set held out, in [0, 1)
   std::int64_t eval_batch_size = 0;  // 0 = the global batch
   bool prefetch = true;             // prepare the next batch in the background
+  bool operator==(const DataConfig&) const = default;
 };
 
 // ---------------------------------------------------------------- model
@@ -62,6 +66,7 @@ enum class Padding { valid, same };
 
 struct Regularizer {
   double l2 = 0.0;  // loss += l2 * sum(w^2), Keras' L2
+  bool operator==(const Regularizer&) const = default;
 };
 
 struct Conv2DConfig {
@@ -72,24 +77,31 @@ struct Conv2DConfig {
   Activation activation = Activation::linear;
   bool use_bias = true;
   Regularizer kernel_regularizer;
+  bool operator==(const Conv2DConfig&) const = default;
 };
 struct MaxPool2DConfig {
   std::array<int, 2> pool_size{2, 2};
   std::optional<std::array<int, 2>> strides;  // Keras: defaults to pool_size
   Padding padding = Padding::valid;
+  bool operator==(const MaxPool2DConfig&) const = default;
 };
 struct DenseConfig {
   int units = 0;
   Activation activation = Activation::linear;
   bool use_bias = true;
   Regularizer kernel_regularizer;
+  bool operator==(const DenseConfig&) const = default;
 };
-struct FlattenConfig {};
+struct FlattenConfig {
+  bool operator==(const FlattenConfig&) const = default;
+};
 struct ReshapeConfig {
   std::vector<std::int64_t> target_shape;  // without the batch dimension; one entry may be -1
+  bool operator==(const ReshapeConfig&) const = default;
 };
 struct ActivationConfig {
   Activation activation = Activation::linear;
+  bool operator==(const ActivationConfig&) const = default;
 };
 
 using LayerOptions =
@@ -99,11 +111,13 @@ struct LayerConfig {
   std::string name;  // Keras-style automatic name when not given: conv2d, conv2d_1, dense, ...
   LayerOptions options;
   SourceLocation where;
+  bool operator==(const LayerConfig&) const = default;
 };
 
 struct ModelConfig {
   std::vector<std::int64_t> input_shape;  // without the batch dimension, channels last
   std::vector<LayerConfig> layers;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // ---------------------------------------------------------------- loss
@@ -115,6 +129,7 @@ struct LossConfig {
   bool from_logits = false;
   Reduction reduction = Reduction::auto_reduction;
   SourceLocation where;
+  bool operator==(const LossConfig&) const = default;
 };
 
 // ---------------------------------------------------------------- optimizer
@@ -132,6 +147,7 @@ struct LearningRateConfig {
   std::vector<double> values;
   // cosine_decay: lr0 * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, decay_steps) / decay_steps)) + alpha)
   double alpha = 0.0;
+  bool operator==(const LearningRateConfig&) const = default;
 };
 
 enum class OptimizerKind { sgd, adam, rmsprop };
@@ -150,6 +166,7 @@ struct OptimizerConfig {
   // rmsprop
   double rho = 0.9;
   bool centered = false;
+  bool operator==(const OptimizerConfig&) const = default;
 };
 
 // ---------------------------------------------------------------- metrics, training
@@ -162,6 +179,7 @@ struct TrainConfig {
   std::int64_t steps_per_epoch = 0;  // 0 = the whole training set each epoch
   int threads = 0;                   // compute threads; 0 = all cores
   ProgressMode progress = ProgressMode::auto_detect;
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct Experiment {
@@ -175,6 +193,7 @@ struct Experiment {
   std::vector<MetricKind> metrics;
   TrainConfig train;
   std::string source_file;  // the YAML it was read from
+  bool operator==(const Experiment&) const = default;
 };
 
 }  // namespace dtrain::config

@@ -8,7 +8,6 @@
 // Streams in use (see also README "Reproducibility"):
 //   RngStream::init        index = layer position in the model    weight initializers
 //   RngStream::shuffle     index = epoch (0-based)                 the per-epoch shuffle order
-//   RngStream::split       index = 0                               validation_split selection
 //   RngStream::synthetic   index = sample id                       synthetic data source
 //   RngStream::test        index = anything                        tests only
 #pragma once

@@ -1,0 +1,41 @@
+#include <H5public.h>
+#include <mpi.h>
+#include <omp.h>
+#include <yaml-cpp/yaml.h>
+#include <zlib.h>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "data/dataset.hpp"
+#include "dtrain/build_info.hpp"
+#include "kernels/cpu/dnnl_context.hpp"
+#include "train/trainer.hpp"
+
+namespace dtrain::app {
+
+int info_command() {
+  unsigned h5_major = 0, h5_minor = 0, h5_release = 0;
+  H5get_libversion(&h5_major, &h5_minor, &h5_release);
+  char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int mpi_len = 0;
+  MPI_Get_library_version(mpi_version, &mpi_len);  // callable before MPI_Init
+  std::string mpi(mpi_version, static_cast<std::size_t>(mpi_len));
+  if (auto nl = mpi.find_first_of(",\n"); nl != std::string::npos) mpi.resize(nl);
+
+  fmt::print("dtrain {} ({} build, {})\n", build_info::version, build_info::build_type, build_info::compiler);
+  fmt::print("oneDNN {}, CPU ISA {}\n", kernels::cpu::dnnl_version(), kernels::cpu::effective_isa());
+  fmt::print("threads: {} available (train.threads: 0 uses them all), OpenMP max {}\n", train::resolve_threads(0),
+             omp_get_max_threads());
+  fmt::print("MPI: {}\n", mpi);
+  fmt::print("HDF5 {}.{}.{}, zlib {}, fmt {}\n", h5_major, h5_minor, h5_release, zlibVersion(), FMT_VERSION);
+  fmt::print("CUDA: {}\n", build_info::have_cuda ? "found at build time (no CUDA kernels in this release)" : "not built");
+  fmt::print("NCCL: {}\n", build_info::have_nccl ? "found at build time (not used in this release)" : "not built");
+  const bool fmnist = std::filesystem::exists(std::filesystem::path(data::kDefaultFashionMnistDir) / "train-images-idx3-ubyte.gz");
+  fmt::print("Fashion-MNIST: {}\n", fmnist ? data::kDefaultFashionMnistDir : "not installed (apt-get install dataset-fashion-mnist)");
+  return kOk;
+}
+
+}  // namespace dtrain::app

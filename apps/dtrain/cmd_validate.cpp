@@ -1,0 +1,25 @@
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "config/parse.hpp"
+#include "nn/model.hpp"
+
+namespace dtrain::app {
+
+int validate_command(const ValidateArgs& args) {
+  config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+  // Building the model checks what YAML alone cannot: that the layers fit the input shape.
+  nn::Sequential model(exp.model, exp.seed);
+  fmt::print("# {}: valid\n{}", args.experiment, config::to_yaml(exp));
+  fmt::print("# model\n");
+  std::string summary = model.summary();
+  std::string::size_type start = 0;
+  while (start < summary.size()) {
+    auto end = summary.find('\n', start);
+    fmt::print("#   {}\n", summary.substr(start, end - start));
+    start = end == std::string::npos ? summary.size() : end + 1;
+  }
+  return kOk;
+}
+
+}  // namespace dtrain::app

@@ -1,0 +1,792 @@
+#include "config/parse.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string_view>
+
+#include "config/yaml_tree.hpp"
+#include "core/error.hpp"
+
+namespace dtrain::config {
+
+using detail::fail;
+using detail::Node;
+using detail::Origin;
+
+namespace {
+
+// ---------------------------------------------------------------- names of enum values
+
+template <class E>
+struct Named {
+  std::string_view name;
+  E value;
+};
+
+constexpr Named<SourceKind> source_kinds[] = {{"fashion_mnist", SourceKind::fashion_mnist},
+                                              {"idx", SourceKind::idx},
+                                              {"hdf5", SourceKind::hdf5},
+                                              {"synthetic", SourceKind::synthetic},
+                                              {"tensors", SourceKind::tensors}};
+constexpr Named<DistributeMode> distribute_modes[] = {{"split_global_batch", DistributeMode::split_global_batch},
+                                                      {"per_replica", DistributeMode::per_replica}};
+constexpr Named<Activation> activations[] = {{"linear", Activation::linear},
+                                             {"relu", Activation::relu},
+                                             {"sigmoid", Activation::sigmoid},
+                                             {"tanh", Activation::tanh},
+                                             {"softmax", Activation::softmax}};
+constexpr Named<Padding> paddings[] = {{"valid", Padding::valid}, {"same", Padding::same}};
+constexpr Named<LossKind> loss_kinds[] = {
+    {"sparse_categorical_crossentropy", LossKind::sparse_categorical_crossentropy},
+    {"categorical_crossentropy", LossKind::categorical_crossentropy},
+    {"binary_crossentropy", LossKind::binary_crossentropy},
+    {"mean_squared_error", LossKind::mean_squared_error}};
+constexpr Named<Reduction> reductions[] = {{"none", Reduction::none},
+                                           {"sum", Reduction::sum},
+                                           {"sum_over_batch_size", Reduction::sum_over_batch_size},
+                                           {"auto", Reduction::auto_reduction}};
+constexpr Named<ScheduleKind> schedule_kinds[] = {{"constant", ScheduleKind::constant},
+                                                  {"exponential_decay", ScheduleKind::exponential_decay},
+                                                  {"piecewise_constant", ScheduleKind::piecewise_constant},
+                                                  {"cosine_decay", ScheduleKind::cosine_decay}};
+constexpr Named<OptimizerKind> optimizer_kinds[] = {
+    {"sgd", OptimizerKind::sgd}, {"adam", OptimizerKind::adam}, {"rmsprop", OptimizerKind::rmsprop}};
+constexpr Named<MetricKind> metric_kinds[] = {{"sparse_categorical_accuracy", MetricKind::sparse_categorical_accuracy},
+                                              {"accuracy", MetricKind::accuracy},
+                                              {"categorical_accuracy", MetricKind::categorical_accuracy}};
+constexpr Named<ProgressMode> progress_modes[] = {{"auto", ProgressMode::auto_detect},
+                                                  {"bar", ProgressMode::bar},
+                                                  {"lines", ProgressMode::lines},
+                                                  {"none", ProgressMode::none}};
+
+// tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
+constexpr std::string_view planned_strategies[] = {"one_device", "mirrored", "multi_worker_mirrored",
+                                                   "central_storage", "parameter_server"};
+
+template <class E, std::size_t N>
+const char* name_in(const Named<E> (&table)[N], E value) {
+  for (const auto& entry : table)
+    if (entry.value == value) return entry.name.data();
+  throw InternalError("enum value without a YAML name");
+}
+
+// ---------------------------------------------------------------- suggestions
+
+// Optimal string alignment distance (Levenshtein plus adjacent swaps), case-insensitive, so that
+// "epoch", "Adam" and "sdg" all find their intended spelling.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The closest candidate when it is plausibly a typo: a third of the word may be wrong (at least
+// two edits for short words), but never the whole candidate.
+std::optional<std::string_view> nearest(std::string_view word, std::span<const std::string_view> candidates) {
+  std::optional<std::string_view> best;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  for (std::string_view candidate : candidates) {
+    const std::size_t distance = edit_distance(word, candidate);
+    const std::size_t allowed = std::max<std::size_t>(2, candidate.size() / 3);
+    if (distance <= allowed && distance < candidate.size() && distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+std::string join(std::span<const std::string_view> names) {
+  std::string out;
+  for (std::string_view name : names) {
+    if (!out.empty()) out += ", ";
+    out += name;
+  }
+  return out;
+}
+
+std::string did_you_mean(std::string_view word, std::span<const std::string_view> candidates) {
+  if (auto best = nearest(word, candidates)) return fmt::format("; did you mean '{}'?", *best);
+  return {};
+}
+
+// ---------------------------------------------------------------- typed reading of nodes
+
+std::string child(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+}
+
+std::string describe(const Node& node) {
+  switch (node.kind) {
+    case Node::Kind::null: return "nothing";
+    case Node::Kind::scalar: return fmt::format("'{}'", node.scalar);
+    case Node::Kind::sequence: return "a list";
+    case Node::Kind::map: return "a map";
+  }
+  return "?";
+}
+
+[[noreturn]] void type_error(const Node& node, const std::string& path, std::string_view expected) {
+  fail(node.origin, fmt::format("{}: expected {}, got {}", path, expected, describe(node)));
+}
+
+[[noreturn]] void range_error(const Node& node, const std::string& path, std::string_view rule) {
+  fail(node.origin, fmt::format("{}: must be {}, got {}", path, rule, describe(node)));
+}
+
+std::int64_t read_int(const Node& node, const std::string& path) {
+  if (!node.is_scalar()) type_error(node, path, "an integer");
+  std::string_view text = node.scalar;
+  if (text.size() > 1 && text.front() == '+') text.remove_prefix(1);
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range) range_error(node, path, "a 64-bit integer");
+  if (error != std::errc() || end != text.data() + text.size()) type_error(node, path, "an integer");
+  return value;
+}
+
+int read_int32(const Node& node, const std::string& path) {
+  const std::int64_t value = read_int(node, path);
+  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max())
+    range_error(node, path, "a 32-bit integer");
+  return static_cast<int>(value);
+}
+
+std::uint64_t read_uint64(const Node& node, const std::string& path) {
+  if (!node.is_scalar()) type_error(node, path, "a non-negative integer");
+  std::string_view text = node.scalar;
+  if (text.size() > 1 && text.front() == '+') text.remove_prefix(1);
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range) range_error(node, path, "at most 18446744073709551615");
+  if (error != std::errc() || end != text.data() + text.size()) type_error(node, path, "a non-negative integer");
+  return value;
+}
+
+double read_number(const Node& node, const std::string& path) {
+  if (!node.is_scalar()) type_error(node, path, "a number");
+  std::string_view text = node.scalar;
+  if (text.size() > 1 && text.front() == '+') text.remove_prefix(1);
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range) range_error(node, path, "a finite double-precision number");
+  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+    type_error(node, path, "a number");
+  return value;
+}
+
+bool read_bool(const Node& node, const std::string& path) {
+  if (node.is_scalar()) {
+    const std::string& t = node.scalar;
+    if (t == "true" || t == "True" || t == "TRUE") return true;
+    if (t == "false" || t == "False" || t == "FALSE") return false;
+  }
+  type_error(node, path, "true or false");
+}
+
+std::string read_string(const Node& node, const std::string& path) {
+  if (!node.is_scalar()) type_error(node, path, "a string");
+  return node.scalar;
+}
+
+template <class E, std::size_t N>
+E read_enum(const Node& node, const std::string& path, std::string_view what, const Named<E> (&table)[N]) {
+  std::vector<std::string_view> names;
+  for (const auto& entry : table) names.push_back(entry.name);
+  if (!node.is_scalar()) type_error(node, path, fmt::format("a {} ({})", what, join(names)));
+  for (const auto& entry : table)
+    if (entry.name == node.scalar) return entry.value;
+  fail(node.origin,
+       fmt::format("unknown {} '{}'; valid: {}{}", what, node.scalar, join(names), did_you_mean(node.scalar, names)));
+}
+
+const Node& expect_list(const Node& node, const std::string& path, std::string_view of_what) {
+  if (!node.is_sequence()) type_error(node, path, fmt::format("a list of {}", of_what));
+  return node;
+}
+
+std::vector<std::int64_t> read_int_list(const Node& node, const std::string& path) {
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; const Node& item : expect_list(node, path, "integers").items)
+    out.push_back(read_int(item, child(path, std::to_string(i++))));
+  return out;
+}
+
+std::vector<double> read_number_list(const Node& node, const std::string& path) {
+  std::vector<double> out;
+  for (std::size_t i = 0; const Node& item : expect_list(node, path, "numbers").items)
+    out.push_back(read_number(item, child(path, std::to_string(i++))));
+  return out;
+}
+
+// A shape without the batch dimension: non-empty, every entry >= 1.
+std::vector<std::int64_t> read_shape(const Node& node, const std::string& path) {
+  std::vector<std::int64_t> shape = read_int_list(node, path);
+  if (shape.empty()) range_error(node, path, "a non-empty list of dimensions");
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] < 1) range_error(node.items[i], child(path, std::to_string(i)), ">= 1");
+  return shape;
+}
+
+// Keras' int-or-pair arguments (kernel_size, strides, pool_size); every entry >= 1.
+std::array<int, 2> read_pair(const Node& node, const std::string& path) {
+  constexpr std::string_view expected = "an integer or a list of two integers";
+  if (node.is_scalar()) {
+    const int value = read_int32(node, path);
+    if (value < 1) range_error(node, path, ">= 1");
+    return {value, value};
+  }
+  if (!node.is_sequence() || node.items.size() != 2) type_error(node, path, expected);
+  std::array<int, 2> out{};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::string item_path = child(path, std::to_string(i));
+    out[i] = read_int32(node.items[i], item_path);
+    if (out[i] < 1) range_error(node.items[i], item_path, ">= 1");
+  }
+  return out;
+}
+
+// A section of settings. Unknown keys are reported first, so that a typo in a required key reads
+// "did you mean" rather than "missing".
+class Section {
+ public:
+  Section(const Node& node, std::string path, std::span<const std::string_view> keys)
+      : node_(node), path_(std::move(path)) {
+    if (node.is_null()) return;  // "train:" with nothing under it: all defaults
+    if (!node.is_map()) type_error(node, path_.empty() ? "the experiment" : path_, "a map of settings");
+    for (const auto& entry : node.entries) {
+      if (std::find(keys.begin(), keys.end(), entry.key) != keys.end()) continue;
+      const std::string where = path_.empty() ? "at top level" : "in " + path_;
+      if (auto best = nearest(entry.key, keys))
+        fail(entry.key_origin, fmt::format("unknown key '{}' {}; did you mean '{}'?", entry.key, where, *best));
+      fail(entry.key_origin, fmt::format("unknown key '{}' {}; valid keys: {}", entry.key, where, join(keys)));
+    }
+  }
+
+  const Node* find(std::string_view key) const { return node_.find(key); }
+  // Where the key is written, or the section itself when the key is left out.
+  Origin key_origin(std::string_view key) const {
+    for (const auto& entry : node_.entries)
+      if (entry.key == key) return entry.key_origin;
+    return node_.origin;
+  }
+  const Node& require(std::string_view key) const {
+    if (const Node* value = find(key)) return *value;
+    const std::string prefix = path_.empty() ? "" : path_ + ": ";
+    fail(node_.origin, fmt::format("{}missing required key '{}'", prefix, key));
+  }
+  std::string path(std::string_view key) const { return child(path_, key); }
+  const std::string& path() const { return path_; }
+  const Node& node() const { return node_; }
+
+  // A key that only some kinds (of optimizer, data source, ...) accept.
+  void only_for(std::string_view key, bool applies, std::string_view kinds, std::string_view chosen) const {
+    if (applies) return;
+    for (const auto& entry : node_.entries)
+      if (entry.key == key)
+        fail(entry.key_origin, fmt::format("{}: applies only to {}, not to {}; remove it or change the kind",
+                                           path(key), kinds, chosen));
+  }
+
+  template <class T, class Read>
+  void get(std::string_view key, T& out, Read read) const {
+    if (const Node* value = find(key)) out = read(*value, path(key));
+  }
+  void get_int(std::string_view key, std::int64_t& out, std::int64_t minimum) const {
+    if (const Node* value = find(key)) {
+      out = read_int(*value, path(key));
+      if (out < minimum) range_error(*value, path(key), fmt::format(">= {}", minimum));
+    }
+  }
+  void get_int(std::string_view key, int& out, int minimum) const {
+    if (const Node* value = find(key)) {
+      out = read_int32(*value, path(key));
+      if (out < minimum) range_error(*value, path(key), fmt::format(">= {}", minimum));
+    }
+  }
+  void get_bool(std::string_view key, bool& out) const { get(key, out, read_bool); }
+  // A number that `ok` accepts; `rule` is how the accepted range reads in messages.
+  void get_number(std::string_view key, double& out, bool (*ok)(double), std::string_view rule) const {
+    if (const Node* value = find(key)) {
+      out = read_number(*value, path(key));
+      if (!ok(out)) range_error(*value, path(key), rule);
+    }
+  }
+  template <class E, std::size_t N>
+  void get_enum(std::string_view key, E& out, std::string_view what, const Named<E> (&table)[N]) const {
+    if (const Node* value = find(key)) out = read_enum(*value, path(key), what, table);
+  }
+
+ private:
+  const Node& node_;
+  std::string path_;
+};
+
+bool positive(double v) { return v > 0; }
+bool non_negative(double v) { return v >= 0; }
+bool unit_interval_open(double v) { return v >= 0 && v < 1; }
+bool unit_interval_closed(double v) { return v >= 0 && v <= 1; }
+
+// ---------------------------------------------------------------- sections
+
+StrategyConfig parse_strategy(const Node& node) {
+  static constexpr std::string_view keys[] = {"kind"};
+  Section s(node, "strategy", keys);
+  StrategyConfig out;
+  if (const Node* kind = s.find("kind")) {
+    const std::string name = read_string(*kind, s.path("kind"));
+    if (name == "default") return out;
+    if (std::find(std::begin(planned_strategies), std::end(planned_strategies), name) !=
+        std::end(planned_strategies))
+      fail(kind->origin, fmt::format("strategy kind '{}' is not available in this version of dtrain (available: "
+                                     "default)",
+                                     name));
+    static constexpr std::string_view available[] = {"default"};
+    fail(kind->origin,
+         fmt::format("unknown strategy kind '{}'; valid: default{}", name, did_you_mean(name, available)));
+  }
+  return out;
+}
+
+DataConfig parse_data(const Node& node) {
+  static constexpr std::string_view keys[] = {
+      "source",   "path",     "shape",          "classes",       "train_size",      "test_size",
+      "x",        "y",        "size",           "batch_size_per_replica", "shuffle_buffer", "drop_remainder",
+      "distribute", "validation_split", "eval_batch_size", "prefetch"};
+  Section s(node, "data", keys);
+  DataConfig out;
+  s.get_enum("source", out.source, "data source", source_kinds);
+  const char* source = name_of(out.source);
+
+  const bool files = out.source == SourceKind::fashion_mnist || out.source == SourceKind::idx ||
+                     out.source == SourceKind::hdf5;
+  const bool synthetic = out.source == SourceKind::synthetic;
+  const bool tensors = out.source == SourceKind::tensors;
+  s.only_for("path", files, "data sources fashion_mnist, idx, hdf5", source);
+  for (std::string_view key : {"shape", "classes", "train_size", "test_size"})
+    s.only_for(key, synthetic, "data source synthetic", source);
+  for (std::string_view key : {"x", "y", "size"}) s.only_for(key, tensors, "data source tensors", source);
+
+  if (out.source == SourceKind::idx || out.source == SourceKind::hdf5) {
+    out.path = read_string(s.require("path"), s.path("path"));
+  } else {
+    s.get("path", out.path, read_string);
+  }
+  if (const Node* path = s.find("path"); path && out.path.empty())
+    range_error(*path, s.path("path"), "a non-empty path (leave the key out for the source's default)");
+
+  s.get("shape", out.shape, read_shape);
+  s.get_int("classes", out.classes, 1);
+  s.get_int("train_size", out.train_size, 1);
+  s.get_int("test_size", out.test_size, 0);
+  if (tensors) {
+    out.x = read_number_list(s.require("x"), s.path("x"));
+    out.y = read_number_list(s.require("y"), s.path("y"));
+    if (out.x.empty()) range_error(*s.find("x"), s.path("x"), "a non-empty list of numbers");
+    if (out.y.empty()) range_error(*s.find("y"), s.path("y"), "a non-empty list of numbers");
+    s.get_int("size", out.train_size, 1);
+  }
+
+  s.get_int("batch_size_per_replica", out.batch_size_per_replica, 1);
+  s.get_int("shuffle_buffer", out.shuffle_buffer, 0);
+  s.get_bool("drop_remainder", out.drop_remainder);
+  s.get_enum("distribute", out.distribute, "distribute mode", distribute_modes);
+  s.get_number("validation_split", out.validation_split, unit_interval_open, "in [0, 1)");
+  s.get_int("eval_batch_size", out.eval_batch_size, 0);
+  s.get_bool("prefetch", out.prefetch);
+  return out;
+}
+
+Regularizer read_regularizer(const Node& node, const std::string& path) {
+  static constexpr std::string_view keys[] = {"l2"};
+  Section s(node, path, keys);
+  Regularizer out;
+  s.get_number("l2", out.l2, non_negative, ">= 0");
+  return out;
+}
+
+// The layer kinds as written in YAML; the Keras class-name spelling of max pooling is accepted too.
+enum class LayerKind { conv2d, max_pool2d, dense, flatten, reshape, activation };
+constexpr Named<LayerKind> layer_kinds[] = {{"conv2d", LayerKind::conv2d},
+                                            {"max_pool2d", LayerKind::max_pool2d},
+                                            {"max_pooling2d", LayerKind::max_pool2d},
+                                            {"dense", LayerKind::dense},
+                                            {"flatten", LayerKind::flatten},
+                                            {"reshape", LayerKind::reshape},
+                                            {"activation", LayerKind::activation}};
+
+// Keras' automatic name prefix for each kind (its snake_case class name).
+std::string_view auto_name_prefix(const LayerOptions& options) {
+  constexpr std::string_view prefixes[] = {"conv2d", "max_pooling2d", "dense", "flatten", "reshape", "activation"};
+  return prefixes[options.index()];
+}
+
+bool valid_layer_name(std::string_view name) {
+  // Layer names become parts of checkpoint dataset paths, so keep them to a portable alphabet.
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) != 0 || c == '_' || c == '-' || c == '.';
+  });
+}
+
+LayerOptions parse_layer_options(LayerKind kind, const Node& node, const std::string& path) {
+  switch (kind) {
+    case LayerKind::conv2d: {
+      static constexpr std::string_view keys[] = {"filters",    "kernel_size", "strides", "padding",
+                                                  "activation", "use_bias",    "kernel_regularizer", "name"};
+      Section s(node, path, keys);
+      Conv2DConfig c;
+      const Node& filters = s.require("filters");
+      c.filters = read_int32(filters, s.path("filters"));
+      if (c.filters < 1) range_error(filters, s.path("filters"), ">= 1");
+      s.get("kernel_size", c.kernel_size, read_pair);
+      s.get("strides", c.strides, read_pair);
+      s.get_enum("padding", c.padding, "padding", paddings);
+      s.get_enum("activation", c.activation, "activation", activations);
+      s.get_bool("use_bias", c.use_bias);
+      s.get("kernel_regularizer", c.kernel_regularizer, read_regularizer);
+      return c;
+    }
+    case LayerKind::max_pool2d: {
+      static constexpr std::string_view keys[] = {"pool_size", "strides", "padding", "name"};
+      Section s(node, path, keys);
+      MaxPool2DConfig c;
+      s.get("pool_size", c.pool_size, read_pair);
+      if (const Node* strides = s.find("strides")) c.strides = read_pair(*strides, s.path("strides"));
+      s.get_enum("padding", c.padding, "padding", paddings);
+      return c;
+    }
+    case LayerKind::dense: {
+      static constexpr std::string_view keys[] = {"units", "activation", "use_bias", "kernel_regularizer", "name"};
+      Section s(node, path, keys);
+      DenseConfig c;
+      const Node& units = s.require("units");
+      c.units = read_int32(units, s.path("units"));
+      if (c.units < 1) range_error(units, s.path("units"), ">= 1");
+      s.get_enum("activation", c.activation, "activation", activations);
+      s.get_bool("use_bias", c.use_bias);
+      s.get("kernel_regularizer", c.kernel_regularizer, read_regularizer);
+      return c;
+    }
+    case LayerKind::flatten: {
+      static constexpr std::string_view keys[] = {"name"};
+      Section s(node, path, keys);
+      return FlattenConfig{};
+    }
+    case LayerKind::reshape: {
+      static constexpr std::string_view keys[] = {"target_shape", "name"};
+      Section s(node, path, keys);
+      ReshapeConfig c;
+      const Node& target = s.require("target_shape");
+      c.target_shape = read_int_list(target, s.path("target_shape"));
+      if (c.target_shape.empty()) range_error(target, s.path("target_shape"), "a non-empty list of dimensions");
+      int unknown = 0;
+      for (std::size_t i = 0; i < c.target_shape.size(); ++i) {
+        const std::int64_t d = c.target_shape[i];
+        if (d == -1) ++unknown;
+        if ((d < 1 && d != -1) || unknown > 1)
+          range_error(target.items[i], child(s.path("target_shape"), std::to_string(i)),
+                      ">= 1 (or -1 for one inferred dimension)");
+      }
+      return c;
+    }
+    case LayerKind::activation: {
+      static constexpr std::string_view keys[] = {"activation", "name"};
+      Section s(node, path, keys);
+      ActivationConfig c;
+      c.activation = read_enum(s.require("activation"), s.path("activation"), "activation", activations);
+      return c;
+    }
+  }
+  throw InternalError("unhandled layer kind");
+}
+
+std::vector<LayerConfig> parse_layers(const Node& node, const std::string& path) {
+  if (!node.is_sequence()) type_error(node, path, "a list of layers, each '- kind: {options}'");
+  if (node.items.empty()) range_error(node, path, "a non-empty list of layers");
+  std::vector<std::string_view> kind_names;
+  for (const auto& entry : layer_kinds) kind_names.push_back(entry.name);
+
+  std::vector<LayerConfig> layers;
+  std::map<std::string, Origin> explicit_names;
+  std::vector<bool> named;
+  for (std::size_t i = 0; i < node.items.size(); ++i) {
+    const Node& item = node.items[i];
+    const std::string item_path = child(path, std::to_string(i));
+    if (!item.is_map() || item.entries.empty())
+      type_error(item, item_path, "a map with one key, the layer kind (for example '- dense: {units: 10}')");
+    if (item.entries.size() > 1) {
+      const auto& extra = item.entries[1];
+      fail(extra.key_origin,
+           fmt::format("{}: a layer has one key, its kind, but '{}' follows '{}'; put options inside the kind's "
+                       "map (for example '- dense: {{units: 10}}')",
+                       item_path, extra.key, item.entries[0].key));
+    }
+    const auto& [kind_name, key_origin, options] = item.entries[0];
+    const auto kind_it = std::find_if(std::begin(layer_kinds), std::end(layer_kinds),
+                                      [&](const auto& entry) { return entry.name == kind_name; });
+    if (kind_it == std::end(layer_kinds))
+      fail(key_origin, fmt::format("unknown layer kind '{}' in {}; known: {}{}", kind_name, item_path,
+                                   join(kind_names), did_you_mean(kind_name, kind_names)));
+    const std::string options_path = child(item_path, kind_name);
+
+    LayerConfig layer;
+    layer.options = parse_layer_options(kind_it->value, options, options_path);
+    layer.where = key_origin.location();
+    if (const Node* name = options.find("name")) {
+      layer.name = read_string(*name, child(options_path, "name"));
+      if (!valid_layer_name(layer.name))
+        range_error(*name, child(options_path, "name"), "made of letters, digits, '_', '-' and '.'");
+      const auto [previous, inserted] = explicit_names.emplace(layer.name, name->origin);
+      if (!inserted)
+        fail(name->origin, fmt::format("{}: duplicate layer name '{}' (also used at {}); layer names must be unique",
+                                       child(options_path, "name"), layer.name, previous->second.text()));
+    }
+    named.push_back(!layer.name.empty());
+    layers.push_back(std::move(layer));
+  }
+
+  // Keras numbering per kind, skipping names the user already took explicitly.
+  std::map<std::string_view, int> next_index;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    if (named[i]) continue;
+    const std::string_view prefix = auto_name_prefix(layers[i].options);
+    std::string candidate;
+    do {
+      const int index = next_index[prefix]++;
+      candidate = index == 0 ? std::string(prefix) : fmt::format("{}_{}", prefix, index);
+    } while (explicit_names.count(candidate) != 0);
+    layers[i].name = candidate;
+  }
+  return layers;
+}
+
+ModelConfig parse_model(const Node& node) {
+  static constexpr std::string_view keys[] = {"input_shape", "layers"};
+  Section s(node, "model", keys);
+  ModelConfig out;
+  out.input_shape = read_shape(s.require("input_shape"), s.path("input_shape"));
+  out.layers = parse_layers(s.require("layers"), s.path("layers"));
+  return out;
+}
+
+LossConfig parse_loss(const Node& node, const Origin& key_origin) {
+  static constexpr std::string_view keys[] = {"kind", "from_logits", "reduction"};
+  Section s(node, "loss", keys);
+  LossConfig out;
+  s.get_enum("kind", out.kind, "loss kind", loss_kinds);
+  s.only_for("from_logits", out.kind != LossKind::mean_squared_error, "the crossentropy losses",
+             name_of(out.kind));
+  s.get_bool("from_logits", out.from_logits);
+  s.get_enum("reduction", out.reduction, "loss reduction", reductions);
+  out.where = key_origin.location();
+  return out;
+}
+
+LearningRateConfig parse_learning_rate(const Node& node, const std::string& path) {
+  LearningRateConfig out;
+  if (node.is_scalar()) {
+    out.initial_learning_rate = read_number(node, path);
+    if (out.initial_learning_rate <= 0) range_error(node, path, "> 0");
+    return out;
+  }
+  if (!node.is_map()) type_error(node, path, "a number or a schedule map ({schedule: exponential_decay, ...})");
+  static constexpr std::string_view keys[] = {"schedule",   "initial_learning_rate", "decay_steps", "decay_rate",
+                                              "staircase",  "boundaries",            "values",      "alpha"};
+  Section s(node, path, keys);
+  out.kind = read_enum(s.require("schedule"), s.path("schedule"), "learning rate schedule", schedule_kinds);
+  const char* chosen = name_of(out.kind);
+  using K = ScheduleKind;
+  const bool exponential = out.kind == K::exponential_decay, piecewise = out.kind == K::piecewise_constant,
+             cosine = out.kind == K::cosine_decay;
+  s.only_for("initial_learning_rate", !piecewise, "schedules constant, exponential_decay, cosine_decay", chosen);
+  s.only_for("decay_steps", exponential || cosine, "schedules exponential_decay, cosine_decay", chosen);
+  s.only_for("decay_rate", exponential, "schedule exponential_decay", chosen);
+  s.only_for("staircase", exponential, "schedule exponential_decay", chosen);
+  s.only_for("boundaries", piecewise, "schedule piecewise_constant", chosen);
+  s.only_for("values", piecewise, "schedule piecewise_constant", chosen);
+  s.only_for("alpha", cosine, "schedule cosine_decay", chosen);
+
+  auto required_positive = [&](std::string_view key) {
+    const Node& value = s.require(key);
+    const double v = read_number(value, s.path(key));
+    if (v <= 0) range_error(value, s.path(key), "> 0");
+    return v;
+  };
+  if (piecewise) {
+    const Node& boundaries = s.require("boundaries");
+    const Node& values = s.require("values");
+    out.boundaries = read_int_list(boundaries, s.path("boundaries"));
+    out.values = read_number_list(values, s.path("values"));
+    for (std::size_t i = 1; i < out.boundaries.size(); ++i)
+      if (out.boundaries[i] <= out.boundaries[i - 1])
+        range_error(boundaries.items[i], child(s.path("boundaries"), std::to_string(i)),
+                    fmt::format("greater than the previous boundary ({}); boundaries must increase",
+                                out.boundaries[i - 1]));
+    if (out.values.size() != out.boundaries.size() + 1)
+      fail(values.origin, fmt::format("{}: needs one more entry than boundaries ({} boundaries -> {} values), got {}",
+                                      s.path("values"), out.boundaries.size(), out.boundaries.size() + 1,
+                                      out.values.size()));
+    for (std::size_t i = 0; i < out.values.size(); ++i)
+      if (out.values[i] <= 0) range_error(values.items[i], child(s.path("values"), std::to_string(i)), "> 0");
+    out.initial_learning_rate = out.values.front();  // what the schedule gives at step 0
+    return out;
+  }
+  out.initial_learning_rate = required_positive("initial_learning_rate");
+  if (exponential || cosine) {
+    const Node& steps = s.require("decay_steps");
+    out.decay_steps = read_int(steps, s.path("decay_steps"));
+    if (out.decay_steps < 1) range_error(steps, s.path("decay_steps"), ">= 1");
+  }
+  if (exponential) {
+    out.decay_rate = required_positive("decay_rate");
+    s.get_bool("staircase", out.staircase);
+  }
+  if (cosine) s.get_number("alpha", out.alpha, unit_interval_closed, "in [0, 1]");
+  return out;
+}
+
+OptimizerConfig parse_optimizer(const Node& node) {
+  static constexpr std::string_view keys[] = {"kind",   "learning_rate", "momentum", "nesterov", "beta_1",
+                                              "beta_2", "epsilon",       "rho",      "centered"};
+  Section s(node, "optimizer", keys);
+  OptimizerConfig out;
+  s.get_enum("kind", out.kind, "optimizer kind", optimizer_kinds);
+  const char* chosen = name_of(out.kind);
+  const bool sgd = out.kind == OptimizerKind::sgd, adam = out.kind == OptimizerKind::adam,
+             rmsprop = out.kind == OptimizerKind::rmsprop;
+  s.only_for("momentum", sgd || rmsprop, "optimizer kinds sgd, rmsprop", chosen);
+  s.only_for("nesterov", sgd, "optimizer kind sgd", chosen);
+  s.only_for("beta_1", adam, "optimizer kind adam", chosen);
+  s.only_for("beta_2", adam, "optimizer kind adam", chosen);
+  s.only_for("epsilon", adam || rmsprop, "optimizer kinds adam, rmsprop", chosen);
+  s.only_for("rho", rmsprop, "optimizer kind rmsprop", chosen);
+  s.only_for("centered", rmsprop, "optimizer kind rmsprop", chosen);
+
+  out.learning_rate.initial_learning_rate = sgd ? 0.01 : 0.001;  // Keras' defaults
+  s.get("learning_rate", out.learning_rate, parse_learning_rate);
+  s.get_number("momentum", out.momentum, unit_interval_open, "in [0, 1)");
+  s.get_bool("nesterov", out.nesterov);
+  s.get_number("beta_1", out.beta_1, unit_interval_open, "in [0, 1)");
+  s.get_number("beta_2", out.beta_2, unit_interval_open, "in [0, 1)");
+  s.get_number("epsilon", out.epsilon, positive, "> 0");
+  s.get_number("rho", out.rho, unit_interval_open, "in [0, 1)");
+  s.get_bool("centered", out.centered);
+  return out;
+}
+
+std::vector<MetricKind> parse_metrics(const Node& node) {
+  std::vector<MetricKind> out;
+  if (node.is_null()) return out;
+  for (std::size_t i = 0; const Node& item : expect_list(node, "metrics", "metric names").items) {
+    const std::string path = child("metrics", std::to_string(i++));
+    const MetricKind kind = read_enum(item, path, "metric", metric_kinds);
+    if (std::find(out.begin(), out.end(), kind) != out.end())
+      fail(item.origin, fmt::format("{}: metric '{}' is listed twice", path, item.scalar));
+    out.push_back(kind);
+  }
+  return out;
+}
+
+TrainConfig parse_train(const Node& node) {
+  static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress"};
+  Section s(node, "train", keys);
+  TrainConfig out;
+  s.get_int("epochs", out.epochs, 1);
+  s.get_int("steps_per_epoch", out.steps_per_epoch, 0);
+  s.get_int("threads", out.threads, 0);
+  s.get_enum("progress", out.progress, "progress mode", progress_modes);
+  return out;
+}
+
+Experiment parse_tree(const Node& root, const std::string& file_name) {
+  static constexpr std::string_view keys[] = {"name", "seed",      "strategy", "data", "model",
+                                              "loss", "optimizer", "metrics",  "train"};
+  Section s(root, "", keys);
+  Experiment out;
+  out.source_file = file_name;
+  if (const Node* name = s.find("name")) {
+    out.name = read_string(*name, "name");
+    if (out.name.empty()) range_error(*name, "name", "a non-empty name");
+  }
+  s.get("seed", out.seed, read_uint64);
+  Node empty;  // an absent section reads as one with every key left out
+  empty.origin = Origin{file_name, 0, 0};
+  auto section = [&](std::string_view key) -> const Node& {
+    const Node* node = s.find(key);
+    return node ? *node : empty;
+  };
+  out.strategy = parse_strategy(section("strategy"));
+  out.data = parse_data(section("data"));
+  out.model = parse_model(s.require("model"));
+  out.loss = parse_loss(section("loss"), s.find("loss") ? s.key_origin("loss") : empty.origin);
+  out.optimizer = parse_optimizer(section("optimizer"));
+  out.metrics = parse_metrics(section("metrics"));
+  out.train = parse_train(section("train"));
+  return out;
+}
+
+}  // namespace
+
+const char* name_of(StrategyKind) { return "default"; }
+const char* name_of(SourceKind kind) { return name_in(source_kinds, kind); }
+const char* name_of(DistributeMode mode) { return name_in(distribute_modes, mode); }
+const char* name_of(Activation activation) { return name_in(activations, activation); }
+const char* name_of(Padding padding) { return name_in(paddings, padding); }
+const char* name_of(LossKind kind) { return name_in(loss_kinds, kind); }
+const char* name_of(Reduction reduction) { return name_in(reductions, reduction); }
+const char* name_of(ScheduleKind kind) { return name_in(schedule_kinds, kind); }
+const char* name_of(OptimizerKind kind) { return name_in(optimizer_kinds, kind); }
+const char* name_of(MetricKind kind) { return name_in(metric_kinds, kind); }
+const char* name_of(ProgressMode mode) { return name_in(progress_modes, mode); }
+const char* layer_kind_name(const LayerOptions& options) {
+  constexpr const char* names[] = {"conv2d", "max_pool2d", "dense", "flatten", "reshape", "activation"};
+  return names[options.index()];
+}
+
+Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,
+                            const std::vector<std::string>& overrides) {
+  Node root = detail::load_tree(yaml_text, file_name);
+  for (const std::string& assignment : overrides) detail::apply_override(root, assignment);
+  if (root.is_null()) root.kind = Node::Kind::map;  // an empty file: report what is missing
+  if (!root.is_map())
+    fail(root.origin, fmt::format("expected a map of settings at the top level (name, data, model, ...), got {}",
+                                  describe(root)));
+  return parse_tree(root, file_name);
+}
+
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw ConfigError(fmt::format("{}: is a directory, expected an experiment YAML file", path));
+  std::ifstream file(path, std::ios::binary);
+  if (!file)
+    throw ConfigError(fmt::format("{}: cannot open experiment file ({}); check the path", path,
+                                  std::strerror(errno)));
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) throw ConfigError(fmt::format("{}: cannot read experiment file; check the path", path));
+  return parse_experiment(text.str(), path, overrides);
+}
+
+}  // namespace dtrain::config

@@ -1,0 +1,41 @@
+// YAML experiment file -> typed Experiment, with --set overrides and validation. Every error is a
+// ConfigError of one line, "<file>:<line>:<col>: <what is wrong and what to write instead>", or
+// "--set <text>: ..." when the bad value came from an override.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/experiment.hpp"
+
+namespace dtrain::config {
+
+// Reads the file at `path`, applies the overrides ("a.b.c=value", values parsed as YAML, list items
+// addressed by index, missing map keys created) in order, then parses and validates.
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same, from text already in memory; `file_name` is used in error messages and as source_file.
+Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,
+                            const std::vector<std::string>& overrides = {});
+
+// The fully resolved experiment: every setting that applies to the chosen kinds, defaults
+// included. parse_experiment(to_yaml(e), ...) gives back an Experiment equal to e (apart from
+// source locations).
+std::string to_yaml(const Experiment& experiment);
+
+// Names used in YAML for the enums, for messages and reports elsewhere.
+const char* name_of(StrategyKind kind);
+const char* name_of(SourceKind kind);
+const char* name_of(DistributeMode mode);
+const char* name_of(Activation activation);
+const char* name_of(Padding padding);
+const char* name_of(LossKind kind);
+const char* name_of(Reduction reduction);
+const char* name_of(ScheduleKind kind);
+const char* name_of(OptimizerKind kind);
+const char* name_of(MetricKind kind);
+const char* name_of(ProgressMode mode);
+// The YAML key of a layer kind: conv2d, max_pool2d, dense, flatten, reshape, activation.
+const char* layer_kind_name(const LayerOptions& options);
+
+}  // namespace dtrain::config

@@ -1,0 +1,198 @@
+// The resolved experiment as YAML: what checkpoints store and `dtrain run` can print. Only the
+// settings that apply to the chosen kinds are written, because the parser rejects the others.
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <type_traits>
+
+#include "config/parse.hpp"
+
+namespace dtrain::config {
+
+namespace {
+
+// Shortest text that reads back to the same double, always with a '.' so that other YAML readers
+// (PyYAML's 1.1 rules) also see a float: 1.0, 0.001, 1.0e-05.
+std::string number(double value) {
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_of(".ein") != std::string::npos) {
+    const auto e = text.find('e');
+    if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
+    return text;
+  }
+  return text + ".0";
+}
+
+void pair(YAML::Emitter& out, const char* key, const std::array<int, 2>& value) {
+  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq << value[0] << value[1] << YAML::EndSeq;
+}
+
+template <class T>
+void list(YAML::Emitter& out, const char* key, const std::vector<T>& values) {
+  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const T& value : values) {
+    if constexpr (std::is_floating_point_v<T>)
+      out << number(value);
+    else
+      out << value;
+  }
+  out << YAML::EndSeq;
+}
+
+void regularizer(YAML::Emitter& out, const Regularizer& value) {
+  out << YAML::Key << "kernel_regularizer" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "l2"
+      << YAML::Value << number(value.l2) << YAML::EndMap;
+}
+
+void layer_options(YAML::Emitter& out, const Conv2DConfig& c) {
+  out << YAML::Key << "filters" << YAML::Value << c.filters;
+  pair(out, "kernel_size", c.kernel_size);
+  pair(out, "strides", c.strides);
+  out << YAML::Key << "padding" << YAML::Value << name_of(c.padding);
+  out << YAML::Key << "activation" << YAML::Value << name_of(c.activation);
+  out << YAML::Key << "use_bias" << YAML::Value << c.use_bias;
+  regularizer(out, c.kernel_regularizer);
+}
+void layer_options(YAML::Emitter& out, const MaxPool2DConfig& c) {
+  pair(out, "pool_size", c.pool_size);
+  if (c.strides) pair(out, "strides", *c.strides);  // unset means "same as pool_size" and must stay unset
+  out << YAML::Key << "padding" << YAML::Value << name_of(c.padding);
+}
+void layer_options(YAML::Emitter& out, const DenseConfig& c) {
+  out << YAML::Key << "units" << YAML::Value << c.units;
+  out << YAML::Key << "activation" << YAML::Value << name_of(c.activation);
+  out << YAML::Key << "use_bias" << YAML::Value << c.use_bias;
+  regularizer(out, c.kernel_regularizer);
+}
+void layer_options(YAML::Emitter&, const FlattenConfig&) {}
+void layer_options(YAML::Emitter& out, const ReshapeConfig& c) { list(out, "target_shape", c.target_shape); }
+void layer_options(YAML::Emitter& out, const ActivationConfig& c) {
+  out << YAML::Key << "activation" << YAML::Value << name_of(c.activation);
+}
+
+void learning_rate(YAML::Emitter& out, const LearningRateConfig& lr) {
+  out << YAML::Key << "learning_rate" << YAML::Value;
+  if (lr.kind == ScheduleKind::constant) {
+    out << number(lr.initial_learning_rate);
+    return;
+  }
+  out << YAML::Flow << YAML::BeginMap << YAML::Key << "schedule" << YAML::Value << name_of(lr.kind);
+  switch (lr.kind) {
+    case ScheduleKind::constant: break;
+    case ScheduleKind::exponential_decay:
+      out << YAML::Key << "initial_learning_rate" << YAML::Value << number(lr.initial_learning_rate);
+      out << YAML::Key << "decay_steps" << YAML::Value << lr.decay_steps;
+      out << YAML::Key << "decay_rate" << YAML::Value << number(lr.decay_rate);
+      out << YAML::Key << "staircase" << YAML::Value << lr.staircase;
+      break;
+    case ScheduleKind::piecewise_constant:
+      list(out, "boundaries", lr.boundaries);
+      list(out, "values", lr.values);
+      break;
+    case ScheduleKind::cosine_decay:
+      out << YAML::Key << "initial_learning_rate" << YAML::Value << number(lr.initial_learning_rate);
+      out << YAML::Key << "decay_steps" << YAML::Value << lr.decay_steps;
+      out << YAML::Key << "alpha" << YAML::Value << number(lr.alpha);
+      break;
+  }
+  out << YAML::EndMap;
+}
+
+}  // namespace
+
+std::string to_yaml(const Experiment& e) {
+  YAML::Emitter out;
+  out.SetBoolFormat(YAML::TrueFalseBool);
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << e.name;
+  out << YAML::Key << "seed" << YAML::Value << e.seed;
+  out << YAML::Key << "strategy" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value
+      << name_of(e.strategy.kind) << YAML::EndMap;
+
+  const DataConfig& d = e.data;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "source" << YAML::Value << name_of(d.source);
+  switch (d.source) {
+    case SourceKind::fashion_mnist:
+    case SourceKind::idx:
+    case SourceKind::hdf5:
+      if (!d.path.empty()) out << YAML::Key << "path" << YAML::Value << d.path;  // empty: the source's default
+      break;
+    case SourceKind::synthetic:
+      list(out, "shape", d.shape);
+      out << YAML::Key << "classes" << YAML::Value << d.classes;
+      out << YAML::Key << "train_size" << YAML::Value << d.train_size;
+      out << YAML::Key << "test_size" << YAML::Value << d.test_size;
+      break;
+    case SourceKind::tensors:
+      list(out, "x", d.x);
+      list(out, "y", d.y);
+      out << YAML::Key << "size" << YAML::Value << d.train_size;
+      break;
+  }
+  out << YAML::Key << "batch_size_per_replica" << YAML::Value << d.batch_size_per_replica;
+  out << YAML::Key << "shuffle_buffer" << YAML::Value << d.shuffle_buffer;
+  out << YAML::Key << "drop_remainder" << YAML::Value << d.drop_remainder;
+  out << YAML::Key << "distribute" << YAML::Value << name_of(d.distribute);
+  out << YAML::Key << "validation_split" << YAML::Value << number(d.validation_split);
+  out << YAML::Key << "eval_batch_size" << YAML::Value << d.eval_batch_size;
+  out << YAML::Key << "prefetch" << YAML::Value << d.prefetch;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  list(out, "input_shape", e.model.input_shape);
+  out << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
+  for (const LayerConfig& layer : e.model.layers) {
+    out << YAML::BeginMap << YAML::Key << layer_kind_name(layer.options) << YAML::Value << YAML::Flow
+        << YAML::BeginMap << YAML::Key << "name" << YAML::Value << layer.name;
+    std::visit([&](const auto& options) { layer_options(out, options); }, layer.options);
+    out << YAML::EndMap << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+
+  out << YAML::Key << "loss" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "kind" << YAML::Value << name_of(e.loss.kind);
+  if (e.loss.kind != LossKind::mean_squared_error)
+    out << YAML::Key << "from_logits" << YAML::Value << e.loss.from_logits;
+  out << YAML::Key << "reduction" << YAML::Value << name_of(e.loss.reduction);
+  out << YAML::EndMap;
+
+  const OptimizerConfig& o = e.optimizer;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "kind" << YAML::Value << name_of(o.kind);
+  learning_rate(out, o.learning_rate);
+  switch (o.kind) {
+    case OptimizerKind::sgd:
+      out << YAML::Key << "momentum" << YAML::Value << number(o.momentum);
+      out << YAML::Key << "nesterov" << YAML::Value << o.nesterov;
+      break;
+    case OptimizerKind::adam:
+      out << YAML::Key << "beta_1" << YAML::Value << number(o.beta_1);
+      out << YAML::Key << "beta_2" << YAML::Value << number(o.beta_2);
+      out << YAML::Key << "epsilon" << YAML::Value << number(o.epsilon);
+      break;
+    case OptimizerKind::rmsprop:
+      out << YAML::Key << "rho" << YAML::Value << number(o.rho);
+      out << YAML::Key << "momentum" << YAML::Value << number(o.momentum);
+      out << YAML::Key << "epsilon" << YAML::Value << number(o.epsilon);
+      out << YAML::Key << "centered" << YAML::Value << o.centered;
+      break;
+  }
+  out << YAML::EndMap;
+
+  out << YAML::Key << "metrics" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (MetricKind metric : e.metrics) out << name_of(metric);
+  out << YAML::EndSeq;
+
+  out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "epochs" << YAML::Value << e.train.epochs;
+  out << YAML::Key << "steps_per_epoch" << YAML::Value << e.train.steps_per_epoch;
+  out << YAML::Key << "threads" << YAML::Value << e.train.threads;
+  out << YAML::Key << "progress" << YAML::Value << name_of(e.train.progress);
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace dtrain::config

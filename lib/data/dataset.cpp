@@ -1,0 +1,151 @@
+#include "data/dataset.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "data/hdf5_source.hpp"
+#include "data/idx.hpp"
+
+namespace dtrain::data {
+
+Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description) {
+  Dataset part = whole;
+  part.x = whole.x.slice_rows(begin, end);
+  part.y = whole.y.slice_rows(begin, end);
+  part.description = std::move(description);
+  return part;
+}
+
+Dataset make_synthetic(const std::vector<std::int64_t>& shape, int classes, std::int64_t size, std::uint64_t seed,
+                       std::uint64_t split_index) {
+  if (classes < 1) throw ConfigError(fmt::format("data.classes is {}; synthetic data needs at least 1 class", classes));
+  if (size < 0) throw ConfigError(fmt::format("synthetic data size {} is negative", size));
+  if (shape.empty()) throw ConfigError("data.shape is empty; give the example shape, e.g. [28, 28, 1]");
+  for (auto d : shape)
+    if (d < 1) throw ConfigError(fmt::format("data.shape {} has a dimension < 1", Shape(shape).to_string()));
+
+  Shape example(shape);
+  const std::int64_t pixels = example.numel();
+  Dataset ds;
+  ds.x = Tensor(example.with_batch(size), DType::u8);
+  ds.y = Tensor(Shape{size}, DType::i32);
+  auto* x = ds.x.data<std::uint8_t>();
+  auto* y = ds.y.data<std::int32_t>();
+  for (std::int64_t i = 0; i < size; ++i) {
+    Rng rng(seed, RngStream::synthetic, (split_index << 40) + static_cast<std::uint64_t>(i));
+    const auto label = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(classes)));
+    y[i] = label;
+    std::uint8_t* image = x + i * pixels;
+    // Noise in 0..127; the label's band of pixels (one classes-th of the image) is 112 brighter.
+    std::uint32_t bits = 0;
+    for (std::int64_t p = 0; p < pixels; ++p) {
+      if (p % 4 == 0) bits = rng.next_u32();
+      const auto noise = static_cast<std::uint8_t>((bits >> (8 * (p % 4))) & 0x7F);
+      const bool in_band = p * classes / pixels == label;
+      image[p] = static_cast<std::uint8_t>(noise + (in_band ? 112 : 0));
+    }
+  }
+  ds.num_classes = classes;
+  ds.x_scale = 1.0f / 255.0f;
+  ds.description = fmt::format("synthetic split {}: {} examples, x {} u8, {} classes, seed {}", split_index, size,
+                               ds.x.shape().to_string(), classes, seed);
+  return ds;
+}
+
+Dataset make_repeated(const std::vector<double>& x, const std::vector<double>& y, std::int64_t size) {
+  if (x.empty() || y.empty())
+    throw ConfigError("data.x and data.y must both be non-empty for source tensors (one example, repeated)");
+  if (size < 0) throw ConfigError(fmt::format("tensors size {} is negative", size));
+  const auto nx = static_cast<std::int64_t>(x.size());
+  const auto ny = static_cast<std::int64_t>(y.size());
+  Dataset ds;
+  ds.x = Tensor(Shape{size, nx}, DType::f32);
+  ds.y = Tensor(Shape{size, ny}, DType::f32);
+  for (std::int64_t i = 0; i < size; ++i) {
+    for (std::int64_t j = 0; j < nx; ++j) ds.x.data<float>()[i * nx + j] = static_cast<float>(x[static_cast<std::size_t>(j)]);
+    for (std::int64_t j = 0; j < ny; ++j) ds.y.data<float>()[i * ny + j] = static_cast<float>(y[static_cast<std::size_t>(j)]);
+  }
+  ds.num_classes = static_cast<int>(ny);
+  ds.x_scale = 1.0f;
+  ds.description = fmt::format("tensors: one example repeated {} times, x {} f32, y {} f32", size,
+                               ds.x.shape().to_string(), ds.y.shape().to_string());
+  return ds;
+}
+
+namespace {
+
+void check_compatible(const Dataset& train, const Dataset& test) {
+  if (train.x.shape().tail() != test.x.shape().tail() || train.x.dtype() != test.x.dtype())
+    throw InputError(fmt::format("train examples are {} {} but test examples are {} {}; both splits must match ({} / {})",
+                                 dtype_name(train.x.dtype()), train.x.shape().tail().to_string(),
+                                 dtype_name(test.x.dtype()), test.x.shape().tail().to_string(), train.description,
+                                 test.description));
+  if (train.y.shape().tail() != test.y.shape().tail() || train.y.dtype() != test.y.dtype())
+    throw InputError(fmt::format("train targets are {} {} but test targets are {} {}; both splits must match",
+                                 dtype_name(train.y.dtype()), train.y.shape().tail().to_string(),
+                                 dtype_name(test.y.dtype()), test.y.shape().tail().to_string()));
+}
+
+}  // namespace
+
+DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed) {
+  if (!(config.validation_split >= 0.0 && config.validation_split < 1.0))
+    throw ConfigError(fmt::format("data.validation_split is {}; it must lie in [0, 1)", config.validation_split));
+
+  DataSplits splits;
+  switch (config.source) {
+    case config::SourceKind::fashion_mnist: {
+      const std::string dir = config.path.empty() ? kDefaultFashionMnistDir : config.path;
+      splits.train = load_idx_split(dir, "train", 10);
+      splits.test = load_idx_split(dir, "t10k", 10);
+      break;
+    }
+    case config::SourceKind::idx: {
+      if (config.path.empty())
+        throw ConfigError("data.path is empty; source idx needs the directory that holds the IDX files");
+      splits.train = load_idx_split(config.path, "train");
+      splits.test = load_idx_split(config.path, "t10k");
+      // Both splits must agree on the class count even when the test split lacks the top class.
+      const int classes = std::max(splits.train.num_classes, splits.test.num_classes);
+      splits.train.num_classes = splits.test.num_classes = classes;
+      break;
+    }
+    case config::SourceKind::hdf5: {
+      if (config.path.empty()) throw ConfigError("data.path is empty; source hdf5 needs the path of an HDF5 file");
+      splits.train = load_hdf5(config.path, "train");
+      splits.test = load_hdf5(config.path, "test");
+      const int classes = std::max(splits.train.num_classes, splits.test.num_classes);
+      splits.train.num_classes = splits.test.num_classes = classes;
+      break;
+    }
+    case config::SourceKind::synthetic:
+      splits.train = make_synthetic(config.shape, config.classes, config.train_size, seed, 0);
+      splits.test = make_synthetic(config.shape, config.classes, config.test_size, seed, 1);
+      break;
+    case config::SourceKind::tensors:
+      splits.train = make_repeated(config.x, config.y, config.train_size);
+      splits.test = splits.train;
+      break;
+  }
+  check_compatible(splits.train, splits.test);
+
+  if (config.validation_split > 0.0) {
+    const std::int64_t n = splits.train.size();
+    const auto keep = static_cast<std::int64_t>(std::floor(static_cast<double>(n) * (1.0 - config.validation_split)));
+    if (keep <= 0 || keep >= n)
+      throw ConfigError(fmt::format(
+          "data.validation_split {} of {} training examples leaves {} for training and {} for validation; both need "
+          "at least one",
+          config.validation_split, n, keep, n - keep));
+    Dataset whole = splits.train;
+    splits.validation = take_rows(whole, keep, n, fmt::format("validation: last {} of {}", n - keep, whole.description));
+    splits.train = take_rows(whole, 0, keep, fmt::format("train: first {} of {}", keep, whole.description));
+  }
+  return splits;
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,58 @@
+// Datasets held in memory and the train/validation/test splits an experiment trains on.
+//
+// Shapes:
+//   x: (N, ...feature dims)  u8 for images (kept as bytes: 60000x784 floats are never held) or
+//                            f32 for real-valued features; a batch converts to f32 times x_scale.
+//   y: (N,)   i32 class labels in [0, num_classes), or
+//      (N, k) f32 targets (regression, one-hot), num_classes = k.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/experiment.hpp"
+#include "core/tensor.hpp"
+
+namespace dtrain::data {
+
+inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+struct Dataset {
+  Tensor x;
+  Tensor y;
+  int num_classes = 0;
+  float x_scale = 1.0f;     // what a batch multiplies x by when it converts to f32
+  std::string description;  // for logs: "fashion_mnist train (60000 examples) from /usr/share/..."
+
+  std::int64_t size() const { return x.defined() ? x.shape()[0] : 0; }
+  bool has_labels() const { return y.dtype() == DType::i32; }
+};
+
+// Rows [begin, end) of a dataset; shares storage with `whole` (no copy).
+Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description);
+
+// Random u8 images of `shape` (without the batch dimension) and i32 labels in [0, classes).
+// Each class brightens its own band of pixels, so a model can learn the labels (accuracy rises
+// above chance). Sample i of split `split_index` draws from Rng(seed, synthetic,
+// split_index * 2^40 + i): train (split 0) and test (split 1) never share a sample, and the data do
+// not depend on `size` (the first k samples are the same whatever size is asked).
+Dataset make_synthetic(const std::vector<std::int64_t>& shape, int classes, std::int64_t size, std::uint64_t seed,
+                       std::uint64_t split_index);
+
+// One example repeated `size` times, as tf.data.Dataset.from_tensors((x, y)).repeat(size):
+// x (size, len(x)) f32, y (size, len(y)) f32.
+Dataset make_repeated(const std::vector<double>& x, const std::vector<double>& y, std::int64_t size);
+
+struct DataSplits {
+  Dataset train;
+  std::optional<Dataset> validation;  // present when validation_split > 0
+  Dataset test;
+};
+
+// Loads the experiment's data. validation_split follows Keras: the LAST fraction of the training
+// set, before any shuffling, is held out; floor(N * (1 - split)) samples stay in train.
+DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed);
+
+}  // namespace dtrain::data

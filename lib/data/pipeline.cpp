@@ -1,0 +1,170 @@
+#include "data/pipeline.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+
+namespace dtrain::data {
+
+std::vector<std::int64_t> shuffle_order(std::int64_t size, std::int64_t buffer, std::uint64_t seed, std::int64_t epoch) {
+  DTRAIN_CHECK(size >= 0 && buffer >= 0 && epoch >= 0, "shuffle_order needs non-negative size, buffer and epoch");
+  std::vector<std::int64_t> order;
+  order.reserve(static_cast<std::size_t>(size));
+  if (buffer <= 1 || size <= 1) {
+    order.resize(static_cast<std::size_t>(size));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    return order;
+  }
+  Rng rng(seed, RngStream::shuffle, static_cast<std::uint64_t>(epoch));
+  std::vector<std::int64_t> pool(static_cast<std::size_t>(std::min(buffer, size)));
+  std::iota(pool.begin(), pool.end(), std::int64_t{0});
+  auto next_input = static_cast<std::int64_t>(pool.size());
+  while (!pool.empty()) {
+    const auto slot = static_cast<std::size_t>(rng.below(pool.size()));
+    order.push_back(pool[slot]);
+    if (next_input < size) {
+      pool[slot] = next_input++;
+    } else {
+      pool[slot] = pool.back();
+      pool.pop_back();
+    }
+  }
+  return order;
+}
+
+Pipeline::Pipeline(const Dataset& dataset, PipelineOptions options) : dataset_(dataset), options_(options) {
+  if (options_.batch_size < 1)
+    throw ConfigError(fmt::format("batch size {} is less than 1; set data.batch_size_per_replica to at least 1",
+                                  options_.batch_size));
+  if (options_.shuffle_buffer < 0)
+    throw ConfigError(fmt::format("data.shuffle_buffer {} is negative; use 0 for no shuffling", options_.shuffle_buffer));
+  DTRAIN_CHECK(dataset_.x.defined() && dataset_.y.defined(), "pipeline over a dataset without tensors");
+  DTRAIN_CHECK(dataset_.x.dtype() == DType::u8 || dataset_.x.dtype() == DType::f32,
+               fmt::format("pipeline converts u8 or f32 features, not {}", dtype_name(dataset_.x.dtype())));
+  DTRAIN_CHECK(dataset_.y.shape().rank() >= 1 && dataset_.y.shape()[0] == dataset_.size(), "x and y sizes differ");
+}
+
+Pipeline::~Pipeline() { stop_worker(); }
+
+std::int64_t Pipeline::steps_per_epoch() const {
+  const std::int64_t n = dataset_.size();
+  const std::int64_t b = options_.batch_size;
+  return options_.drop_remainder ? n / b : (n + b - 1) / b;
+}
+
+void Pipeline::start_epoch(std::int64_t epoch, std::int64_t first_step) {
+  stop_worker();
+  const std::int64_t steps = steps_per_epoch();
+  if (epoch < 0 || first_step < 0 || first_step > steps)
+    throw InputError(fmt::format("cannot start epoch {} at step {}: an epoch of {} has {} steps of batch {}; the saved "
+                                 "iterator state does not match this dataset and batch size",
+                                 epoch, first_step, dataset_.description, steps, options_.batch_size));
+  order_ = shuffle_order(dataset_.size(), options_.shuffle_buffer, options_.seed, epoch);
+  epoch_steps_ = steps;
+  delivered_ = first_step;
+  prepared_ = first_step;
+  stop_ = false;
+  worker_error_ = nullptr;
+  started_ = true;
+  if (options_.prefetch && first_step < steps) worker_ = std::thread(&Pipeline::worker_loop, this);
+}
+
+const Batch* Pipeline::next() {
+  DTRAIN_CHECK(started_, "Pipeline::next() before start_epoch()");
+  if (delivered_ >= epoch_steps_) return nullptr;
+  const std::int64_t step = delivered_;
+  Batch& slot = slots_[step % 2];
+  if (!options_.prefetch) {
+    fill(slot, step);
+    delivered_ = step + 1;
+    return &slot;
+  }
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return prepared_ > step || worker_error_; });
+    if (worker_error_) std::rethrow_exception(worker_error_);
+    delivered_ = step + 1;
+  }
+  changed_.notify_all();
+  return &slot;
+}
+
+void Pipeline::worker_loop() {
+  for (;;) {
+    std::int64_t step = 0;
+    {
+      std::unique_lock lock(mutex_);
+      // prepared_ <= delivered_: the slot of step prepared_ held a batch the caller has released.
+      changed_.wait(lock, [&] { return stop_ || prepared_ <= delivered_; });
+      if (stop_) return;
+      step = prepared_;
+    }
+    if (step >= epoch_steps_) return;
+    try {
+      fill(slots_[step % 2], step);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      worker_error_ = std::current_exception();
+      changed_.notify_all();
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      prepared_ = step + 1;
+    }
+    changed_.notify_all();
+  }
+}
+
+void Pipeline::stop_worker() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+// Gathers the samples of one step in shuffled order: x rows converted to f32 times x_scale, y rows
+// copied as they are. ensure() reuses the slot's storage, so steady state allocates nothing.
+void Pipeline::fill(Batch& batch, std::int64_t step) const {
+  const std::int64_t n = dataset_.size();
+  const std::int64_t begin = step * options_.batch_size;
+  const std::int64_t count = std::min(begin + options_.batch_size, n) - begin;
+  const std::int64_t row = dataset_.x.shape().tail().numel();
+  const float scale = dataset_.x_scale;
+
+  batch.x.ensure(dataset_.x.shape().tail().with_batch(count), DType::f32);
+  float* x_out = batch.x.data<float>();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t sample = order_[static_cast<std::size_t>(begin + i)];
+    float* dst = x_out + i * row;
+    if (dataset_.x.dtype() == DType::u8) {
+      const std::uint8_t* src = dataset_.x.data<std::uint8_t>() + sample * row;
+      for (std::int64_t j = 0; j < row; ++j) dst[j] = static_cast<float>(src[j]) * scale;
+    } else {
+      const float* src = dataset_.x.data<float>() + sample * row;
+      for (std::int64_t j = 0; j < row; ++j) dst[j] = src[j] * scale;
+    }
+  }
+
+  batch.y.ensure(dataset_.y.shape().tail().with_batch(count), dataset_.y.dtype());
+  const std::size_t y_row_bytes = static_cast<std::size_t>(dataset_.y.shape().tail().numel()) * dtype_size(dataset_.y.dtype());
+  const auto* y_in = static_cast<const char*>(dataset_.y.raw());
+  auto* y_out = static_cast<char*>(batch.y.raw());
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t sample = order_[static_cast<std::size_t>(begin + i)];
+    std::memcpy(y_out + static_cast<std::size_t>(i) * y_row_bytes, y_in + static_cast<std::size_t>(sample) * y_row_bytes,
+                y_row_bytes);
+  }
+  batch.size = count;
+  batch.step = step;
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,89 @@
+// The input pipeline: shuffle (tf.data shuffle(buffer_size) semantics over sample indices),
+// batch, convert to f32, and optionally prepare the next batch on a background thread.
+//
+// Batch shapes: x (b, ...dataset feature dims) f32 = dataset x * x_scale;
+//               y (b,) i32 labels or (b, k) f32 targets; b = batch_size except a short last batch.
+//
+// Iterator state is (epoch, step): the order of epoch e comes from Rng(seed, shuffle, e) alone,
+// so start_epoch(e, k) resumes exactly where a run that iterated k batches of epoch e stood.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "data/dataset.hpp"
+
+namespace dtrain::data {
+
+// The sample order of one epoch, as tf.data's shuffle(buffer) would produce it: a buffer holds the
+// first `buffer` indices; each output takes a uniformly random slot and refills it with the next
+// input index; once the input is exhausted the buffer drains in random order. buffer >= size is a
+// uniform permutation; buffer <= 1 is the identity. Draws from Rng(seed, RngStream::shuffle, epoch).
+// Kept separate from Pipeline so sharding (every k-th sample of this order) can reuse it.
+std::vector<std::int64_t> shuffle_order(std::int64_t size, std::int64_t buffer, std::uint64_t seed, std::int64_t epoch);
+
+struct PipelineOptions {
+  std::int64_t batch_size = 32;
+  std::int64_t shuffle_buffer = 0;  // 0 or 1 = dataset order
+  bool drop_remainder = false;
+  std::uint64_t seed = 0;
+  bool prefetch = true;
+};
+
+struct Batch {
+  Tensor x;
+  Tensor y;
+  std::int64_t size = 0;  // samples in this batch (== x.shape()[0])
+  std::int64_t step = 0;  // 0-based index of this batch in its epoch
+};
+
+class Pipeline {
+ public:
+  // Keeps a shallow copy of `dataset` (tensors share storage). Throws ConfigError on a batch size < 1.
+  Pipeline(const Dataset& dataset, PipelineOptions options);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  std::int64_t steps_per_epoch() const;
+  const PipelineOptions& options() const { return options_; }
+
+  // Starts epoch `epoch` at batch `first_step` (0 <= first_step <= steps_per_epoch()); stops any
+  // batch still being prepared for the previous epoch.
+  void start_epoch(std::int64_t epoch, std::int64_t first_step = 0);
+
+  // The next batch of the current epoch, or nullptr at its end. The batch stays valid until the
+  // following next() or start_epoch(); copy its tensors' contents to keep them longer.
+  const Batch* next();
+
+ private:
+  void fill(Batch& batch, std::int64_t step) const;
+  void stop_worker();
+  void worker_loop();
+
+  Dataset dataset_;
+  PipelineOptions options_;
+  std::vector<std::int64_t> order_;
+  std::int64_t epoch_steps_ = 0;
+  bool started_ = false;
+
+  // Two slots: the caller reads slot (k % 2) while the worker fills slot ((k + 1) % 2).
+  Batch slots_[2];
+  std::int64_t delivered_ = 0;  // next step next() hands out (== steps handed out so far)
+
+  // Prefetch handoff. The worker may fill step s only when s <= delivered_ (the slot it writes
+  // then belongs to a batch the caller has released); next() waits until prepared_ > delivered_.
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::int64_t prepared_ = 0;  // steps [.., prepared_) are ready in their slots
+  bool stop_ = false;
+  std::exception_ptr worker_error_;
+};
+
+}  // namespace dtrain::data

@@ -1,0 +1,125 @@
+// Streaming metrics with Keras semantics (update / result / reset) and an exact state that a
+// strategy can gather from every replica and rank and merge.
+//
+// Shapes: y_pred is a canonical f32 Tensor (N, C); y_true is i32 (N,) (or (N, 1)) class ids, or
+// f32 (N, C) one-hot rows / targets; sample_weight is empty (= all 1) or N floats.
+//
+// Counting rule of the accuracies: unweighted updates add to exact int64 counts (correct, total);
+// weighted updates add w_i-weighted values to double sums instead. result() is
+// (correct + weighted_correct) / (total + weighted_total), so with no weights ever given it is an
+// exact ratio of integers, identical whatever the number of replicas the batch was split over.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config/experiment.hpp"
+#include "core/tensor.hpp"
+
+namespace dtrain::metrics {
+
+// Everything a metric has accumulated. Merging adds states elementwise, so
+// merge(state of part A) into a metric holding part B == one metric updated with A and B.
+struct MetricState {
+  std::vector<std::int64_t> counts;
+  std::vector<double> sums;
+  bool operator==(const MetricState&) const = default;
+};
+
+class Metric {
+ public:
+  virtual ~Metric() = default;
+  virtual std::string name() const = 0;
+  virtual void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) = 0;
+  virtual double result() const = 0;  // 0 when nothing was counted
+  virtual void reset() = 0;
+  virtual MetricState state() const = 0;
+  // Adds another metric's state (same kind); InternalError if the layout does not match.
+  virtual void merge(const MetricState& other) = 0;
+};
+
+// Weighted mean of scalars: result = sum(w * value) / sum(w). State: sums {total, count}.
+class Mean : public Metric {
+ public:
+  explicit Mean(std::string name = "mean") : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  void update(double value, double weight = 1.0);
+  // Every element of y_pred is a value; example i's values get weight w_i. y_true is ignored.
+  void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
+  double result() const override;
+  void reset() override;
+  MetricState state() const override;
+  void merge(const MetricState& other) override;
+
+ private:
+  std::string name_;
+  double total_ = 0.0;
+  double count_ = 0.0;
+};
+
+// Shared bookkeeping of the accuracies (see the counting rule at the top of this file).
+// State: counts {correct, total}, sums {weighted_correct, weighted_total}.
+class CountingMetric : public Metric {
+ public:
+  double result() const override;
+  void reset() override;
+  MetricState state() const override;
+  void merge(const MetricState& other) override;
+
+ protected:
+  // One example: `matches` of `elements` compared values matched; weight null = unweighted.
+  void count_example(std::int64_t matches, std::int64_t elements, const float* weight);
+
+ private:
+  std::int64_t correct_ = 0;
+  std::int64_t total_ = 0;
+  double weighted_correct_ = 0.0;
+  double weighted_total_ = 0.0;
+};
+
+// argmax(y_pred[i, :]) == y_true[i] (first maximum wins). Labels outside [0, C) are an InputError.
+class SparseCategoricalAccuracy : public CountingMetric {
+ public:
+  static constexpr const char* kName = "sparse_categorical_accuracy";
+  std::string name() const override { return kName; }
+  void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
+};
+
+// argmax(y_true[i, :]) == argmax(y_pred[i, :]); i32 labels (N,) are accepted as class ids.
+class CategoricalAccuracy : public CountingMetric {
+ public:
+  static constexpr const char* kName = "categorical_accuracy";
+  std::string name() const override { return kName; }
+  void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
+};
+
+// (y_pred > threshold) == y_true elementwise; an example's share is its fraction of matching columns.
+class BinaryAccuracy : public CountingMetric {
+ public:
+  explicit BinaryAccuracy(float threshold = 0.5f) : threshold_(threshold) {}
+  static constexpr const char* kName = "binary_accuracy";
+  std::string name() const override { return kName; }
+  void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
+
+ private:
+  float threshold_;
+};
+
+// Keras' Accuracy class: y_pred == y_true exactly, elementwise.
+class Accuracy : public CountingMetric {
+ public:
+  static constexpr const char* kName = "accuracy";
+  std::string name() const override { return kName; }
+  void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
+};
+
+// Like Keras' compile(metrics=[...]): `accuracy` resolves from the loss
+// (sparse_categorical_crossentropy -> sparse_categorical_accuracy, categorical_crossentropy ->
+// categorical_accuracy, binary_crossentropy -> binary_accuracy with threshold 0.5 on
+// probabilities or 0 on logits, otherwise the exact-equality Accuracy).
+std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss);
+
+}  // namespace dtrain::metrics

@@ -1,0 +1,46 @@
+// An activation applied to a layer's output (Conv2D and Dense `activation:`), and the standalone
+// Activation layer's math.
+//
+// relu, sigmoid and tanh are fused into the producing primitive as a oneDNN eltwise post-op, so
+// the forward pass writes the activated output once. Their backward uses the *_use_dst_for_bwd
+// algorithms: the gradient needs only the layer's output, which the model keeps anyway.
+// softmax is not an eltwise op: it runs as its own primitive, in place on the output, over the
+// channel (last Keras) axis. linear does nothing.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "config/experiment.hpp"
+#include "nn/layer.hpp"
+
+namespace dtrain::nn {
+
+class ActivationFn {
+ public:
+  explicit ActivationFn(config::Activation kind) : kind_(kind) {}
+  config::Activation kind() const { return kind_; }
+  bool is_eltwise() const;
+  // The eltwise algorithm whose backward needs only the output (relu/sigmoid/tanh only).
+  dnnl::algorithm dst_algorithm() const;
+
+  // Attributes for the producing primitive: the eltwise post-op, if any.
+  dnnl::primitive_attr post_op_attr() const;
+
+  struct Plan {
+    BoundPrimitive softmax_forward;  // in place on dst
+    BoundPrimitive backward;         // writes the gradient before the activation into `pre_grad`
+    dnnl::memory pre_grad;           // io.diff_dst itself for eltwise (in place), scratch for softmax
+  };
+  // dst: the activated output; diff_dst: the gradient arriving from above.
+  void bind(Context& ctx, const dnnl::memory& dst, const dnnl::memory& diff_dst, Plan& plan) const;
+  void forward(Context& ctx, const Plan& plan) const;
+  // Leaves d(loss)/d(pre-activation) in plan.pre_grad.
+  void backward(Context& ctx, const Plan& plan) const;
+
+ private:
+  config::Activation kind_;
+};
+
+const char* activation_name(config::Activation a);
+
+}  // namespace dtrain::nn

@@ -1,0 +1,64 @@
+#include "nn/weighted_op.hpp"
+
+namespace dtrain::nn {
+
+using dnnl::memory;
+using kernels::cpu::layout_for;
+using kernels::cpu::wrap;
+
+void bind_weighted_op(Context& ctx, const LayerIO& io, const memory::desc& kernel_md, Variable& kernel, Variable* bias,
+                      const ActivationFn& act, WeightedOpPlan& p) {
+  // Forward: src and kernel into the layouts the forward primitive chose; dst is the model's
+  // memory, which the model allocated with exactly the primitive's dst layout.
+  memory src = layout_for(ctx, io.src, p.fwd_pd.src_desc(0), p.src_in, false);
+  memory w_user = wrap(ctx, kernel_md, kernel.value.raw());
+  memory w = layout_for(ctx, w_user, p.fwd_pd.weights_desc(0), p.weights_in, false);
+  p.fwd = {p.fwd_prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, io.dst}}};
+  memory bias_mem, dbias_mem;
+  if (bias) {
+    bias_mem = wrap(ctx, p.fwd_pd.weights_desc(1), bias->value.raw());
+    dbias_mem = wrap(ctx, p.bwd_weights_pd.diff_weights_desc(1), bias->grad.raw());
+    p.fwd.args.emplace(DNNL_ARG_BIAS, bias_mem);
+  }
+  act.bind(ctx, io.dst, io.diff_dst, p.act);
+
+  // Backward weights: reads the forward's src and the gradient before the activation.
+  memory bw_src = layout_for(ctx, src, p.bwd_weights_pd.src_desc(0), p.bw_src_in, false);
+  memory bw_ddst = layout_for(ctx, p.act.pre_grad, p.bwd_weights_pd.diff_dst_desc(0), p.bw_diff_dst_in, false);
+  memory dw_user = wrap(ctx, kernel_md, kernel.grad.raw());
+  memory dw = layout_for(ctx, dw_user, p.bwd_weights_pd.diff_weights_desc(0), p.dw_out, true);
+  p.bwd_weights = {p.bwd_weights_prim, {{DNNL_ARG_SRC, bw_src}, {DNNL_ARG_DIFF_DST, bw_ddst}, {DNNL_ARG_DIFF_WEIGHTS, dw}}};
+  if (bias) p.bwd_weights.args.emplace(DNNL_ARG_DIFF_BIAS, dbias_mem);
+
+  // Backward data, only when a layer below wants the gradient.
+  p.has_diff_src = static_cast<bool>(io.diff_src);
+  if (p.has_diff_src) {
+    memory bd_w = layout_for(ctx, w, p.bwd_data_pd.weights_desc(0), p.bd_weights_in, false);
+    memory bd_ddst = layout_for(ctx, p.act.pre_grad, p.bwd_data_pd.diff_dst_desc(0), p.bd_diff_dst_in, false);
+    memory bd_dsrc = layout_for(ctx, io.diff_src, p.bwd_data_pd.diff_src_desc(0), p.bd_diff_src_out, true);
+    p.bwd_data = {p.bwd_data_prim, {{DNNL_ARG_WEIGHTS, bd_w}, {DNNL_ARG_DIFF_DST, bd_ddst}, {DNNL_ARG_DIFF_SRC, bd_dsrc}}};
+  }
+}
+
+void forward_weighted_op(Context& ctx, const ActivationFn& act, WeightedOpPlan& p) {
+  p.src_in.run(ctx);
+  p.weights_in.run(ctx);
+  p.fwd.run(ctx);
+  act.forward(ctx, p.act);
+}
+
+void backward_weighted_op(Context& ctx, const ActivationFn& act, WeightedOpPlan& p) {
+  act.backward(ctx, p.act);
+  p.bw_src_in.run(ctx);
+  p.bw_diff_dst_in.run(ctx);
+  p.bwd_weights.run(ctx);
+  p.dw_out.run(ctx);
+  if (p.has_diff_src) {
+    p.bd_weights_in.run(ctx);
+    p.bd_diff_dst_in.run(ctx);
+    p.bwd_data.run(ctx);
+    p.bd_diff_src_out.run(ctx);
+  }
+}
+
+}  // namespace dtrain::nn

@@ -1,0 +1,231 @@
+// Shapes: for each variable, value, grad and every slot hold the same n floats (flat, canonical).
+#include "optim/optimizer.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace dtrain::optim {
+
+// ---------------------------------------------------------------- Optimizer
+
+Optimizer::Optimizer(std::unique_ptr<LearningRateSchedule> schedule) : schedule_(std::move(schedule)) {
+  DTRAIN_CHECK(schedule_ != nullptr, "optimizer needs a learning-rate schedule");
+}
+
+void Optimizer::set_iterations(std::int64_t iterations) {
+  DTRAIN_CHECK(iterations >= 0, fmt::format("optimizer iterations must be >= 0, got {}", iterations));
+  iterations_ = iterations;
+}
+
+void Optimizer::build(std::span<Variable* const> vars) {
+  if (built_) {
+    check_same_variables(vars);
+    return;
+  }
+  slots_per_variable_ = slot_names().size();
+  tracked_.reserve(vars.size());
+  slots_.reserve(vars.size() * slots_per_variable_);
+  for (const Variable* v : vars) {
+    DTRAIN_CHECK(v != nullptr && v->value.defined() && v->value.dtype() == DType::f32,
+                 fmt::format("optimizer {}: variable {} must hold f32 values", name(), v ? v->name : "(null)"));
+    tracked_.push_back({v->name, v->value.shape()});
+    for (std::size_t s = 0; s < slots_per_variable_; ++s) slots_.emplace_back(v->value.shape(), DType::f32);
+  }
+  slot_pointers_.assign(slots_per_variable_, nullptr);
+  built_ = true;
+}
+
+void Optimizer::check_same_variables(std::span<Variable* const> vars) const {
+  DTRAIN_CHECK(vars.size() == tracked_.size(),
+               fmt::format("optimizer {} was built for {} variables but got {}; the set of trained variables must "
+                           "not change after the first update",
+                           name(), tracked_.size(), vars.size()));
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    const Variable* v = vars[i];
+    DTRAIN_CHECK(v != nullptr && v->name == tracked_[i].name && v->value.shape() == tracked_[i].shape,
+                 fmt::format("optimizer {}: variable {} is {} {} but was {} {} at the first update; the trained "
+                             "variables must stay the same, in the same order",
+                             name(), i, v ? v->name : "(null)", v ? v->value.shape().to_string() : "",
+                             tracked_[i].name, tracked_[i].shape.to_string()));
+  }
+}
+
+void Optimizer::apply_gradients(std::span<Variable* const> vars) {
+  build(vars);
+  // Every gradient is checked before any variable moves, so a failed check leaves the model intact.
+  for (const Variable* v : vars) {
+    DTRAIN_CHECK(v->grad.defined() && v->grad.dtype() == DType::f32 && v->grad.shape() == v->value.shape(),
+                 fmt::format("optimizer {}: gradient of {} is missing or not shaped like its value {}", name(), v->name,
+                             v->value.shape().to_string()));
+  }
+  begin_step((*schedule_)(iterations_), iterations_);
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    Variable& v = *vars[i];
+    for (std::size_t s = 0; s < slots_per_variable_; ++s) {
+      slot_pointers_[s] = slots_[i * slots_per_variable_ + s].data<float>();
+    }
+    update(v.value.data<float>(), v.grad.data<float>(), static_cast<std::size_t>(v.value.numel()),
+           slot_pointers_.data());
+  }
+  ++iterations_;
+}
+
+Tensor& Optimizer::slot(std::size_t variable_index, std::size_t slot_index) {
+  DTRAIN_CHECK(built_ && variable_index < tracked_.size() && slot_index < slots_per_variable_,
+               fmt::format("optimizer {}: no slot ({}, {}); build() it for the variables first", name(),
+                           variable_index, slot_index));
+  return slots_[variable_index * slots_per_variable_ + slot_index];
+}
+
+const Tensor& Optimizer::slot(std::size_t variable_index, std::size_t slot_index) const {
+  return const_cast<Optimizer*>(this)->slot(variable_index, slot_index);
+}
+
+// ---------------------------------------------------------------- SGD
+
+SGD::SGD(std::unique_ptr<LearningRateSchedule> schedule, double momentum, bool nesterov)
+    : Optimizer(std::move(schedule)), momentum_(static_cast<float>(momentum)), nesterov_(nesterov) {}
+
+std::vector<std::string> SGD::slot_names() const {
+  if (momentum_ > 0.0f) return {"momentum"};
+  return {};
+}
+
+void SGD::begin_step(double learning_rate, std::int64_t) { lr_ = static_cast<float>(learning_rate); }
+
+void SGD::update(float* __restrict w, const float* __restrict g, std::size_t n, float* const* slots) {
+  const float lr = lr_;
+  if (momentum_ <= 0.0f) {
+    for (std::size_t k = 0; k < n; ++k) w[k] -= lr * g[k];
+    return;
+  }
+  float* __restrict m = slots[0];
+  const float mu = momentum_;
+  if (nesterov_) {
+    for (std::size_t k = 0; k < n; ++k) {
+      m[k] = mu * m[k] - lr * g[k];
+      w[k] += mu * m[k] - lr * g[k];
+    }
+  } else {
+    for (std::size_t k = 0; k < n; ++k) {
+      m[k] = mu * m[k] - lr * g[k];
+      w[k] += m[k];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Adam
+
+Adam::Adam(std::unique_ptr<LearningRateSchedule> schedule, double beta_1, double beta_2, double epsilon)
+    : Optimizer(std::move(schedule)), beta_1_(beta_1), beta_2_(beta_2), epsilon_(static_cast<float>(epsilon)) {}
+
+void Adam::begin_step(double learning_rate, std::int64_t iteration) {
+  // The bias corrections fold into one step size, computed once per update in double.
+  const double t = static_cast<double>(iteration + 1);
+  alpha_ = static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(beta_2_, t)) / (1.0 - std::pow(beta_1_, t)));
+}
+
+void Adam::update(float* __restrict w, const float* __restrict g, std::size_t n, float* const* slots) {
+  float* __restrict m = slots[0];
+  float* __restrict v = slots[1];
+  const float one_minus_b1 = static_cast<float>(1.0 - beta_1_);
+  const float one_minus_b2 = static_cast<float>(1.0 - beta_2_);
+  const float alpha = alpha_;
+  const float eps = epsilon_;
+  for (std::size_t k = 0; k < n; ++k) {
+    m[k] += (g[k] - m[k]) * one_minus_b1;
+    v[k] += (g[k] * g[k] - v[k]) * one_minus_b2;
+    w[k] -= alpha * m[k] / (std::sqrt(v[k]) + eps);
+  }
+}
+
+// ---------------------------------------------------------------- RMSprop
+
+RMSprop::RMSprop(std::unique_ptr<LearningRateSchedule> schedule, double rho, double momentum, double epsilon,
+                 bool centered)
+    : Optimizer(std::move(schedule)),
+      rho_(static_cast<float>(rho)),
+      momentum_(static_cast<float>(momentum)),
+      epsilon_(static_cast<float>(epsilon)),
+      centered_(centered) {}
+
+std::vector<std::string> RMSprop::slot_names() const {
+  std::vector<std::string> names{"velocity"};
+  if (momentum_ > 0.0f) names.push_back("momentum");
+  if (centered_) names.push_back("average_gradient");
+  return names;
+}
+
+void RMSprop::begin_step(double learning_rate, std::int64_t) { lr_ = static_cast<float>(learning_rate); }
+
+void RMSprop::update(float* __restrict w, const float* __restrict g, std::size_t n, float* const* slots) {
+  const bool use_momentum = momentum_ > 0.0f;
+  float* __restrict velocity = slots[0];
+  float* __restrict mom = use_momentum ? slots[1] : nullptr;
+  float* __restrict average = centered_ ? slots[use_momentum ? 2 : 1] : nullptr;
+  const float rho = rho_;
+  const float one_minus_rho = 1.0f - rho_;
+  const float lr = lr_;
+  const float eps = epsilon_;
+  const float mu = momentum_;
+  // Four loop variants so each one stays branch-free and vectorizable.
+  for (std::size_t k = 0; k < n; ++k) velocity[k] = rho * velocity[k] + one_minus_rho * g[k] * g[k];
+  if (centered_) {
+    for (std::size_t k = 0; k < n; ++k) average[k] = rho * average[k] + one_minus_rho * g[k];
+  }
+  if (centered_ && use_momentum) {
+    for (std::size_t k = 0; k < n; ++k) {
+      mom[k] = mu * mom[k] + lr * g[k] / std::sqrt(velocity[k] - average[k] * average[k] + eps);
+      w[k] -= mom[k];
+    }
+  } else if (centered_) {
+    for (std::size_t k = 0; k < n; ++k) w[k] -= lr * g[k] / std::sqrt(velocity[k] - average[k] * average[k] + eps);
+  } else if (use_momentum) {
+    for (std::size_t k = 0; k < n; ++k) {
+      mom[k] = mu * mom[k] + lr * g[k] / std::sqrt(velocity[k] + eps);
+      w[k] -= mom[k];
+    }
+  } else {
+    for (std::size_t k = 0; k < n; ++k) w[k] -= lr * g[k] / std::sqrt(velocity[k] + eps);
+  }
+}
+
+// ---------------------------------------------------------------- factory
+
+namespace {
+
+void require_range(double value, double lo, double hi, bool hi_inclusive, const char* key) {
+  const bool ok = value >= lo && (hi_inclusive ? value <= hi : value < hi);
+  if (!ok) {
+    throw ConfigError(fmt::format("optimizer.{} must be in [{}, {}{}, got {}", key, lo, hi, hi_inclusive ? "]" : ")",
+                                  value));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config) {
+  auto schedule = make_schedule(config.learning_rate);
+  switch (config.kind) {
+    case config::OptimizerKind::sgd:
+      require_range(config.momentum, 0.0, 1.0, true, "momentum");
+      return std::make_unique<SGD>(std::move(schedule), config.momentum, config.nesterov);
+    case config::OptimizerKind::adam:
+      require_range(config.beta_1, 0.0, 1.0, false, "beta_1");
+      require_range(config.beta_2, 0.0, 1.0, false, "beta_2");
+      if (!(config.epsilon >= 0.0)) throw ConfigError(fmt::format("optimizer.epsilon must be >= 0, got {}", config.epsilon));
+      return std::make_unique<Adam>(std::move(schedule), config.beta_1, config.beta_2, config.epsilon);
+    case config::OptimizerKind::rmsprop:
+      require_range(config.rho, 0.0, 1.0, false, "rho");
+      require_range(config.momentum, 0.0, 1.0, true, "momentum");
+      if (!(config.epsilon > 0.0)) throw ConfigError(fmt::format("optimizer.epsilon must be > 0 for rmsprop, got {}", config.epsilon));
+      return std::make_unique<RMSprop>(std::move(schedule), config.rho, config.momentum, config.epsilon,
+                                       config.centered);
+  }
+  throw ConfigError("optimizer: unknown kind");
+}
+
+}  // namespace dtrain::optim

@@ -1,0 +1,134 @@
+// Optimizers with Keras 3 update rules, computed in float over each variable's flat storage.
+//
+// Shapes: every slot has its variable's shape; gradients are read from Variable::grad (same shape
+// as Variable::value). The learning rate of an update is schedule(iterations()) taken BEFORE the
+// update; afterwards iterations() grows by one.
+//
+// Slots are created (zero-filled) on the first apply_gradients, or earlier by build() — a
+// checkpoint restore calls build() and then writes slot(i, s). From then on the same variables, in
+// the same order and with the same shapes, must be passed every time (checked: InternalError), and
+// nothing is allocated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config/experiment.hpp"
+#include "core/tensor.hpp"
+#include "core/variable.hpp"
+#include "optim/schedule.hpp"
+
+namespace dtrain::optim {
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::unique_ptr<LearningRateSchedule> schedule);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual std::string name() const = 0;  // "sgd", "adam", "rmsprop"
+  // Names of the per-variable slots, in slot_index order (Keras' names).
+  virtual std::vector<std::string> slot_names() const = 0;
+
+  // Creates the slots for these variables; a no-op when already built for the same variables.
+  void build(std::span<Variable* const> vars);
+  bool built() const { return built_; }
+  void apply_gradients(std::span<Variable* const> vars);
+
+  std::int64_t iterations() const { return iterations_; }
+  void set_iterations(std::int64_t iterations);
+  // The learning rate the next update will use.
+  double learning_rate() const { return (*schedule_)(iterations_); }
+
+  std::size_t num_variables() const { return tracked_.size(); }
+  Tensor& slot(std::size_t variable_index, std::size_t slot_index);
+  const Tensor& slot(std::size_t variable_index, std::size_t slot_index) const;
+
+ protected:
+  // Called once per apply_gradients before the per-variable updates, with the learning rate and
+  // the iteration count before the update.
+  virtual void begin_step(double learning_rate, std::int64_t iteration) = 0;
+  // w, g and every slots[s] hold n floats.
+  virtual void update(float* w, const float* g, std::size_t n, float* const* slots) = 0;
+
+ private:
+  struct Tracked {
+    std::string name;
+    Shape shape;
+  };
+  void check_same_variables(std::span<Variable* const> vars) const;
+
+  std::unique_ptr<LearningRateSchedule> schedule_;
+  std::int64_t iterations_ = 0;
+  std::size_t slots_per_variable_ = 0;
+  std::vector<Tracked> tracked_;
+  std::vector<Tensor> slots_;  // [variable * slots_per_variable + slot]
+  std::vector<float*> slot_pointers_;  // one variable's slots, reused every update
+  bool built_ = false;
+};
+
+// w -= lr g; with momentum: m = momentum m - lr g; w += m, or w += momentum m - lr g (nesterov).
+class SGD : public Optimizer {
+ public:
+  SGD(std::unique_ptr<LearningRateSchedule> schedule, double momentum, bool nesterov);
+  std::string name() const override { return "sgd"; }
+  std::vector<std::string> slot_names() const override;
+
+ protected:
+  void begin_step(double learning_rate, std::int64_t iteration) override;
+  void update(float* w, const float* g, std::size_t n, float* const* slots) override;
+
+ private:
+  float momentum_;
+  bool nesterov_;
+  float lr_ = 0.0f;
+};
+
+// Keras 3 Adam: m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
+// w -= alpha m / (sqrt(v) + eps), alpha = lr sqrt(1 - b2^t) / (1 - b1^t), t = iterations + 1.
+class Adam : public Optimizer {
+ public:
+  Adam(std::unique_ptr<LearningRateSchedule> schedule, double beta_1, double beta_2, double epsilon);
+  std::string name() const override { return "adam"; }
+  std::vector<std::string> slot_names() const override { return {"m", "v"}; }
+
+ protected:
+  void begin_step(double learning_rate, std::int64_t iteration) override;
+  void update(float* w, const float* g, std::size_t n, float* const* slots) override;
+
+ private:
+  double beta_1_;
+  double beta_2_;
+  float epsilon_;
+  float alpha_ = 0.0f;
+};
+
+// Keras 3 RMSprop: v = rho v + (1 - rho) g^2; centered: a = rho a + (1 - rho) g, denom = v - a^2 + eps,
+// else denom = v + eps; inc = lr g / sqrt(denom); momentum: mom = momentum mom + inc, w -= mom;
+// else w -= inc.
+class RMSprop : public Optimizer {
+ public:
+  RMSprop(std::unique_ptr<LearningRateSchedule> schedule, double rho, double momentum, double epsilon, bool centered);
+  std::string name() const override { return "rmsprop"; }
+  std::vector<std::string> slot_names() const override;
+
+ protected:
+  void begin_step(double learning_rate, std::int64_t iteration) override;
+  void update(float* w, const float* g, std::size_t n, float* const* slots) override;
+
+ private:
+  float rho_;
+  float momentum_;
+  float epsilon_;
+  bool centered_;
+  float lr_ = 0.0f;
+};
+
+// ConfigError (naming the optimizer key) for impossible hyperparameters.
+std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config);
+
+}  // namespace dtrain::optim

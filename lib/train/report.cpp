@@ -1,0 +1,71 @@
+#include "train/report.hpp"
+
+#include <fmt/format.h>
+
+namespace dtrain::train {
+
+std::string epoch_line(const EpochLog& log) {
+  std::string s = fmt::format("Epoch {}, Loss: {:.4f}", log.epoch, log.loss);
+  if (log.accuracy) s += fmt::format(", Accuracy: {:.2f}", 100.0 * *log.accuracy);
+  auto eval = [&](const std::optional<EvalResult>& r, const char* label) {
+    if (!r) return;
+    s += fmt::format(", {} Loss: {:.4f}", label, r->loss);
+    if (r->accuracy) s += fmt::format(", {} Accuracy: {:.2f}", label, 100.0 * *r->accuracy);
+  };
+  eval(log.validation, "Validation");
+  eval(log.test, "Test");
+  return s;
+}
+
+std::string throughput_line(const EpochLog& log) {
+  const double eval_seconds = (log.validation ? log.validation->seconds : 0.0) + (log.test ? log.test->seconds : 0.0);
+  return fmt::format("  train {:.1f} samples/s ({} steps, {:.2f} s), eval {:.2f} s",
+                     log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0, log.steps,
+                     log.train_seconds, eval_seconds);
+}
+
+std::string epoch_json(const EpochLog& log) {
+  std::string s = fmt::format(R"({{"epoch": {}, "global_step": {}, "loss": {:.9g})", log.epoch, log.global_step, log.loss);
+  if (log.accuracy) s += fmt::format(R"(, "accuracy": {:.9g})", *log.accuracy);
+  auto eval = [&](const std::optional<EvalResult>& r, const char* prefix) {
+    if (!r) return;
+    s += fmt::format(R"(, "{}_loss": {:.9g})", prefix, r->loss);
+    if (r->accuracy) s += fmt::format(R"(, "{}_accuracy": {:.9g})", prefix, *r->accuracy);
+    s += fmt::format(R"(, "{}_samples": {})", prefix, r->samples);
+  };
+  eval(log.validation, "val");
+  eval(log.test, "test");
+  s += fmt::format(R"(, "train_samples": {}, "train_seconds": {:.4f}, "train_samples_per_s": {:.2f}}})", log.samples,
+                   log.train_seconds, log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0);
+  return s;
+}
+
+ProgressBar::ProgressBar(std::FILE* out, std::int64_t total_steps, bool enabled)
+    : out_(out), total_(total_steps), enabled_(enabled), start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+
+void ProgressBar::update(std::int64_t done, double running_loss) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  last_draw_ = now;
+  constexpr int width = 30;
+  const double frac = total_ > 0 ? static_cast<double>(done) / static_cast<double>(total_) : 1.0;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar(static_cast<std::size_t>(width), '.');
+  for (int i = 0; i < filled; ++i) bar[static_cast<std::size_t>(i)] = '=';
+  if (filled < width) bar[static_cast<std::size_t>(filled)] = '>';
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double eta = done > 0 ? elapsed * static_cast<double>(total_ - done) / static_cast<double>(done) : 0.0;
+  const int digits = static_cast<int>(fmt::formatted_size("{}", total_));
+  fmt::print(out_, "\r{:>{}}/{} [{}] - ETA: {:.0f}s - loss: {:.4f}\x1b[K", done, digits, total_, bar, eta, running_loss);
+  std::fflush(out_);
+  drawn_ = true;
+}
+
+void ProgressBar::finish() {
+  if (!enabled_ || !drawn_) return;
+  fmt::print(out_, "\r\x1b[K");
+  std::fflush(out_);
+}
+
+}  // namespace dtrain::train

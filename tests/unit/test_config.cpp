@@ -1,0 +1,425 @@
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "config/parse.hpp"
+#include "core/error.hpp"
+
+using namespace dtrain;
+using namespace dtrain::config;
+
+namespace {
+
+const std::string source_dir = DTRAIN_SOURCE_DIR;
+
+// The ConfigError message a parse produces, or "" when it succeeds (so a CHECK on the text fails
+// visibly instead of the test aborting).
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_experiment(yaml, "t.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The smallest valid experiment, for tests that change one thing.
+const std::string minimal = R"(model:
+  input_shape: [4]
+  layers:
+    - dense: {units: 2}
+)";
+
+// Source locations differ between a file and its to_yaml text; everything else must match.
+Experiment without_locations(Experiment e) {
+  e.source_file.clear();
+  e.loss.where = {};
+  for (LayerConfig& layer : e.model.layers) layer.where = {};
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("config: fashion_mnist experiment loads with the expected values") {
+  const std::string path = source_dir + "/experiments/fashion_mnist.yaml";
+  const Experiment e = load_experiment(path);
+  CHECK(e.source_file == path);
+  CHECK(e.name == "fashion_mnist");
+  CHECK(e.seed == 42);
+  CHECK(e.strategy.kind == StrategyKind::default_strategy);
+  CHECK(e.data.source == SourceKind::fashion_mnist);
+  CHECK(e.data.path == "/usr/share/datasets/fashion-mnist");
+  CHECK(e.data.batch_size_per_replica == 64);
+  CHECK(e.data.shuffle_buffer == 60000);
+  CHECK(e.model.input_shape == std::vector<std::int64_t>{28, 28, 1});
+  REQUIRE(e.model.layers.size() == 7);
+  const auto& names = e.model.layers;
+  CHECK(names[0].name == "conv2d");
+  CHECK(names[1].name == "max_pooling2d");
+  CHECK(names[2].name == "conv2d_1");
+  CHECK(names[3].name == "max_pooling2d_1");
+  CHECK(names[4].name == "flatten");
+  CHECK(names[5].name == "dense");
+  CHECK(names[6].name == "dense_1");
+  const auto& conv = std::get<Conv2DConfig>(e.model.layers[0].options);
+  CHECK(conv.filters == 32);
+  CHECK(conv.kernel_size == std::array<int, 2>{3, 3});
+  CHECK(conv.activation == Activation::relu);
+  CHECK(std::get<Conv2DConfig>(e.model.layers[2].options).filters == 64);
+  const auto& pool = std::get<MaxPool2DConfig>(e.model.layers[1].options);
+  CHECK(pool.pool_size == std::array<int, 2>{2, 2});
+  CHECK_FALSE(pool.strides.has_value());
+  CHECK(std::holds_alternative<FlattenConfig>(e.model.layers[4].options));
+  CHECK(std::get<DenseConfig>(e.model.layers[5].options).units == 64);
+  const auto& logits = std::get<DenseConfig>(e.model.layers[6].options);
+  CHECK(logits.units == 10);
+  CHECK(logits.activation == Activation::linear);
+  CHECK(e.model.layers[0].where.file == path);
+  CHECK(e.model.layers[0].where.line == 16);
+  CHECK(e.model.layers[0].where.column == 7);
+  CHECK(e.loss.kind == LossKind::sparse_categorical_crossentropy);
+  CHECK(e.loss.from_logits);
+  CHECK(e.loss.reduction == Reduction::none);
+  CHECK(e.loss.where.line == 24);
+  CHECK(e.loss.where.column == 1);
+  CHECK(e.optimizer.kind == OptimizerKind::adam);
+  CHECK(e.optimizer.learning_rate.kind == ScheduleKind::constant);
+  CHECK(e.optimizer.learning_rate.initial_learning_rate == 0.001);
+  CHECK(e.metrics == std::vector<MetricKind>{MetricKind::sparse_categorical_accuracy});
+  CHECK(e.train.epochs == 10);
+}
+
+TEST_CASE("config: regression_toy experiment loads with the expected values") {
+  const Experiment e = load_experiment(source_dir + "/experiments/regression_toy.yaml");
+  CHECK(e.data.source == SourceKind::tensors);
+  CHECK(e.data.x == std::vector<double>{1.0});
+  CHECK(e.data.y == std::vector<double>{1.0});
+  CHECK(e.data.train_size == 100);
+  CHECK(e.data.batch_size_per_replica == 10);
+  CHECK(e.data.shuffle_buffer == 0);
+  CHECK(e.model.input_shape == std::vector<std::int64_t>{1});
+  REQUIRE(e.model.layers.size() == 1);
+  CHECK(e.model.layers[0].name == "dense");
+  const auto& dense = std::get<DenseConfig>(e.model.layers[0].options);
+  CHECK(dense.units == 1);
+  CHECK(dense.kernel_regularizer.l2 == 1.0e-4);
+  CHECK(e.loss.kind == LossKind::mean_squared_error);
+  CHECK(e.loss.reduction == Reduction::none);
+  CHECK(e.optimizer.kind == OptimizerKind::sgd);
+  CHECK(e.optimizer.learning_rate.initial_learning_rate == 0.01);
+  CHECK(e.metrics.empty());
+  CHECK(e.train.epochs == 10);
+}
+
+TEST_CASE("config: to_yaml round trips both experiments and every schedule") {
+  for (const char* file : {"fashion_mnist.yaml", "regression_toy.yaml"}) {
+    CAPTURE(file);
+    const Experiment original = load_experiment(source_dir + "/experiments/" + file);
+    const std::string text = to_yaml(original);
+    CAPTURE(text);
+    const Experiment again = parse_experiment(text, "resolved.yaml");
+    CHECK(without_locations(again) == without_locations(original));
+    CHECK(to_yaml(again) == text);
+  }
+  const std::vector<std::string> variants = {
+      "optimizer: {kind: sgd, momentum: 0.9, nesterov: true, learning_rate: {schedule: exponential_decay, "
+      "initial_learning_rate: 0.1, decay_steps: 100, decay_rate: 0.96, staircase: true}}",
+      "optimizer: {kind: rmsprop, rho: 0.8, centered: true, learning_rate: {schedule: piecewise_constant, "
+      "boundaries: [100, 200], values: [0.1, 0.01, 0.001]}}",
+      "optimizer: {learning_rate: {schedule: cosine_decay, initial_learning_rate: 0.3, decay_steps: 1000, "
+      "alpha: 0.1}}\ndata: {source: synthetic, shape: [8, 8, 3], classes: 5, train_size: 7, test_size: 3}",
+      "data: {source: hdf5, path: 'my data.h5', distribute: per_replica, validation_split: 0.1}\n"
+      "train: {progress: none, steps_per_epoch: 5, threads: 3}\nname: 'yes: quoted'\nseed: 18446744073709551615"};
+  for (const std::string& extra : variants) {
+    CAPTURE(extra);
+    const std::string yaml =
+        extra + "\nmodel:\n  input_shape: [8, 8, 3]\n  layers:\n"
+                "    - max_pool2d: {pool_size: [2, 3], strides: 1, padding: same}\n"
+                "    - reshape: {target_shape: [-1, 3]}\n    - activation: {activation: tanh}\n"
+                "    - conv2d: {filters: 2, kernel_size: [1, 2], kernel_regularizer: {l2: 0.5}, use_bias: false}\n";
+    const Experiment original = parse_experiment(yaml, "v.yaml");
+    const std::string text = to_yaml(original);
+    CAPTURE(text);
+    CHECK(without_locations(parse_experiment(text, "resolved.yaml")) == without_locations(original));
+  }
+}
+
+TEST_CASE("config: defaults follow the structs and Keras") {
+  const Experiment e = parse_experiment(minimal, "m.yaml");
+  CHECK(e.name == "experiment");
+  CHECK(e.data == DataConfig{});
+  CHECK(e.loss.kind == LossKind::sparse_categorical_crossentropy);
+  CHECK(e.loss.where.line == 0);
+  CHECK(e.optimizer.kind == OptimizerKind::adam);
+  CHECK(e.optimizer.learning_rate.initial_learning_rate == 0.001);
+  CHECK(e.train == TrainConfig{});
+  CHECK(parse_experiment(minimal + "optimizer: {kind: sgd}\n", "m.yaml").optimizer.learning_rate.initial_learning_rate ==
+        0.01);
+  CHECK(parse_experiment(minimal + "optimizer: {kind: rmsprop}\n", "m.yaml")
+            .optimizer.learning_rate.initial_learning_rate == 0.001);
+  const Experiment pw = parse_experiment(
+      minimal + "optimizer: {learning_rate: {schedule: piecewise_constant, boundaries: [10], values: [0.5, 0.1]}}\n",
+      "m.yaml");
+  CHECK(pw.optimizer.learning_rate.kind == ScheduleKind::piecewise_constant);
+  CHECK(pw.optimizer.learning_rate.initial_learning_rate == 0.5);
+}
+
+TEST_CASE("config: kernel_size, strides and pool_size take an int or a pair") {
+  const std::string yaml = R"(model:
+  input_shape: [9, 9, 1]
+  layers:
+    - conv2d: {filters: 1, kernel_size: 5, strides: [1, 2]}
+    - conv2d: {filters: 1, kernel_size: [3, 1]}
+    - max_pool2d: {pool_size: 3, strides: 2}
+)";
+  const Experiment e = parse_experiment(yaml, "k.yaml");
+  const auto& a = std::get<Conv2DConfig>(e.model.layers[0].options);
+  CHECK(a.kernel_size == std::array<int, 2>{5, 5});
+  CHECK(a.strides == std::array<int, 2>{1, 2});
+  CHECK(std::get<Conv2DConfig>(e.model.layers[1].options).kernel_size == std::array<int, 2>{3, 1});
+  const auto& pool = std::get<MaxPool2DConfig>(e.model.layers[2].options);
+  CHECK(pool.pool_size == std::array<int, 2>{3, 3});
+  CHECK(pool.strides == std::array<int, 2>{2, 2});
+  CHECK(contains(error_of(R"(model:
+  input_shape: [9, 9, 1]
+  layers:
+    - conv2d: {filters: 1, kernel_size: [3, 3, 3]}
+)"),
+                 "t.yaml:4:41: model.layers.0.conv2d.kernel_size: expected an integer or a list of two integers, got a list"));
+  CHECK(contains(error_of(R"(model:
+  input_shape: [9, 9, 1]
+  layers:
+    - conv2d: {filters: 1, kernel_size: [3, 0]}
+)"),
+                 "t.yaml:4:45: model.layers.0.conv2d.kernel_size.1: must be >= 1, got '0'"));
+}
+
+TEST_CASE("config: automatic layer names are Keras-style and skip explicit ones") {
+  const std::string yaml = R"(model:
+  input_shape: [4, 4, 1]
+  layers:
+    - conv2d: {filters: 1, name: dense_1}
+    - dense: {units: 3}
+    - max_pooling2d: {}
+    - dense: {units: 3}
+    - conv2d: {filters: 1}
+    - dense: {units: 3, name: out}
+    - activation: {activation: softmax}
+    - reshape: {target_shape: [3]}
+    - activation: {activation: relu}
+    - flatten:
+)";
+  const Experiment e = parse_experiment(yaml, "n.yaml");
+  std::vector<std::string> names;
+  for (const auto& layer : e.model.layers) names.push_back(layer.name);
+  CHECK(names == std::vector<std::string>{"dense_1", "dense", "max_pooling2d", "dense_2", "conv2d", "out",
+                                          "activation", "reshape", "activation_1", "flatten"});
+  CHECK(e.model.layers[2].where.line == 6);
+  CHECK(e.model.layers[2].where.column == 7);
+
+  CHECK(contains(error_of(R"(model:
+  input_shape: [4]
+  layers:
+    - dense: {units: 3, name: head}
+    - dense: {units: 3, name: head}
+)"),
+                 "t.yaml:5:31: model.layers.1.dense.name: duplicate layer name 'head' (also used at t.yaml:4:31)"));
+}
+
+TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spelling") {
+  CHECK(error_of(minimal + "train:\n  epoch: 3\n") ==
+        "t.yaml:6:3: unknown key 'epoch' in train; did you mean 'epochs'?");
+  CHECK(error_of(minimal + "train:\n  zzzzzz: 3\n") ==
+        "t.yaml:6:3: unknown key 'zzzzzz' in train; valid keys: epochs, steps_per_epoch, threads, progress");
+  CHECK(error_of(minimal + "optimiser: {kind: sgd}\n") ==
+        "t.yaml:5:1: unknown key 'optimiser' at top level; did you mean 'optimizer'?");
+  CHECK(error_of(minimal + "optimizer: {kind: adamw}\n") ==
+        "t.yaml:5:19: unknown optimizer kind 'adamw'; valid: sgd, adam, rmsprop; did you mean 'adam'?");
+  CHECK(error_of(minimal + "loss: {reduction: mean}\n") ==
+        "t.yaml:5:19: unknown loss reduction 'mean'; valid: none, sum, sum_over_batch_size, auto");
+  CHECK(error_of(minimal + "metrics: [acuracy]\n") ==
+        "t.yaml:5:11: unknown metric 'acuracy'; valid: sparse_categorical_accuracy, accuracy, "
+        "categorical_accuracy; did you mean 'accuracy'?");
+  const std::string layer_error = error_of("model:\n  input_shape: [4]\n  layers:\n    - dens: {units: 2}\n");
+  CHECK(layer_error ==
+        "t.yaml:4:7: unknown layer kind 'dens' in model.layers.0; known: conv2d, max_pool2d, max_pooling2d, dense, "
+        "flatten, reshape, activation; did you mean 'dense'?");
+  CHECK(contains(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2, activation: rellu}\n"),
+                 "t.yaml:4:37: unknown activation 'rellu'; valid: linear, relu, sigmoid, tanh, softmax; did you "
+                 "mean 'relu'?"));
+  CHECK(contains(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2, unit: 3}\n"),
+                 "t.yaml:4:25: unknown key 'unit' in model.layers.0.dense; did you mean 'units'?"));
+  CHECK(contains(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2}\n      name: x\n"),
+                 "t.yaml:5:7: model.layers.0: a layer has one key, its kind, but 'name' follows 'dense'"));
+}
+
+TEST_CASE("config: strategies of later versions are named as not available") {
+  CHECK(error_of(minimal + "strategy: {kind: mirrored}\n") ==
+        "t.yaml:5:18: strategy kind 'mirrored' is not available in this version of dtrain (available: default)");
+  CHECK(contains(error_of(minimal + "strategy: {kind: defualt}\n"),
+                 "t.yaml:5:18: unknown strategy kind 'defualt'; valid: default; did you mean 'default'?"));
+}
+
+TEST_CASE("config: wrong types name the key, the expected type and the value") {
+  CHECK(error_of(minimal + "train:\n  epochs: ten\n") == "t.yaml:6:11: train.epochs: expected an integer, got 'ten'");
+  CHECK(error_of(minimal + "train: {epochs: 2.5}\n") == "t.yaml:5:17: train.epochs: expected an integer, got '2.5'");
+  CHECK(error_of(minimal + "data: {prefetch: yes}\n") == "t.yaml:5:18: data.prefetch: expected true or false, got 'yes'");
+  CHECK(error_of(minimal + "data: {validation_split: half}\n") ==
+        "t.yaml:5:26: data.validation_split: expected a number, got 'half'");
+  CHECK(error_of(minimal + "metrics: accuracy\n") ==
+        "t.yaml:5:10: metrics: expected a list of metric names, got 'accuracy'");
+  CHECK(error_of(minimal + "train: [1, 2]\n") == "t.yaml:5:8: train: expected a map of settings, got a list");
+  CHECK(error_of("model:\n  input_shape: 28\n  layers: [{flatten: {}}]\n") ==
+        "t.yaml:2:16: model.input_shape: expected a list of integers, got '28'");
+  CHECK(error_of("model:\n  input_shape: [28]\n  layers: {dense: {units: 1}}\n") ==
+        "t.yaml:3:11: model.layers: expected a list of layers, each '- kind: {options}', got a map");
+  CHECK(error_of(minimal + "optimizer: {learning_rate: [0.1]}\n") ==
+        "t.yaml:5:28: optimizer.learning_rate: expected a number or a schedule map ({schedule: "
+        "exponential_decay, ...}), got a list");
+  CHECK(error_of("- 1\n- 2\n") ==
+        "t.yaml:1:1: expected a map of settings at the top level (name, data, model, ...), got a list");
+}
+
+TEST_CASE("config: values out of range are refused with the rule") {
+  struct Case {
+    std::string yaml, message;
+  };
+  const std::vector<Case> cases = {
+      {"train: {epochs: 0}", "t.yaml:5:17: train.epochs: must be >= 1, got '0'"},
+      {"train: {threads: -1}", "t.yaml:5:18: train.threads: must be >= 0, got '-1'"},
+      {"data: {batch_size_per_replica: 0}", "t.yaml:5:32: data.batch_size_per_replica: must be >= 1, got '0'"},
+      {"data: {shuffle_buffer: -5}", "t.yaml:5:24: data.shuffle_buffer: must be >= 0, got '-5'"},
+      {"data: {validation_split: 1.0}", "t.yaml:5:26: data.validation_split: must be in [0, 1), got '1.0'"},
+      {"optimizer: {learning_rate: 0}", "t.yaml:5:28: optimizer.learning_rate: must be > 0, got '0'"},
+      {"optimizer: {beta_1: 1}", "t.yaml:5:21: optimizer.beta_1: must be in [0, 1), got '1'"},
+      {"optimizer: {epsilon: 0.0}", "t.yaml:5:22: optimizer.epsilon: must be > 0, got '0.0'"},
+      {"optimizer: {kind: sgd, momentum: -0.1}", "t.yaml:5:34: optimizer.momentum: must be in [0, 1), got '-0.1'"},
+      {"optimizer: {learning_rate: {schedule: exponential_decay, initial_learning_rate: 0.1, decay_steps: 0, "
+       "decay_rate: 0.9}}",
+       "optimizer.learning_rate.decay_steps: must be >= 1, got '0'"},
+      {"optimizer: {learning_rate: {schedule: piecewise_constant, boundaries: [100, 200], values: [0.1, 0.01]}}",
+       "t.yaml:5:91: optimizer.learning_rate.values: needs one more entry than boundaries (2 boundaries -> 3 "
+       "values), got 2"},
+      {"optimizer: {learning_rate: {schedule: piecewise_constant, boundaries: [200, 100], values: [1, 2, 3]}}",
+       "t.yaml:5:77: optimizer.learning_rate.boundaries.1: must be greater than the previous boundary (200)"},
+      {"optimizer: {learning_rate: {schedule: cosine_decay, decay_steps: 10}}",
+       "t.yaml:5:28: optimizer.learning_rate: missing required key 'initial_learning_rate'"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.yaml);
+    CHECK(contains(error_of(minimal + c.yaml + "\n"), c.message));
+  }
+  CHECK(error_of("model:\n  input_shape: [28, 0]\n  layers: [{flatten: {}}]\n") ==
+        "t.yaml:2:21: model.input_shape.1: must be >= 1, got '0'");
+  CHECK(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 0}\n") ==
+        "t.yaml:4:22: model.layers.0.dense.units: must be >= 1, got '0'");
+  CHECK(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2, kernel_regularizer: {l2: -1}}\n") ==
+        "t.yaml:4:50: model.layers.0.dense.kernel_regularizer.l2: must be >= 0, got '-1'");
+  CHECK(error_of("model:\n  input_shape: [4, 4, 1]\n  layers:\n    - conv2d: {filters: -3}\n") ==
+        "t.yaml:4:25: model.layers.0.conv2d.filters: must be >= 1, got '-3'");
+}
+
+TEST_CASE("config: missing required keys point at the section") {
+  CHECK(error_of("name: x\n") == "t.yaml:1:1: missing required key 'model'");
+  CHECK(error_of("") == "t.yaml:1:1: missing required key 'model'");
+  CHECK(error_of("name: x\nmodel:\n  layers: [{flatten: {}}]\n") ==
+        "t.yaml:3:3: model: missing required key 'input_shape'");
+  CHECK(error_of("model:\n  input_shape: [2]\n  layers: []\n") ==
+        "t.yaml:3:11: model.layers: must be a non-empty list of layers, got a list");
+  CHECK(error_of("model:\n  input_shape: [2]\n  layers: [{dense: {}}]\n") ==
+        "t.yaml:3:20: model.layers.0.dense: missing required key 'units'");
+  CHECK(error_of(minimal + "data: {source: idx}\n") == "t.yaml:5:7: data: missing required key 'path'");
+  CHECK(error_of(minimal + "data: {source: tensors, x: [1.0]}\n") == "t.yaml:5:7: data: missing required key 'y'");
+}
+
+TEST_CASE("config: keys of another kind say which kinds they belong to") {
+  CHECK(error_of(minimal + "optimizer: {kind: adam, nesterov: true}\n") ==
+        "t.yaml:5:25: optimizer.nesterov: applies only to optimizer kind sgd, not to adam; remove it or change the "
+        "kind");
+  CHECK(contains(error_of(minimal + "optimizer: {kind: adam, momentum: 0.9}\n"),
+                 "optimizer.momentum: applies only to optimizer kinds sgd, rmsprop, not to adam"));
+  CHECK(contains(error_of(minimal + "optimizer: {kind: sgd, epsilon: 0.1}\n"),
+                 "t.yaml:5:24: optimizer.epsilon: applies only to optimizer kinds adam, rmsprop, not to sgd"));
+  CHECK(contains(error_of(minimal + "data: {shape: [2]}\n"),
+                 "t.yaml:5:8: data.shape: applies only to data source synthetic, not to fashion_mnist"));
+  CHECK(contains(error_of(minimal + "loss: {kind: mean_squared_error, from_logits: true}\n"),
+                 "loss.from_logits: applies only to the crossentropy losses, not to mean_squared_error"));
+}
+
+TEST_CASE("config: YAML syntax errors and duplicate keys carry file:line:col") {
+  const std::string bad = error_of("name: x\nmodel:\n  input_shape: [28, 28\n  layers: []\n");
+  CHECK(contains(bad, "t.yaml:"));
+  CHECK(contains(bad, "invalid YAML"));
+  CHECK(error_of("name: x\nname: y\n") == "t.yaml:2:1: duplicate key 'name' (first given at t.yaml:1:1); keep only one");
+  CHECK(contains(error_of("a: b: c\n"), "t.yaml:1:5: invalid YAML"));
+  CHECK(error_of("model:\n\tinput_shape: [1]\n") ==
+        "t.yaml:2:13: invalid YAML: illegal map value (YAML does not allow tabs for indentation; use spaces)");
+  CHECK(contains(error_of("model: {input_shape: [1]\n"), "(a '{' has no matching '}')"));
+  CHECK(contains(error_of("a: &x [*x]\n"), "t.yaml:1:4: YAML nested deeper than 64 levels"));
+}
+
+TEST_CASE("config: --set overrides") {
+  const std::string path = source_dir + "/experiments/fashion_mnist.yaml";
+  const Experiment e = load_experiment(path, {"optimizer.learning_rate=0.01", "model.input_shape=[32, 32, 3]",
+                                              "model.layers.5.dense.units=128", "data.shuffle_buffer=0",
+                                              "name=tuned", "train.threads=2"});
+  CHECK(e.optimizer.learning_rate.initial_learning_rate == 0.01);
+  CHECK(e.model.input_shape == std::vector<std::int64_t>{32, 32, 3});
+  CHECK(std::get<DenseConfig>(e.model.layers[5].options).units == 128);
+  CHECK(e.data.shuffle_buffer == 0);
+  CHECK(e.name == "tuned");
+  CHECK(e.train.threads == 2);
+
+  SUBCASE("a missing key is created, even a whole section") {
+    const Experiment r = parse_experiment(minimal, "m.yaml", {"data.path=/x", "train.epochs=3"});
+    CHECK(r.data.path == "/x");
+    CHECK(r.train.epochs == 3);
+    const Experiment s = parse_experiment("", "m.yaml", {"model={input_shape: [2], layers: [{dense: {units: 1}}]}"});
+    CHECK(s.model.layers.size() == 1);
+    CHECK(s.model.layers[0].where.file == "--set model={input_shape: [2], layers: [{dense: {units: 1}}]}");
+    CHECK(s.model.layers[0].where.line == 0);
+  }
+  SUBCASE("appending a layer with the index one past the end") {
+    const Experiment r = parse_experiment(minimal, "m.yaml", {"model.layers.1={dense: {units: 7}}"});
+    REQUIRE(r.model.layers.size() == 2);
+    CHECK(std::get<DenseConfig>(r.model.layers[1].options).units == 7);
+    CHECK(r.model.layers[1].name == "dense_1");
+  }
+  SUBCASE("errors in overridden values name the --set") {
+    CHECK(error_of(minimal, {"train.epoch=3"}) ==
+          "--set train.epoch=3: unknown key 'epoch' in train; did you mean 'epochs'?");
+    CHECK(error_of(minimal, {"trian.epochs=3"}) ==
+          "--set trian.epochs=3: unknown key 'trian' at top level; did you mean 'train'?");
+    CHECK(error_of(minimal, {"train.epochs=ten"}) == "--set train.epochs=ten: train.epochs: expected an integer, got 'ten'");
+    CHECK(error_of(minimal, {"model.layers.0.dense.units=0"}) ==
+          "--set model.layers.0.dense.units=0: model.layers.0.dense.units: must be >= 1, got '0'");
+  }
+  SUBCASE("malformed overrides") {
+    CHECK(error_of(minimal, {"train.epochs"}) ==
+          "--set train.epochs: expected key.path=value, for example --set train.epochs=5");
+    CHECK(contains(error_of(minimal, {"model.input_shape=[28, 28"}), "--set model.input_shape=[28, 28: invalid YAML"));
+    CHECK(contains(error_of(minimal, {"=3"}), "--set =3: missing key path"));
+    CHECK(contains(error_of(minimal, {"train..epochs=3"}), "empty component"));
+    CHECK(error_of(minimal, {"model.layers.5.dense.units=3"}) ==
+          "--set model.layers.5.dense.units=3: index 5 is out of range: 'model.layers' has 1 items (use 0..0, or 1 "
+          "to append)");
+    CHECK(contains(error_of(minimal, {"model.layers.dense.units=3"}),
+                   "'model.layers' is a list of 1 items; address an item by its index"));
+    CHECK(contains(error_of(minimal, {"model.input_shape.0.x=3"}), "'model.input_shape.0' is a single value ('4')"));
+  }
+}
+
+TEST_CASE("config: a missing or unreadable file names the path") {
+  const std::string missing = source_dir + "/experiments/no_such_experiment.yaml";
+  try {
+    load_experiment(missing);
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(contains(e.what(), missing));
+    CHECK(contains(e.what(), "cannot open"));
+  }
+  CHECK_THROWS_AS(load_experiment(source_dir + "/experiments"), ConfigError);
+}

@@ -1,0 +1,444 @@
+// Data sources: IDX (plain and gzip), HDF5, synthetic, repeated tensors, splits.
+#include <doctest/doctest.h>
+#include <hdf5.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config/experiment.hpp"
+#include "core/error.hpp"
+#include "data/dataset.hpp"
+#include "data/hdf5_source.hpp"
+#include "data/idx.hpp"
+
+using namespace dtrain;
+using namespace dtrain::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test case, removed afterwards.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / ("dtrain_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+void put_be32(std::vector<unsigned char>& out, std::uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<unsigned char>(v >> shift));
+}
+
+std::vector<unsigned char> idx_bytes(std::uint8_t type, const std::vector<std::uint32_t>& dims,
+                                     const std::vector<unsigned char>& payload) {
+  std::vector<unsigned char> out{0, 0, type, static_cast<unsigned char>(dims.size())};
+  for (auto d : dims) put_be32(out, d);
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+void write_plain(const std::string& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+void write_gz(const std::string& path, const std::vector<unsigned char>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) == static_cast<int>(bytes.size()));
+  REQUIRE(gzclose(f) == Z_OK);
+}
+
+std::vector<unsigned char> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Images of n samples of h x w where pixel j of sample i is (i * 7 + j) % 256; labels i % classes.
+void write_idx_split(const TempDir& dir, const std::string& prefix, std::uint32_t n, std::uint32_t h, std::uint32_t w,
+                     int classes, bool gz) {
+  std::vector<unsigned char> pixels, labels;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    for (std::uint32_t j = 0; j < h * w; ++j) pixels.push_back(static_cast<unsigned char>((i * 7 + j) % 256));
+    labels.push_back(static_cast<unsigned char>(i % static_cast<std::uint32_t>(classes)));
+  }
+  const std::string suffix = gz ? ".gz" : "";
+  auto write = gz ? write_gz : write_plain;
+  write(dir.file(prefix + "-images-idx3-ubyte" + suffix), idx_bytes(0x08, {n, h, w}, pixels));
+  write(dir.file(prefix + "-labels-idx1-ubyte" + suffix), idx_bytes(0x08, {n}, labels));
+}
+
+// The InputError message read_idx gives for `path`; fails the test when none is thrown.
+std::string idx_error(const std::string& path) {
+  try {
+    read_idx(path);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  FAIL("read_idx(" << path << ") did not throw InputError");
+  return {};
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("read_idx reads plain and gzip files alike") {
+  TempDir dir;
+  std::vector<unsigned char> pixels;
+  for (int i = 0; i < 2 * 3 * 4; ++i) pixels.push_back(static_cast<unsigned char>(i * 10));
+  auto bytes = idx_bytes(0x08, {2, 3, 4}, pixels);
+  write_plain(dir.file("a-idx3-ubyte"), bytes);
+  write_gz(dir.file("a-idx3-ubyte.gz"), bytes);
+  for (const char* name : {"a-idx3-ubyte", "a-idx3-ubyte.gz"}) {
+    CAPTURE(name);
+    Tensor t = read_idx(dir.file(name));
+    CHECK(t.dtype() == DType::u8);
+    CHECK(t.shape() == Shape{2, 3, 4});
+    CHECK(t.data<std::uint8_t>()[0] == 0);
+    CHECK(t.data<std::uint8_t>()[23] == 230);
+  }
+}
+
+TEST_CASE("read_idx decodes big-endian int and float elements") {
+  TempDir dir;
+  std::vector<unsigned char> ints;
+  put_be32(ints, 0x01020304u);
+  put_be32(ints, static_cast<std::uint32_t>(-5));
+  write_plain(dir.file("i"), idx_bytes(0x0C, {2}, ints));
+  Tensor t = read_idx(dir.file("i"));
+  REQUIRE(t.dtype() == DType::i32);
+  CHECK(t.data<std::int32_t>()[0] == 0x01020304);
+  CHECK(t.data<std::int32_t>()[1] == -5);
+
+  std::vector<unsigned char> floats;
+  put_be32(floats, 0x3FC00000u);  // 1.5f
+  write_gz(dir.file("f.gz"), idx_bytes(0x0D, {1, 1}, floats));
+  Tensor f = read_idx(dir.file("f.gz"));
+  REQUIRE(f.dtype() == DType::f32);
+  CHECK(f.data<float>()[0] == 1.5f);
+}
+
+TEST_CASE("read_idx rejects missing, truncated, mistyped and lying files with the path in the message") {
+  TempDir dir;
+  std::vector<unsigned char> pixels(2 * 2 * 2, 7);
+
+  SUBCASE("missing file") {
+    std::string msg = idx_error(dir.file("nothing-here.gz"));
+    CHECK(contains(msg, dir.file("nothing-here.gz")));
+    CHECK(contains(msg, "no such file"));
+    CHECK(contains(msg, "data.path"));
+  }
+  SUBCASE("bad magic") {
+    write_plain(dir.file("bad"), {'G', 'I', 'F', '8', 0, 0, 0, 0});
+    std::string msg = idx_error(dir.file("bad"));
+    CHECK(contains(msg, dir.file("bad")));
+    CHECK(contains(msg, "bad IDX magic 0x47494638"));
+  }
+  SUBCASE("unknown element type") {
+    write_plain(dir.file("type"), idx_bytes(0x0A, {1}, {0}));
+    CHECK(contains(idx_error(dir.file("type")), "unsupported IDX element type 0x0a"));
+  }
+  SUBCASE("truncated data, plain and gzip") {
+    auto bytes = idx_bytes(0x08, {2, 2, 2}, pixels);
+    bytes.resize(bytes.size() - 3);
+    write_plain(dir.file("t"), bytes);
+    write_gz(dir.file("t.gz"), bytes);
+    for (const auto& p : {dir.file("t"), dir.file("t.gz")}) {
+      std::string msg = idx_error(p);
+      CHECK(contains(msg, p));
+      CHECK(contains(msg, "truncated: header promises 8 bytes of data"));
+      CHECK(contains(msg, "file has 5"));
+    }
+  }
+  SUBCASE("truncated header") {
+    write_plain(dir.file("h"), {0, 0, 8, 3, 0, 0});
+    CHECK(contains(idx_error(dir.file("h")), "truncated"));
+  }
+  SUBCASE("lying header: billions of elements promised, a few present") {
+    write_gz(dir.file("lie.gz"), idx_bytes(0x08, {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFu}, pixels));
+    CHECK(contains(idx_error(dir.file("lie.gz")), dir.file("lie.gz")));
+    write_plain(dir.file("lie"), idx_bytes(0x08, {60000, 28, 28}, pixels));
+    std::string msg = idx_error(dir.file("lie"));
+    CHECK(contains(msg, "header promises 47040000 bytes"));
+    CHECK(contains(msg, "file has 8"));
+  }
+  SUBCASE("trailing data") {
+    auto bytes = idx_bytes(0x08, {2, 2, 2}, pixels);
+    bytes.push_back(1);
+    write_plain(dir.file("long"), bytes);
+    CHECK(contains(idx_error(dir.file("long")), "more data than the header promises"));
+  }
+  SUBCASE("corrupt gzip") {
+    std::vector<unsigned char> big(4096);
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<unsigned char>((i * 31) ^ (i >> 3));
+    write_gz(dir.file("c.gz"), idx_bytes(0x08, {4096}, big));
+    auto gz = read_file(dir.file("c.gz"));
+    REQUIRE(gz.size() > 40);
+    for (std::size_t i = 20; i < 30; ++i) gz[i] ^= 0xA5;
+    write_plain(dir.file("c.gz"), gz);
+    std::string msg = idx_error(dir.file("c.gz"));
+    CHECK(contains(msg, dir.file("c.gz") + ": corrupt gzip data ("));
+  }
+  SUBCASE("gzip cut short") {
+    write_gz(dir.file("cut.gz"), idx_bytes(0x08, {2, 2, 2}, pixels));
+    auto gz = read_file(dir.file("cut.gz"));
+    gz.resize(gz.size() / 2);
+    write_plain(dir.file("cut.gz"), gz);
+    CHECK(contains(idx_error(dir.file("cut.gz")), dir.file("cut.gz") + ": corrupt gzip data (unexpected end of file)"));
+  }
+}
+
+TEST_CASE("load_idx_split pairs images and labels and adds the channel dimension") {
+  TempDir dir;
+  write_idx_split(dir, "train", 12, 3, 2, 4, /*gz=*/true);
+  write_idx_split(dir, "t10k", 5, 3, 2, 4, /*gz=*/false);
+  Dataset train = load_idx_split(dir.path.string(), "train");
+  CHECK(train.x.shape() == Shape{12, 3, 2, 1});
+  CHECK(train.x.dtype() == DType::u8);
+  CHECK(train.y.shape() == Shape{12});
+  CHECK(train.y.dtype() == DType::i32);
+  CHECK(train.num_classes == 4);
+  CHECK(train.x_scale == doctest::Approx(1.0 / 255.0));
+  CHECK(train.y.data<std::int32_t>()[5] == 1);
+  CHECK(train.x.data<std::uint8_t>()[1 * 6 + 2] == 9);
+  Dataset test = load_idx_split(dir.path.string(), "t10k", 10);
+  CHECK(test.size() == 5);
+  CHECK(test.num_classes == 10);
+  CHECK_THROWS_AS(load_idx_split(dir.path.string(), "t10k", 3), InputError);  // label 3 is not below 3
+
+  SUBCASE("count mismatch") {
+    write_plain(dir.file("t10k-labels-idx1-ubyte"), idx_bytes(0x08, {4}, {0, 1, 2, 3}));
+    try {
+      load_idx_split(dir.path.string(), "t10k");
+      FAIL("no error");
+    } catch (const InputError& e) {
+      CHECK(contains(e.what(), "holds 5 images but"));
+    }
+  }
+  SUBCASE("missing files name the directory and the fix") {
+    try {
+      load_idx_split(dir.path.string(), "valid");
+      FAIL("no error");
+    } catch (const InputError& e) {
+      CHECK(contains(e.what(), dir.file("valid-images-idx3-ubyte")));
+      CHECK(contains(e.what(), "set data.path"));
+    }
+    CHECK_THROWS_AS(load_idx_split(dir.file("no_such_dir"), "train"), InputError);
+  }
+}
+
+TEST_CASE("real Fashion-MNIST test split, when installed") {
+  if (!fs::exists(std::string(kDefaultFashionMnistDir) + "/t10k-images-idx3-ubyte.gz")) return;
+  Dataset test = load_idx_split(kDefaultFashionMnistDir, "t10k", 10);
+  CHECK(test.x.shape() == Shape{10000, 28, 28, 1});
+  CHECK(test.y.shape() == Shape{10000});
+  std::set<int> labels(test.y.data<std::int32_t>(), test.y.data<std::int32_t>() + 10000);
+  CHECK(labels.size() == 10);
+  CHECK(*labels.begin() == 0);
+  CHECK(*labels.rbegin() == 9);
+}
+
+TEST_CASE("the shipped HDF5 subset loads with shapes and classes") {
+  const std::string path = std::string(DTRAIN_SOURCE_DIR) + "/data/fashion_mnist_small.h5";
+  Dataset train = load_hdf5(path, "train");
+  CHECK(train.x.shape() == Shape{2000, 28, 28, 1});
+  CHECK(train.x.dtype() == DType::u8);
+  CHECK(train.y.shape() == Shape{2000});
+  CHECK(train.y.dtype() == DType::i32);
+  CHECK(train.num_classes == 10);
+  Dataset test = load_hdf5(path, "test");
+  CHECK(test.size() == 500);
+  std::set<int> labels(test.y.data<std::int32_t>(), test.y.data<std::int32_t>() + 500);
+  CHECK(labels == std::set<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+
+  // The subset is the head of the real data set, byte for byte.
+  if (fs::exists(std::string(kDefaultFashionMnistDir) + "/t10k-images-idx3-ubyte.gz")) {
+    Dataset real = load_idx_split(kDefaultFashionMnistDir, "t10k", 10);
+    CHECK(std::equal(test.x.data<std::uint8_t>(), test.x.data<std::uint8_t>() + 500 * 784, real.x.data<std::uint8_t>()));
+    CHECK(std::equal(test.y.data<std::int32_t>(), test.y.data<std::int32_t>() + 500, real.y.data<std::int32_t>()));
+  }
+}
+
+namespace {
+
+// Writes /<group>/<name> into an HDF5 file (created when absent).
+template <class T>
+void h5_write(const std::string& path, const std::string& group, const std::string& name,
+              const std::vector<hsize_t>& dims, const std::vector<T>& values, hid_t file_type, hid_t memory_type) {
+  hid_t file = fs::exists(path) ? H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)
+                                : H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  hid_t g = H5Lexists(file, group.c_str(), H5P_DEFAULT) > 0 ? H5Gopen2(file, group.c_str(), H5P_DEFAULT)
+                                                            : H5Gcreate2(file, group.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  hid_t ds = H5Dcreate2(g, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  REQUIRE(H5Dwrite(ds, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
+  H5Dclose(ds);
+  H5Sclose(space);
+  H5Gclose(g);
+  H5Fclose(file);
+}
+
+std::string hdf5_error(const std::string& path, const std::string& group) {
+  try {
+    load_hdf5(path, group);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  FAIL("load_hdf5(" << path << ", " << group << ") did not throw InputError");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("load_hdf5 converts types and reports defects by file and dataset") {
+  TempDir dir;
+  const std::string path = dir.file("d.h5");
+
+  SUBCASE("wide integers that fit become u8; float y becomes (N, 1) targets") {
+    h5_write<std::int32_t>(path, "train", "x", {3, 2}, {0, 1, 2, 253, 254, 255}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    h5_write<double>(path, "train", "y", {3}, {0.5, 1.5, -2.0}, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE);
+    Dataset ds = load_hdf5(path, "train");
+    CHECK(ds.x.dtype() == DType::u8);
+    CHECK(ds.x.shape() == Shape{3, 2});
+    CHECK(ds.x.data<std::uint8_t>()[5] == 255);
+    CHECK(ds.y.dtype() == DType::f32);
+    CHECK(ds.y.shape() == Shape{3, 1});
+    CHECK(ds.y.data<float>()[2] == -2.0f);
+  }
+  SUBCASE("integer x outside 0..255 is refused, not clipped") {
+    h5_write<std::int32_t>(path, "train", "x", {2}, {1, 300}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    h5_write<std::int32_t>(path, "train", "y", {2}, {0, 1}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    std::string msg = hdf5_error(path, "train");
+    CHECK(contains(msg, path));
+    CHECK(contains(msg, "/train/x"));
+    CHECK(contains(msg, "0..255"));
+  }
+  SUBCASE("float x stays f32 with scale 1") {
+    h5_write<float>(path, "train", "x", {2, 2}, {0.25f, 2.0f, -1.0f, 4.0f}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+    h5_write<std::uint8_t>(path, "train", "y", {2}, {1, 0}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+    Dataset ds = load_hdf5(path, "train");
+    CHECK(ds.x.dtype() == DType::f32);
+    CHECK(ds.x_scale == 1.0f);
+    CHECK(ds.num_classes == 2);
+  }
+  SUBCASE("missing dataset") {
+    h5_write<std::uint8_t>(path, "train", "x", {2}, {1, 2}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+    std::string msg = hdf5_error(path, "train");
+    CHECK(contains(msg, path));
+    CHECK(contains(msg, "/train/y"));
+  }
+  SUBCASE("missing group") {
+    h5_write<std::uint8_t>(path, "train", "x", {2}, {1, 2}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+    CHECK(contains(hdf5_error(path, "test"), "no group /test"));
+  }
+  SUBCASE("count mismatch") {
+    h5_write<std::uint8_t>(path, "train", "x", {3}, {1, 2, 3}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+    h5_write<std::uint8_t>(path, "train", "y", {2}, {1, 2}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+    CHECK(contains(hdf5_error(path, "train"), "holds 3 examples but /train/y holds 2"));
+  }
+  SUBCASE("not HDF5, missing file") {
+    write_plain(path, {'n', 'o', 'p', 'e'});
+    CHECK(contains(hdf5_error(path, "train"), "not an HDF5 file"));
+    CHECK(contains(hdf5_error(dir.file("absent.h5"), "train"), "no such file"));
+  }
+}
+
+TEST_CASE("synthetic data is deterministic, split-dependent and learnable") {
+  Dataset a = make_synthetic({4, 4, 1}, 4, 200, 7, 0);
+  Dataset b = make_synthetic({4, 4, 1}, 4, 100, 7, 0);
+  Dataset test = make_synthetic({4, 4, 1}, 4, 100, 7, 1);
+  CHECK(a.x.shape() == Shape{200, 4, 4, 1});
+  CHECK(a.y.dtype() == DType::i32);
+  CHECK(std::equal(b.x.data<std::uint8_t>(), b.x.data<std::uint8_t>() + 1600, a.x.data<std::uint8_t>()));
+  CHECK_FALSE(std::equal(test.x.data<std::uint8_t>(), test.x.data<std::uint8_t>() + 1600, a.x.data<std::uint8_t>()));
+  // The brightest quarter of the image names the class: a trivial classifier beats chance by far.
+  int correct = 0;
+  std::set<int> seen;
+  for (int i = 0; i < 200; ++i) {
+    int best = 0, best_sum = -1;
+    for (int c = 0; c < 4; ++c) {
+      int sum = 0;
+      for (int p = c * 4; p < c * 4 + 4; ++p) sum += a.x.data<std::uint8_t>()[i * 16 + p];
+      if (sum > best_sum) best_sum = sum, best = c;
+    }
+    correct += best == a.y.data<std::int32_t>()[i];
+    seen.insert(a.y.data<std::int32_t>()[i]);
+  }
+  CHECK(seen.size() == 4);
+  CHECK(correct > 180);
+}
+
+TEST_CASE("make_repeated repeats one example") {
+  Dataset ds = make_repeated({1.0, 2.0, 3.0}, {0.5}, 4);
+  CHECK(ds.x.shape() == Shape{4, 3});
+  CHECK(ds.y.shape() == Shape{4, 1});
+  CHECK(ds.x.data<float>()[3 * 3 + 2] == 3.0f);
+  CHECK(ds.y.data<float>()[3] == 0.5f);
+  CHECK_THROWS_AS(make_repeated({}, {1.0}, 2), ConfigError);
+}
+
+TEST_CASE("load_splits: validation_split holds out the last fraction, Keras-style") {
+  config::DataConfig cfg;
+  cfg.source = config::SourceKind::synthetic;
+  cfg.shape = {2, 2, 1};
+  cfg.classes = 3;
+  cfg.train_size = 10;
+  cfg.test_size = 4;
+  cfg.validation_split = 0.25;  // floor(10 * 0.75) = 7 stay in train
+  DataSplits splits = load_splits(cfg, 5);
+  Dataset whole = make_synthetic({2, 2, 1}, 3, 10, 5, 0);
+  REQUIRE(splits.validation.has_value());
+  CHECK(splits.train.size() == 7);
+  CHECK(splits.validation->size() == 3);
+  CHECK(splits.test.size() == 4);
+  CHECK(std::equal(splits.validation->x.data<std::uint8_t>(), splits.validation->x.data<std::uint8_t>() + 12,
+                   whole.x.data<std::uint8_t>() + 7 * 4));
+  CHECK(splits.validation->y.data<std::int32_t>()[0] == whole.y.data<std::int32_t>()[7]);
+  CHECK(splits.train.y.data<std::int32_t>()[6] == whole.y.data<std::int32_t>()[6]);
+
+  cfg.validation_split = 0.0;
+  CHECK_FALSE(load_splits(cfg, 5).validation.has_value());
+  cfg.validation_split = 0.01;  // floor(10 * 0.99) = 9: one held out
+  CHECK(load_splits(cfg, 5).validation->size() == 1);
+  cfg.validation_split = 1.0;
+  CHECK_THROWS_AS(load_splits(cfg, 5), ConfigError);
+
+  config::DataConfig tensors;
+  tensors.source = config::SourceKind::tensors;
+  tensors.x = {1.0, 2.0};
+  tensors.y = {3.0};
+  tensors.train_size = 6;
+  DataSplits t = load_splits(tensors, 0);
+  CHECK(t.train.size() == 6);
+  CHECK(t.test.size() == 6);
+
+  config::DataConfig hdf5;
+  hdf5.source = config::SourceKind::hdf5;
+  hdf5.path = std::string(DTRAIN_SOURCE_DIR) + "/data/fashion_mnist_small.h5";
+  hdf5.validation_split = 0.1;
+  DataSplits h = load_splits(hdf5, 0);
+  CHECK(h.train.size() == 1800);
+  CHECK(h.validation->size() == 200);
+  CHECK(h.test.size() == 500);
+
+  config::DataConfig missing;
+  missing.source = config::SourceKind::fashion_mnist;
+  missing.path = "/nonexistent/fashion";
+  CHECK_THROWS_AS(load_splits(missing, 0), InputError);
+}
