@@ -56,9 +56,15 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? dtrain::app::kOk : dtrain::app::kBadInput;
+    fmt::print(stderr, "dtrain: error: {}; run 'dtrain --help' for usage\n", e.what());
+    return dtrain::app::kBadInput;
   }
 
   try {

@@ -83,11 +83,11 @@ void ActivationFn::bind(Context& ctx, const memory& dst, const memory& diff_dst,
   }
 }
 
-void ActivationFn::forward(Context& ctx, const Plan& plan) const {
+void ActivationFn::forward(Context& ctx, Plan& plan) const {
   if (kind_ == Activation::softmax) plan.softmax_forward.run(ctx);
 }
 
-void ActivationFn::backward(Context& ctx, const Plan& plan) const {
+void ActivationFn::backward(Context& ctx, Plan& plan) const {
   if (kind_ != Activation::linear) plan.backward.run(ctx);
 }
 

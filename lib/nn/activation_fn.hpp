@@ -33,9 +33,9 @@ class ActivationFn {
   };
   // dst: the activated output; diff_dst: the gradient arriving from above.
   void bind(Context& ctx, const dnnl::memory& dst, const dnnl::memory& diff_dst, Plan& plan) const;
-  void forward(Context& ctx, const Plan& plan) const;
+  void forward(Context& ctx, Plan& plan) const;
   // Leaves d(loss)/d(pre-activation) in plan.pre_grad.
-  void backward(Context& ctx, const Plan& plan) const;
+  void backward(Context& ctx, Plan& plan) const;
 
  private:
   config::Activation kind_;

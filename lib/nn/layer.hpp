@@ -72,12 +72,7 @@ class Layer {
   std::vector<Variable> vars_;
 };
 
-// Executes a oneDNN primitive with argument maps built once.
-struct BoundPrimitive {
-  dnnl::primitive prim;
-  std::unordered_map<int, dnnl::memory> args;
-  void run(Context& ctx) const { prim.execute(ctx.stream, args); }
-};
+using kernels::cpu::BoundPrimitive;
 
 // Per-batch-size state of a layer. Layers keep one of their own Plan type per batch size.
 template <class Plan>

@@ -80,9 +80,11 @@ Sequential::Plan& Sequential::plan_for(Context& ctx, std::int64_t batch) {
 }
 
 const Tensor& Sequential::forward(Context& ctx, const Tensor& x) {
-  DTRAIN_CHECK(x.shape().rank() == input_shape_.rank() + 1 && x.shape().tail() == input_shape_,
-               fmt::format("model input {} does not match the model's input shape {}", x.shape().to_string(),
-                           input_shape_.to_string()));
+  // Compared in place: Shape::tail() would allocate on every step.
+  bool fits = x.shape().rank() == input_shape_.rank() + 1;
+  for (std::size_t i = 0; fits && i < input_shape_.rank(); ++i) fits = x.shape()[i + 1] == input_shape_[i];
+  DTRAIN_CHECK(fits, fmt::format("model input {} does not match the model's input shape {}", x.shape().to_string(),
+                                 input_shape_.to_string()));
   Plan& p = plan_for(ctx, x.shape()[0]);
   // oneDNN only reads through this handle; the const_cast does not write.
   p.input.set_data_handle(const_cast<void*>(x.raw()));

@@ -51,15 +51,23 @@ memory::desc io_md(int in, int out) { return memory::desc({out, in}, memory::dat
 
 memory wrap(const Context& ctx, const memory::desc& md, void* data) { return memory(md, ctx.engine, data); }
 
+void BoundPrimitive::run(Context& ctx) {
+  if (c_args_.size() != args.size()) {
+    c_args_.clear();
+    for (const auto& [key, mem] : args) c_args_.push_back({key, mem.get()});
+  }
+  const dnnl_status_t status =
+      dnnl_primitive_execute(prim.get(), ctx.stream.get(), static_cast<int>(c_args_.size()), c_args_.data());
+  if (status != dnnl_success) throw InternalError(fmt::format("oneDNN primitive execution failed (status {})", static_cast<int>(status)));
+}
+
 void Reorder::bind(const Context&, const memory& src, const memory& dst) {
-  src_ = src;
-  dst_ = dst;
   needed_ = src.get_desc() != dst.get_desc() || src.get_data_handle() != dst.get_data_handle();
-  if (needed_) prim_ = dnnl::reorder(src, dst);
+  if (needed_) prim_ = {dnnl::reorder(src, dst), {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}}};
 }
 
 void Reorder::run(Context& ctx) {
-  if (needed_) prim_.execute(ctx.stream, src_, dst_);
+  if (needed_) prim_.run(ctx);
 }
 
 memory layout_for(const Context& ctx, const memory& user, const memory::desc& want, Reorder& reorder, bool to_user) {

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -35,6 +37,20 @@ dnnl::memory::desc io_md(int in, int out);
 // A wrapper around user memory: no copy, the Tensor keeps ownership.
 dnnl::memory wrap(const Context& ctx, const dnnl::memory::desc& md, void* data);
 
+// A primitive with its arguments bound once. run() goes through oneDNN's C API with the argument
+// array built on the first run: the C++ execute() builds that array on every call, which would
+// be an allocation in every training step.
+struct BoundPrimitive {
+  BoundPrimitive() = default;
+  BoundPrimitive(dnnl::primitive p, std::unordered_map<int, dnnl::memory> a) : prim(std::move(p)), args(std::move(a)) {}
+  dnnl::primitive prim;
+  std::unordered_map<int, dnnl::memory> args;  // keeps the memories alive
+  void run(Context& ctx);
+
+ private:
+  std::vector<dnnl_exec_arg_t> c_args_;
+};
+
 // Holds a reorder between two fixed descriptors, or nothing when they are equal, so the hot path
 // pays for a layout change only when oneDNN really picked another layout.
 class Reorder {
@@ -48,8 +64,7 @@ class Reorder {
 
  private:
   bool needed_ = false;
-  dnnl::reorder prim_;
-  dnnl::memory src_, dst_;
+  BoundPrimitive prim_;
 };
 
 // The memory to compute in: `user` when the layout `want` equals it, else a new buffer of layout

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Integration checks of the dtrain CLI, run by CTest from the source directory:
+#   tests/integration/cli.sh CASE DTRAIN_BINARY SCRATCH_DIR
+# Each case exits non-zero with a message saying what differed.
+set -uo pipefail
+case_name=$1
+dtrain=$2
+scratch=$3
+rm -rf "$scratch" && mkdir -p "$scratch"
+
+fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+
+# expect_error CODE REGEX -- ARGS...: runs dtrain, wants exit CODE and exactly one stderr line
+# matching REGEX, and no crash.
+expect_error() {
+  local code=$1 regex=$2; shift 3
+  "$dtrain" "$@" >"$scratch/out" 2>"$scratch/err"
+  local rc=$?
+  cat "$scratch/err"
+  [ "$rc" -eq "$code" ] || fail "exit code $rc, wanted $code, for: $*"
+  [ "$(wc -l <"$scratch/err")" -eq 1 ] || fail "wanted a one-line error, got: $(cat "$scratch/err")"
+  grep -Eq -- "$regex" "$scratch/err" || fail "error does not match /$regex/: $(cat "$scratch/err")"
+}
+
+# A tiny MNIST-style IDX directory: 10 images of 28x28 and labels 0..9, uncompressed.
+make_idx_dir() {
+  local dir=$1
+  mkdir -p "$dir"
+  for prefix in train t10k; do
+    { printf '\x00\x00\x08\x03\x00\x00\x00\x0a\x00\x00\x00\x1c\x00\x00\x00\x1c'; head -c 7840 /dev/zero; } >"$dir/$prefix-images-idx3-ubyte"
+    { printf '\x00\x00\x08\x01\x00\x00\x00\x0a'; printf '\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09'; } >"$dir/$prefix-labels-idx1-ubyte"
+  done
+}
+
+small=experiments/fashion_mnist_small.yaml
+epoch_re='^Epoch [0-9]+, Loss: [0-9]+\.[0-9]{4}, Accuracy: [0-9]+\.[0-9]{2}, Test Loss: [0-9]+\.[0-9]{4}, Test Accuracy: [0-9]+\.[0-9]{2}$'
+
+case "$case_name" in
+  help)
+    "$dtrain" --help >"$scratch/out" || fail "--help exited non-zero"
+    grep -q "Examples:" "$scratch/out" || fail "--help shows no examples"
+    grep -q "Exit codes" "$scratch/out" || fail "--help does not document exit codes"
+    "$dtrain" --version | grep -Eq '^dtrain [0-9]+\.[0-9]+\.[0-9]+$' || fail "--version"
+    expect_error 2 "" -- frobnicate
+    ;;
+  info)
+    "$dtrain" info >"$scratch/out" || fail "info exited non-zero"
+    cat "$scratch/out"
+    for what in oneDNN "CPU ISA" threads MPI CUDA NCCL HDF5; do grep -q "$what" "$scratch/out" || fail "info lacks $what"; done
+    ;;
+  validate)
+    "$dtrain" validate experiments/fashion_mnist.yaml --set train.epochs=3 >"$scratch/out" || fail "validate failed"
+    grep -q "epochs: 3" "$scratch/out" || fail "validate did not apply --set"
+    grep -q "Total params: 121930" "$scratch/out" || fail "seed CNN should have 121930 parameters"
+    # The resolved config is itself a valid experiment.
+    "$dtrain" validate "$scratch/out" >/dev/null || fail "resolved config does not validate"
+    ;;
+  train_small)
+    "$dtrain" run "$small" --set train.epochs=2 --run-dir "$scratch/run" >"$scratch/out" || fail "run failed"
+    cat "$scratch/out"
+    grep -Eq '^dtrain .* \| experiment fashion_mnist_small \| strategy default \| replicas 1 .* \| global batch 64 \| learning rate 0.001 \| threads [0-9]+ \| oneDNN .* isa ' "$scratch/out" \
+      || fail "header line"
+    [ "$(grep -Ec "$epoch_re" "$scratch/out")" -eq 2 ] || fail "wanted 2 epoch lines in the template's layout"
+    grep -Eq '^  train [0-9.]+ samples/s' "$scratch/out" || fail "no samples/s line"
+    [ "$(wc -l <"$scratch/run/metrics.jsonl")" -eq 2 ] || fail "metrics.jsonl should have one line per epoch"
+    grep -q '"test_accuracy"' "$scratch/run/metrics.jsonl" || fail "metrics.jsonl lacks test_accuracy"
+    "$dtrain" validate "$scratch/run/config.yaml" >/dev/null || fail "run dir config.yaml does not validate"
+    # Learning happens: test accuracy after 2 epochs on 2,000 images is far above chance (10 %).
+    acc=$(grep -E "^Epoch 2," "$scratch/out" | sed -E 's/.*Test Accuracy: ([0-9.]+)/\1/')
+    awk -v a="$acc" 'BEGIN { exit !(a > 60) }' || fail "test accuracy $acc after 2 epochs"
+    ;;
+  validation_split)
+    "$dtrain" run "$small" --set train.epochs=1 --set data.validation_split=0.25 --run-dir "$scratch/run" >"$scratch/out" || fail "run failed"
+    cat "$scratch/out"
+    grep -Eq '^Epoch 1, Loss: [0-9.]+, Accuracy: [0-9.]+, Validation Loss: [0-9.]+, Validation Accuracy: [0-9.]+, Test Loss: [0-9.]+, Test Accuracy: [0-9.]+$' "$scratch/out" \
+      || fail "validation figures missing from the epoch line"
+    grep -q '(24 steps' "$scratch/out" || fail "1500 training samples at batch 64 make 24 steps"
+    ;;
+  deterministic)
+    for i in 1 2; do
+      "$dtrain" run "$small" --set train.epochs=2 --set train.threads=2 --run-dir "$scratch/run$i" | grep '^Epoch' >"$scratch/epochs$i" \
+        || fail "run $i failed"
+    done
+    cat "$scratch/epochs1"
+    diff "$scratch/epochs1" "$scratch/epochs2" || fail "the same seed printed different numbers"
+    "$dtrain" run "$small" --set train.epochs=1 --set train.threads=2 --set seed=7 --run-dir "$scratch/run3" | grep '^Epoch' >"$scratch/epochs3"
+    ! diff -q <(head -1 "$scratch/epochs1") "$scratch/epochs3" >/dev/null || fail "another seed printed the same numbers"
+    ;;
+  regression_toy)
+    "$dtrain" run experiments/regression_toy.yaml --run-dir "$scratch/run" >"$scratch/out" || fail "run failed"
+    cat "$scratch/out"
+    # First step by hand: w = kernel, b = 0, prediction w*1, loss (1-w)^2 + 1e-4 w^2: the epoch
+    # loss must fall monotonically towards 0.
+    awk -F'Loss: ' '/^Epoch/ { split($2, a, ","); l = a[1] + 0; if (NR > 2 && l >= prev) bad = 1; prev = l } END { exit bad || prev > 0.01 }' "$scratch/out" \
+      || fail "loss does not fall to < 0.01"
+    ;;
+  bad_unknown_key)
+    sed 's/^  epochs: 10/  epoch: 10/' experiments/fashion_mnist.yaml >"$scratch/exp.yaml"
+    expect_error 2 "exp\.yaml:[0-9]+:[0-9]+: .*unknown key 'epoch'.*did you mean 'epochs'" -- run "$scratch/exp.yaml"
+    ;;
+  bad_type)
+    sed 's/^  epochs: 10/  epochs: ten/' experiments/fashion_mnist.yaml >"$scratch/exp.yaml"
+    expect_error 2 "exp\.yaml:[0-9]+:[0-9]+: .*epochs.*integer" -- run "$scratch/exp.yaml"
+    expect_error 2 "--set train.epochs=0" -- run experiments/fashion_mnist.yaml --set train.epochs=0
+    expect_error 2 "no-such\.yaml" -- run "$scratch/no-such.yaml"
+    ;;
+  bad_data_dir)
+    expect_error 2 "/nonexistent/fmnist.*(no such|not found|does not exist)" -- run experiments/fashion_mnist.yaml --set data.path=/nonexistent/fmnist --run-dir "$scratch/run"
+    ;;
+  bad_idx_truncated)
+    make_idx_dir "$scratch/idx"
+    "$dtrain" run experiments/fashion_mnist.yaml --set data.source=idx --set data.path="$scratch/idx" --set train.epochs=1 \
+      --set data.shuffle_buffer=10 --run-dir "$scratch/ok" >/dev/null || fail "the valid tiny IDX set does not train"
+    head -c 5000 "$scratch/idx/train-images-idx3-ubyte" >"$scratch/cut" && mv "$scratch/cut" "$scratch/idx/train-images-idx3-ubyte"
+    expect_error 2 "train-images-idx3-ubyte.*truncated" -- run experiments/fashion_mnist.yaml --set data.source=idx --set data.path="$scratch/idx" --run-dir "$scratch/run"
+    ;;
+  bad_idx_magic)
+    make_idx_dir "$scratch/idx"
+    printf '\x12\x34\x08\x03' | dd of="$scratch/idx/t10k-images-idx3-ubyte" conv=notrunc bs=1 count=4 2>/dev/null
+    expect_error 2 "t10k-images-idx3-ubyte.*magic" -- run experiments/fashion_mnist.yaml --set data.source=idx --set data.path="$scratch/idx" --run-dir "$scratch/run"
+    ;;
+  bad_hdf5)
+    head -c 100000 data/fashion_mnist_small.h5 >"$scratch/cut.h5"
+    expect_error 2 "cut\.h5" -- run "$small" --set data.path="$scratch/cut.h5" --run-dir "$scratch/run"
+    ;;
+  *)
+    fail "unknown case"
+    ;;
+esac
+echo "ok [$case_name]"

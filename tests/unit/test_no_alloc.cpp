@@ -1,0 +1,105 @@
+// A training step allocates nothing once its batch size has been seen: the model's plans, the
+// loss gradient buffer, the optimizer slots and the metrics all reuse their storage. Counted by
+// replacing the global operator new for this test binary.
+//
+// One exception we cannot remove: oneDNN's dnnl_primitive_execute() builds a small std::
+// unordered_map of the call's arguments inside the library on every call (a few nodes per
+// primitive). dtrain already hands it a prebuilt argument array (BoundPrimitive), so the model's
+// forward/backward must allocate the same small number of nodes every step, and no more.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "config/experiment.hpp"
+#include "core/rng.hpp"
+#include "kernels/cpu/dnnl_context.hpp"
+#include "losses/loss.hpp"
+#include "metrics/metric.hpp"
+#include "nn/model.hpp"
+#include "optim/optimizer.hpp"
+
+namespace {
+std::atomic<bool> counting{false};
+std::atomic<long> allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace dtrain;
+
+TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
+  config::ModelConfig mc;
+  mc.input_shape = {28, 28, 1};
+  config::Conv2DConfig c1, c2;
+  c1.filters = 8;
+  c1.activation = config::Activation::relu;
+  c2.filters = 16;
+  c2.activation = config::Activation::relu;
+  config::DenseConfig d1, d2;
+  d1.units = 16;
+  d1.activation = config::Activation::relu;
+  d1.kernel_regularizer.l2 = 1e-4;
+  d2.units = 10;
+  mc.layers = {{"c1", c1, {}}, {"p1", config::MaxPool2DConfig{}, {}}, {"c2", c2, {}}, {"p2", config::MaxPool2DConfig{}, {}},
+               {"f", config::FlattenConfig{}, {}}, {"d1", d1, {}}, {"d2", d2, {}}};
+  nn::Sequential model(mc, 1);
+  kernels::cpu::Context ctx;
+  config::LossConfig lc;
+  lc.from_logits = true;
+  lc.reduction = config::Reduction::none;
+  auto loss = losses::make_loss(lc);
+  auto metric = metrics::make_metric(config::MetricKind::sparse_categorical_accuracy, lc);
+  config::OptimizerConfig oc;
+  auto optimizer = optim::make_optimizer(oc);
+
+  Tensor x(Shape{16, 28, 28, 1}), y(Shape{16}, DType::i32);
+  Rng rng(1, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform();
+  for (auto& v : y.span<std::int32_t>()) v = static_cast<std::int32_t>(rng.below(10));
+  std::vector<float> per_example(16);
+
+  auto step = [&] {
+    const Tensor& logits = model.forward(ctx, x);
+    loss->per_example(logits, y, per_example);
+    loss->gradient(logits, y, {}, 1.0f / 16, model.output_gradient());
+    model.backward(ctx);
+    model.add_regularization_gradient(1.0f);
+    optimizer->apply_gradients(model.variables());
+    metric->update(y, logits);
+  };
+  step();
+  step();
+  std::vector<long> model_allocs;
+  model_allocs.reserve(5);
+  allocations = 0;
+  counting = true;
+  for (int i = 0; i < 5; ++i) {
+    const long before = allocations;
+    const Tensor& logits = model.forward(ctx, x);
+    const long after_forward = allocations;
+    loss->per_example(logits, y, per_example);
+    loss->gradient(logits, y, {}, 1.0f / 16, model.output_gradient());
+    const long after_loss = allocations;
+    model.backward(ctx);
+    const long after_backward = allocations;
+    model.add_regularization_gradient(1.0f);
+    optimizer->apply_gradients(model.variables());
+    metric->update(y, logits);
+    model_allocs.push_back(after_backward - after_loss + after_forward - before);
+    CHECK(allocations.load() - after_backward == 0);  // regularization, optimizer, metric
+    CHECK(after_loss - after_forward == 0);          // loss and its gradient
+  }
+  counting = false;
+  // oneDNN's per-call bookkeeping only: the same count each step, a handful per primitive run.
+  for (long n : model_allocs) CHECK(n == model_allocs.front());
+  CHECK(model_allocs.front() < 200);
+}
