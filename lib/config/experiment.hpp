@@ -22,9 +22,42 @@ struct SourceLocation {
 };
 
 // ---------------------------------------------------------------- strategy
-enum class StrategyKind { default_strategy };  // more kinds arrive with the strategies issue
+// The tf.distribute strategies of one process. multi_worker_mirrored and parameter_server are
+// still refused by name ("not available in this version").
+enum class StrategyKind {
+  default_strategy,  // no distribution: one replica on the default device, any loss reduction
+  one_device,        // one replica, placed on `device`
+  mirrored,          // one replica per device in `devices`, variables mirrored, gradients all-reduced
+  central_storage,   // one replica per device in `devices`, one copy of the variables on `parameter_device`
+};
+
+// How MirroredStrategy sums values across its replicas (tf.distribute.CrossDeviceOps).
+enum class CrossDeviceOpsKind {
+  auto_select,              // "auto": let the strategy pick for the devices it has
+  reduction_to_one_device,  // gather on one device, reduce there, broadcast back
+  hierarchical_copy,        // tf.distribute.HierarchicalCopyAllReduce
+  ring,                     // ring all-reduce
+  nccl,                     // tf.distribute.NcclAllReduce
+};
+
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::default_strategy;
+  // one_device. Device names are normalised to "cpu:N" / "gpu:N" whatever TensorFlow spelling the
+  // YAML used (/cpu:0, /device:GPU:1, GPU:0, ...).
+  std::string device = "cpu:0";
+  // mirrored, central_storage: the replicas' devices, in replica order, no duplicates. When
+  // devices_auto is set the list is empty and the strategy takes one CPU replica per core; the
+  // YAML spelling of that is `devices: auto`.
+  std::vector<std::string> devices;
+  bool devices_auto = true;
+  std::string parameter_device = "cpu:0";  // central_storage: where the single copy of the variables lives
+  CrossDeviceOpsKind cross_device_ops = CrossDeviceOpsKind::auto_select;  // mirrored
+  // For errors raised after parsing (a device the machine lacks, a reduction the devices cannot
+  // do): the `kind` value (or the section, or the file when absent), and the values of
+  // device/devices and cross_device_ops (line 0 when left to their defaults).
+  SourceLocation where;
+  SourceLocation devices_where;
+  SourceLocation cross_device_ops_where;
   bool operator==(const StrategyConfig&) const = default;
 };
 
@@ -51,6 +84,9 @@ struct DataConfig {
   std::vector<double> y;
   // pipeline
   std::int64_t batch_size_per_replica = 64;
+  // Instead of batch_size_per_replica: the global batch itself, split as evenly as possible over
+  // the replicas (it need not divide, except with distribute: per_replica). 0 = not given.
+  std::int64_t global_batch_size = 0;
   std::int64_t shuffle_buffer = 60000;  // 0 = no shuffle; >= dataset size = full uniform shuffle
   bool drop_remainder = false;
   DistributeMode distribute = DistributeMode::split_global_batch;

@@ -71,9 +71,19 @@ constexpr Named<ProgressMode> progress_modes[] = {{"auto", ProgressMode::auto_de
                                                   {"lines", ProgressMode::lines},
                                                   {"none", ProgressMode::none}};
 
+constexpr Named<StrategyKind> strategy_kinds[] = {{"default", StrategyKind::default_strategy},
+                                                  {"one_device", StrategyKind::one_device},
+                                                  {"mirrored", StrategyKind::mirrored},
+                                                  {"central_storage", StrategyKind::central_storage}};
+constexpr Named<CrossDeviceOpsKind> cross_device_ops_kinds[] = {
+    {"auto", CrossDeviceOpsKind::auto_select},
+    {"reduction_to_one_device", CrossDeviceOpsKind::reduction_to_one_device},
+    {"hierarchical_copy", CrossDeviceOpsKind::hierarchical_copy},
+    {"ring", CrossDeviceOpsKind::ring},
+    {"nccl", CrossDeviceOpsKind::nccl}};
+
 // tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
-constexpr std::string_view planned_strategies[] = {"one_device", "mirrored", "multi_worker_mirrored",
-                                                   "central_storage", "parameter_server"};
+constexpr std::string_view planned_strategies[] = {"multi_worker_mirrored", "parameter_server"};
 
 template <class E, std::size_t N>
 const char* name_in(const Named<E> (&table)[N], E value) {
@@ -350,29 +360,128 @@ bool unit_interval_closed(double v) { return v >= 0 && v <= 1; }
 
 // ---------------------------------------------------------------- sections
 
-StrategyConfig parse_strategy(const Node& node) {
-  static constexpr std::string_view keys[] = {"kind"};
+bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
+  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  return text.size() >= prefix.size() &&
+         std::equal(prefix.begin(), prefix.end(), text.begin(), [&](char a, char b) { return lower(a) == lower(b); });
+}
+
+// TensorFlow spells a local device several ways (cpu:0, /cpu:0, CPU:0, /device:GPU:1); the
+// strategies compare device names, so they are kept in one spelling: "cpu:N" or "gpu:N".
+std::optional<std::string> normalise_device(std::string_view text) {
+  if (text.starts_with('/')) text.remove_prefix(1);
+  if (starts_with_ignoring_case(text, "device:")) text.remove_prefix(std::string_view("device:").size());
+  std::string_view type;
+  for (std::string_view candidate : {"cpu", "gpu"})
+    if (starts_with_ignoring_case(text, candidate) && text.substr(candidate.size()).starts_with(':')) type = candidate;
+  if (type.empty()) return std::nullopt;
+  text.remove_prefix(type.size() + 1);
+  const bool digits_only = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) {
+    return std::isdigit(c) != 0;
+  });
+  int index = 0;
+  if (!digits_only) return std::nullopt;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), index);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return fmt::format("{}:{}", type, index);
+}
+
+std::string read_device(const Node& node, const std::string& path) {
+  if (!node.is_scalar()) type_error(node, path, "a device name (cpu:N or gpu:N)");
+  if (auto device = normalise_device(node.scalar)) return *device;
+  range_error(node, path, "a device name cpu:N or gpu:N with N >= 0 (TensorFlow's /cpu:0 and /device:GPU:0 work too)");
+}
+
+// `devices: auto` or a non-empty list of distinct devices.
+void read_devices(const Node& node, const std::string& path, StrategyConfig& out) {
+  if (node.is_scalar() && node.scalar == "auto") {
+    out.devices.clear();
+    out.devices_auto = true;
+    return;
+  }
+  if (!node.is_sequence()) type_error(node, path, "a list of device names (for example [cpu:0, cpu:1]) or auto");
+  if (node.items.empty()) range_error(node, path, "a non-empty list of devices, or auto");
+  std::vector<std::string> devices;
+  for (std::size_t i = 0; i < node.items.size(); ++i) {
+    const Node& item = node.items[i];
+    const std::string item_path = child(path, std::to_string(i));
+    std::string device = read_device(item, item_path);
+    const auto previous = std::find(devices.begin(), devices.end(), device);
+    if (previous != devices.end()) {
+      const Node& first = node.items[static_cast<std::size_t>(previous - devices.begin())];
+      fail(item.origin, fmt::format("{}: device '{}' is listed twice (also at {}); give each replica its own device",
+                                    item_path, device, first.origin.text()));
+    }
+    devices.push_back(std::move(device));
+  }
+  out.devices = std::move(devices);
+  out.devices_auto = false;
+}
+
+StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
+  static constexpr std::string_view keys[] = {"kind", "device", "devices", "parameter_device", "cross_device_ops"};
   Section s(node, "strategy", keys);
   StrategyConfig out;
+  out.where = key_origin.location();
   if (const Node* kind = s.find("kind")) {
-    const std::string name = read_string(*kind, s.path("kind"));
-    if (name == "default") return out;
-    if (std::find(std::begin(planned_strategies), std::end(planned_strategies), name) !=
-        std::end(planned_strategies))
-      fail(kind->origin, fmt::format("strategy kind '{}' is not available in this version of dtrain (available: "
-                                     "default)",
-                                     name));
-    static constexpr std::string_view available[] = {"default"};
-    fail(kind->origin,
-         fmt::format("unknown strategy kind '{}'; valid: default{}", name, did_you_mean(name, available)));
+    if (kind->is_scalar() && std::find(std::begin(planned_strategies), std::end(planned_strategies),
+                                       kind->scalar) != std::end(planned_strategies)) {
+      std::vector<std::string_view> available;
+      for (const auto& entry : strategy_kinds) available.push_back(entry.name);
+      fail(kind->origin, fmt::format("strategy kind '{}' is not available in this version of dtrain (available: {})",
+                                     kind->scalar, join(available)));
+    }
+    out.kind = read_enum(*kind, s.path("kind"), "strategy kind", strategy_kinds);
+    out.where = kind->origin.location();
+  }
+  const char* chosen = name_of(out.kind);
+  const bool one_device = out.kind == StrategyKind::one_device, mirrored = out.kind == StrategyKind::mirrored,
+             central_storage = out.kind == StrategyKind::central_storage;
+  s.only_for("device", one_device, "strategy kind one_device", chosen);
+  s.only_for("devices", mirrored || central_storage, "strategy kinds mirrored, central_storage", chosen);
+  s.only_for("parameter_device", central_storage, "strategy kind central_storage", chosen);
+  s.only_for("cross_device_ops", mirrored, "strategy kind mirrored", chosen);
+
+  if (const Node* device = s.find("device")) {
+    out.device = read_device(*device, s.path("device"));
+    out.devices_where = device->origin.location();
+  }
+  if (const Node* devices = s.find("devices")) {
+    read_devices(*devices, s.path("devices"), out);
+    out.devices_where = devices->origin.location();
+  }
+  s.get("parameter_device", out.parameter_device, read_device);
+  if (const Node* ops = s.find("cross_device_ops")) {
+    out.cross_device_ops = read_enum(*ops, s.path("cross_device_ops"), "cross_device_ops", cross_device_ops_kinds);
+    out.cross_device_ops_where = ops->origin.location();
   }
   return out;
+}
+
+// tf.distribute's rule, checked once both sections are known because either may come from --set.
+// `reduction_origin` is the reduction value, or the loss section / file when it was left out.
+void check_reduction_under_strategy(const StrategyConfig& strategy, const LossConfig& loss, bool reduction_given,
+                                    const Origin& reduction_origin) {
+  if (strategy.kind == StrategyKind::default_strategy) return;
+  if (loss.reduction != Reduction::auto_reduction && loss.reduction != Reduction::sum_over_batch_size) return;
+  const std::string why =
+      strategy.kind == StrategyKind::one_device
+          ? "with one replica its average happens to be right, but tf.distribute refuses it under every explicit "
+            "strategy so that the experiment stays correct when it moves to several replicas"
+          : "each replica would average over its own part of the batch, and summing the replicas' gradients then "
+            "comes out num_replicas times too large";
+  fail(reduction_origin,
+       fmt::format("loss.reduction '{}'{} is refused under strategy '{}': {}; write reduction: none (dtrain divides "
+                   "the summed per-example losses by the GLOBAL batch, like tf.nn.compute_average_loss) or "
+                   "reduction: sum",
+                   name_of(loss.reduction), reduction_given ? "" : " (the default when left out)",
+                   name_of(strategy.kind), why));
 }
 
 DataConfig parse_data(const Node& node) {
   static constexpr std::string_view keys[] = {
       "source",   "path",     "shape",          "classes",       "train_size",      "test_size",
-      "x",        "y",        "size",           "batch_size_per_replica", "shuffle_buffer", "drop_remainder",
+      "x",        "y",        "size",           "batch_size_per_replica", "global_batch_size", "shuffle_buffer", "drop_remainder",
       "distribute", "validation_split", "eval_batch_size", "prefetch"};
   Section s(node, "data", keys);
   DataConfig out;
@@ -409,6 +518,10 @@ DataConfig parse_data(const Node& node) {
   }
 
   s.get_int("batch_size_per_replica", out.batch_size_per_replica, 1);
+  s.get_int("global_batch_size", out.global_batch_size, 1);
+  if (const Node* global = s.find("global_batch_size"); global && s.find("batch_size_per_replica"))
+    range_error(*global, s.path("global_batch_size"),
+                "only one of batch_size_per_replica and global_batch_size (they say the same thing two ways)");
   s.get_int("shuffle_buffer", out.shuffle_buffer, 0);
   s.get_bool("drop_remainder", out.drop_remainder);
   s.get_enum("distribute", out.distribute, "distribute mode", distribute_modes);
@@ -736,19 +849,25 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
     const Node* node = s.find(key);
     return node ? *node : empty;
   };
-  out.strategy = parse_strategy(section("strategy"));
+  out.strategy = parse_strategy(section("strategy"), s.find("strategy") ? s.key_origin("strategy") : empty.origin);
   out.data = parse_data(section("data"));
   out.model = parse_model(s.require("model"));
   out.loss = parse_loss(section("loss"), s.find("loss") ? s.key_origin("loss") : empty.origin);
   out.optimizer = parse_optimizer(section("optimizer"));
   out.metrics = parse_metrics(section("metrics"));
   out.train = parse_train(section("train"));
+
+  const Node* reduction = section("loss").find("reduction");
+  check_reduction_under_strategy(out.strategy, out.loss, reduction != nullptr,
+                                 reduction ? reduction->origin : Origin{out.loss.where.file, out.loss.where.line,
+                                                                        out.loss.where.column});
   return out;
 }
 
 }  // namespace
 
-const char* name_of(StrategyKind) { return "default"; }
+const char* name_of(StrategyKind kind) { return name_in(strategy_kinds, kind); }
+const char* name_of(CrossDeviceOpsKind kind) { return name_in(cross_device_ops_kinds, kind); }
 const char* name_of(SourceKind kind) { return name_in(source_kinds, kind); }
 const char* name_of(DistributeMode mode) { return name_in(distribute_modes, mode); }
 const char* name_of(Activation activation) { return name_in(activations, activation); }

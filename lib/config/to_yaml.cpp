@@ -27,9 +27,11 @@ void pair(YAML::Emitter& out, const char* key, const std::array<int, 2>& value) 
   out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq << value[0] << value[1] << YAML::EndSeq;
 }
 
+// A flow list; with a null key, the value of a key already written.
 template <class T>
 void list(YAML::Emitter& out, const char* key, const std::vector<T>& values) {
-  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  if (key) out << YAML::Key << key << YAML::Value;
+  out << YAML::Flow << YAML::BeginSeq;
   for (const T& value : values) {
     if constexpr (std::is_floating_point_v<T>)
       out << number(value);
@@ -98,6 +100,32 @@ void learning_rate(YAML::Emitter& out, const LearningRateConfig& lr) {
   out << YAML::EndMap;
 }
 
+void devices(YAML::Emitter& out, const StrategyConfig& s) {
+  out << YAML::Key << "devices" << YAML::Value;
+  if (s.devices_auto)
+    out << "auto";
+  else
+    list(out, nullptr, s.devices);
+}
+
+void strategy(YAML::Emitter& out, const StrategyConfig& s) {
+  out << YAML::Key << "strategy" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "kind" << YAML::Value << name_of(s.kind);
+  switch (s.kind) {
+    case StrategyKind::default_strategy: break;
+    case StrategyKind::one_device: out << YAML::Key << "device" << YAML::Value << s.device; break;
+    case StrategyKind::mirrored:
+      devices(out, s);
+      out << YAML::Key << "cross_device_ops" << YAML::Value << name_of(s.cross_device_ops);
+      break;
+    case StrategyKind::central_storage:
+      devices(out, s);
+      out << YAML::Key << "parameter_device" << YAML::Value << s.parameter_device;
+      break;
+  }
+  out << YAML::EndMap;
+}
+
 }  // namespace
 
 std::string to_yaml(const Experiment& e) {
@@ -106,8 +134,7 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::BeginMap;
   out << YAML::Key << "name" << YAML::Value << e.name;
   out << YAML::Key << "seed" << YAML::Value << e.seed;
-  out << YAML::Key << "strategy" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value
-      << name_of(e.strategy.kind) << YAML::EndMap;
+  strategy(out, e.strategy);
 
   const DataConfig& d = e.data;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
@@ -130,7 +157,11 @@ std::string to_yaml(const Experiment& e) {
       out << YAML::Key << "size" << YAML::Value << d.train_size;
       break;
   }
-  out << YAML::Key << "batch_size_per_replica" << YAML::Value << d.batch_size_per_replica;
+  if (d.global_batch_size > 0) {
+    out << YAML::Key << "global_batch_size" << YAML::Value << d.global_batch_size;
+  } else {
+    out << YAML::Key << "batch_size_per_replica" << YAML::Value << d.batch_size_per_replica;
+  }
   out << YAML::Key << "shuffle_buffer" << YAML::Value << d.shuffle_buffer;
   out << YAML::Key << "drop_remainder" << YAML::Value << d.drop_remainder;
   out << YAML::Key << "distribute" << YAML::Value << name_of(d.distribute);

@@ -1,5 +1,6 @@
 #include "core/tensor.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -32,22 +33,43 @@ const char* dtype_name(DType t) {
 
 std::string Device::to_string() const { return fmt::format("{}:{}", kind == Kind::cpu ? "cpu" : "gpu", index); }
 
+Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::vector<std::int64_t>(dims)) {}
+
+Shape::Shape(const std::vector<std::int64_t>& dims) : rank_(dims.size()) {
+  if (dims.size() > kMaxRank)
+    throw InternalError(fmt::format("tensors of rank {} are not supported (at most {})", dims.size(), kMaxRank));
+  std::copy(dims.begin(), dims.end(), dims_.begin());
+}
+
 std::int64_t Shape::numel() const {
   std::int64_t n = 1;
-  for (auto d : dims_) n *= d;
+  for (std::size_t i = 0; i < rank_; ++i) n *= dims_[i];
   return n;
 }
 
-Shape Shape::with_batch(std::int64_t n) const {
-  std::vector<std::int64_t> d{n};
-  d.insert(d.end(), dims_.begin(), dims_.end());
-  return Shape(std::move(d));
+Shape Shape::tail() const {
+  Shape t;
+  if (rank_ == 0) return t;
+  t.rank_ = rank_ - 1;
+  std::copy(dims_.begin() + 1, dims_.begin() + static_cast<std::ptrdiff_t>(rank_), t.dims_.begin());
+  return t;
 }
+
+Shape Shape::with_batch(std::int64_t n) const {
+  if (rank_ + 1 > kMaxRank) throw InternalError("tensor rank too large to add a batch dimension");
+  Shape t;
+  t.rank_ = rank_ + 1;
+  t.dims_[0] = n;
+  std::copy(dims_.begin(), dims_.begin() + static_cast<std::ptrdiff_t>(rank_), t.dims_.begin() + 1);
+  return t;
+}
+
+bool Shape::operator==(const Shape& other) const { return rank_ == other.rank_ && dims_ == other.dims_; }
 
 std::string Shape::to_string() const {
   std::string s = "(";
-  for (std::size_t i = 0; i < dims_.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", dims_[i]);
-  return s + (dims_.size() == 1 ? ",)" : ")");
+  for (std::size_t i = 0; i < rank_; ++i) s += fmt::format("{}{}", i ? ", " : "", dims_[i]);
+  return s + (rank_ == 1 ? ",)" : ")");
 }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {

@@ -4,6 +4,7 @@
 // Tensor that crosses a module boundary is canonical.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,25 +28,30 @@ struct Device {
   std::string to_string() const;  // "cpu:0"
 };
 
+// Dimensions held inline (rank <= kMaxRank), so copying a Shape or a Tensor view never allocates:
+// the training step slices batches into per-replica views every step.
 class Shape {
  public:
+  static constexpr std::size_t kMaxRank = 8;
   Shape() = default;
-  Shape(std::initializer_list<std::int64_t> dims) : dims_(dims) {}
-  explicit Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) {}
+  Shape(std::initializer_list<std::int64_t> dims);
+  explicit Shape(const std::vector<std::int64_t>& dims);
 
-  std::size_t rank() const { return dims_.size(); }
+  std::size_t rank() const { return rank_; }
   std::int64_t operator[](std::size_t i) const { return dims_[i]; }
   std::int64_t& operator[](std::size_t i) { return dims_[i]; }
   std::int64_t numel() const;
-  const std::vector<std::int64_t>& dims() const { return dims_; }
+  std::span<const std::int64_t> dims() const { return {dims_.data(), rank_}; }
+  std::vector<std::int64_t> to_vector() const { return {dims_.begin(), dims_.begin() + static_cast<std::ptrdiff_t>(rank_)}; }
   // The shape without its leading (batch) dimension.
-  Shape tail() const { return Shape(std::vector<std::int64_t>(dims_.begin() + (dims_.empty() ? 0 : 1), dims_.end())); }
+  Shape tail() const;
   Shape with_batch(std::int64_t n) const;
   std::string to_string() const;  // "(64, 28, 28, 1)"
-  bool operator==(const Shape&) const = default;
+  bool operator==(const Shape& other) const;
 
  private:
-  std::vector<std::int64_t> dims_;
+  std::array<std::int64_t, kMaxRank> dims_{};  // entries past rank_ stay 0
+  std::size_t rank_ = 0;
 };
 
 // Owns one aligned allocation. Never resized: a Tensor that needs more gets new Storage.

@@ -123,6 +123,15 @@ void Sequential::add_regularization_gradient(float scale) {
   for (auto& layer : layers_) layer->add_regularization_gradient(scale);
 }
 
+void Sequential::share_variable_values(const Sequential& other) {
+  DTRAIN_CHECK(plans_.empty(), "share_variable_values() after the model was planned");
+  DTRAIN_CHECK(other.variables_.size() == variables_.size(), "models with different variables");
+  for (std::size_t i = 0; i < variables_.size(); ++i) {
+    DTRAIN_CHECK(other.variables_[i]->value.shape() == variables_[i]->value.shape(), "variable shapes differ");
+    variables_[i]->value = other.variables_[i]->value;
+  }
+}
+
 std::string Sequential::summary() const {
   std::string s = fmt::format("{:<24}{:<16}{:<22}{:>10}\n", "Layer", "Kind", "Output shape", "Params");
   for (std::size_t i = 0; i < layers_.size(); ++i) {

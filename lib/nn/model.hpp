@@ -50,6 +50,10 @@ class Sequential {
   double regularization_loss() const;
   void add_regularization_gradient(float scale);
 
+  // Central storage: compute with `other`'s variable values (one shared copy) while keeping this
+  // model's own gradients and buffers. Only before this model's first forward().
+  void share_variable_values(const Sequential& other);
+
   // A Keras-like summary: one line per layer with its output shape and parameter count.
   std::string summary() const;
 

@@ -1,23 +1,31 @@
 // The training loop, laid out as the tf.distribute custom-training-loop template:
-//   create the loss, the metrics, the model and the optimizer, the datasets;
+//   create the strategy; in its scope the loss, the metrics, the model and the optimizer (one
+//   copy per replica where the strategy mirrors); the distributed datasets;
 //   for each epoch: the train steps, then validation, then test; print the epoch line.
 //
-// Loss semantics (DESIGN.md): with reduction `none` a step's loss is
-// compute_average_loss(per_example, global batch) — divided by the samples the step really has,
-// so a short last batch is weighted by its real size — plus the regularization loss divided by
-// the replicas in sync; `sum` does not divide; `sum_over_batch_size`/`auto` divide by the batch.
-// The epoch's Loss is the mean over its steps of that step loss.
+// The loop never asks which strategy it has: it calls strategy.run(step), strategy.reduce(),
+// strategy.sum_gradients() and strategy.update().
+//
+// Loss semantics (DESIGN.md): with reduction `none` each replica's loss is
+// sum(its per-example losses) / G + regularization / R, where G is the number of samples the
+// whole step really has (the global batch, or fewer on a short last batch) and R the replicas in
+// sync; gradients are SUMMED across replicas, so N replicas compute the update one replica
+// computes on the global batch. `sum` does not divide by G. `sum_over_batch_size`/`auto` (only
+// with the default strategy: the config refuses them otherwise) divide by G as well.
+// The step loss is the SUM over replicas; the epoch's Loss is the mean of the step losses.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "config/experiment.hpp"
 #include "data/dataset.hpp"
-#include "data/pipeline.hpp"
+#include "data/distributed.hpp"
+#include "distribute/strategy.hpp"
 #include "kernels/cpu/dnnl_context.hpp"
 #include "losses/loss.hpp"
 #include "metrics/metric.hpp"
@@ -43,29 +51,51 @@ class Trainer {
 
   // Trains every epoch and returns their logs.
   std::vector<EpochLog> fit();
-  // Mean loss and metrics over a whole split, no shuffling, every sample exactly once.
+  // Runs `steps` training steps of epoch `epoch` from its start (tests, benchmarks); returns the
+  // step losses.
+  std::vector<double> train_steps(std::int64_t epoch, std::int64_t steps);
+  // Mean loss and metrics over a whole split, every sample exactly once, split across replicas.
   EvalResult evaluate(const data::Dataset& split);
 
-  nn::Sequential& model() { return *model_; }
+  distribute::Strategy& strategy() { return *strategy_; }
+  // Replica r's model; with mirrored variables every replica holds the same values.
+  nn::Sequential& model(int replica = 0) { return *replicas_[static_cast<std::size_t>(replica)].model; }
   const config::Experiment& experiment() const { return exp_; }
   std::string header_line() const;
+  // data.global_batch_size, or batch_size_per_replica times the replicas in sync.
+  std::int64_t global_batch_size() const;
 
  private:
-  // One optimizer step on one batch; returns the step loss.
-  double train_step(const data::Batch& batch);
+  struct Replica {
+    kernels::cpu::Context ctx;
+    std::unique_ptr<nn::Sequential> model;
+    std::unique_ptr<optim::Optimizer> optimizer;
+    std::vector<std::unique_ptr<metrics::Metric>> train_metrics, eval_metrics;
+    std::vector<float> per_example;
+    double eval_loss_sum = 0.0;
+  };
+  void replica_train_step(const distribute::ReplicaContext& rc);
+  void replica_eval_step(const distribute::ReplicaContext& rc);
+  // Exact combination of every replica's metric `index` (train or eval).
+  double combined_metric(bool train, std::size_t index) const;
+  std::unique_ptr<data::DistributedIterator> make_iterator(const data::Dataset& split, bool training) const;
   void write_run_files();
 
   config::Experiment exp_;
   TrainerOptions opt_;
   int threads_ = 1;
-  kernels::cpu::Context ctx_;
+  std::unique_ptr<distribute::Strategy> strategy_;
   data::DataSplits splits_;
   std::unique_ptr<losses::Loss> loss_;
-  std::vector<std::unique_ptr<metrics::Metric>> train_metrics_;
-  std::unique_ptr<nn::Sequential> model_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-  std::vector<float> per_example_;  // reused every step
+  std::vector<Replica> replicas_;
   std::int64_t global_step_ = 0;
+
+  // The current step, read by the replica functions.
+  const std::vector<data::ReplicaBatch>* step_batches_ = nullptr;
+  std::int64_t step_samples_ = 0;
+  std::vector<double> replica_losses_;
+  // Built once: std::function from a capturing lambda may allocate.
+  std::function<void(const distribute::ReplicaContext&)> train_fn_, eval_fn_;
 };
 
 }  // namespace dtrain::train

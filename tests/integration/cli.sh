@@ -123,6 +123,33 @@ case "$case_name" in
     head -c 100000 data/fashion_mnist_small.h5 >"$scratch/cut.h5"
     expect_error 2 "cut\.h5" -- run "$small" --set data.path="$scratch/cut.h5" --run-dir "$scratch/run"
     ;;
+  experiments_validate)
+    for exp in experiments/*.yaml; do
+      "$dtrain" validate "$exp" >/dev/null || fail "$exp does not validate"
+    done
+    ;;
+  train_mirrored)
+    "$dtrain" run experiments/fashion_mnist_mirrored.yaml --set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 \
+      --set data.shuffle_buffer=2000 --set train.epochs=2 --run-dir "$scratch/run" >"$scratch/out" || fail "run failed"
+    cat "$scratch/out"
+    grep -Eq '\| strategy mirrored \| replicas 2 \(cpu:0, cpu:1\) \| cross-device ops ring \| global batch 128 \|' "$scratch/out" \
+      || fail "header does not name the strategy, its devices, the cross-device op and the global batch"
+    grep -q '^cross_device_ops: auto chose ring' "$scratch/out" || fail "auto does not say what it chose"
+    [ "$(grep -Ec "$epoch_re" "$scratch/out")" -eq 2 ] || fail "wanted 2 epoch lines"
+    "$dtrain" run experiments/fashion_mnist_central_storage.yaml --set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 \
+      --set data.shuffle_buffer=2000 --set train.epochs=1 --run-dir "$scratch/run2" >"$scratch/out2" || fail "central storage run failed"
+    grep -q '| strategy central_storage | replicas 2 (cpu:0, cpu:1) | cross-device ops reduction_to_one_device |' "$scratch/out2" \
+      || fail "central storage header"
+    ;;
+  refused_reduction)
+    expect_error 2 "refused under strategy 'mirrored'.*reduction: none" -- run experiments/fashion_mnist_mirrored.yaml --set loss.reduction=auto
+    expect_error 2 "sum_over_batch_size' is refused under strategy 'one_device'" -- run experiments/fashion_mnist.yaml --set strategy.kind=one_device --set loss.reduction=sum_over_batch_size
+    sed 's/reduction: none/reduction: auto/' experiments/fashion_mnist_central_storage.yaml >"$scratch/exp.yaml"
+    expect_error 2 "exp\.yaml:[0-9]+:[0-9]+: loss.reduction 'auto' is refused under strategy 'central_storage'" -- run "$scratch/exp.yaml"
+    ;;
+  nccl_on_cpu)
+    expect_error 2 "nccl needs GPU devices.*ring, hierarchical_copy or reduction_to_one_device" -- run experiments/fashion_mnist_mirrored.yaml --set strategy.cross_device_ops=nccl --run-dir "$scratch/run"
+    ;;
   *)
     fail "unknown case"
     ;;

@@ -1,7 +1,8 @@
 # Integration tests: the real dtrain binary on real files (tests/integration/cli.sh CASE ...).
 set(DTRAIN_CLI_CASES
   help info validate train_small validation_split deterministic regression_toy
-  bad_unknown_key bad_type bad_data_dir bad_idx_truncated bad_idx_magic bad_hdf5)
+  bad_unknown_key bad_type bad_data_dir bad_idx_truncated bad_idx_magic bad_hdf5
+  experiments_validate train_mirrored refused_reduction nccl_on_cpu)
 foreach(case ${DTRAIN_CLI_CASES})
   add_test(NAME cli.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/cli.sh ${case} $<TARGET_FILE:dtrain>
@@ -10,4 +11,4 @@ foreach(case ${DTRAIN_CLI_CASES})
   set_tests_properties(cli.${case} PROPERTIES TIMEOUT 600)
 endforeach()
 # Each training test uses both cores: running two at once only makes both slower.
-set_tests_properties(cli.train_small cli.validation_split cli.deterministic PROPERTIES RUN_SERIAL TRUE)
+set_tests_properties(cli.train_small cli.validation_split cli.deterministic cli.train_mirrored PROPERTIES RUN_SERIAL TRUE)

@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ const std::string minimal = R"(model:
 Experiment without_locations(Experiment e) {
   e.source_file.clear();
   e.loss.where = {};
+  e.strategy.where = {};
+  e.strategy.devices_where = {};
+  e.strategy.cross_device_ops_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -115,7 +119,8 @@ TEST_CASE("config: regression_toy experiment loads with the expected values") {
 }
 
 TEST_CASE("config: to_yaml round trips both experiments and every schedule") {
-  for (const char* file : {"fashion_mnist.yaml", "regression_toy.yaml"}) {
+  for (const char* file : {"fashion_mnist.yaml", "regression_toy.yaml", "fashion_mnist_mirrored.yaml",
+                           "fashion_mnist_central_storage.yaml", "fashion_mnist_one_device.yaml"}) {
     CAPTURE(file);
     const Experiment original = load_experiment(source_dir + "/experiments/" + file);
     const std::string text = to_yaml(original);
@@ -257,10 +262,281 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
 }
 
 TEST_CASE("config: strategies of later versions are named as not available") {
-  CHECK(error_of(minimal + "strategy: {kind: mirrored}\n") ==
-        "t.yaml:5:18: strategy kind 'mirrored' is not available in this version of dtrain (available: default)");
-  CHECK(contains(error_of(minimal + "strategy: {kind: defualt}\n"),
-                 "t.yaml:5:18: unknown strategy kind 'defualt'; valid: default; did you mean 'default'?"));
+  for (const char* kind : {"multi_worker_mirrored", "parameter_server"}) {
+    CAPTURE(kind);
+    CHECK(error_of(minimal + "strategy: {kind: " + kind + "}\n") ==
+          std::string("t.yaml:5:18: strategy kind '") + kind +
+              "' is not available in this version of dtrain (available: default, one_device, mirrored, "
+              "central_storage)");
+  }
+  CHECK(error_of(minimal, {"strategy.kind=parameter_server"}) ==
+        "--set strategy.kind=parameter_server: strategy kind 'parameter_server' is not available in this version of "
+        "dtrain (available: default, one_device, mirrored, central_storage)");
+  CHECK(error_of(minimal + "strategy: {kind: defualt}\n") ==
+        "t.yaml:5:18: unknown strategy kind 'defualt'; valid: default, one_device, mirrored, central_storage; did you "
+        "mean 'default'?");
+  CHECK(contains(error_of(minimal + "strategy: {kind: mirored}\n"), "did you mean 'mirrored'?"));
+}
+
+// ---------------------------------------------------------------- strategies
+
+namespace {
+
+// `minimal` with a strategy and a loss reduction that every strategy accepts.
+std::string with_strategy(const std::string& strategy) {
+  return minimal + "strategy: " + strategy + "\nloss: {reduction: none}\n";
+}
+
+}  // namespace
+
+TEST_CASE("config: the mirrored experiment loads with the expected values") {
+  const std::string path = source_dir + "/experiments/fashion_mnist_mirrored.yaml";
+  const Experiment e = load_experiment(path);
+  const Experiment plain = load_experiment(source_dir + "/experiments/fashion_mnist.yaml");
+  CHECK(e.name == "fashion_mnist_mirrored");
+  CHECK(e.strategy.kind == StrategyKind::mirrored);
+  CHECK_FALSE(e.strategy.devices_auto);
+  CHECK(e.strategy.devices == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK(e.strategy.cross_device_ops == CrossDeviceOpsKind::auto_select);
+  CHECK(e.strategy.where == SourceLocation{path, 7, 9});
+  CHECK(e.strategy.devices_where == SourceLocation{path, 8, 12});
+  CHECK(e.strategy.cross_device_ops_where == SourceLocation{path, 9, 21});
+  CHECK(e.data.batch_size_per_replica == 64);
+  CHECK(e.loss.reduction == Reduction::none);
+  CHECK(e.train.epochs == 10);
+  // Everything but the strategy and the name is fashion_mnist.yaml's.
+  CHECK(e.data == plain.data);
+  CHECK(without_locations(e).model == without_locations(plain).model);
+  CHECK(e.loss.kind == plain.loss.kind);
+  CHECK(e.loss.from_logits == plain.loss.from_logits);
+  CHECK(e.optimizer == plain.optimizer);
+  CHECK(e.metrics == plain.metrics);
+  CHECK(e.train == plain.train);
+}
+
+TEST_CASE("config: the central_storage and one_device experiments load with the expected values") {
+  const Experiment plain = load_experiment(source_dir + "/experiments/fashion_mnist.yaml");
+  const Experiment c = load_experiment(source_dir + "/experiments/fashion_mnist_central_storage.yaml");
+  CHECK(c.name == "fashion_mnist_central_storage");
+  CHECK(c.strategy.kind == StrategyKind::central_storage);
+  CHECK(c.strategy.devices == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK_FALSE(c.strategy.devices_auto);
+  CHECK(c.strategy.parameter_device == "cpu:0");
+  CHECK(c.data.batch_size_per_replica == 64);
+  CHECK(c.loss.reduction == Reduction::none);
+  CHECK(c.data == plain.data);
+  CHECK(without_locations(c).model == without_locations(plain).model);
+  CHECK(c.optimizer == plain.optimizer);
+  CHECK(c.train.epochs == 10);
+
+  const Experiment o = load_experiment(source_dir + "/experiments/fashion_mnist_one_device.yaml");
+  CHECK(o.name == "fashion_mnist_one_device");
+  CHECK(o.strategy.kind == StrategyKind::one_device);
+  CHECK(o.strategy.device == "cpu:0");
+  CHECK(o.data.batch_size_per_replica == 64);
+  CHECK(o.loss.reduction == Reduction::none);
+  CHECK(o.data == plain.data);
+  CHECK(without_locations(o).model == without_locations(plain).model);
+  CHECK(o.optimizer == plain.optimizer);
+  CHECK(o.train.epochs == 10);
+}
+
+TEST_CASE("config: strategy defaults and device spellings") {
+  const Experiment d = parse_experiment(minimal, "m.yaml");
+  CHECK(d.strategy.kind == StrategyKind::default_strategy);
+  CHECK(d.strategy.devices_auto);
+  CHECK(d.strategy.devices.empty());
+  CHECK(d.strategy.device == "cpu:0");
+  CHECK(d.strategy.parameter_device == "cpu:0");
+  CHECK(d.strategy.cross_device_ops == CrossDeviceOpsKind::auto_select);
+
+  const Experiment m = parse_experiment(with_strategy("{kind: mirrored}"), "m.yaml");
+  CHECK(m.strategy.devices_auto);
+  CHECK(m.strategy.devices.empty());
+  CHECK(m.strategy.cross_device_ops == CrossDeviceOpsKind::auto_select);
+  const Experiment explicit_auto = parse_experiment(with_strategy("{kind: mirrored, devices: auto}"), "m.yaml");
+  CHECK(explicit_auto.strategy.devices_auto);
+  CHECK(explicit_auto.strategy.devices.empty());
+  CHECK(explicit_auto.strategy.devices_where == SourceLocation{"m.yaml", 5, 37});
+  CHECK(without_locations(explicit_auto) == without_locations(m));
+  CHECK(parse_experiment(with_strategy("{kind: central_storage}"), "m.yaml").strategy.devices_auto);
+
+  const Experiment spelled = parse_experiment(
+      with_strategy("{kind: mirrored, devices: ['/cpu:0', '/device:CPU:1', GPU:0, '/gpu:1', gpu:12, '/device:gpu:3'], "
+                    "cross_device_ops: nccl}"),
+      "m.yaml");
+  CHECK(spelled.strategy.devices ==
+        std::vector<std::string>{"cpu:0", "cpu:1", "gpu:0", "gpu:1", "gpu:12", "gpu:3"});
+  CHECK(spelled.strategy.cross_device_ops == CrossDeviceOpsKind::nccl);
+  CHECK(parse_experiment(with_strategy("{kind: one_device, device: '/device:GPU:2'}"), "m.yaml").strategy.device ==
+        "gpu:2");
+  CHECK(parse_experiment(with_strategy("{kind: central_storage, parameter_device: /gpu:0}"), "m.yaml")
+            .strategy.parameter_device == "gpu:0");
+  for (const char* ops : {"auto", "reduction_to_one_device", "hierarchical_copy", "ring", "nccl"}) {
+    CAPTURE(ops);
+    const Experiment e = parse_experiment(with_strategy(std::string("{kind: mirrored, cross_device_ops: ") + ops + "}"),
+                                          "m.yaml");
+    CHECK(std::string(name_of(e.strategy.cross_device_ops)) == ops);
+  }
+  const Experiment set = parse_experiment(minimal + "loss: {reduction: sum}\n", "m.yaml",
+                                          {"strategy.kind=mirrored", "strategy.devices=[cpu:1, cpu:0]"});
+  CHECK(set.strategy.kind == StrategyKind::mirrored);
+  CHECK(set.strategy.devices == std::vector<std::string>{"cpu:1", "cpu:0"});
+  CHECK(set.strategy.devices_where.file == "--set strategy.devices=[cpu:1, cpu:0]");
+}
+
+TEST_CASE("config: every strategy round trips through to_yaml") {
+  const std::vector<std::string> strategies = {
+      "{kind: default}",
+      "{kind: one_device}",
+      "{kind: one_device, device: gpu:3}",
+      "{kind: mirrored}",
+      "{kind: mirrored, devices: [gpu:0, '/gpu:1', cpu:0], cross_device_ops: hierarchical_copy}",
+      "{kind: mirrored, devices: auto, cross_device_ops: ring}",
+      "{kind: central_storage}",
+      "{kind: central_storage, devices: [gpu:1, gpu:0], parameter_device: gpu:0}",
+  };
+  for (const std::string& strategy : strategies) {
+    CAPTURE(strategy);
+    const Experiment original = parse_experiment(with_strategy(strategy), "s.yaml");
+    const std::string text = to_yaml(original);
+    CAPTURE(text);
+    const Experiment again = parse_experiment(text, "resolved.yaml");
+    CHECK(without_locations(again) == without_locations(original));
+    CHECK(to_yaml(again) == text);
+  }
+  const std::string mirrored = to_yaml(parse_experiment(with_strategy("{kind: mirrored, devices: [cpu:0]}"), "s.yaml"));
+  CHECK(contains(mirrored, "cross_device_ops: auto"));
+  CHECK_FALSE(contains(mirrored, "parameter_device"));
+  CHECK_FALSE(contains(mirrored, "device:"));
+  CHECK(contains(to_yaml(parse_experiment(with_strategy("{kind: central_storage}"), "s.yaml")), "devices: auto"));
+  const std::string plain = to_yaml(parse_experiment(minimal, "s.yaml"));
+  CHECK_FALSE(contains(plain, "devices"));
+  CHECK_FALSE(contains(plain, "cross_device_ops"));
+}
+
+TEST_CASE("config: bad strategy devices are refused where they are written") {
+  CHECK(error_of(with_strategy("{kind: mirrored, devices: [cpu:0, tpu:1]}")) ==
+        "t.yaml:5:45: strategy.devices.1: must be a device name cpu:N or gpu:N with N >= 0 (TensorFlow's /cpu:0 and "
+        "/device:GPU:0 work too), got 'tpu:1'");
+  for (const char* bad : {"cpu", "cpu:", "cpu:-1", "cpu:x", "cpu:0:1", "gpu0", "/device:", "cpu:99999999999", "auto"}) {
+    CAPTURE(bad);
+    CHECK(contains(error_of(with_strategy(std::string("{kind: one_device, device: '") + bad + "'}")),
+                   "t.yaml:5:38: strategy.device: must be a device name cpu:N or gpu:N"));
+  }
+  CHECK(contains(error_of(with_strategy("{kind: central_storage, parameter_device: disk:0}")),
+                 "t.yaml:5:53: strategy.parameter_device: must be a device name"));
+  CHECK(error_of(with_strategy("{kind: mirrored, devices: [cpu:0, cpu:1, '/device:CPU:0']}")) ==
+        "t.yaml:5:52: strategy.devices.2: device 'cpu:0' is listed twice (also at t.yaml:5:38); give each replica "
+        "its own device");
+  CHECK(error_of(with_strategy("{kind: central_storage, devices: []}")) ==
+        "t.yaml:5:44: strategy.devices: must be a non-empty list of devices, or auto, got a list");
+  CHECK(error_of(with_strategy("{kind: mirrored, devices: cpu:0}")) ==
+        "t.yaml:5:37: strategy.devices: expected a list of device names (for example [cpu:0, cpu:1]) or auto, got "
+        "'cpu:0'");
+  CHECK(contains(error_of(with_strategy("{kind: mirrored, devices: [[cpu:0]]}")),
+                 "strategy.devices.0: expected a device name (cpu:N or gpu:N), got a list"));
+  CHECK(error_of(minimal + "loss: {reduction: none}\n", {"strategy={kind: mirrored, devices: [gpu:0, gpu:0]}"}) ==
+        "--set strategy={kind: mirrored, devices: [gpu:0, gpu:0]}: strategy.devices.1: device 'gpu:0' is listed "
+        "twice (also at --set strategy={kind: mirrored, devices: [gpu:0, gpu:0]}); give each replica its own device");
+}
+
+TEST_CASE("config: strategy keys of another kind name the kinds they apply to") {
+  CHECK(error_of(with_strategy("{kind: one_device, cross_device_ops: nccl}")) ==
+        "t.yaml:5:30: strategy.cross_device_ops: applies only to strategy kind mirrored, not to one_device; remove "
+        "it or change the kind");
+  CHECK(error_of(with_strategy("{devices: [cpu:0]}")) ==
+        "t.yaml:5:12: strategy.devices: applies only to strategy kinds mirrored, central_storage, not to default; "
+        "remove it or change the kind");
+  CHECK(contains(error_of(with_strategy("{kind: mirrored, device: cpu:0}")),
+                 "t.yaml:5:28: strategy.device: applies only to strategy kind one_device, not to mirrored"));
+  CHECK(contains(error_of(with_strategy("{kind: mirrored, parameter_device: cpu:0}")),
+                 "strategy.parameter_device: applies only to strategy kind central_storage, not to mirrored"));
+  CHECK(contains(error_of(with_strategy("{kind: central_storage, cross_device_ops: ring}")),
+                 "strategy.cross_device_ops: applies only to strategy kind mirrored, not to central_storage"));
+  CHECK(contains(error_of(with_strategy("{kind: default, device: cpu:0}")),
+                 "strategy.device: applies only to strategy kind one_device, not to default"));
+  CHECK(error_of(with_strategy("{kind: mirrored, cross_device_ops: nccl_all_reduce}")) ==
+        "t.yaml:5:46: unknown cross_device_ops 'nccl_all_reduce'; valid: auto, reduction_to_one_device, "
+        "hierarchical_copy, ring, nccl");
+  CHECK(error_of(with_strategy("{kind: mirrored, cross_device_ops: hierarchical_cpy}")) ==
+        "t.yaml:5:46: unknown cross_device_ops 'hierarchical_cpy'; valid: auto, reduction_to_one_device, "
+        "hierarchical_copy, ring, nccl; did you mean 'hierarchical_copy'?");
+  CHECK(error_of(with_strategy("{kind: mirrored, devies: [cpu:0]}")) ==
+        "t.yaml:5:28: unknown key 'devies' in strategy; did you mean 'devices'?");
+}
+
+TEST_CASE("config: under a strategy, reductions auto and sum_over_batch_size are refused") {
+  struct Case {
+    const char* strategy;
+    const char* name;
+  };
+  const Case strategies[] = {{"{kind: one_device}", "one_device"},
+                             {"{kind: mirrored}", "mirrored"},
+                             {"{kind: central_storage}", "central_storage"}};
+  for (const Case& c : strategies) {
+    CAPTURE(c.name);
+    const std::string head = minimal + "strategy: " + c.strategy + "\nloss:\n  kind: sparse_categorical_crossentropy\n";
+    for (const char* reduction : {"auto", "sum_over_batch_size"}) {
+      CAPTURE(reduction);
+      const std::string error = error_of(head + "  reduction: " + reduction + "\n");
+      CHECK(contains(error, fmt::format("t.yaml:8:14: loss.reduction '{}' is refused under strategy '{}': ", reduction,
+                                        c.name)));
+      CHECK(contains(error, "write reduction: none (dtrain divides the summed per-example losses by the GLOBAL "
+                            "batch, like tf.nn.compute_average_loss) or reduction: sum"));
+      CHECK(error.find('\n') == std::string::npos);
+    }
+    // Left out, the reduction is auto: the message points at the loss section, or at the file.
+    CHECK(contains(error_of(head),
+                   fmt::format("t.yaml:6:1: loss.reduction 'auto' (the default when left out) is refused under "
+                               "strategy '{}'",
+                               c.name)));
+    CHECK(contains(error_of(minimal + "strategy: " + c.strategy + "\n"),
+                   fmt::format("t.yaml: loss.reduction 'auto' (the default when left out) is refused under strategy "
+                               "'{}'",
+                               c.name)));
+    for (const char* accepted : {"none", "sum"}) {
+      CAPTURE(accepted);
+      CHECK(error_of(head + "  reduction: " + accepted + "\n").empty());
+    }
+  }
+  CHECK(contains(error_of(minimal + "strategy: {kind: mirrored}\nloss: {reduction: auto}\n"),
+                 "summing the replicas' gradients then comes out num_replicas times too large"));
+
+  SUBCASE("the default strategy accepts every reduction") {
+    for (const char* reduction : {"auto", "sum_over_batch_size", "none", "sum"}) {
+      CAPTURE(reduction);
+      CHECK(error_of(minimal + "loss: {reduction: " + reduction + "}\n").empty());
+    }
+    CHECK(parse_experiment(minimal, "m.yaml").loss.reduction == Reduction::auto_reduction);
+  }
+  SUBCASE("the rule holds when the strategy or the reduction comes from --set") {
+    CHECK(error_of(minimal, {"strategy.kind=mirrored"}) ==
+          "t.yaml: loss.reduction 'auto' (the default when left out) is refused under strategy 'mirrored': each "
+          "replica would average over its own part of the batch, and summing the replicas' gradients then comes out "
+          "num_replicas times too large; write reduction: none (dtrain divides the summed per-example losses by the "
+          "GLOBAL batch, like tf.nn.compute_average_loss) or reduction: sum");
+    CHECK(contains(error_of(minimal + "loss:\n  reduction: sum_over_batch_size\n", {"strategy.kind=central_storage"}),
+                   "t.yaml:6:14: loss.reduction 'sum_over_batch_size' is refused under strategy 'central_storage'"));
+    CHECK(error_of(minimal + "loss: {reduction: auto}\n", {"strategy.kind=mirrored", "loss.reduction=none"}).empty());
+
+    const std::string path = source_dir + "/experiments/fashion_mnist.yaml";
+    CHECK(load_experiment(path, {"strategy.kind=mirrored"}).strategy.kind == StrategyKind::mirrored);
+    try {
+      load_experiment(path, {"strategy.kind=one_device", "loss.reduction=sum_over_batch_size"});
+      FAIL("expected a ConfigError");
+    } catch (const ConfigError& e) {
+      CHECK(contains(e.what(), "--set loss.reduction=sum_over_batch_size: loss.reduction 'sum_over_batch_size' is "
+                               "refused under strategy 'one_device'"));
+      CHECK(contains(e.what(), "reduction: none"));
+    }
+    try {
+      load_experiment(source_dir + "/experiments/fashion_mnist_mirrored.yaml", {"loss.reduction=auto"});
+      FAIL("expected a ConfigError");
+    } catch (const ConfigError& e) {
+      CHECK(contains(e.what(), "--set loss.reduction=auto: loss.reduction 'auto' is refused under strategy 'mirrored'"));
+    }
+  }
 }
 
 TEST_CASE("config: wrong types name the key, the expected type and the value") {

@@ -1,0 +1,213 @@
+// The semantics that make distributed training correct, checked through the real Trainer:
+// N replicas with a global batch compute the update one replica computes on that global batch.
+#include <doctest/doctest.h>
+
+#include <hdf5.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "config/parse.hpp"
+#include "core/error.hpp"
+#include "train/trainer.hpp"
+
+using namespace dtrain;
+
+namespace {
+
+// A small CNN on the Fashion-MNIST subset: conv and dense, relu, pooling, L2: every gradient path.
+std::string cnn_experiment(const std::string& strategy, int per_replica, const std::string& optimizer) {
+  return fmt::format(R"(
+name: equivalence
+seed: 5
+strategy: {}
+data:
+  source: hdf5
+  path: {}/data/fashion_mnist_small.h5
+  batch_size_per_replica: {}
+  shuffle_buffer: 2000
+  prefetch: false
+model:
+  input_shape: [28, 28, 1]
+  layers:
+    - conv2d: {{filters: 4, kernel_size: 3, strides: 2, activation: relu}}
+    - max_pool2d: {{pool_size: 2}}
+    - flatten: {{}}
+    - dense: {{units: 16, activation: relu, kernel_regularizer: {{l2: 1.0e-3}}}}
+    - dense: {{units: 10}}
+loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}
+optimizer: {}
+metrics: [sparse_categorical_accuracy]
+train: {{epochs: 1, threads: 1, progress: none}}
+)",
+                     strategy, DTRAIN_SOURCE_DIR, per_replica, optimizer);
+}
+
+std::unique_ptr<train::Trainer> make_trainer(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  train::TrainerOptions opt;
+  opt.out = nullptr;
+  return std::make_unique<train::Trainer>(config::parse_experiment(yaml, "test.yaml", overrides), opt);
+}
+
+std::vector<double> weights(train::Trainer& t, int replica = 0) {
+  std::vector<double> w;
+  for (const Variable* v : t.model(replica).variables())
+    for (float x : v->value.span<float>()) w.push_back(x);
+  return w;
+}
+
+double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+std::string devices(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += fmt::format("{}cpu:{}", i ? ", " : "", i);
+  return "[" + s + "]";
+}
+
+}  // namespace
+
+TEST_CASE("every strategy and cross-device op matches the default strategy on the same global batch") {
+  const int global = 32;
+  struct Candidate {
+    std::string strategy;
+    int replicas;
+  };
+  std::vector<Candidate> candidates = {{"{kind: one_device, device: cpu:0}", 1}};
+  for (int n : {1, 2, 4}) {
+    for (const char* op : {"reduction_to_one_device", "hierarchical_copy", "ring"})
+      candidates.push_back({fmt::format("{{kind: mirrored, devices: {}, cross_device_ops: {}}}", devices(n), op), n});
+    candidates.push_back({fmt::format("{{kind: central_storage, devices: {}}}", devices(n)), n});
+  }
+  for (const std::string optimizer : {"{kind: sgd, learning_rate: 0.05, momentum: 0.9}", "{kind: adam, learning_rate: 0.002}"}) {
+    CAPTURE(optimizer);
+    // The same calls on every trainer: one step, then 49 more (the epoch restarted: same order).
+    auto reference = make_trainer(cnn_experiment("{kind: default}", global, optimizer));
+    const auto initial = weights(*reference);
+    reference->train_steps(0, 1);
+    const auto one_step = weights(*reference);
+    reference->train_steps(0, 49);
+    const auto fifty = weights(*reference);
+    CHECK(rel_diff(one_step, initial) > 1e-3);  // the steps really move the weights
+    CHECK(rel_diff(fifty, one_step) > 1e-2);
+
+    for (const auto& c : candidates) {
+      CAPTURE(c.strategy);
+      auto t = make_trainer(cnn_experiment(c.strategy, global / c.replicas, optimizer));
+      REQUIRE(t->strategy().num_replicas_in_sync() == c.replicas);
+      CHECK(weights(*t) == initial);
+      t->train_steps(0, 1);
+      CHECK(rel_diff(weights(*t), one_step) < 1e-5);
+      t->train_steps(0, 49);
+      CHECK(rel_diff(weights(*t), fifty) < 1e-4);
+      // Mirrored copies stay identical, bit for bit: every replica applies the same summed update.
+      for (int r = 1; r < c.replicas; ++r) CHECK(weights(*t, r) == weights(*t, 0));
+    }
+  }
+}
+
+TEST_CASE("the tutorial's worked example: the step loss is 3.5, not a Mean metric's 1.75") {
+  // Two replicas, per-example losses [2, 3] and [4, 5], global batch 4. A Dense(1) whose input is
+  // 0 predicts its bias, 0, so squared error against y = sqrt(k) is exactly k.
+  const std::string path = (std::filesystem::temp_directory_path() / "dtrain_worked_example.h5").string();
+  {
+    hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    for (const char* group : {"train", "test"}) {
+      hid_t g = H5Gcreate2(file, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      const float x[4] = {0, 0, 0, 0};
+      const float y[4] = {std::sqrt(2.0f), std::sqrt(3.0f), 2.0f, std::sqrt(5.0f)};
+      hsize_t dims[2] = {4, 1};
+      hid_t space = H5Screate_simple(2, dims, nullptr);
+      for (auto [name, data] : {std::pair{"x", x}, std::pair{"y", y}}) {
+        hid_t ds = H5Dcreate2(g, name, H5T_NATIVE_FLOAT, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+        H5Dclose(ds);
+      }
+      H5Sclose(space);
+      H5Gclose(g);
+    }
+    H5Fclose(file);
+  }
+  const std::string yaml = fmt::format(R"(
+name: worked_example
+strategy: {{kind: mirrored, devices: [cpu:0, cpu:1]}}
+data: {{source: hdf5, path: {}, batch_size_per_replica: 2, shuffle_buffer: 0, prefetch: false}}
+model: {{input_shape: [1], layers: [dense: {{units: 1}}]}}
+loss: {{kind: mean_squared_error, reduction: none}}
+optimizer: {{kind: sgd, learning_rate: 0.1}}
+metrics: []
+train: {{epochs: 1, threads: 1, progress: none}}
+)",
+                                       path);
+  auto t = make_trainer(yaml);
+  const auto losses = t->train_steps(0, 1);
+  REQUIRE(losses.size() == 1);
+  CHECK(losses[0] == doctest::Approx(3.5).epsilon(1e-6));
+  CHECK(losses[0] != doctest::Approx(1.75));
+  // The bias gradient is the sum over replicas of -2 * sum(y) / 4: SGD moves it by 0.1 times that.
+  const double grad_bias = -2.0 * (std::sqrt(2.0) + std::sqrt(3.0) + 2.0 + std::sqrt(5.0)) / 4.0;
+  CHECK(t->model().variables()[1]->value.data<float>()[0] == doctest::Approx(-0.1 * grad_bias).epsilon(1e-6));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a short last batch is weighted by its real global sample count") {
+  // 10 samples, global batch 4, 3 replicas: steps of 4, 4 and 2 samples; the 3 replicas get
+  // [2, 1, 1], [2, 1, 1] and [1, 1, 0]. The weights after each step must equal the default
+  // strategy's on the same samples.
+  const std::string common = R"(
+seed: 3
+data: {source: synthetic, shape: [4, 4, 1], classes: 3, train_size: 10, test_size: 4, global_batch_size: 4, shuffle_buffer: 10, prefetch: false}
+model: {input_shape: [4, 4, 1], layers: [flatten: {}, dense: {units: 5, activation: tanh, kernel_regularizer: {l2: 0.01}}, dense: {units: 3}]}
+loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
+optimizer: {kind: sgd, learning_rate: 0.5}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, threads: 1, progress: none}
+)";
+  auto reference = make_trainer("name: ref\nstrategy: {kind: default}" + common);
+  auto mirrored = make_trainer("name: m\nstrategy: {kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}" + common);
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    // Both run step `step` of epoch 0 by replaying the epoch up to it.
+    auto a = make_trainer("name: ref\nstrategy: {kind: default}" + common);
+    auto b = make_trainer("name: m\nstrategy: {kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}" + common);
+    const auto la = a->train_steps(0, step + 1);
+    const auto lb = b->train_steps(0, step + 1);
+    REQUIRE(la.size() == static_cast<std::size_t>(step + 1));
+    REQUIRE(lb.size() == la.size());
+    CHECK(lb.back() == doctest::Approx(la.back()).epsilon(1e-6));
+    CHECK(rel_diff(weights(*b), weights(*a)) < 1e-5);
+  }
+  const auto la = reference->train_steps(0, 3);
+  const auto lb = mirrored->train_steps(0, 3);
+  CHECK(la.size() == 3);
+  CHECK(rel_diff(weights(*mirrored), weights(*reference)) < 1e-5);
+}
+
+TEST_CASE("per_replica input gives the replicas the same samples as split_global_batch") {
+  const std::string base = cnn_experiment("{kind: mirrored, devices: [cpu:0, cpu:1]}", 16, "{kind: sgd, learning_rate: 0.05}");
+  auto split = make_trainer(base);
+  auto per_replica = make_trainer(base, {"data.distribute=per_replica"});
+  split->train_steps(0, 5);
+  per_replica->train_steps(0, 5);
+  CHECK(rel_diff(weights(*per_replica), weights(*split)) < 1e-6);
+}
+
+TEST_CASE("a replica that fails stops the others instead of leaving them in a collective") {
+  // Replica 1's labels are out of range for a 10-class loss: it throws before the all-reduce that
+  // replica 0 is already waiting in. run() must return with that error, not hang.
+  const std::string yaml = cnn_experiment("{kind: mirrored, devices: [cpu:0, cpu:1]}", 16, "{kind: sgd}");
+  auto t = make_trainer(yaml, {"model.layers.4.dense.units=3"});
+  CHECK_THROWS_AS(t->train_steps(0, 3), InputError);
+  // The strategy is usable again afterwards (the barrier was reset).
+  CHECK_THROWS_AS(t->train_steps(0, 1), InputError);
+}
