@@ -2,11 +2,22 @@
 
 #include <cstdio>
 
+#include <fmt/format.h>
+
 #include "commands.hpp"
 #include "config/parse.hpp"
+#include "signals.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
+
+int report_interrupted(const train::Interrupted& stop, const std::string& run_dir) {
+  std::fflush(stdout);
+  fmt::print(stderr, "dtrain: stopped at epoch {}, step {} of it; checkpoint {}\ndtrain: continue with: dtrain resume {}\n",
+             stop.epoch + 1, stop.step_in_epoch, stop.checkpoint.empty() ? "(none: no run directory)" : stop.checkpoint,
+             run_dir);
+  return kInterrupted;
+}
 
 int run_command(const RunArgs& args) {
   config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
@@ -14,8 +25,14 @@ int run_command(const RunArgs& args) {
   options.run_dir = args.run_dir.empty() ? "runs/" + exp.name : args.run_dir;
   options.out = stdout;
   options.out_is_tty = isatty(fileno(stdout)) != 0;
+  StopOnSignal signals;
+  options.stop_requested = &signals.requested();
   train::Trainer trainer(std::move(exp), options);
-  trainer.fit();
+  try {
+    trainer.fit();
+  } catch (const train::Interrupted& stop) {
+    return report_interrupted(stop, options.run_dir);
+  }
   return kOk;
 }
 

@@ -19,9 +19,13 @@ Examples:
   dtrain run experiments/fashion_mnist.yaml --set train.epochs=1 --set data.batch_size_per_replica=128
   dtrain run experiments/regression_toy.yaml --run-dir /tmp/toy
   dtrain validate experiments/fashion_mnist.yaml
+  dtrain eval --checkpoint runs/fashion_mnist/checkpoints/ckpt-9380.h5
+  dtrain resume runs/fashion_mnist
+  dtrain resume runs/fashion_mnist --set train.epochs=15
   dtrain info
 
-Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data, 3 cannot write outputs.)";
+Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data/checkpoint,
+3 cannot write outputs, 4 stopped by SIGINT/SIGTERM after saving a checkpoint (dtrain resume goes on).)";
 
 int exit_code_for(dtrain::ErrorKind kind) {
   switch (kind) {
@@ -52,6 +56,20 @@ int main(int argc, char** argv) {
   validate->add_option("experiment", validate_args.experiment, "Experiment YAML file")->required();
   validate->add_option("--set", validate_args.overrides, "Override a setting (repeatable)");
 
+  dtrain::app::EvalArgs eval_args;
+  auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint (default strategy) and print its loss and accuracy");
+  eval->add_option("--checkpoint", eval_args.checkpoint, "Checkpoint file (runs/<name>/checkpoints/ckpt-N.h5)")->required();
+  eval->add_option("--experiment", eval_args.experiment, "Experiment YAML (default: the one stored in the checkpoint)");
+  eval->add_option("--split", eval_args.split, "Which split to evaluate")->check(CLI::IsMember({"test", "validation", "train"}));
+  eval->add_option("--set", eval_args.overrides, "Override a setting (repeatable)");
+
+  dtrain::app::ResumeArgs resume_args;
+  auto* resume = app.add_subcommand("resume", "Continue a run exactly from its newest valid checkpoint");
+  resume->add_option("run_dir", resume_args.run_dir, "Run directory (runs/<name>)");
+  resume->add_option("--checkpoint", resume_args.checkpoint, "Continue from this checkpoint file instead");
+  resume->add_option("--set", resume_args.overrides,
+                     "Override a setting: train.epochs=N extends the run; others are listed in a warning");
+
   auto* info = app.add_subcommand("info", "Versions, CPU ISA, threads and which backends are available");
 
   try {
@@ -70,6 +88,8 @@ int main(int argc, char** argv) {
   try {
     if (*run) return dtrain::app::run_command(run_args);
     if (*validate) return dtrain::app::validate_command(validate_args);
+    if (*eval) return dtrain::app::eval_command(eval_args);
+    if (*resume) return dtrain::app::resume_command(resume_args);
     if (*info) return dtrain::app::info_command();
   } catch (const dtrain::Error& e) {
     std::fflush(stdout);

@@ -218,6 +218,15 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
+// tf.train.CheckpointManager: when to save, how many to keep, where.
+struct CheckpointConfig {
+  int every_epochs = 1;              // save after every N-th epoch; 0 = never by epoch
+  std::int64_t every_steps = 0;      // save after every N-th global step; 0 = never by step
+  int max_to_keep = 3;               // the newest N complete checkpoints are kept
+  std::string dir;                   // empty = <run dir>/checkpoints
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
 struct Experiment {
   std::string name = "experiment";
   std::uint64_t seed = 42;
@@ -228,6 +237,7 @@ struct Experiment {
   OptimizerConfig optimizer;
   std::vector<MetricKind> metrics;
   TrainConfig train;
+  CheckpointConfig checkpoint;
   std::string source_file;  // the YAML it was read from
   bool operator==(const Experiment&) const = default;
 };

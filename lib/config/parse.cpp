@@ -832,9 +832,20 @@ TrainConfig parse_train(const Node& node) {
   return out;
 }
 
+CheckpointConfig parse_checkpoint(const Node& node) {
+  static constexpr std::string_view keys[] = {"every_epochs", "every_steps", "max_to_keep", "dir"};
+  Section s(node, "checkpoint", keys);
+  CheckpointConfig out;
+  s.get_int("every_epochs", out.every_epochs, 0);
+  s.get_int("every_steps", out.every_steps, 0);
+  s.get_int("max_to_keep", out.max_to_keep, 1);
+  s.get("dir", out.dir, read_string);
+  return out;
+}
+
 Experiment parse_tree(const Node& root, const std::string& file_name) {
-  static constexpr std::string_view keys[] = {"name", "seed",      "strategy", "data", "model",
-                                              "loss", "optimizer", "metrics",  "train"};
+  static constexpr std::string_view keys[] = {"name", "seed",      "strategy", "data",  "model",
+                                              "loss", "optimizer", "metrics",  "train", "checkpoint"};
   Section s(root, "", keys);
   Experiment out;
   out.source_file = file_name;
@@ -856,6 +867,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
   out.optimizer = parse_optimizer(section("optimizer"));
   out.metrics = parse_metrics(section("metrics"));
   out.train = parse_train(section("train"));
+  out.checkpoint = parse_checkpoint(section("checkpoint"));
 
   const Node* reduction = section("loss").find("reduction");
   check_reduction_under_strategy(out.strategy, out.loss, reduction != nullptr,

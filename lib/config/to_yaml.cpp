@@ -222,6 +222,13 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::Key << "progress" << YAML::Value << name_of(e.train.progress);
   out << YAML::EndMap;
 
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "every_epochs" << YAML::Value << e.checkpoint.every_epochs;
+  out << YAML::Key << "every_steps" << YAML::Value << e.checkpoint.every_steps;
+  out << YAML::Key << "max_to_keep" << YAML::Value << e.checkpoint.max_to_keep;
+  if (!e.checkpoint.dir.empty()) out << YAML::Key << "dir" << YAML::Value << e.checkpoint.dir;
+  out << YAML::EndMap;
+
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -91,8 +92,72 @@ void Trainer::write_run_files() {
                                     opt_.run_dir, ec.message()));
   std::ofstream cfg(fs::path(opt_.run_dir) / "config.yaml");
   cfg << "# resolved experiment, written by dtrain " << build_info::version << "\n" << config::to_yaml(exp_);
-  std::ofstream metrics(fs::path(opt_.run_dir) / "metrics.jsonl", std::ios::trunc);
+  // A resumed run appends its epochs to the log of the run it continues.
+  std::ofstream metrics(fs::path(opt_.run_dir) / "metrics.jsonl", resume_ ? std::ios::app : std::ios::trunc);
   if (!cfg || !metrics) throw IoError(fmt::format("cannot write into the run directory {}", opt_.run_dir));
+}
+
+std::string Trainer::checkpoint_dir() const {
+  if (!exp_.checkpoint.dir.empty()) return exp_.checkpoint.dir;
+  return opt_.run_dir.empty() ? std::string() : (fs::path(opt_.run_dir) / "checkpoints").string();
+}
+
+std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum,
+                                     std::int64_t samples) {
+  if (!checkpoints_) {
+    const std::string dir = checkpoint_dir();
+    if (dir.empty()) return {};
+    checkpoints_ = std::make_unique<checkpoint::CheckpointManager>(dir, exp_.checkpoint.max_to_keep);
+  }
+  checkpoint::Contents c;
+  c.state.epoch = epoch;
+  c.state.step_in_epoch = step_in_epoch;
+  c.state.global_step = global_step_;
+  c.state.seed = exp_.seed;
+  c.state.epoch_loss_sum = loss_sum;
+  c.state.epoch_samples = samples;
+  // At an epoch boundary the next epoch starts its metrics afresh: nothing to carry over.
+  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i) {
+    auto merged = metrics::make_metric(exp_.metrics[i], exp_.loss);
+    for (const Replica& rep : replicas_) merged->merge(rep.train_metrics[i]->state());
+    const metrics::MetricState st = merged->state();
+    c.state.metric_counts.push_back(st.counts);
+    c.state.metric_sums.push_back(st.sums);
+  }
+  c.experiment_yaml = config::to_yaml(exp_);
+  c.dtrain_version = build_info::version;
+  // One copy, whatever the strategy: replica 0 holds the values every replica computes with.
+  return checkpoints_->save(global_step_, *replicas_[0].model, *replicas_[0].optimizer, c);
+}
+
+void Trainer::restore(const std::string& checkpoint_path) {
+  checkpoint::Contents c = checkpoint::restore(checkpoint_path, *replicas_[0].model, *replicas_[0].optimizer);
+  // Mirrored copies get replica 0's values and slots; central storage already shares the values.
+  auto& vars0 = replicas_[0].model->variables();
+  for (std::size_t r = 1; r < replicas_.size(); ++r) {
+    Replica& rep = replicas_[r];
+    if (strategy_->mirrors_variables()) {
+      auto& vars = rep.model->variables();
+      for (std::size_t v = 0; v < vars.size(); ++v)
+        std::copy_n(vars0[v]->value.data<float>(), vars0[v]->value.numel(), vars[v]->value.data<float>());
+      rep.optimizer->build(vars);
+      for (std::size_t v = 0; v < vars.size(); ++v)
+        for (std::size_t k = 0; k < rep.optimizer->slot_names().size(); ++k)
+          std::copy_n(replicas_[0].optimizer->slot(v, k).data<float>(), vars[v]->value.numel(),
+                      rep.optimizer->slot(v, k).data<float>());
+    }
+    rep.optimizer->set_iterations(replicas_[0].optimizer->iterations());
+  }
+  // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
+  for (Replica& rep : replicas_)
+    for (auto& m : rep.train_metrics) m->reset();
+  for (std::size_t i = 0; i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)
+    replicas_[0].train_metrics[i]->merge(metrics::MetricState{c.state.metric_counts[i], c.state.metric_sums[i]});
+  if (c.state.seed != exp_.seed)
+    fmt::print(stderr, "dtrain: warning: the checkpoint was trained with seed {}, the experiment says {}: the data order "
+                       "from here on follows seed {}\n", c.state.seed, exp_.seed, exp_.seed);
+  global_step_ = c.state.global_step;
+  resume_ = c.state;
 }
 
 std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Dataset& split, bool training) const {
@@ -200,6 +265,13 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
   return r;
 }
 
+EvalResult Trainer::evaluate_split(const std::string& name) {
+  if (name == "test") return evaluate(splits_.test);
+  if (name == "train") return evaluate(splits_.train);
+  if (name == "validation" && splits_.validation) return evaluate(*splits_.validation);
+  throw ConfigError(fmt::format("unknown split '{}' (test, validation when validation_split is set, train)", name));
+}
+
 std::vector<EpochLog> Trainer::fit() {
   write_run_files();
   fmt::print(opt_.out, "{}\n", header_line());
@@ -216,17 +288,24 @@ std::vector<EpochLog> Trainer::fit() {
   const bool bar = exp_.train.progress == config::ProgressMode::bar ||
                    (exp_.train.progress == config::ProgressMode::auto_detect && opt_.out_is_tty);
   const bool lines = exp_.train.progress == config::ProgressMode::lines;
+  const auto& ck = exp_.checkpoint;
   std::vector<EpochLog> history;
-  for (int epoch = 0; epoch < exp_.train.epochs; ++epoch) {
-    for (Replica& rep : replicas_)
-      for (auto& m : rep.train_metrics) m->reset();
+  const int first_epoch = resume_ ? static_cast<int>(resume_->epoch) : 0;
+  for (int epoch = first_epoch; epoch < exp_.train.epochs; ++epoch) {
+    // A resumed epoch goes on from where the checkpoint stood, with its running figures.
+    const bool resuming = resume_ && epoch == resume_->epoch;
+    const std::int64_t first_step = resuming ? std::min(resume_->step_in_epoch, steps) : 0;
+    if (!resuming)
+      for (Replica& rep : replicas_)
+        for (auto& m : rep.train_metrics) m->reset();
     EpochLog log;
     log.epoch = epoch + 1;
+    log.samples = resuming ? resume_->epoch_samples : 0;
+    double loss_sum = resuming ? resume_->epoch_loss_sum : 0.0;
     ProgressBar progress(opt_.out, steps, bar);
     const auto t0 = Clock::now();
-    double loss_sum = 0.0;
-    it->start_epoch(epoch);
-    for (std::int64_t step = 0; step < steps; ++step) {
+    it->start_epoch(epoch, first_step);
+    for (std::int64_t step = first_step; step < steps; ++step) {
       step_batches_ = it->next();
       DTRAIN_CHECK(step_batches_ != nullptr, "the input ended before steps_per_epoch");
       step_samples_ = 0;
@@ -238,6 +317,16 @@ std::vector<EpochLog> Trainer::fit() {
       progress.update(step + 1, loss_sum / static_cast<double>(step + 1));
       if (lines && ((step + 1) % std::max<std::int64_t>(1, steps / 10) == 0 || step + 1 == steps))
         fmt::print(opt_.out, "  step {}/{}, loss {:.4f}\n", step + 1, steps, loss_sum / static_cast<double>(step + 1));
+      const bool epoch_save_follows = step + 1 == steps && ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0;
+      const bool stop = opt_.stop_requested && opt_.stop_requested->load() != 0;
+      if (stop || (ck.every_steps > 0 && global_step_ % ck.every_steps == 0 && !epoch_save_follows)) {
+        step_batches_ = nullptr;
+        const std::string path = save_checkpoint(epoch, step + 1, loss_sum, log.samples);
+        if (stop) {
+          progress.finish();
+          throw Interrupted{path, epoch, step + 1};
+        }
+      }
     }
     step_batches_ = nullptr;
     log.train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -255,8 +344,17 @@ std::vector<EpochLog> Trainer::fit() {
       jsonl << epoch_json(log) << "\n";
       if (!jsonl) throw IoError(fmt::format("cannot append to {}/metrics.jsonl", opt_.run_dir));
     }
+    if (ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0) save_checkpoint(epoch + 1, 0, 0.0, 0);
     history.push_back(std::move(log));
+    if (opt_.stop_requested && opt_.stop_requested->load() != 0) {
+      // Asked to stop during the evaluation: the epoch is complete; save where the next begins.
+      const std::string path = ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0 && checkpoints_
+                                   ? *checkpoints_->latest()
+                                   : save_checkpoint(epoch + 1, 0, 0.0, 0);
+      throw Interrupted{path, epoch + 1, 0};
+    }
   }
+  resume_.reset();
   return history;
 }
 

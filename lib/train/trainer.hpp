@@ -15,13 +15,17 @@
 // The step loss is the SUM over replicas; the epoch's Loss is the mean of the step losses.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/manager.hpp"
 #include "config/experiment.hpp"
 #include "data/dataset.hpp"
 #include "data/distributed.hpp"
@@ -36,9 +40,18 @@
 namespace dtrain::train {
 
 struct TrainerOptions {
-  std::string run_dir;          // where config.yaml and metrics.jsonl go; empty = write nothing
+  std::string run_dir;          // where config.yaml, metrics.jsonl and checkpoints/ go; empty = none
   std::FILE* out = stdout;      // epoch lines
   bool out_is_tty = false;      // progress: auto draws a bar only on a terminal
+  // Set (from a signal handler) to stop at the next step boundary: fit() saves a checkpoint and
+  // throws Interrupted.
+  const std::atomic<int>* stop_requested = nullptr;
+};
+
+// fit() stopped on request after saving `checkpoint`.
+struct Interrupted {
+  std::string checkpoint;
+  std::int64_t epoch = 0, step_in_epoch = 0;
 };
 
 // Compute threads for an experiment's `train.threads` (0 = every core this process may use).
@@ -49,13 +62,19 @@ class Trainer {
   Trainer(config::Experiment experiment, TrainerOptions options);
   ~Trainer();
 
-  // Trains every epoch and returns their logs.
+  // Continues from a checkpoint (written under any strategy and replica count): weights,
+  // optimizer slots and iterations, the epoch and step to go on at, and the unfinished epoch's
+  // running loss and metrics. Call before fit().
+  void restore(const std::string& checkpoint_path);
+  // Trains the remaining epochs and returns their logs.
   std::vector<EpochLog> fit();
   // Runs `steps` training steps of epoch `epoch` from its start (tests, benchmarks); returns the
   // step losses.
   std::vector<double> train_steps(std::int64_t epoch, std::int64_t steps);
   // Mean loss and metrics over a whole split, every sample exactly once, split across replicas.
   EvalResult evaluate(const data::Dataset& split);
+  // The same on a split by name: "test", "validation" or "train".
+  EvalResult evaluate_split(const std::string& name);
 
   distribute::Strategy& strategy() { return *strategy_; }
   // Replica r's model; with mirrored variables every replica holds the same values.
@@ -80,6 +99,9 @@ class Trainer {
   double combined_metric(bool train, std::size_t index) const;
   std::unique_ptr<data::DistributedIterator> make_iterator(const data::Dataset& split, bool training) const;
   void write_run_files();
+  std::string checkpoint_dir() const;
+  // Saves the state "continue at (epoch, step_in_epoch)" with the running figures of that epoch.
+  std::string save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum, std::int64_t samples);
 
   config::Experiment exp_;
   TrainerOptions opt_;
@@ -89,6 +111,8 @@ class Trainer {
   std::unique_ptr<losses::Loss> loss_;
   std::vector<Replica> replicas_;
   std::int64_t global_step_ = 0;
+  std::unique_ptr<checkpoint::CheckpointManager> checkpoints_;
+  std::optional<checkpoint::TrainingState> resume_;  // set by restore(), used by fit()
 
   // The current step, read by the replica functions.
   const std::vector<data::ReplicaBatch>* step_batches_ = nullptr;

@@ -12,3 +12,14 @@ foreach(case ${DTRAIN_CLI_CASES})
 endforeach()
 # Each training test uses both cores: running two at once only makes both slower.
 set_tests_properties(cli.train_small cli.validation_split cli.deterministic cli.train_mirrored PROPERTIES RUN_SERIAL TRUE)
+
+# Checkpoints, eval and exact resume (tests/integration/checkpoint.sh CASE ...). They train, and
+# the kill/resume ones compare bits with a reference run: run them one at a time.
+set(DTRAIN_CHECKPOINT_CASES kill9_resume sigterm_resume eval_matches_training across_strategies truncated_checkpoint)
+foreach(case ${DTRAIN_CHECKPOINT_CASES})
+  add_test(NAME checkpoint.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/checkpoint.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/checkpoint_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(checkpoint.${case} PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)
+endforeach()

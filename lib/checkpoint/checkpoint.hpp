@@ -1,0 +1,77 @@
+// One checkpoint = one HDF5 file, readable with h5dump/h5py under meaningful names:
+//
+//   /                                 attributes format_version (int), dtrain_version, created_by = "dtrain"
+//   /model/<layer>/<weight>           float32 in the variable's Keras layout: conv kernels (kh, kw, in, out),
+//                                     dense kernels (in, out), biases (n,)
+//   /optimizer                        attributes name ("adam") and iterations (int64)
+//   /optimizer/<slot>/<layer>/<weight> float32, shaped like its variable (slot names from slot_names())
+//   /state/<counter>                  scalar datasets: epoch, step_in_epoch, global_step (int64), seed
+//                                     (uint64), epoch_loss_sum (float64), epoch_samples (int64)
+//   /state/metrics/<i>/counts, sums   int64 (n,) and float64 (n,): training metric i's running state
+//   /experiment                       the resolved experiment YAML as a fixed-length string
+//
+// Every dataset carries an attribute crc32 (zlib crc32 of its stored bytes), verified on read, so a
+// corrupt file is refused instead of silently training from garbage. Datasets are contiguous and
+// uncompressed: a checkpoint is written at a step boundary while training waits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/model.hpp"
+#include "optim/optimizer.hpp"
+
+namespace dtrain::checkpoint {
+
+inline constexpr int kFormatVersion = 1;
+
+struct TrainingState {
+  std::int64_t epoch = 0;          // 0-based epoch to continue in
+  std::int64_t step_in_epoch = 0;  // steps of `epoch` already done (0 = at its start)
+  std::int64_t global_step = 0;
+  // The shuffle RNG is Rng(seed, shuffle, epoch): (seed, epoch, step_in_epoch) is the iterator state.
+  std::uint64_t seed = 0;
+  // The unfinished epoch's running figures, so the epoch line printed after a resume equals an
+  // uninterrupted run's.
+  double epoch_loss_sum = 0.0;  // sum of step losses so far this epoch
+  std::int64_t epoch_samples = 0;
+  std::vector<std::vector<std::int64_t>> metric_counts;  // one entry per training metric: MetricState.counts
+  std::vector<std::vector<double>> metric_sums;          // and MetricState.sums
+  bool operator==(const TrainingState&) const = default;
+};
+
+// What a checkpoint holds besides the model and the optimizer.
+struct Contents {
+  TrainingState state;
+  std::string experiment_yaml;  // the resolved experiment (config::to_yaml)
+  std::string dtrain_version;
+  bool operator==(const Contents&) const = default;
+};
+
+// Writes atomically: <path>.tmp-<pid>, flush and close, fsync of the file, rename to `path`, fsync
+// of the directory. On failure the temporary is removed and IoError names the path; an existing
+// file at `path` is never left half-written.
+void save(const std::string& path, const nn::Sequential& model, const optim::Optimizer& optimizer,
+          const Contents& contents);
+
+// Reads and verifies everything (format version, every checksum, every shape, the optimizer's kind
+// and slots) before writing the weights into `model` and the slots and iterations into `optimizer`
+// (which is build() for the model's variables first). Any problem is an InputError naming the file
+// and what failed, and then `model` and `optimizer` are unchanged.
+Contents restore(const std::string& path, nn::Sequential& model, optim::Optimizer& optimizer);
+
+// Reads and verifies only the contents (no model needed): `dtrain eval` and `resume` get the
+// stored experiment this way before they can build the model.
+Contents peek(const std::string& path);
+
+// Like restore, for the model weights only (`dtrain eval`): the optimizer group is not read.
+Contents restore_model(const std::string& path, nn::Sequential& model);
+
+// Durable-file helpers the checkpoint manager shares (IoError naming `path` on failure).
+// fsync of the directory holding `path`, so a rename into it survives a crash.
+void sync_directory_of(const std::string& path);
+// Replaces `path` by `text` as save() replaces a checkpoint: temporary, fsync, rename, directory fsync.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace dtrain::checkpoint

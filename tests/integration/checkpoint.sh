@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Checkpoints, eval and exact resume, end to end with the real binary:
+#   tests/integration/checkpoint.sh CASE DTRAIN_BINARY SCRATCH_DIR
+set -uo pipefail
+case_name=$1
+dtrain=$2
+scratch=$3
+rm -rf "$scratch" && mkdir -p "$scratch"
+
+fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+
+small=experiments/fashion_mnist_small.yaml
+# One thread: slower epochs give the kill points room, and the thread layout must match between
+# the reference and the interrupted runs for bitwise equality.
+common=(--set train.epochs=3 --set train.threads=1 --set train.progress=none)
+
+reference() {  # trains the uninterrupted 3-epoch reference into $scratch/ref
+  "$dtrain" run "$small" "${common[@]}" --run-dir "$scratch/ref" >"$scratch/ref.out" || fail "reference run failed"
+  [ -f "$scratch/ref/checkpoints/ckpt-96.h5" ] || fail "no final checkpoint ckpt-96.h5: $(ls "$scratch/ref/checkpoints")"
+}
+
+same_weights() {  # run_dir: its final checkpoint equals the reference's, bit for bit
+  local final="$1/checkpoints/ckpt-96.h5"
+  [ -f "$final" ] || fail "$1 has no final checkpoint"
+  h5diff "$scratch/ref/checkpoints/ckpt-96.h5" "$final" /model /model || fail "$1: final weights differ from the uninterrupted run"
+  h5diff "$scratch/ref/checkpoints/ckpt-96.h5" "$final" /optimizer /optimizer || fail "$1: optimizer state differs"
+  # Every epoch line the resumed run printed equals the uninterrupted run's, mid-epoch ones included.
+  grep '^Epoch' "$1.resume.out" | while read -r line; do
+    grep -qxF "$line" "$scratch/ref.out" || fail "$1: resumed run printed '$line', not in the reference"
+  done || exit 1
+  grep -q '^Epoch 3' "$1.resume.out" || fail "$1: no epoch 3 after resume"
+}
+
+# Starts a run in the background and waits until epoch 1 is logged (its checkpoint written).
+start_and_wait_epoch1() {  # run_dir
+  "$dtrain" run "$small" "${common[@]}" --run-dir "$1" >"$1.out" 2>"$1.err" &
+  pid=$!
+  for _ in $(seq 1 600); do
+    [ -s "$1/metrics.jsonl" ] && return 0
+    kill -0 "$pid" 2>/dev/null || fail "run ended before epoch 1 was logged: $(cat "$1.err")"
+    sleep 0.05
+  done
+  fail "epoch 1 never finished"
+}
+
+case "$case_name" in
+  kill9_resume)
+    reference
+    for point in 1 2 3; do
+      run="$scratch/killed$point"
+      start_and_wait_epoch1 "$run"
+      # A random moment of epoch 2 (the epoch takes about a second with one thread).
+      sleep "0.$((RANDOM % 9 + 1))"
+      kill -9 "$pid"
+      wait "$pid" 2>/dev/null
+      lines=$(wc -l <"$run/metrics.jsonl")
+      echo "kill point $point: killed after $lines epoch(s) were logged"
+      "$dtrain" resume "$run" >"$run.resume.out" 2>"$run.resume.err" || fail "resume failed: $(cat "$run.resume.err")"
+      grep -q "^Resuming from" "$run.resume.out" || fail "resume did not say where it started"
+      same_weights "$run"
+    done
+    ;;
+  sigterm_resume)
+    reference
+    for sig in TERM INT; do
+      run="$scratch/stopped_$sig"
+      start_and_wait_epoch1 "$run"
+      sleep "0.$((RANDOM % 5 + 1))"
+      kill -s "$sig" "$pid"
+      wait "$pid"
+      rc=$?
+      cat "$run.err"
+      [ "$rc" -eq 4 ] || fail "SIG$sig: exit code $rc, wanted 4 (interrupted, checkpoint saved)"
+      grep -q "continue with: dtrain resume $run" "$run.err" || fail "SIG$sig: no resume command printed"
+      "$dtrain" resume "$run" >"$run.resume.out" 2>"$run.resume.err" || fail "resume failed: $(cat "$run.resume.err")"
+      cat "$run.resume.out"
+      same_weights "$run"
+    done
+    ;;
+  eval_matches_training)
+    reference
+    "$dtrain" eval --checkpoint "$scratch/ref/checkpoints/ckpt-96.h5" >"$scratch/eval.out" || fail "eval failed"
+    cat "$scratch/eval.out"
+    want=$(grep '^Epoch 3' "$scratch/ref.out" | sed -E 's/.*(Test Loss: .*)$/\1/')
+    grep -qF "$want" "$scratch/eval.out" || fail "eval printed '$(grep Test "$scratch/eval.out")', training printed '$want'"
+    h5dump -n "$scratch/ref/checkpoints/ckpt-96.h5" >"$scratch/dump" || fail "h5dump cannot open the checkpoint"
+    grep -q "/model/conv2d/kernel" "$scratch/dump" || fail "h5dump shows no /model/conv2d/kernel"
+    grep -q "/optimizer/" "$scratch/dump" || fail "h5dump shows no optimizer slots"
+    ;;
+  across_strategies)
+    # Mirrored training, then default-strategy eval and resume; and the other way round.
+    mirrored=(--set strategy.kind=mirrored --set "strategy.devices=[cpu:0, cpu:1]" --set train.threads=2)
+    "$dtrain" run "$small" --set train.epochs=2 --set train.progress=none "${mirrored[@]}" --run-dir "$scratch/m" >"$scratch/m.out" || fail "mirrored run failed"
+    ckpt=$(ls "$scratch"/m/checkpoints/ckpt-*.h5 | sort -V | tail -1)
+    "$dtrain" eval --checkpoint "$ckpt" >"$scratch/m.eval" || fail "eval of a mirrored checkpoint failed"
+    want=$(grep '^Epoch 2' "$scratch/m.out" | sed -E 's/.*(Test Loss: .*)$/\1/')
+    grep -qF "$want" "$scratch/m.eval" || fail "eval '$(grep Test "$scratch/m.eval")' differs from training's '$want'"
+    "$dtrain" resume "$scratch/m" --set "strategy={kind: default}" --set train.epochs=3 >"$scratch/m.resume" 2>"$scratch/m.resume.err" \
+      || fail "default-strategy resume of a mirrored run failed: $(cat "$scratch/m.resume.err")"
+    grep -q "warning: strategy={kind: default}" "$scratch/m.resume.err" || fail "no warning that the override changes the results"
+    grep -q '^Epoch 3' "$scratch/m.resume" || fail "no epoch 3 after resume"
+    "$dtrain" run "$small" --set train.epochs=1 --set train.progress=none --run-dir "$scratch/d" >/dev/null || fail "default run failed"
+    "$dtrain" resume "$scratch/d" "${mirrored[@]}" --set train.epochs=2 >"$scratch/d.resume" 2>&1 || fail "mirrored resume of a default run failed"
+    grep -q '| strategy mirrored | replicas 2' "$scratch/d.resume" || fail "resume did not use the mirrored strategy"
+    grep -q '^Epoch 2' "$scratch/d.resume" || fail "no epoch 2 after resume"
+    ;;
+  truncated_checkpoint)
+    reference
+    newest="$scratch/ref/checkpoints/ckpt-96.h5"
+    head -c 20000 "$newest" >"$scratch/cut" && mv "$scratch/cut" "$newest"
+    "$dtrain" eval --checkpoint "$newest" >/dev/null 2>"$scratch/eval.err"
+    rc=$?
+    cat "$scratch/eval.err"
+    [ "$rc" -eq 2 ] || fail "eval of a truncated checkpoint: exit $rc, wanted 2"
+    [ "$(wc -l <"$scratch/eval.err")" -eq 1 ] || fail "wanted a one-line error"
+    grep -q "ckpt-96.h5" "$scratch/eval.err" || fail "the error does not name the file"
+    "$dtrain" resume "$scratch/ref" --set train.epochs=4 >"$scratch/resume.out" 2>"$scratch/resume.err" || fail "resume failed: $(cat "$scratch/resume.err")"
+    cat "$scratch/resume.err"
+    grep -q "skipping .*ckpt-96.h5" "$scratch/resume.err" || fail "resume did not say it skipped the bad checkpoint"
+    grep -q "^Resuming from .*ckpt-64.h5" "$scratch/resume.out" || fail "resume did not use the previous checkpoint"
+    grep -q '^Epoch 4' "$scratch/resume.out" || fail "no epoch 4"
+    ;;
+  *)
+    fail "unknown case"
+    ;;
+esac
+echo "ok [$case_name]"
