@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "config/parse.hpp"
 #include "core/error.hpp"
+#include "distribute/cluster.hpp"
 #include "signals.hpp"
 #include "train/trainer.hpp"
 
@@ -28,6 +29,10 @@ bool keeps_results(const std::string& override_text) {
 }  // namespace
 
 int resume_command(const ResumeArgs& args) {
+  distribute::Cluster cluster;
+  return run_as_worker(cluster, [&] {
+  // Only the chief speaks; every worker restores the same checkpoint.
+  std::FILE* say = cluster.is_chief() ? stderr : nullptr;
   if (args.run_dir.empty() && args.checkpoint.empty())
     throw ConfigError("resume needs a run directory or --checkpoint FILE");
   // Candidates, newest first: the one named, or the run's complete checkpoints.
@@ -50,7 +55,7 @@ int resume_command(const ResumeArgs& args) {
       break;
     } catch (const InputError& e) {
       if (candidates.size() == 1) throw;
-      fmt::print(stderr, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[first], e.what());
+      if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[first], e.what());
     }
   }
   if (first == candidates.size())
@@ -62,7 +67,7 @@ int resume_command(const ResumeArgs& args) {
   if (!changing.empty()) {
     std::string list;
     for (const auto& o : changing) list += (list.empty() ? "" : ", ") + o;
-    fmt::print(stderr, "dtrain: warning: {} change{} the results: the rest of this run will differ from a run that was "
+    if (say) fmt::print(say, "dtrain: warning: {} change{} the results: the rest of this run will differ from a run that was "
                        "never stopped\n", list, changing.size() == 1 ? "s" : "");
   }
   config::Experiment exp =
@@ -73,6 +78,7 @@ int resume_command(const ResumeArgs& args) {
       !args.run_dir.empty() ? args.run_dir : fs::path(candidates[first]).parent_path().parent_path().string();
   options.out = stdout;
   options.out_is_tty = isatty(fileno(stdout)) != 0;
+  options.cluster = &cluster;
   StopOnSignal signals;
   options.stop_requested = &signals.requested();
   train::Trainer trainer(std::move(exp), options);
@@ -84,18 +90,19 @@ int resume_command(const ResumeArgs& args) {
       chosen = candidates[i];
     } catch (const InputError& e) {
       if (i + 1 == candidates.size()) throw;
-      fmt::print(stderr, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[i], e.what());
+      if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[i], e.what());
     }
   }
   stored = checkpoint::peek(chosen);
-  fmt::print("Resuming from {} at epoch {}, step {} of it (global step {})\n", chosen, stored.state.epoch + 1,
+  if (say) fmt::print("Resuming from {} at epoch {}, step {} of it (global step {})\n", chosen, stored.state.epoch + 1,
              stored.state.step_in_epoch, stored.state.global_step);
   try {
     trainer.fit();
   } catch (const train::Interrupted& stop) {
     return report_interrupted(stop, options.run_dir);
   }
-  return kOk;
+  return static_cast<int>(kOk);
+  });
 }
 
 }  // namespace dtrain::app

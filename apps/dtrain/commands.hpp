@@ -3,11 +3,16 @@
 // codes").
 #pragma once
 
+#include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace dtrain::train {
 struct Interrupted;
+}
+namespace dtrain::distribute {
+class Cluster;
 }
 
 namespace dtrain::app {
@@ -19,6 +24,7 @@ enum ExitCode : int {
   kBadInput = 2,       // bad experiment, bad --set, missing or malformed data or checkpoint
   kIoError = 3,        // could not write the run directory or a checkpoint
   kInterrupted = 4,    // stopped by SIGINT/SIGTERM after saving a checkpoint; `dtrain resume` goes on
+  kCollectiveTimeout = 5,  // a collective between workers did not complete in time (the job is aborted)
 };
 
 struct RunArgs {
@@ -50,6 +56,13 @@ struct ResumeArgs {
 int resume_command(const ResumeArgs& args);
 
 int info_command();
+
+// The exit code for an exception escaping a subcommand (main() uses it too).
+int exit_code_for(const std::exception& error);
+
+// Runs a training subcommand's body on every worker: a failure that only this worker sees must
+// not leave the others waiting in a collective, so with several workers it ends the whole job.
+int run_as_worker(distribute::Cluster& cluster, const std::function<int()>& body);
 
 // Prints where the run stopped and the command that continues it; returns kInterrupted.
 int report_interrupted(const train::Interrupted& stop, const std::string& run_dir);

@@ -27,17 +27,23 @@ Examples:
 Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data/checkpoint,
 3 cannot write outputs, 4 stopped by SIGINT/SIGTERM after saving a checkpoint (dtrain resume goes on).)";
 
-int exit_code_for(dtrain::ErrorKind kind) {
-  switch (kind) {
-    case dtrain::ErrorKind::config:
-    case dtrain::ErrorKind::input: return dtrain::app::kBadInput;
-    case dtrain::ErrorKind::io: return dtrain::app::kIoError;
-    case dtrain::ErrorKind::internal: return dtrain::app::kInternalError;
+}  // namespace
+
+namespace dtrain::app {
+
+int exit_code_for(const std::exception& error) {
+  if (const auto* e = dynamic_cast<const dtrain::Error*>(&error)) {
+    switch (e->kind()) {
+      case dtrain::ErrorKind::config:
+      case dtrain::ErrorKind::input: return kBadInput;
+      case dtrain::ErrorKind::io: return kIoError;
+      case dtrain::ErrorKind::internal: return kInternalError;
+    }
   }
-  return dtrain::app::kInternalError;
+  return kInternalError;
 }
 
-}  // namespace
+}  // namespace dtrain::app
 
 int main(int argc, char** argv) {
   CLI::App app{"dtrain: tf.distribute-style custom training loops in C++, driven by YAML experiments"};
@@ -94,7 +100,7 @@ int main(int argc, char** argv) {
   } catch (const dtrain::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: {}\n", e.what());
-    return exit_code_for(e.kind());
+    return dtrain::app::exit_code_for(e);
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: out of memory; try a smaller batch size\n");

@@ -22,13 +22,16 @@ struct SourceLocation {
 };
 
 // ---------------------------------------------------------------- strategy
-// The tf.distribute strategies of one process. multi_worker_mirrored and parameter_server are
-// still refused by name ("not available in this version").
+// The tf.distribute strategies. All but multi_worker_mirrored run in one process; parameter_server
+// is still refused by name ("not available in this version").
 enum class StrategyKind {
   default_strategy,  // no distribution: one replica on the default device, any loss reduction
   one_device,        // one replica, placed on `device`
   mirrored,          // one replica per device in `devices`, variables mirrored, gradients all-reduced
   central_storage,   // one replica per device in `devices`, one copy of the variables on `parameter_device`
+  // One worker process per MPI rank, each with one replica per device in `devices`; variables are
+  // mirrored on every replica of every worker and gradients all-reduced across all of them.
+  multi_worker_mirrored,
 };
 
 // How MirroredStrategy sums values across its replicas (tf.distribute.CrossDeviceOps).
@@ -40,6 +43,29 @@ enum class CrossDeviceOpsKind {
   nccl,                     // tf.distribute.NcclAllReduce
 };
 
+// How MultiWorkerMirroredStrategy's collectives travel between workers
+// (tf.distribute.experimental.CommunicationImplementation).
+enum class CommunicationImplementation {
+  auto_select,  // "auto": let the strategy pick for the devices and the launcher it has
+  ring,         // ring all-reduce over the workers' point-to-point links
+  mpi,          // the MPI library's own collectives (MPI_Allreduce, ...)
+  nccl,         // NCCL; GPUs only, which is checked once the devices are known
+};
+
+// tf.distribute.experimental.CommunicationOptions, for multi_worker_mirrored.
+struct CommunicationConfig {
+  CommunicationImplementation implementation = CommunicationImplementation::auto_select;
+  // Gradients are packed into all-reduces of about this many bytes each; 0 = all in one pack.
+  std::int64_t bytes_per_pack = 0;
+  // A collective that has not completed after this long fails the step instead of hanging on a
+  // lost worker.
+  double timeout_seconds = 300.0;
+  // The `implementation` value (line 0 when left to its default), for errors raised once the
+  // devices are known (nccl on CPU).
+  SourceLocation implementation_where;
+  bool operator==(const CommunicationConfig&) const = default;
+};
+
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::default_strategy;
   // one_device. Device names are normalised to "cpu:N" / "gpu:N" whatever TensorFlow spelling the
@@ -48,10 +74,13 @@ struct StrategyConfig {
   // mirrored, central_storage: the replicas' devices, in replica order, no duplicates. When
   // devices_auto is set the list is empty and the strategy takes one CPU replica per core; the
   // YAML spelling of that is `devices: auto`.
+  // multi_worker_mirrored: the same, but the devices of EACH worker process (MPI rank), and
+  // devices_auto means one CPU replica per rank.
   std::vector<std::string> devices;
   bool devices_auto = true;
   std::string parameter_device = "cpu:0";  // central_storage: where the single copy of the variables lives
   CrossDeviceOpsKind cross_device_ops = CrossDeviceOpsKind::auto_select;  // mirrored
+  CommunicationConfig communication;                                      // multi_worker_mirrored
   // For errors raised after parsing (a device the machine lacks, a reduction the devices cannot
   // do): the `kind` value (or the section, or the file when absent), and the values of
   // device/devices and cross_device_ops (line 0 when left to their defaults).
@@ -70,10 +99,22 @@ enum class SourceKind {
   tensors,        // one example (x, y) repeated `size` times (tf.data.Dataset.from_tensors(...).repeat)
 };
 enum class DistributeMode { split_global_batch, per_replica };
+// tf.data.experimental.AutoShardPolicy: how the workers of multi_worker_mirrored split the input.
+// It matters only with several workers; with one it reads as off.
+enum class AutoShardPolicy {
+  auto_select,  // "auto": TensorFlow's rule, by file when that is possible, else by data
+  file,         // worker i reads the files shards[i], shards[i + workers], ... whole
+  data,         // every worker reads everything and keeps every workers-th element
+  off,          // no sharding: every worker sees the whole dataset
+};
 
 struct DataConfig {
   SourceKind source = SourceKind::fashion_mnist;
   std::string path;  // idx/fashion_mnist: directory; hdf5: file. Empty = the source's default.
+  AutoShardPolicy auto_shard = AutoShardPolicy::auto_select;
+  // hdf5 with auto_shard: file only: one HDF5 file per shard (each laid out like `path`), in
+  // order; non-empty then, and `path` may be left out.
+  std::vector<std::string> shards;
   // synthetic
   std::vector<std::int64_t> shape{28, 28, 1};
   int classes = 10;

@@ -40,6 +40,10 @@ constexpr Named<SourceKind> source_kinds[] = {{"fashion_mnist", SourceKind::fash
                                               {"hdf5", SourceKind::hdf5},
                                               {"synthetic", SourceKind::synthetic},
                                               {"tensors", SourceKind::tensors}};
+constexpr Named<AutoShardPolicy> auto_shard_policies[] = {{"auto", AutoShardPolicy::auto_select},
+                                                          {"file", AutoShardPolicy::file},
+                                                          {"data", AutoShardPolicy::data},
+                                                          {"off", AutoShardPolicy::off}};
 constexpr Named<DistributeMode> distribute_modes[] = {{"split_global_batch", DistributeMode::split_global_batch},
                                                       {"per_replica", DistributeMode::per_replica}};
 constexpr Named<Activation> activations[] = {{"linear", Activation::linear},
@@ -74,16 +78,22 @@ constexpr Named<ProgressMode> progress_modes[] = {{"auto", ProgressMode::auto_de
 constexpr Named<StrategyKind> strategy_kinds[] = {{"default", StrategyKind::default_strategy},
                                                   {"one_device", StrategyKind::one_device},
                                                   {"mirrored", StrategyKind::mirrored},
-                                                  {"central_storage", StrategyKind::central_storage}};
+                                                  {"central_storage", StrategyKind::central_storage},
+                                                  {"multi_worker_mirrored", StrategyKind::multi_worker_mirrored}};
 constexpr Named<CrossDeviceOpsKind> cross_device_ops_kinds[] = {
     {"auto", CrossDeviceOpsKind::auto_select},
     {"reduction_to_one_device", CrossDeviceOpsKind::reduction_to_one_device},
     {"hierarchical_copy", CrossDeviceOpsKind::hierarchical_copy},
     {"ring", CrossDeviceOpsKind::ring},
     {"nccl", CrossDeviceOpsKind::nccl}};
+constexpr Named<CommunicationImplementation> communication_implementations[] = {
+    {"auto", CommunicationImplementation::auto_select},
+    {"ring", CommunicationImplementation::ring},
+    {"mpi", CommunicationImplementation::mpi},
+    {"nccl", CommunicationImplementation::nccl}};
 
 // tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
-constexpr std::string_view planned_strategies[] = {"multi_worker_mirrored", "parameter_server"};
+constexpr std::string_view planned_strategies[] = {"parameter_server"};
 
 template <class E, std::size_t N>
 const char* name_in(const Named<E> (&table)[N], E value) {
@@ -418,8 +428,23 @@ void read_devices(const Node& node, const std::string& path, StrategyConfig& out
   out.devices_auto = false;
 }
 
+CommunicationConfig parse_communication(const Node& node, const std::string& path) {
+  static constexpr std::string_view keys[] = {"implementation", "bytes_per_pack", "timeout_seconds"};
+  Section s(node, path, keys);
+  CommunicationConfig out;
+  if (const Node* implementation = s.find("implementation")) {
+    out.implementation = read_enum(*implementation, s.path("implementation"), "communication implementation",
+                                   communication_implementations);
+    out.implementation_where = implementation->origin.location();
+  }
+  s.get_int("bytes_per_pack", out.bytes_per_pack, 0);
+  s.get_number("timeout_seconds", out.timeout_seconds, positive, "> 0");
+  return out;
+}
+
 StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
-  static constexpr std::string_view keys[] = {"kind", "device", "devices", "parameter_device", "cross_device_ops"};
+  static constexpr std::string_view keys[] = {"kind",          "device",           "devices", "parameter_device",
+                                              "cross_device_ops", "communication"};
   Section s(node, "strategy", keys);
   StrategyConfig out;
   out.where = key_origin.location();
@@ -436,11 +461,14 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
   }
   const char* chosen = name_of(out.kind);
   const bool one_device = out.kind == StrategyKind::one_device, mirrored = out.kind == StrategyKind::mirrored,
-             central_storage = out.kind == StrategyKind::central_storage;
+             central_storage = out.kind == StrategyKind::central_storage,
+             multi_worker = out.kind == StrategyKind::multi_worker_mirrored;
   s.only_for("device", one_device, "strategy kind one_device", chosen);
-  s.only_for("devices", mirrored || central_storage, "strategy kinds mirrored, central_storage", chosen);
+  s.only_for("devices", mirrored || central_storage || multi_worker,
+             "strategy kinds mirrored, central_storage, multi_worker_mirrored", chosen);
   s.only_for("parameter_device", central_storage, "strategy kind central_storage", chosen);
   s.only_for("cross_device_ops", mirrored, "strategy kind mirrored", chosen);
+  s.only_for("communication", multi_worker, "strategy kind multi_worker_mirrored", chosen);
 
   if (const Node* device = s.find("device")) {
     out.device = read_device(*device, s.path("device"));
@@ -455,6 +483,7 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
     out.cross_device_ops = read_enum(*ops, s.path("cross_device_ops"), "cross_device_ops", cross_device_ops_kinds);
     out.cross_device_ops_where = ops->origin.location();
   }
+  s.get("communication", out.communication, parse_communication);
   return out;
 }
 
@@ -478,11 +507,28 @@ void check_reduction_under_strategy(const StrategyConfig& strategy, const LossCo
                    name_of(strategy.kind), why));
 }
 
+// auto_shard: file's list of files: non-empty, each named once.
+std::vector<std::string> read_shards(const Node& node, const std::string& path) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; const Node& item : expect_list(node, path, "HDF5 file paths").items) {
+    const std::string item_path = child(path, std::to_string(i++));
+    std::string file = read_string(item, item_path);
+    if (file.empty()) range_error(item, item_path, "a non-empty path");
+    const auto previous = std::find(out.begin(), out.end(), file);
+    if (previous != out.end())
+      fail(item.origin, fmt::format("{}: shard '{}' is listed twice (also at {}); list each file once", item_path,
+                                    file, node.items[static_cast<std::size_t>(previous - out.begin())].origin.text()));
+    out.push_back(std::move(file));
+  }
+  if (out.empty()) range_error(node, path, "a non-empty list of HDF5 files");
+  return out;
+}
+
 DataConfig parse_data(const Node& node) {
   static constexpr std::string_view keys[] = {
       "source",   "path",     "shape",          "classes",       "train_size",      "test_size",
       "x",        "y",        "size",           "batch_size_per_replica", "global_batch_size", "shuffle_buffer", "drop_remainder",
-      "distribute", "validation_split", "eval_batch_size", "prefetch"};
+      "distribute", "validation_split", "eval_batch_size", "prefetch", "auto_shard", "shards"};
   Section s(node, "data", keys);
   DataConfig out;
   s.get_enum("source", out.source, "data source", source_kinds);
@@ -493,11 +539,31 @@ DataConfig parse_data(const Node& node) {
   const bool synthetic = out.source == SourceKind::synthetic;
   const bool tensors = out.source == SourceKind::tensors;
   s.only_for("path", files, "data sources fashion_mnist, idx, hdf5", source);
+  s.only_for("shards", out.source == SourceKind::hdf5, "data source hdf5", source);
   for (std::string_view key : {"shape", "classes", "train_size", "test_size"})
     s.only_for(key, synthetic, "data source synthetic", source);
   for (std::string_view key : {"x", "y", "size"}) s.only_for(key, tensors, "data source tensors", source);
 
-  if (out.source == SourceKind::idx || out.source == SourceKind::hdf5) {
+  s.get_enum("auto_shard", out.auto_shard, "auto_shard policy", auto_shard_policies);
+  const bool by_file = out.auto_shard == AutoShardPolicy::file;
+  if (by_file && out.source != SourceKind::hdf5)
+    fail(s.find("auto_shard")->origin,
+         fmt::format("data.auto_shard 'file' needs data source hdf5 with one file per shard in data.shards, not "
+                     "{}; write auto_shard: data (every worker keeps every workers-th example) or auto",
+                     source));
+  if (const Node* shards = s.find("shards"); shards && !by_file)
+    fail(s.key_origin("shards"),
+         fmt::format("data.shards: applies only to auto_shard file, not to {}; remove it or write auto_shard: file",
+                     name_of(out.auto_shard)));
+  if (by_file) {
+    const Node* shards = s.find("shards");
+    if (!shards)
+      fail(node.origin, "data: missing required key 'shards' (auto_shard: file reads one HDF5 file per shard, for "
+                        "example shards: [part0.h5, part1.h5])");
+    out.shards = read_shards(*shards, s.path("shards"));
+  }
+
+  if (out.source == SourceKind::idx || (out.source == SourceKind::hdf5 && !by_file)) {
     out.path = read_string(s.require("path"), s.path("path"));
   } else {
     s.get("path", out.path, read_string);
@@ -882,6 +948,10 @@ const char* name_of(StrategyKind kind) { return name_in(strategy_kinds, kind); }
 const char* name_of(CrossDeviceOpsKind kind) { return name_in(cross_device_ops_kinds, kind); }
 const char* name_of(SourceKind kind) { return name_in(source_kinds, kind); }
 const char* name_of(DistributeMode mode) { return name_in(distribute_modes, mode); }
+const char* name_of(CommunicationImplementation implementation) {
+  return name_in(communication_implementations, implementation);
+}
+const char* name_of(AutoShardPolicy policy) { return name_in(auto_shard_policies, policy); }
 const char* name_of(Activation activation) { return name_in(activations, activation); }
 const char* name_of(Padding padding) { return name_in(paddings, padding); }
 const char* name_of(LossKind kind) { return name_in(loss_kinds, kind); }

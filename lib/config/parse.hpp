@@ -26,6 +26,8 @@ std::string to_yaml(const Experiment& experiment);
 // Names used in YAML for the enums, for messages and reports elsewhere.
 const char* name_of(StrategyKind kind);
 const char* name_of(CrossDeviceOpsKind kind);
+const char* name_of(CommunicationImplementation implementation);
+const char* name_of(AutoShardPolicy policy);
 const char* name_of(SourceKind kind);
 const char* name_of(DistributeMode mode);
 const char* name_of(Activation activation);

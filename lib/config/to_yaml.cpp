@@ -122,6 +122,16 @@ void strategy(YAML::Emitter& out, const StrategyConfig& s) {
       devices(out, s);
       out << YAML::Key << "parameter_device" << YAML::Value << s.parameter_device;
       break;
+    case StrategyKind::multi_worker_mirrored: {
+      devices(out, s);
+      const CommunicationConfig& c = s.communication;
+      out << YAML::Key << "communication" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "implementation" << YAML::Value << name_of(c.implementation);
+      out << YAML::Key << "bytes_per_pack" << YAML::Value << c.bytes_per_pack;
+      out << YAML::Key << "timeout_seconds" << YAML::Value << number(c.timeout_seconds);
+      out << YAML::EndMap;
+      break;
+    }
   }
   out << YAML::EndMap;
 }
@@ -144,6 +154,7 @@ std::string to_yaml(const Experiment& e) {
     case SourceKind::idx:
     case SourceKind::hdf5:
       if (!d.path.empty()) out << YAML::Key << "path" << YAML::Value << d.path;  // empty: the source's default
+      if (!d.shards.empty()) list(out, "shards", d.shards);  // only with auto_shard: file, which requires them
       break;
     case SourceKind::synthetic:
       list(out, "shape", d.shape);
@@ -165,6 +176,7 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::Key << "shuffle_buffer" << YAML::Value << d.shuffle_buffer;
   out << YAML::Key << "drop_remainder" << YAML::Value << d.drop_remainder;
   out << YAML::Key << "distribute" << YAML::Value << name_of(d.distribute);
+  out << YAML::Key << "auto_shard" << YAML::Value << name_of(d.auto_shard);
   out << YAML::Key << "validation_split" << YAML::Value << number(d.validation_split);
   out << YAML::Key << "eval_batch_size" << YAML::Value << d.eval_batch_size;
   out << YAML::Key << "prefetch" << YAML::Value << d.prefetch;

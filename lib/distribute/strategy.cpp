@@ -2,7 +2,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -44,12 +46,23 @@ Device parse_device(const std::string& name) {
   return d;
 }
 
-Strategy::Strategy(const config::StrategyConfig& config, int total_threads) : kind_(config.kind) {
+Strategy::Strategy(const config::StrategyConfig& config, int total_threads, Cluster* cluster) : kind_(config.kind) {
   using config::StrategyKind;
   total_threads = std::max(1, total_threads);
   switch (kind_) {
     case StrategyKind::default_strategy: devices_ = {Device{}}; break;
     case StrategyKind::one_device: devices_ = {parse_device(config.device)}; break;
+    case StrategyKind::multi_worker_mirrored:
+      if (!cluster) throw InternalError("multi_worker_mirrored needs the cluster of worker processes");
+      cluster_ = cluster;
+      cluster_->set_timeout(config.communication.timeout_seconds);
+      bytes_per_pack_ = config.communication.bytes_per_pack;
+      if (config.devices_auto) {
+        devices_ = {Device{}};  // one CPU replica per worker process
+        break;
+      }
+      for (const auto& name : config.devices) devices_.push_back(parse_device(name));
+      break;
     case StrategyKind::mirrored:
     case StrategyKind::central_storage:
       if (config.devices_auto) {
@@ -64,10 +77,26 @@ Strategy::Strategy(const config::StrategyConfig& config, int total_threads) : ki
     if (d.kind == Device::Kind::gpu)
       throw ConfigError(fmt::format("{}device {}: this build of dtrain has no CUDA backend; use cpu:N devices",
                                     where(config.devices_where.line ? config.devices_where : config.where), d.to_string()));
-  const int n = num_replicas_in_sync();
+  const int n = num_local_replicas();
   threads_per_replica_ = std::max(1, total_threads / n);
 
-  if (kind_ == StrategyKind::mirrored) {
+  if (kind_ == StrategyKind::multi_worker_mirrored) {
+    using config::CommunicationImplementation;
+    const auto impl = config.communication.implementation;
+    if (impl == CommunicationImplementation::nccl)
+      throw ConfigError(fmt::format(
+          "{}communication.implementation nccl needs GPU devices, and these workers' replicas are on {}; use ring or mpi "
+          "(auto picks one)",
+          where(config.communication.implementation_where.line ? config.communication.implementation_where : config.where),
+          device_list(devices_)));
+    ring_between_workers_ = impl == CommunicationImplementation::ring;
+    if (impl == CommunicationImplementation::auto_select && workers() > 1)
+      choice_note_ = fmt::format(
+          "communication: auto chose mpi: {} CPU workers, and the MPI library's own MPI_Allreduce picks its algorithm "
+          "for the message size and process count",
+          workers());
+    if (n > 1) ops_ = make_cross_device_ops("ring", n);
+  } else if (kind_ == StrategyKind::mirrored) {
     std::string op;
     switch (config.cross_device_ops) {
       case config::CrossDeviceOpsKind::nccl:
@@ -109,6 +138,11 @@ Strategy::~Strategy() {
 std::string Strategy::cross_device_ops_name() const { return ops_ ? ops_->name() : "none"; }
 
 std::string Strategy::describe() const {
+  if (kind_ == config::StrategyKind::multi_worker_mirrored)
+    return fmt::format("strategy {} | workers {} | replicas {} ({} per worker: {}) | communication {}{}",
+                       config::name_of(kind_), workers(), num_replicas_in_sync(), num_local_replicas(),
+                       device_list(devices_), workers() == 1 ? "none" : ring_between_workers_ ? "ring" : "mpi",
+                       bytes_per_pack_ > 0 ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "");
   return fmt::format("strategy {} | replicas {} ({}) | cross-device ops {}", config::name_of(kind_),
                      num_replicas_in_sync(), device_list(devices_), cross_device_ops_name());
 }
@@ -166,19 +200,68 @@ void Strategy::run(const std::function<void(const ReplicaContext&)>& fn) {
 double Strategy::reduce(ReduceOp op, std::span<const double> per_replica) const {
   double sum = 0.0;
   for (double v : per_replica) sum += v;  // replica order: deterministic
-  return op == ReduceOp::sum ? sum : sum / static_cast<double>(per_replica.size());
+  if (cluster_) cluster_->all_reduce_sum(std::span<double>(&sum, 1), "reduce over replicas");
+  return op == ReduceOp::sum ? sum : sum / static_cast<double>(num_replicas_in_sync());
 }
 
 void Strategy::bind_gradients(int replica, const BufferList& buffers) {
   if (ops_) ops_->bind(replica, buffers);
+  if (local_gradients_.size() <= static_cast<std::size_t>(replica)) local_gradients_.resize(static_cast<std::size_t>(replica) + 1);
+  local_gradients_[static_cast<std::size_t>(replica)] = buffers;
+}
+
+void Strategy::sum_across_workers() {
+  // Packs of whole variables, last variables first (the order backward produces them), each
+  // packed contiguously and summed by one collective.
+  const BufferList& g = local_gradients_[0];
+  const std::size_t limit = bytes_per_pack_ > 0 ? static_cast<std::size_t>(bytes_per_pack_) / sizeof(float) : g.total();
+  std::size_t v = g.data.size();
+  int pack_index = 0;
+  char what[64];
+  while (v > 0) {
+    std::size_t first = v, floats = 0;
+    while (first > 0 && (floats == 0 || floats + g.sizes[first - 1] <= limit)) floats += g.sizes[--first];
+    pack_.resize(std::max(pack_.size(), floats));
+    std::size_t at = 0;
+    for (std::size_t i = first; i < v; ++i) {
+      std::copy_n(g.data[i], g.sizes[i], pack_.data() + at);
+      at += g.sizes[i];
+    }
+    std::snprintf(what, sizeof what, "gradients pack %d", pack_index++);
+    std::span<float> pack(pack_.data(), floats);
+    if (ring_between_workers_) {
+      cluster_->ring_all_reduce_sum(pack, what);
+    } else {
+      cluster_->all_reduce_sum(pack, what);
+    }
+    at = 0;
+    for (std::size_t i = first; i < v; ++i) {
+      std::copy_n(pack_.data() + at, g.sizes[i], g.data[i]);
+      at += g.sizes[i];
+    }
+    v = first;
+  }
 }
 
 void Strategy::sum_gradients(const ReplicaContext& replica) {
-  if (!ops_) return;
-  if (mirrors_variables()) {
-    ops_->all_reduce(replica.replica_id);
-  } else {
-    ops_->reduce_to(replica.replica_id, 0);
+  if (ops_) {
+    if (mirrors_variables()) {
+      ops_->all_reduce(replica.replica_id);
+    } else {
+      ops_->reduce_to(replica.replica_id, 0);
+    }
+  }
+  if (!cluster_ || cluster_->size() == 1) return;
+  // Across workers: this process's replica 0 speaks for it; its local replicas then copy the sum.
+  if (replica.replica_id == 0) sum_across_workers();
+  if (ops_) {
+    ops_->barrier().arrive_and_wait();
+    if (replica.replica_id != 0) {
+      const BufferList& mine = local_gradients_[static_cast<std::size_t>(replica.replica_id)];
+      const BufferList& first = local_gradients_[0];
+      for (std::size_t i = 0; i < mine.data.size(); ++i) std::copy_n(first.data[i], mine.sizes[i], mine.data[i]);
+    }
+    ops_->barrier().arrive_and_wait();
   }
 }
 

@@ -8,6 +8,9 @@
 //                     the variables; gradients are all-reduced and every copy applies the update
 //   central_storage   one replica per device (own thread), ONE copy of the variables on the
 //                     parameter device; gradients are summed there and the update applied once
+//   multi_worker_mirrored  mirrored over every worker process (MPI rank) and its local devices:
+//                     gradients are summed locally, then across workers (ring or MPI_Allreduce,
+//                     packed into buckets of communication.bytes_per_pack)
 //
 // Replica threads are created once and live as long as the strategy; the cores are divided among
 // them (threads_per_replica) so there are never more compute threads than cores.
@@ -26,6 +29,7 @@
 
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
+#include "distribute/cluster.hpp"
 #include "distribute/cross_device_ops.hpp"
 
 namespace dtrain::distribute {
@@ -33,21 +37,29 @@ namespace dtrain::distribute {
 enum class ReduceOp { sum, mean };
 
 struct ReplicaContext {
-  int replica_id = 0;
-  int num_replicas_in_sync = 1;
+  int replica_id = 0;            // among this process's replicas
+  int num_replicas_in_sync = 1;  // over all workers
 };
 
 class Strategy {
  public:
-  // total_threads: the compute threads the whole process may use.
-  Strategy(const config::StrategyConfig& config, int total_threads);
+  // total_threads: the compute threads this process may use. cluster: the worker processes
+  // (needed by multi_worker_mirrored; the others run in this process alone).
+  Strategy(const config::StrategyConfig& config, int total_threads, Cluster* cluster = nullptr);
   ~Strategy();
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
   config::StrategyKind kind() const { return kind_; }
-  int num_replicas_in_sync() const { return static_cast<int>(devices_.size()); }
+  int num_replicas_in_sync() const { return static_cast<int>(devices_.size()) * workers(); }
+  // This process's replicas and their devices.
+  int num_local_replicas() const { return static_cast<int>(devices_.size()); }
   const std::vector<Device>& devices() const { return devices_; }
+  int workers() const { return cluster_ ? cluster_->size() : 1; }
+  int worker_index() const { return cluster_ ? cluster_->rank() : 0; }
+  // Only the chief prints and writes files.
+  bool is_chief() const { return worker_index() == 0; }
+  Cluster* cluster() const { return cluster_; }
   int threads_per_replica() const { return threads_per_replica_; }
   // Mirrored strategies keep one variable copy per replica; central storage keeps one in all.
   bool mirrors_variables() const { return kind_ != config::StrategyKind::central_storage; }
@@ -77,8 +89,14 @@ class Strategy {
 
  private:
   void worker(int replica);
+  void sum_across_workers();
 
   config::StrategyKind kind_;
+  Cluster* cluster_ = nullptr;  // set for multi_worker_mirrored only
+  bool ring_between_workers_ = false;
+  std::int64_t bytes_per_pack_ = 0;
+  std::vector<BufferList> local_gradients_;
+  std::vector<float> pack_;  // staging for one pack of gradients
   std::vector<Device> devices_;
   int threads_per_replica_ = 1;
   std::unique_ptr<CrossDeviceOps> ops_;

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
@@ -22,17 +23,32 @@ using Clock = std::chrono::steady_clock;
 
 int resolve_threads(int configured) {
   if (configured > 0) return configured;
+  int cores = std::max(1, omp_get_num_procs());
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, omp_get_num_procs());
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  // Ranks on one node share its cores (OpenMPI tells each rank how many it has on the node).
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) cores = std::max(1, cores / std::max(1, std::atoi(local)));
+  return cores;
 }
 
 Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
-  strategy_ = std::make_unique<distribute::Strategy>(exp_.strategy, threads_);
+  strategy_ = std::make_unique<distribute::Strategy>(exp_.strategy, threads_, opt_.cluster);
+  if (strategy_->workers() > 1 && (exp_.data.auto_shard == config::AutoShardPolicy::file ||
+                                   exp_.data.auto_shard == config::AutoShardPolicy::off))
+    throw ConfigError(fmt::format("{}: data.auto_shard {} with several workers is not supported in this version; use auto "
+                                  "or data (every worker keeps its own replicas' share of each global batch)",
+                                  exp_.source_file, config::name_of(exp_.data.auto_shard)));
+  if (!strategy_->is_chief()) {
+    // Workers other than the chief compute and take part in every collective, silently.
+    null_out_ = std::fopen("/dev/null", "w");
+    opt_.out = null_out_;
+    opt_.out_is_tty = false;
+    opt_.run_dir.clear();
+  }
   omp_set_num_threads(strategy_->threads_per_replica());  // the calling thread is replica 0 when alone
-  const int replicas = strategy_->num_replicas_in_sync();
+  const int replicas = strategy_->num_local_replicas();
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
@@ -67,7 +83,9 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
                                   model().input_shape().to_string(), sample.to_string()));
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (null_out_) std::fclose(null_out_);
+}
 
 std::int64_t Trainer::global_batch_size() const {
   if (exp_.data.global_batch_size > 0) return exp_.data.global_batch_size;
@@ -75,7 +93,7 @@ std::int64_t Trainer::global_batch_size() const {
 }
 
 std::string Trainer::header_line() const {
-  const int replicas = strategy_->num_replicas_in_sync();
+  const int replicas = strategy_->num_local_replicas();
   const std::string threads = replicas > 1 ? fmt::format("{} ({} per replica)", threads_, strategy_->threads_per_replica())
                                            : fmt::format("{}", threads_);
   return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | oneDNN {} isa {}",
@@ -104,6 +122,24 @@ std::string Trainer::checkpoint_dir() const {
 
 std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum,
                                      std::int64_t samples) {
+  // Every worker takes part in combining the metrics; only the chief writes.
+  std::vector<metrics::MetricState> states;
+  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i) {
+    metrics::MetricState total;
+    for (const Replica& rep : replicas_) {
+      const metrics::MetricState st = rep.train_metrics[i]->state();
+      total.counts.resize(st.counts.size());
+      total.sums.resize(st.sums.size());
+      for (std::size_t k = 0; k < st.counts.size(); ++k) total.counts[k] += st.counts[k];
+      for (std::size_t k = 0; k < st.sums.size(); ++k) total.sums[k] += st.sums[k];
+    }
+    if (auto* cluster = strategy_->cluster()) {
+      cluster->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
+      cluster->all_reduce_sum(std::span<double>(total.sums), "metric sums");
+    }
+    states.push_back(std::move(total));
+  }
+  if (!strategy_->is_chief()) return {};
   if (!checkpoints_) {
     const std::string dir = checkpoint_dir();
     if (dir.empty()) return {};
@@ -117,10 +153,7 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   c.state.epoch_loss_sum = loss_sum;
   c.state.epoch_samples = samples;
   // At an epoch boundary the next epoch starts its metrics afresh: nothing to carry over.
-  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i) {
-    auto merged = metrics::make_metric(exp_.metrics[i], exp_.loss);
-    for (const Replica& rep : replicas_) merged->merge(rep.train_metrics[i]->state());
-    const metrics::MetricState st = merged->state();
+  for (const metrics::MetricState& st : states) {
     c.state.metric_counts.push_back(st.counts);
     c.state.metric_sums.push_back(st.sums);
   }
@@ -151,7 +184,7 @@ void Trainer::restore(const std::string& checkpoint_path) {
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   for (Replica& rep : replicas_)
     for (auto& m : rep.train_metrics) m->reset();
-  for (std::size_t i = 0; i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)
+  for (std::size_t i = 0; strategy_->is_chief() && i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)
     replicas_[0].train_metrics[i]->merge(metrics::MetricState{c.state.metric_counts[i], c.state.metric_sums[i]});
   if (c.state.seed != exp_.seed)
     fmt::print(stderr, "dtrain: warning: the checkpoint was trained with seed {}, the experiment says {}: the data order "
@@ -165,6 +198,8 @@ std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Da
   po.seed = exp_.seed;
   po.prefetch = exp_.data.prefetch;
   data::InputContext ctx;
+  ctx.num_input_pipelines = strategy_->workers();
+  ctx.input_pipeline_id = strategy_->worker_index();
   ctx.num_replicas_in_sync = strategy_->num_replicas_in_sync();
   std::int64_t global = global_batch_size();
   config::DistributeMode mode = exp_.data.distribute;
@@ -221,10 +256,28 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
 }
 
 double Trainer::combined_metric(bool train, std::size_t index) const {
-  // Exact: the states (integer counts) of every replica are merged into a fresh metric.
+  // Exact: the states (integer counts) of every replica, and then of every worker, are added.
+  metrics::MetricState total;
+  for (const Replica& rep : replicas_) {
+    const metrics::MetricState st = (train ? rep.train_metrics : rep.eval_metrics)[index]->state();
+    total.counts.resize(st.counts.size());
+    total.sums.resize(st.sums.size());
+    for (std::size_t i = 0; i < st.counts.size(); ++i) total.counts[i] += st.counts[i];
+    for (std::size_t i = 0; i < st.sums.size(); ++i) total.sums[i] += st.sums[i];
+  }
+  if (auto* cluster = strategy_->cluster()) {
+    cluster->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
+    cluster->all_reduce_sum(std::span<double>(total.sums), "metric sums");
+  }
   auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss);
-  for (const Replica& rep : replicas_) merged->merge((train ? rep.train_metrics : rep.eval_metrics)[index]->state());
+  merged->merge(total);
   return merged->result();
+}
+
+bool Trainer::stop_agreed() {
+  const int local = opt_.stop_requested ? opt_.stop_requested->load() : 0;
+  auto* cluster = strategy_->cluster();
+  return (cluster ? cluster->all_reduce_max(local, "stop request") : local) != 0;
 }
 
 std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps) {
@@ -234,8 +287,7 @@ std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps)
   for (std::int64_t s = 0; s < steps; ++s) {
     step_batches_ = it->next();
     if (!step_batches_) break;
-    step_samples_ = 0;
-    for (const auto& b : *step_batches_) step_samples_ += b.size;
+    step_samples_ = it->global_samples();
     strategy_->run(train_fn_);
     losses.push_back(strategy_->reduce(distribute::ReduceOp::sum, replica_losses_));
     ++global_step_;
@@ -254,11 +306,12 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
   }
   EvalResult r;
   while ((step_batches_ = it->next())) {
-    for (const auto& b : *step_batches_) r.samples += b.size;
+    r.samples += it->global_samples();
     strategy_->run(eval_fn_);
   }
   double loss_sum = 0.0;
   for (const Replica& rep : replicas_) loss_sum += rep.eval_loss_sum;
+  if (auto* cluster = strategy_->cluster()) cluster->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0.0;
   if (!exp_.metrics.empty()) r.accuracy = combined_metric(false, 0);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -308,8 +361,8 @@ std::vector<EpochLog> Trainer::fit() {
     for (std::int64_t step = first_step; step < steps; ++step) {
       step_batches_ = it->next();
       DTRAIN_CHECK(step_batches_ != nullptr, "the input ended before steps_per_epoch");
-      step_samples_ = 0;
-      for (const auto& b : *step_batches_) step_samples_ += b.size;
+      step_samples_ = it->global_samples();
+      if (auto* cluster = strategy_->cluster()) cluster->set_step(global_step_);
       strategy_->run(train_fn_);
       loss_sum += strategy_->reduce(distribute::ReduceOp::sum, replica_losses_);
       ++global_step_;
@@ -318,7 +371,7 @@ std::vector<EpochLog> Trainer::fit() {
       if (lines && ((step + 1) % std::max<std::int64_t>(1, steps / 10) == 0 || step + 1 == steps))
         fmt::print(opt_.out, "  step {}/{}, loss {:.4f}\n", step + 1, steps, loss_sum / static_cast<double>(step + 1));
       const bool epoch_save_follows = step + 1 == steps && ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0;
-      const bool stop = opt_.stop_requested && opt_.stop_requested->load() != 0;
+      const bool stop = stop_agreed();
       if (stop || (ck.every_steps > 0 && global_step_ % ck.every_steps == 0 && !epoch_save_follows)) {
         step_batches_ = nullptr;
         const std::string path = save_checkpoint(epoch, step + 1, loss_sum, log.samples);
@@ -346,11 +399,11 @@ std::vector<EpochLog> Trainer::fit() {
     }
     if (ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0) save_checkpoint(epoch + 1, 0, 0.0, 0);
     history.push_back(std::move(log));
-    if (opt_.stop_requested && opt_.stop_requested->load() != 0) {
+    if (stop_agreed()) {
       // Asked to stop during the evaluation: the epoch is complete; save where the next begins.
-      const std::string path = ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0 && checkpoints_
-                                   ? *checkpoints_->latest()
-                                   : save_checkpoint(epoch + 1, 0, 0.0, 0);
+      const bool saved = ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0;
+      const std::string path = saved ? (checkpoints_ ? *checkpoints_->latest() : std::string())
+                                     : save_checkpoint(epoch + 1, 0, 0.0, 0);
       throw Interrupted{path, epoch + 1, 0};
     }
   }

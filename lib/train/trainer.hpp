@@ -46,6 +46,9 @@ struct TrainerOptions {
   // Set (from a signal handler) to stop at the next step boundary: fit() saves a checkpoint and
   // throws Interrupted.
   const std::atomic<int>* stop_requested = nullptr;
+  // The worker processes (MPI ranks); null = this process alone. Only the chief (rank 0) prints,
+  // writes the run directory and saves checkpoints.
+  distribute::Cluster* cluster = nullptr;
 };
 
 // fit() stopped on request after saving `checkpoint`.
@@ -54,7 +57,8 @@ struct Interrupted {
   std::int64_t epoch = 0, step_in_epoch = 0;
 };
 
-// Compute threads for an experiment's `train.threads` (0 = every core this process may use).
+// Compute threads for an experiment's `train.threads`: 0 = every core this process may use,
+// shared with the other ranks an MPI launcher started on the same node.
 int resolve_threads(int configured);
 
 class Trainer {
@@ -97,6 +101,8 @@ class Trainer {
   void replica_eval_step(const distribute::ReplicaContext& rc);
   // Exact combination of every replica's metric `index` (train or eval).
   double combined_metric(bool train, std::size_t index) const;
+  // Whether any worker was asked to stop (every worker must call it at the same step).
+  bool stop_agreed();
   std::unique_ptr<data::DistributedIterator> make_iterator(const data::Dataset& split, bool training) const;
   void write_run_files();
   std::string checkpoint_dir() const;
@@ -111,6 +117,7 @@ class Trainer {
   std::unique_ptr<losses::Loss> loss_;
   std::vector<Replica> replicas_;
   std::int64_t global_step_ = 0;
+  std::FILE* null_out_ = nullptr;  // where a non-chief worker's epoch lines go
   std::unique_ptr<checkpoint::CheckpointManager> checkpoints_;
   std::optional<checkpoint::TrainingState> resume_;  // set by restore(), used by fit()
 

@@ -23,3 +23,13 @@ foreach(case ${DTRAIN_CHECKPOINT_CASES})
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(checkpoint.${case} PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)
 endforeach()
+
+# MultiWorkerMirrored over real mpirun with 2 and 4 ranks (tests/integration/multi_worker.sh).
+set(DTRAIN_MPI_CASES equivalence exact_eval kill_rank)
+foreach(case ${DTRAIN_MPI_CASES})
+  add_test(NAME mpi.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/multi_worker.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/mpi_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(mpi.${case} PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)
+endforeach()

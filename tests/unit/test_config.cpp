@@ -41,6 +41,7 @@ Experiment without_locations(Experiment e) {
   e.strategy.where = {};
   e.strategy.devices_where = {};
   e.strategy.cross_device_ops_where = {};
+  e.strategy.communication.implementation_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -120,7 +121,8 @@ TEST_CASE("config: regression_toy experiment loads with the expected values") {
 
 TEST_CASE("config: to_yaml round trips both experiments and every schedule") {
   for (const char* file : {"fashion_mnist.yaml", "regression_toy.yaml", "fashion_mnist_mirrored.yaml",
-                           "fashion_mnist_central_storage.yaml", "fashion_mnist_one_device.yaml"}) {
+                           "fashion_mnist_central_storage.yaml", "fashion_mnist_one_device.yaml",
+                           "fashion_mnist_multi_worker.yaml"}) {
     CAPTURE(file);
     const Experiment original = load_experiment(source_dir + "/experiments/" + file);
     const std::string text = to_yaml(original);
@@ -262,19 +264,17 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
 }
 
 TEST_CASE("config: strategies of later versions are named as not available") {
-  for (const char* kind : {"multi_worker_mirrored", "parameter_server"}) {
-    CAPTURE(kind);
-    CHECK(error_of(minimal + "strategy: {kind: " + kind + "}\n") ==
-          std::string("t.yaml:5:18: strategy kind '") + kind +
-              "' is not available in this version of dtrain (available: default, one_device, mirrored, "
-              "central_storage)");
-  }
+  CHECK(error_of(minimal + "strategy: {kind: parameter_server}\n") ==
+        "t.yaml:5:18: strategy kind 'parameter_server' is not available in this version of dtrain (available: "
+        "default, one_device, mirrored, central_storage, multi_worker_mirrored)");
   CHECK(error_of(minimal, {"strategy.kind=parameter_server"}) ==
         "--set strategy.kind=parameter_server: strategy kind 'parameter_server' is not available in this version of "
-        "dtrain (available: default, one_device, mirrored, central_storage)");
+        "dtrain (available: default, one_device, mirrored, central_storage, multi_worker_mirrored)");
   CHECK(error_of(minimal + "strategy: {kind: defualt}\n") ==
-        "t.yaml:5:18: unknown strategy kind 'defualt'; valid: default, one_device, mirrored, central_storage; did you "
-        "mean 'default'?");
+        "t.yaml:5:18: unknown strategy kind 'defualt'; valid: default, one_device, mirrored, central_storage, "
+        "multi_worker_mirrored; did you mean 'default'?");
+  CHECK(contains(error_of(minimal + "strategy: {kind: multi_worker_mirored}\n"),
+                 "did you mean 'multi_worker_mirrored'?"));
   CHECK(contains(error_of(minimal + "strategy: {kind: mirored}\n"), "did you mean 'mirrored'?"));
 }
 
@@ -446,8 +446,8 @@ TEST_CASE("config: strategy keys of another kind name the kinds they apply to") 
         "t.yaml:5:30: strategy.cross_device_ops: applies only to strategy kind mirrored, not to one_device; remove "
         "it or change the kind");
   CHECK(error_of(with_strategy("{devices: [cpu:0]}")) ==
-        "t.yaml:5:12: strategy.devices: applies only to strategy kinds mirrored, central_storage, not to default; "
-        "remove it or change the kind");
+        "t.yaml:5:12: strategy.devices: applies only to strategy kinds mirrored, central_storage, "
+        "multi_worker_mirrored, not to default; remove it or change the kind");
   CHECK(contains(error_of(with_strategy("{kind: mirrored, device: cpu:0}")),
                  "t.yaml:5:28: strategy.device: applies only to strategy kind one_device, not to mirrored"));
   CHECK(contains(error_of(with_strategy("{kind: mirrored, parameter_device: cpu:0}")),
@@ -473,7 +473,8 @@ TEST_CASE("config: under a strategy, reductions auto and sum_over_batch_size are
   };
   const Case strategies[] = {{"{kind: one_device}", "one_device"},
                              {"{kind: mirrored}", "mirrored"},
-                             {"{kind: central_storage}", "central_storage"}};
+                             {"{kind: central_storage}", "central_storage"},
+                             {"{kind: multi_worker_mirrored}", "multi_worker_mirrored"}};
   for (const Case& c : strategies) {
     CAPTURE(c.name);
     const std::string head = minimal + "strategy: " + c.strategy + "\nloss:\n  kind: sparse_categorical_crossentropy\n";
@@ -698,4 +699,227 @@ TEST_CASE("config: a missing or unreadable file names the path") {
     CHECK(contains(e.what(), "cannot open"));
   }
   CHECK_THROWS_AS(load_experiment(source_dir + "/experiments"), ConfigError);
+}
+
+// ---------------------------------------------------------------- multi-worker
+
+TEST_CASE("config: the multi_worker experiment loads with the expected values") {
+  const std::string path = source_dir + "/experiments/fashion_mnist_multi_worker.yaml";
+  const Experiment e = load_experiment(path);
+  const Experiment plain = load_experiment(source_dir + "/experiments/fashion_mnist.yaml");
+  CHECK(e.name == "fashion_mnist_multi_worker");
+  CHECK(e.strategy.kind == StrategyKind::multi_worker_mirrored);
+  CHECK(e.strategy.devices_auto);
+  CHECK(e.strategy.devices.empty());
+  CHECK(e.strategy.communication.implementation == CommunicationImplementation::auto_select);
+  CHECK(e.strategy.communication.timeout_seconds == 300.0);
+  CHECK(e.strategy.communication.bytes_per_pack == 0);
+  CHECK(e.strategy.communication.implementation_where == SourceLocation{path, 12, 21});
+  CHECK(e.strategy.where == SourceLocation{path, 10, 9});
+  CHECK(e.data.source == SourceKind::fashion_mnist);
+  CHECK(e.data.batch_size_per_replica == 64);
+  CHECK(e.data.shuffle_buffer == 60000);
+  CHECK(e.data.auto_shard == AutoShardPolicy::auto_select);
+  CHECK(e.data.shards.empty());
+  CHECK(e.data == plain.data);
+  // The seed CNN, with an L2 penalty on the first dense layer's kernel.
+  ModelConfig expected_model = without_locations(plain).model;
+  std::get<DenseConfig>(expected_model.layers[5].options).kernel_regularizer.l2 = 1.0e-5;
+  CHECK(without_locations(e).model == expected_model);
+  CHECK(e.loss.kind == LossKind::sparse_categorical_crossentropy);
+  CHECK(e.loss.from_logits);
+  CHECK(e.loss.reduction == Reduction::none);
+  CHECK(e.optimizer.kind == OptimizerKind::rmsprop);
+  CHECK(e.optimizer.learning_rate.kind == ScheduleKind::constant);
+  CHECK(e.optimizer.learning_rate.initial_learning_rate == 0.001);
+  CHECK(e.metrics == std::vector<MetricKind>{MetricKind::sparse_categorical_accuracy});
+  CHECK(e.train.epochs == 3);
+  CHECK(e.train.steps_per_epoch == 70);
+  CHECK(e.checkpoint.every_epochs == 1);
+  CHECK(e.checkpoint.max_to_keep == 3);
+}
+
+TEST_CASE("config: multi_worker_mirrored defaults, communication options and round trips") {
+  const Experiment d = parse_experiment(with_strategy("{kind: multi_worker_mirrored}"), "m.yaml");
+  CHECK(d.strategy.kind == StrategyKind::multi_worker_mirrored);
+  CHECK(d.strategy.devices_auto);
+  CHECK(d.strategy.communication == CommunicationConfig{});
+  CHECK(d.strategy.communication.timeout_seconds == 300.0);
+  for (const char* implementation : {"auto", "ring", "mpi", "nccl"}) {
+    CAPTURE(implementation);
+    const Experiment e = parse_experiment(
+        with_strategy(std::string("{kind: multi_worker_mirrored, communication: {implementation: ") + implementation +
+                      "}}"),
+        "m.yaml");
+    CHECK(std::string(name_of(e.strategy.communication.implementation)) == implementation);
+    CHECK(e.strategy.communication.implementation_where == SourceLocation{"m.yaml", 5, 73});
+  }
+
+  const std::vector<std::string> strategies = {
+      "{kind: multi_worker_mirrored}",
+      "{kind: multi_worker_mirrored, communication: }",
+      "{kind: multi_worker_mirrored, devices: [cpu:0, '/cpu:1'], communication: {implementation: nccl, "
+      "bytes_per_pack: 33554432, timeout_seconds: 12.5}}",
+      "{kind: multi_worker_mirrored, devices: auto, communication: {implementation: ring, bytes_per_pack: 0}}",
+      "{kind: multi_worker_mirrored, communication: {timeout_seconds: 0.25}}",
+  };
+  for (const std::string& strategy : strategies) {
+    CAPTURE(strategy);
+    const Experiment original = parse_experiment(with_strategy(strategy), "s.yaml");
+    const std::string text = to_yaml(original);
+    CAPTURE(text);
+    const Experiment again = parse_experiment(text, "resolved.yaml");
+    CHECK(without_locations(again) == without_locations(original));
+    CHECK(to_yaml(again) == text);
+    CHECK_FALSE(contains(text, "cross_device_ops"));
+    CHECK_FALSE(contains(text, "parameter_device"));
+  }
+  const Experiment full = parse_experiment(with_strategy(strategies[2]), "s.yaml");
+  CHECK(full.strategy.devices == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK(full.strategy.communication.implementation == CommunicationImplementation::nccl);
+  CHECK(full.strategy.communication.bytes_per_pack == 33554432);
+  CHECK(full.strategy.communication.timeout_seconds == 12.5);
+  CHECK(contains(to_yaml(full), "communication: {implementation: nccl, bytes_per_pack: 33554432, timeout_seconds: 12.5}"));
+  CHECK(contains(to_yaml(d), "devices: auto"));
+  CHECK_FALSE(contains(to_yaml(parse_experiment(with_strategy("{kind: mirrored}"), "s.yaml")), "communication"));
+
+  const Experiment set = parse_experiment(minimal + "loss: {reduction: sum}\n", "m.yaml",
+                                          {"strategy.kind=multi_worker_mirrored",
+                                           "strategy.communication.implementation=mpi"});
+  CHECK(set.strategy.kind == StrategyKind::multi_worker_mirrored);
+  CHECK(set.strategy.communication.implementation == CommunicationImplementation::mpi);
+  CHECK(set.strategy.communication.implementation_where.file == "--set strategy.communication.implementation=mpi");
+  CHECK(set.strategy.communication.implementation_where.line == 0);
+}
+
+TEST_CASE("config: bad multi_worker_mirrored settings are refused where they are written") {
+  CHECK(error_of(with_strategy("{kind: mirrored, communication: {implementation: ring}}")) ==
+        "t.yaml:5:28: strategy.communication: applies only to strategy kind multi_worker_mirrored, not to mirrored; "
+        "remove it or change the kind");
+  CHECK(contains(error_of(with_strategy("{communication: {}}")),
+                 "t.yaml:5:12: strategy.communication: applies only to strategy kind multi_worker_mirrored, not to "
+                 "default"));
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, cross_device_ops: ring}")) ==
+        "t.yaml:5:41: strategy.cross_device_ops: applies only to strategy kind mirrored, not to "
+        "multi_worker_mirrored; remove it or change the kind");
+  CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, parameter_device: cpu:0}")),
+                 "strategy.parameter_device: applies only to strategy kind central_storage, not to "
+                 "multi_worker_mirrored"));
+  CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, device: cpu:0}")),
+                 "strategy.device: applies only to strategy kind one_device, not to multi_worker_mirrored"));
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {implementation: rign}}")) ==
+        "t.yaml:5:73: unknown communication implementation 'rign'; valid: auto, ring, mpi, nccl; did you mean "
+        "'ring'?");
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {implementation: gloo}}")) ==
+        "t.yaml:5:73: unknown communication implementation 'gloo'; valid: auto, ring, mpi, nccl");
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {implementation: ring, timeout: 5}}")) ==
+        "t.yaml:5:79: unknown key 'timeout' in strategy.communication; valid keys: implementation, bytes_per_pack, "
+        "timeout_seconds");
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {bytes_per_pak: 5}}")) ==
+        "t.yaml:5:57: unknown key 'bytes_per_pak' in strategy.communication; did you mean 'bytes_per_pack'?");
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {timeout_seconds: 0}}")) ==
+        "t.yaml:5:74: strategy.communication.timeout_seconds: must be > 0, got '0'");
+  CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {timeout_seconds: -1.5}}")),
+                 "strategy.communication.timeout_seconds: must be > 0, got '-1.5'"));
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {bytes_per_pack: -1}}")) ==
+        "t.yaml:5:73: strategy.communication.bytes_per_pack: must be >= 0, got '-1'");
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: ring}")) ==
+        "t.yaml:5:56: strategy.communication: expected a map of settings, got 'ring'");
+  CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, devices: [cpu:0, cpu:0]}")) ==
+        "t.yaml:5:58: strategy.devices.1: device 'cpu:0' is listed twice (also at t.yaml:5:51); give each replica "
+        "its own device");
+  CHECK(error_of(minimal + "loss: {reduction: none}\n",
+                 {"strategy.kind=multi_worker_mirrored", "strategy.communication.timeout_seconds=0"}) ==
+        "--set strategy.communication.timeout_seconds=0: strategy.communication.timeout_seconds: must be > 0, got "
+        "'0'");
+}
+
+TEST_CASE("config: under multi_worker_mirrored, reduction auto is refused with the mirrored reason") {
+  CHECK(error_of(minimal, {"strategy.kind=multi_worker_mirrored"}) ==
+        "t.yaml: loss.reduction 'auto' (the default when left out) is refused under strategy 'multi_worker_mirrored': "
+        "each replica would average over its own part of the batch, and summing the replicas' gradients then comes "
+        "out num_replicas times too large; write reduction: none (dtrain divides the summed per-example losses by "
+        "the GLOBAL batch, like tf.nn.compute_average_loss) or reduction: sum");
+  CHECK(contains(error_of(minimal + "strategy: {kind: multi_worker_mirrored}\nloss: {reduction: auto}\n"),
+                 "t.yaml:6:19: loss.reduction 'auto' is refused under strategy 'multi_worker_mirrored'"));
+  try {
+    load_experiment(source_dir + "/experiments/fashion_mnist_multi_worker.yaml", {"loss.reduction=auto"});
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(contains(e.what(),
+                   "--set loss.reduction=auto: loss.reduction 'auto' is refused under strategy 'multi_worker_mirrored'"));
+  }
+}
+
+TEST_CASE("config: data.auto_shard and data.shards") {
+  const Experiment d = parse_experiment(minimal, "m.yaml");
+  CHECK(d.data.auto_shard == AutoShardPolicy::auto_select);
+  CHECK(d.data.shards.empty());
+  for (const char* policy : {"auto", "data", "off"}) {
+    CAPTURE(policy);
+    // Any strategy accepts it: it only matters with several workers.
+    for (const char* strategy : {"{kind: default}", "{kind: mirrored}", "{kind: multi_worker_mirrored}"}) {
+      CAPTURE(strategy);
+      const Experiment e =
+          parse_experiment(with_strategy(strategy) + "data: {auto_shard: " + policy + "}\n", "m.yaml");
+      CHECK(std::string(name_of(e.data.auto_shard)) == policy);
+      CHECK(contains(to_yaml(e), std::string("auto_shard: ") + policy));
+    }
+  }
+
+  const Experiment by_file = parse_experiment(
+      minimal + "data: {source: hdf5, auto_shard: file, shards: [part0.h5, 'dir/part 1.h5', part2.h5]}\n", "m.yaml");
+  CHECK(by_file.data.auto_shard == AutoShardPolicy::file);
+  CHECK(by_file.data.shards == std::vector<std::string>{"part0.h5", "dir/part 1.h5", "part2.h5"});
+  CHECK(by_file.data.path.empty());
+
+  const std::vector<std::string> variants = {
+      "data: {source: hdf5, auto_shard: file, shards: [part0.h5, 'dir/part 1.h5', part2.h5]}",
+      "data: {source: hdf5, path: all.h5, auto_shard: file, shards: [a.h5]}\n"
+      "strategy: {kind: multi_worker_mirrored, devices: [cpu:0]}\nloss: {reduction: sum}",
+      "data: {source: hdf5, path: all.h5, auto_shard: off}",
+      "data: {auto_shard: data}",
+  };
+  for (const std::string& variant : variants) {
+    CAPTURE(variant);
+    const Experiment original = parse_experiment(minimal + variant + "\n", "v.yaml");
+    const std::string text = to_yaml(original);
+    CAPTURE(text);
+    const Experiment again = parse_experiment(text, "resolved.yaml");
+    CHECK(without_locations(again) == without_locations(original));
+    CHECK(to_yaml(again) == text);
+  }
+  CHECK_FALSE(contains(to_yaml(d), "shards"));
+}
+
+TEST_CASE("config: bad auto_shard and shards settings are refused where they are written") {
+  CHECK(error_of(minimal + "data: {source: hdf5, path: a.h5, shards: [b.h5]}\n") ==
+        "t.yaml:5:34: data.shards: applies only to auto_shard file, not to auto; remove it or write auto_shard: file");
+  CHECK(contains(error_of(minimal + "data: {source: hdf5, path: a.h5, auto_shard: data, shards: [b.h5]}\n"),
+                 "data.shards: applies only to auto_shard file, not to data"));
+  CHECK(error_of(minimal + "data: {source: hdf5, auto_shard: file}\n") ==
+        "t.yaml:5:7: data: missing required key 'shards' (auto_shard: file reads one HDF5 file per shard, for example "
+        "shards: [part0.h5, part1.h5])");
+  CHECK(error_of(minimal + "data: {auto_shard: file}\n") ==
+        "t.yaml:5:20: data.auto_shard 'file' needs data source hdf5 with one file per shard in data.shards, not "
+        "fashion_mnist; write auto_shard: data (every worker keeps every workers-th example) or auto");
+  CHECK(contains(error_of(minimal + "data: {source: idx, path: d, auto_shard: file, shards: [a]}\n"),
+                 "t.yaml:5:48: data.shards: applies only to data source hdf5, not to idx"));
+  CHECK(error_of(minimal + "data: {source: hdf5, auto_shard: file, shards: []}\n") ==
+        "t.yaml:5:48: data.shards: must be a non-empty list of HDF5 files, got a list");
+  CHECK(error_of(minimal + "data: {source: hdf5, auto_shard: file, shards: a.h5}\n") ==
+        "t.yaml:5:48: data.shards: expected a list of HDF5 file paths, got 'a.h5'");
+  CHECK(error_of(minimal + "data: {source: hdf5, auto_shard: file, shards: [a.h5, '']}\n") ==
+        "t.yaml:5:55: data.shards.1: must be a non-empty path, got ''");
+  CHECK(error_of(minimal + "data: {source: hdf5, auto_shard: file, shards: [a.h5, b.h5, a.h5]}\n") ==
+        "t.yaml:5:61: data.shards.2: shard 'a.h5' is listed twice (also at t.yaml:5:49); list each file once");
+  CHECK(error_of(minimal + "data: {auto_shard: fiel}\n") ==
+        "t.yaml:5:20: unknown auto_shard policy 'fiel'; valid: auto, file, data, off; did you mean 'file'?");
+  CHECK(error_of(minimal + "data: {auto_shard: sharded}\n") ==
+        "t.yaml:5:20: unknown auto_shard policy 'sharded'; valid: auto, file, data, off");
+  CHECK(error_of(minimal + "data: {auto_shrd: off}\n") ==
+        "t.yaml:5:8: unknown key 'auto_shrd' in data; did you mean 'auto_shard'?");
+  CHECK(error_of(minimal + "data: {source: hdf5, path: a.h5}\n", {"data.shards=[b.h5]"}) ==
+        "--set data.shards=[b.h5]: data.shards: applies only to auto_shard file, not to auto; remove it or write "
+        "auto_shard: file");
 }

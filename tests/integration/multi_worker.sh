@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# MultiWorkerMirrored over real mpirun (OpenMPI), end to end:
+#   tests/integration/multi_worker.sh CASE DTRAIN_BINARY SCRATCH_DIR
+set -uo pipefail
+case_name=$1
+dtrain=$2
+scratch=$3
+rm -rf "$scratch" && mkdir -p "$scratch"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Loopback only, shared memory between ranks; no network interfaces are probed.
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+
+fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe "$@"; }
+
+small=experiments/fashion_mnist_small.yaml
+one_step=(--set train.epochs=1 --set train.steps_per_epoch=1 --set train.threads=1 --set train.progress=none)
+mwm() { echo "strategy={kind: multi_worker_mirrored, communication: {implementation: $1, timeout_seconds: 60}}"; }
+
+case "$case_name" in
+  equivalence)
+    # The same global batch of 64, one step, from the same initial weights.
+    "$dtrain" run "$small" "${one_step[@]}" --set data.batch_size_per_replica=64 --run-dir "$scratch/default" >/dev/null \
+      || fail "default run failed"
+    "$dtrain" run "$small" "${one_step[@]}" --set data.batch_size_per_replica=16 \
+      --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1, cpu:2, cpu:3]}" --run-dir "$scratch/mirrored4" >/dev/null \
+      || fail "mirrored run failed"
+    for spec in "4 mpi 16" "2 mpi 32" "4 ring 16" "2 ring 32"; do
+      read -r n impl per <<<"$spec"
+      run="$scratch/mw_${n}_${impl}"
+      mpi "$n" "$dtrain" run "$small" "${one_step[@]}" --set data.batch_size_per_replica="$per" --set "$(mwm "$impl")" \
+        --run-dir "$run" >"$run.out" 2>&1 || fail "mpirun -n $n ($impl) failed: $(tail -5 "$run.out")"
+      grep -q "| strategy multi_worker_mirrored | workers $n | replicas $n " "$run.out" || fail "header: $(head -1 "$run.out")"
+      [ "$(grep -c '^Epoch 1' "$run.out")" -eq 1 ] || fail "only the chief prints: wanted one epoch line"
+      for ref in default mirrored4; do
+        tools/compare_weights "$run/checkpoints/ckpt-1.h5" "$scratch/$ref/checkpoints/ckpt-1.h5" --rtol 1e-5 \
+          || fail "$n workers ($impl) differ from $ref by more than 1e-5 relative after one step"
+      done
+      echo "ok: $n workers over $impl match the default strategy and 4 mirrored replicas"
+    done
+    ;;
+  exact_eval)
+    "$dtrain" run "$small" --set train.epochs=1 --set train.progress=none --run-dir "$scratch/run" >/dev/null || fail "run failed"
+    ckpt="$scratch/run/checkpoints/ckpt-32.h5"
+    for n in 1 2 4; do
+      if [ "$n" -eq 1 ]; then "$dtrain" eval --checkpoint "$ckpt" >"$scratch/eval$n" || fail "eval failed"
+      else mpi "$n" "$dtrain" eval --checkpoint "$ckpt" >"$scratch/eval$n" 2>&1 || fail "mpirun -n $n eval failed: $(cat "$scratch/eval$n")"; fi
+      grep '^Test' "$scratch/eval$n"
+      grep -q '500 samples' "$scratch/eval$n" || fail "$n ranks did not evaluate exactly the 500 test samples once"
+    done
+    acc() { sed -nE 's/.*Test Accuracy: ([0-9.]+).*/\1/p' "$scratch/eval$1"; }
+    [ "$(acc 1)" = "$(acc 2)" ] && [ "$(acc 1)" = "$(acc 4)" ] || fail "test accuracy differs: $(acc 1) / $(acc 2) / $(acc 4)"
+    ;;
+  kill_rank)
+    # Reference: 4 ranks, 3 epochs, uninterrupted.
+    common=(--set train.epochs=3 --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16 --set "$(mwm mpi)")
+    mpi 4 "$dtrain" run "$small" "${common[@]}" --run-dir "$scratch/ref" >"$scratch/ref.out" 2>&1 || fail "reference failed"
+    for point in 1 2; do
+      run="$scratch/killed$point"
+      mpi 4 "$dtrain" run "$small" "${common[@]}" --run-dir "$run" >"$run.out" 2>&1 &
+      launcher=$!
+      for _ in $(seq 1 600); do [ -s "$run/metrics.jsonl" ] && break; sleep 0.05; done
+      [ -s "$run/metrics.jsonl" ] || fail "epoch 1 never finished"
+      sleep "0.$((RANDOM % 6 + 1))"
+      victim=$(pgrep -f "dtrain run $small" | grep -v "^$launcher$" | shuf -n 1 --random-source=<(yes "$point"))
+      [ -n "$victim" ] || fail "no rank to kill"
+      start=$SECONDS
+      kill -9 "$victim"
+      wait "$launcher"
+      rc=$?
+      elapsed=$((SECONDS - start))
+      [ "$rc" -ne 0 ] || fail "mpirun returned 0 after a rank was killed"
+      [ "$elapsed" -le 60 ] || fail "mpirun took ${elapsed}s to notice the dead rank"
+      grep -Eiq "rank [0-9]+ .*(killed|signal 9)|signal 9" "$run.out" || fail "the output does not name the dead rank: $(tail -20 "$run.out")"
+      grep -Ei "rank|signal" "$run.out" | head -3
+      mpi 4 "$dtrain" resume "$run" >"$run.resume.out" 2>&1 || fail "resume failed: $(tail -5 "$run.resume.out")"
+      h5diff "$scratch/ref/checkpoints/ckpt-96.h5" "$run/checkpoints/ckpt-96.h5" /model /model >/dev/null \
+        || fail "final weights after resume differ from the uninterrupted 4-rank run"
+      echo "ok: kill point $point, mpirun exit $rc after ${elapsed}s, resumed bitwise equal"
+    done
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "ok [$case_name]"
