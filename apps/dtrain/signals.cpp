@@ -29,6 +29,7 @@ StopOnSignal::StopOnSignal() {
   g_stop_signal = 0;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;  // a signal must not make an interrupted read or write fail
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_previous_int);
   sigaction(SIGTERM, &sa, &g_previous_term);

@@ -19,6 +19,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kCensusRequestTag = 7001;
 constexpr int kCensusReplyTag = 7002;
+constexpr int kAbortNoticeTag = 7003;
+constexpr int kNoticeBytes = 1024;
 
 // Where a rank is: its global step and how many collectives it has entered.
 struct Position {
@@ -64,6 +66,19 @@ Cluster::~Cluster() {
 void Cluster::answer_census() {
   int pending = 0;
   MPI_Status status;
+  // Another rank timed out and is about to abort the job: say where this rank stands first.
+  MPI_Iprobe(MPI_ANY_SOURCE, kAbortNoticeTag, MPI_COMM_WORLD, &pending, &status);
+  if (pending) {
+    char missing[kNoticeBytes] = {};
+    MPI_Recv(missing, kNoticeBytes, MPI_CHAR, status.MPI_SOURCE, kAbortNoticeTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    missing[kNoticeBytes - 1] = '\0';
+    std::fprintf(stderr,
+                 "dtrain: rank %d: at step %lld in collective #%llu when rank %d timed out; ranks that did not arrive: %s; "
+                 "the job is aborted (exit code %d)\n",
+                 rank_, static_cast<long long>(step_), static_cast<unsigned long long>(collective_), status.MPI_SOURCE,
+                 missing, kCollectiveTimeoutExit);
+    std::fflush(stderr);
+  }
   MPI_Iprobe(MPI_ANY_SOURCE, kCensusRequestTag, MPI_COMM_WORLD, &pending, &status);
   while (pending) {
     int dummy = 0;
@@ -108,7 +123,7 @@ void Cluster::report_timeout(const char* what) {
     const auto i = static_cast<std::size_t>(r);
     if (!answered[i]) {
       missing += fmt::format("{}rank {} (no answer: dead, or stuck outside a collective)", missing.empty() ? "" : ", ", r);
-    } else if (where[i].collective != collective_) {
+    } else if (where[i].collective < collective_) {
       missing += fmt::format("{}rank {} (at step {}, collective #{})", missing.empty() ? "" : ", ", r, where[i].step,
                              where[i].collective);
     }
@@ -119,6 +134,20 @@ void Cluster::report_timeout(const char* what) {
                rank_, what, static_cast<unsigned long long>(collective_), static_cast<long long>(step_), timeout_seconds_,
                missing.empty() ? "none identified" : missing.c_str(), kCollectiveTimeoutExit);
   std::fflush(stderr);
+  // Let the live ranks print their view before the abort ends them.
+  char notice[kNoticeBytes] = {};
+  std::snprintf(notice, sizeof notice, "%s", missing.empty() ? "none identified" : missing.c_str());
+  std::vector<MPI_Request> notices;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !answered[static_cast<std::size_t>(r)]) continue;
+    notices.emplace_back();
+    MPI_Isend(notice, kNoticeBytes, MPI_CHAR, r, kAbortNoticeTag, MPI_COMM_WORLD, &notices.back());
+  }
+  const auto grace = Clock::now() + std::chrono::seconds(1);
+  while (Clock::now() < grace) {
+    answer_census();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   MPI_Abort(MPI_COMM_WORLD, kCollectiveTimeoutExit);
   std::_Exit(kCollectiveTimeoutExit);
 }

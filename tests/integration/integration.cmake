@@ -25,7 +25,7 @@ foreach(case ${DTRAIN_CHECKPOINT_CASES})
 endforeach()
 
 # MultiWorkerMirrored over real mpirun with 2 and 4 ranks (tests/integration/multi_worker.sh).
-set(DTRAIN_MPI_CASES equivalence exact_eval kill_rank)
+set(DTRAIN_MPI_CASES equivalence exact_eval kill_rank watchdog)
 foreach(case ${DTRAIN_MPI_CASES})
   add_test(NAME mpi.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/multi_worker.sh ${case} $<TARGET_FILE:dtrain>

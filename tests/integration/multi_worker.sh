@@ -12,6 +12,13 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_i
 
 fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
 mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe "$@"; }
+# "PID RANK" of every dtrain rank process of the run writing into $1 (mpirun itself has no rank).
+rank_pids() {
+  for pid in $(pgrep -f -- "--run-dir $1"); do
+    r=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+    [ -n "$r" ] && echo "$pid $r"
+  done
+}
 
 small=experiments/fashion_mnist_small.yaml
 one_step=(--set train.epochs=1 --set train.steps_per_epoch=1 --set train.threads=1 --set train.progress=none)
@@ -62,8 +69,9 @@ case "$case_name" in
       for _ in $(seq 1 600); do [ -s "$run/metrics.jsonl" ] && break; sleep 0.05; done
       [ -s "$run/metrics.jsonl" ] || fail "epoch 1 never finished"
       sleep "0.$((RANDOM % 6 + 1))"
-      victim=$(pgrep -f "dtrain run $small" | grep -v "^$launcher$" | shuf -n 1 --random-source=<(yes "$point"))
+      read -r victim victim_rank < <(rank_pids "$run" | shuf -n 1 --random-source=<(yes "$point"))
       [ -n "$victim" ] || fail "no rank to kill"
+      echo "killing rank $victim_rank (pid $victim)"
       start=$SECONDS
       kill -9 "$victim"
       wait "$launcher"
@@ -77,6 +85,32 @@ case "$case_name" in
       h5diff "$scratch/ref/checkpoints/ckpt-96.h5" "$run/checkpoints/ckpt-96.h5" /model /model >/dev/null \
         || fail "final weights after resume differ from the uninterrupted 4-rank run"
       echo "ok: kill point $point, mpirun exit $rc after ${elapsed}s, resumed bitwise equal"
+    done
+    ;;
+  watchdog)
+    # A rank that stops answering (SIGSTOP: alive but stuck) must not hang the others: after the
+    # timeout every live rank names it, and the job is aborted with exit code 5.
+    mpi 3 "$dtrain" run "$small" --set train.epochs=50 --set train.threads=1 --set train.progress=none \
+      --set data.batch_size_per_replica=16 --set "strategy={kind: multi_worker_mirrored, communication: {timeout_seconds: 5}}" \
+      --run-dir "$scratch/run" >"$scratch/out" 2>&1 &
+    launcher=$!
+    for _ in $(seq 1 600); do [ -s "$scratch/run/metrics.jsonl" ] && break; sleep 0.05; done
+    [ -s "$scratch/run/metrics.jsonl" ] || fail "epoch 1 never finished"
+    [ "$(rank_pids "$scratch/run" | wc -l)" -eq 3 ] || fail "wanted 3 rank processes: $(rank_pids "$scratch/run")"
+    stuck=$(rank_pids "$scratch/run" | awk '$2 == 2 {print $1}')
+    [ -n "$stuck" ] || fail "rank 2 not found"
+    kill -STOP "$stuck"
+    start=$SECONDS
+    wait "$launcher"
+    rc=$?
+    elapsed=$((SECONDS - start))
+    cat "$scratch/out" | grep -v '^Epoch\|samples/s' | head -8
+    [ "$rc" -ne 0 ] || fail "mpirun returned 0"
+    [ "$elapsed" -le 60 ] || fail "the job took ${elapsed}s to abort"
+    grep -q "did not complete within 5 s; ranks that did not arrive: rank 2 (no answer" "$scratch/out" \
+      || fail "no rank named the stuck rank 2"
+    for live in 0 1; do
+      grep -q "^dtrain: rank $live: .*ranks that did not arrive: .*rank 2 (no answer" "$scratch/out" || fail "live rank $live did not report"
     done
     ;;
   *) fail "unknown case" ;;
