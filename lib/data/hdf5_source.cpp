@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/hdf5.hpp"
 
 namespace dtrain::data {
 namespace {
@@ -18,54 +19,9 @@ namespace {
 // Far above the datasets dtrain trains on; a larger extent is a corrupt or unintended file.
 constexpr std::uint64_t kMaxDatasetBytes = std::uint64_t{16} << 30;
 
-// Closes an HDF5 identifier on scope exit.
-class H5Id {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Id(hid_t id, Closer closer) : id_(id), closer_(closer) {}
-  ~H5Id() {
-    if (id_ >= 0) closer_(id_);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  Closer closer_;
-};
-
-// HDF5 prints its error stack to stderr by default; dtrain reports its own one-line messages, so
-// printing is off while a load runs and the previous handler comes back afterwards.
-class QuietHdf5Errors {
- public:
-  QuietHdf5Errors() {
-    H5Eget_auto2(H5E_DEFAULT, &old_func_, &old_data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, old_func_, old_data_); }
-  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
-  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
-
- private:
-  H5E_auto2_t old_func_ = nullptr;
-  void* old_data_ = nullptr;
-};
-
-// The innermost message on HDF5's error stack, for the end of our own message.
-std::string hdf5_detail() {
-  std::string detail;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_UPWARD,
-      [](unsigned n, const H5E_error2_t* err, void* out) -> herr_t {
-        if (n == 0 && err && err->desc) *static_cast<std::string*>(out) = err->desc;
-        return 0;
-      },
-      &detail);
-  H5Eclear2(H5E_DEFAULT);
-  return detail.empty() ? "HDF5 reported no detail" : detail;
-}
+using hdf5::H5Id;
+using hdf5::QuietHdf5Errors;
+using hdf5::hdf5_detail;
 
 // A value that does not fit the memory type aborts the read instead of being clipped silently.
 H5T_conv_ret_t abort_on_overflow(H5T_conv_except_t kind, hid_t, hid_t, void*, void*, void* flag) {
