@@ -60,9 +60,11 @@ case "$case_name" in
       same_weights "$run"
     done
     ;;
-  sigterm_resume)
+  sigterm_resume|sigint_resume)
     reference
-    for sig in TERM INT; do
+    sig=TERM
+    [ "$case_name" = sigint_resume ] && sig=INT
+    for sig in $sig; do
       run="$scratch/stopped_$sig"
       start_and_wait_epoch1 "$run"
       sleep "0.$((RANDOM % 5 + 1))"
