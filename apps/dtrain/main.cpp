@@ -25,7 +25,9 @@ Examples:
   dtrain info
 
 Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data/checkpoint,
-3 cannot write outputs, 4 stopped by SIGINT/SIGTERM after saving a checkpoint (dtrain resume goes on).)";
+3 cannot write outputs, 4 stopped by SIGINT/SIGTERM after saving a checkpoint (dtrain resume goes on),
+5 a collective between MPI workers timed out (the job was aborted).
+Several processes: mpirun -n 4 dtrain run experiments/fashion_mnist_multi_worker.yaml)";
 
 }  // namespace
 
