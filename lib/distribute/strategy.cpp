@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -253,7 +254,11 @@ void Strategy::sum_gradients(const ReplicaContext& replica) {
   }
   if (!cluster_ || cluster_->size() == 1) return;
   // Across workers: this process's replica 0 speaks for it; its local replicas then copy the sum.
-  if (replica.replica_id == 0) sum_across_workers();
+  if (replica.replica_id == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sum_across_workers();
+    cross_worker_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   if (ops_) {
     ops_->barrier().arrive_and_wait();
     if (replica.replica_id != 0) {
@@ -263,6 +268,12 @@ void Strategy::sum_gradients(const ReplicaContext& replica) {
     }
     ops_->barrier().arrive_and_wait();
   }
+}
+
+double Strategy::take_cross_worker_seconds() {
+  const double s = cross_worker_seconds_;
+  cross_worker_seconds_ = 0.0;
+  return s;
 }
 
 bool Strategy::update(const ReplicaContext& replica, const std::function<void()>& apply) {

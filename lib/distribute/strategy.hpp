@@ -86,6 +86,8 @@ class Strategy {
   // Inside run(): applies `apply` once per variable copy: on every replica when variables are
   // mirrored, on replica 0 (the parameter device's) otherwise. Returns whether it ran here.
   bool update(const ReplicaContext& replica, const std::function<void()>& apply);
+  // Seconds spent summing gradients across workers since the last call (multi-worker only).
+  double take_cross_worker_seconds();
 
  private:
   void worker(int replica);
@@ -97,6 +99,7 @@ class Strategy {
   std::int64_t bytes_per_pack_ = 0;
   std::vector<BufferList> local_gradients_;
   std::vector<float> pack_;  // staging for one pack of gradients
+  double cross_worker_seconds_ = 0.0;
   std::vector<Device> devices_;
   int threads_per_replica_ = 1;
   std::unique_ptr<CrossDeviceOps> ops_;

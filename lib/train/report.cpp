@@ -19,9 +19,12 @@ std::string epoch_line(const EpochLog& log) {
 
 std::string throughput_line(const EpochLog& log) {
   const double eval_seconds = (log.validation ? log.validation->seconds : 0.0) + (log.test ? log.test->seconds : 0.0);
-  return fmt::format("  train {:.1f} samples/s ({} steps, {:.2f} s), eval {:.2f} s",
-                     log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0, log.steps,
-                     log.train_seconds, eval_seconds);
+  std::string s = fmt::format("  train {:.1f} samples/s ({} steps, {:.2f} s), eval {:.2f} s",
+                              log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0,
+                              log.steps, log.train_seconds, eval_seconds);
+  if (log.allreduce_seconds >= 0 && log.steps > 0)
+    s += fmt::format(", all-reduce across workers {:.2f} ms/step", 1e3 * log.allreduce_seconds / static_cast<double>(log.steps));
+  return s;
 }
 
 std::string epoch_json(const EpochLog& log) {
@@ -35,6 +38,7 @@ std::string epoch_json(const EpochLog& log) {
   };
   eval(log.validation, "val");
   eval(log.test, "test");
+  if (log.allreduce_seconds >= 0) s += fmt::format(R"(, "allreduce_seconds": {:.4f})", log.allreduce_seconds);
   s += fmt::format(R"(, "train_samples": {}, "train_seconds": {:.4f}, "train_samples_per_s": {:.2f}}})", log.samples,
                    log.train_seconds, log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0);
   return s;

@@ -25,6 +25,7 @@ struct EpochLog {
   std::int64_t samples = 0;         // training samples seen this epoch
   std::int64_t steps = 0;
   double train_seconds = 0.0;
+  double allreduce_seconds = -1.0;  // gradient sums across workers this epoch; < 0 = one worker
   std::int64_t global_step = 0;
 };
 

@@ -357,6 +357,7 @@ std::vector<EpochLog> Trainer::fit() {
     double loss_sum = resuming ? resume_->epoch_loss_sum : 0.0;
     ProgressBar progress(opt_.out, steps, bar);
     const auto t0 = Clock::now();
+    strategy_->take_cross_worker_seconds();
     it->start_epoch(epoch, first_step);
     for (std::int64_t step = first_step; step < steps; ++step) {
       step_batches_ = it->next();
@@ -383,6 +384,8 @@ std::vector<EpochLog> Trainer::fit() {
     }
     step_batches_ = nullptr;
     log.train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double allreduce = strategy_->take_cross_worker_seconds();
+    if (strategy_->workers() > 1) log.allreduce_seconds = allreduce;
     progress.finish();
     log.steps = steps;
     log.loss = loss_sum / static_cast<double>(steps);
