@@ -551,19 +551,19 @@ DataConfig parse_data(const Node& node) {
          fmt::format("data.auto_shard 'file' needs data source hdf5 with one file per shard in data.shards, not "
                      "{}; write auto_shard: data (every worker keeps every workers-th example) or auto",
                      source));
-  if (const Node* shards = s.find("shards"); shards && !by_file)
-    fail(s.key_origin("shards"),
-         fmt::format("data.shards: applies only to auto_shard file, not to {}; remove it or write auto_shard: file",
-                     name_of(out.auto_shard)));
-  if (by_file) {
-    const Node* shards = s.find("shards");
-    if (!shards)
-      fail(node.origin, "data: missing required key 'shards' (auto_shard: file reads one HDF5 file per shard, for "
-                        "example shards: [part0.h5, part1.h5])");
+  if (const Node* shards = s.find("shards")) {
+    if (const Node* path = s.find("path"); path && out.source == SourceKind::hdf5)
+      fail(s.key_origin("shards"),
+           fmt::format("data.shards: give either data.path (one HDF5 file) or data.shards (the data split into "
+                       "files), not both; data.path is at {}",
+                       path->origin.text()));
     out.shards = read_shards(*shards, s.path("shards"));
+  } else if (by_file) {
+    fail(node.origin, "data: missing required key 'shards' (auto_shard: file reads one HDF5 file per shard, for "
+                      "example shards: [part0.h5, part1.h5])");
   }
 
-  if (out.source == SourceKind::idx || (out.source == SourceKind::hdf5 && !by_file)) {
+  if (out.source == SourceKind::idx || (out.source == SourceKind::hdf5 && out.shards.empty())) {
     out.path = read_string(s.require("path"), s.path("path"));
   } else {
     s.get("path", out.path, read_string);

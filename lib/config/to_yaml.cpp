@@ -154,7 +154,7 @@ std::string to_yaml(const Experiment& e) {
     case SourceKind::idx:
     case SourceKind::hdf5:
       if (!d.path.empty()) out << YAML::Key << "path" << YAML::Value << d.path;  // empty: the source's default
-      if (!d.shards.empty()) list(out, "shards", d.shards);  // only with auto_shard: file, which requires them
+      if (!d.shards.empty()) list(out, "shards", d.shards);  // hdf5 split into files (instead of path)
       break;
     case SourceKind::synthetic:
       list(out, "shape", d.shape);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -78,6 +79,12 @@ Dataset make_repeated(const std::vector<double>& x, const std::vector<double>& y
 
 namespace {
 
+std::int64_t total_size(const std::vector<Dataset>& parts) {
+  std::int64_t n = 0;
+  for (const Dataset& part : parts) n += part.size();
+  return n;
+}
+
 void check_compatible(const Dataset& train, const Dataset& test) {
   if (train.x.shape().tail() != test.x.shape().tail() || train.x.dtype() != test.x.dtype())
     throw InputError(fmt::format("train examples are {} {} but test examples are {} {}; both splits must match ({} / {})",
@@ -92,7 +99,47 @@ void check_compatible(const Dataset& train, const Dataset& test) {
 
 }  // namespace
 
-DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed) {
+Dataset concatenate(const std::vector<Dataset>& parts, std::string description) {
+  DTRAIN_CHECK(!parts.empty(), "concatenate needs at least one dataset");
+  if (parts.size() == 1) {
+    Dataset only = parts.front();
+    only.description = std::move(description);
+    return only;
+  }
+  const Dataset& first = parts.front();
+  std::int64_t total = 0;
+  int classes = 0;
+  for (const Dataset& part : parts) {
+    if (part.x.shape().tail() != first.x.shape().tail() || part.x.dtype() != first.x.dtype() ||
+        part.y.shape().tail() != first.y.shape().tail() || part.y.dtype() != first.y.dtype() ||
+        part.x_scale != first.x_scale)
+      throw InputError(fmt::format("{} has examples {} {} and targets {} {}, but {} has {} {} and {} {}; every shard "
+                                   "must hold the same kind of examples",
+                                   part.description, dtype_name(part.x.dtype()), part.x.shape().tail().to_string(),
+                                   dtype_name(part.y.dtype()), part.y.shape().tail().to_string(), first.description,
+                                   dtype_name(first.x.dtype()), first.x.shape().tail().to_string(),
+                                   dtype_name(first.y.dtype()), first.y.shape().tail().to_string()));
+    total += part.size();
+    classes = std::max(classes, part.num_classes);
+  }
+  Dataset out;
+  out.x = Tensor(first.x.shape().tail().with_batch(total), first.x.dtype());
+  out.y = Tensor(first.y.shape().tail().with_batch(total), first.y.dtype());
+  std::size_t x_at = 0, y_at = 0;
+  for (const Dataset& part : parts) {
+    if (part.size() == 0) continue;
+    std::memcpy(static_cast<char*>(out.x.raw()) + x_at, part.x.raw(), part.x.bytes());
+    std::memcpy(static_cast<char*>(out.y.raw()) + y_at, part.y.raw(), part.y.bytes());
+    x_at += part.x.bytes();
+    y_at += part.y.bytes();
+  }
+  out.num_classes = classes;
+  out.x_scale = first.x_scale;
+  out.description = std::move(description);
+  return out;
+}
+
+DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, const std::vector<std::string>& shard_files) {
   if (!(config.validation_split >= 0.0 && config.validation_split < 1.0))
     throw ConfigError(fmt::format("data.validation_split is {}; it must lie in [0, 1)", config.validation_split));
 
@@ -115,6 +162,21 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed) {
       break;
     }
     case config::SourceKind::hdf5: {
+      if (!config.shards.empty()) {
+        const std::vector<std::string>& files = shard_files.empty() ? config.shards : shard_files;
+        std::vector<Dataset> train, test;
+        for (const std::string& file : files) {
+          train.push_back(load_hdf5(file, "train"));
+          test.push_back(load_hdf5(file, "test"));
+        }
+        const std::string which = fmt::format("{} of {} shard files ({}{})", files.size(), config.shards.size(),
+                                              files.front(), files.size() > 1 ? ", ..." : "");
+        splits.train = concatenate(train, fmt::format("HDF5 /train: {} examples from {}", total_size(train), which));
+        splits.test = concatenate(test, fmt::format("HDF5 /test: {} examples from {}", total_size(test), which));
+        const int classes = std::max(splits.train.num_classes, splits.test.num_classes);
+        splits.train.num_classes = splits.test.num_classes = classes;
+        break;
+      }
       if (config.path.empty()) throw ConfigError("data.path is empty; source hdf5 needs the path of an HDF5 file");
       splits.train = load_hdf5(config.path, "train");
       splits.test = load_hdf5(config.path, "test");

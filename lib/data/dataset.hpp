@@ -51,8 +51,15 @@ struct DataSplits {
   Dataset test;
 };
 
+// The samples of `parts` one after another (x and y copied once). The parts must agree on the
+// sample shape and types; num_classes is the largest part's.
+Dataset concatenate(const std::vector<Dataset>& parts, std::string description);
+
 // Loads the experiment's data. validation_split follows Keras: the LAST fraction of the training
 // set, before any shuffling, is held out; floor(N * (1 - split)) samples stay in train.
-DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed);
+// With source hdf5 and data.shards, `shard_files` are the files to load (a worker's share, see
+// data/sharding.hpp), concatenated in order; every shard when left empty.
+DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed,
+                       const std::vector<std::string>& shard_files = {});
 
 }  // namespace dtrain::data

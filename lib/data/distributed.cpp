@@ -3,54 +3,110 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "core/error.hpp"
 
 namespace dtrain::data {
+namespace {
+
+// The samples of the batch that starts at `begin` in a share of `samples`: a full `batch`, a short
+// last one, or none (past the end, or short under drop_remainder).
+std::int64_t batch_samples(std::int64_t samples, std::int64_t begin, std::int64_t batch, bool drop_remainder) {
+  if (begin >= samples) return 0;
+  const std::int64_t count = std::min(batch, samples - begin);
+  return drop_remainder && count < batch ? 0 : count;
+}
+
+std::int64_t batches_in(std::int64_t samples, std::int64_t batch, bool drop_remainder) {
+  return drop_remainder ? samples / batch : (samples + batch - 1) / batch;
+}
+
+}  // namespace
 
 DistributedIterator::DistributedIterator(const Dataset& dataset, config::DistributeMode mode,
                                          const InputContext& context, std::int64_t global_batch,
-                                         PipelineOptions options)
+                                         PipelineOptions options, const ShareSizes& share_sizes)
     : mode_(mode),
       replicas_(context.num_replicas_in_sync / std::max(1, context.num_input_pipelines)),
-      first_replica_(context.input_pipeline_id * replicas_),
-      replicas_in_sync_(context.num_replicas_in_sync),
       global_batch_(global_batch),
       out_(static_cast<std::size_t>(replicas_)),
       own_x_(static_cast<std::size_t>(replicas_)),
       own_y_(static_cast<std::size_t>(replicas_)) {
-  if (context.num_input_pipelines < 1 || context.num_replicas_in_sync % context.num_input_pipelines != 0)
+  const int pipelines = context.num_input_pipelines;
+  const int id = context.input_pipeline_id;
+  if (pipelines < 1 || id < 0 || id >= pipelines || context.num_replicas_in_sync % pipelines != 0)
     throw InternalError("every input pipeline must serve the same number of replicas");
-  if (mode == config::DistributeMode::per_replica && context.num_input_pipelines > 1)
-    throw ConfigError("data.distribute: per_replica with several workers is not supported yet; use split_global_batch");
+  if (global_batch_ < 1)
+    throw ConfigError(fmt::format("the global batch size is {}; it must be at least 1", global_batch_));
+  if (global_batch_ < pipelines)
+    throw ConfigError(fmt::format("a global batch of {} leaves some of the {} workers without samples; use a global "
+                                  "batch of at least {}",
+                                  global_batch_, pipelines, pipelines));
   if (mode_ == config::DistributeMode::split_global_batch) {
-    options.batch_size = global_batch_;
-    pipeline_ = std::make_unique<Pipeline>(dataset, options);
-    steps_ = pipeline_->steps_per_epoch();
+    options.batch_size = global_batch_ / pipelines + (id < global_batch_ % pipelines ? 1 : 0);
   } else {
     options.batch_size = context.get_per_replica_batch_size(global_batch_);
-    pipeline_ = std::make_unique<Pipeline>(dataset, options);
-    steps_ = (pipeline_->steps_per_epoch() + replicas_ - 1) / replicas_;
   }
+  pipeline_ = std::make_unique<Pipeline>(dataset, options);
+  if (share_sizes) {
+    pipeline_samples_ = share_sizes(pipeline_->size());
+  } else if (pipelines == 1) {
+    pipeline_samples_.assign(1, pipeline_->size());
+  }
+  if (static_cast<int>(pipeline_samples_.size()) != pipelines ||
+      pipeline_samples_[static_cast<std::size_t>(id)] != pipeline_->size())
+    throw InternalError(fmt::format("input pipeline {} of {} holds {} samples, which its peers were not told",
+                                    id, pipelines, pipeline_->size()));
+  for (int p = 0; p < pipelines; ++p)
+    steps_ = std::max(steps_, steps_of(pipeline_samples_[static_cast<std::size_t>(p)], pipeline_batch_of(p)));
+}
+
+std::int64_t DistributedIterator::pipeline_batch_of(int pipeline) const {
+  const auto pipelines = static_cast<std::int64_t>(pipeline_samples_.size());
+  if (mode_ == config::DistributeMode::per_replica) return pipeline_->options().batch_size;
+  return global_batch_ / pipelines + (pipeline < global_batch_ % pipelines ? 1 : 0);
+}
+
+std::int64_t DistributedIterator::steps_of(std::int64_t samples, std::int64_t batch) const {
+  const bool drop = pipeline_->options().drop_remainder;
+  if (mode_ == config::DistributeMode::split_global_batch) return batches_in(samples, batch, drop);
+  return (batches_in(samples, batch, drop) + replicas_ - 1) / replicas_;
+}
+
+std::int64_t DistributedIterator::samples_at(std::int64_t samples, std::int64_t batch, std::int64_t step) const {
+  const bool drop = pipeline_->options().drop_remainder;
+  if (mode_ == config::DistributeMode::split_global_batch) return batch_samples(samples, step * batch, batch, drop);
+  std::int64_t total = 0;
+  for (std::int64_t j = step * replicas_; j < (step + 1) * replicas_; ++j) total += batch_samples(samples, j * batch, batch, drop);
+  return total;
 }
 
 void DistributedIterator::start_epoch(std::int64_t epoch, std::int64_t first_step) {
-  const std::int64_t pipeline_step =
-      mode_ == config::DistributeMode::split_global_batch ? first_step
-                                                          : std::min(first_step * replicas_, pipeline_->steps_per_epoch());
-  pipeline_->start_epoch(epoch, pipeline_step);
+  if (first_step < 0 || first_step > steps_)
+    throw InputError(fmt::format("cannot start epoch {} at step {}: an epoch has {} steps of global batch {}; the "
+                                 "saved iterator state does not match this dataset and batch size",
+                                 epoch, first_step, steps_, global_batch_));
+  const std::int64_t batches_before = mode_ == config::DistributeMode::split_global_batch ? first_step : first_step * replicas_;
+  pipeline_->start_epoch(epoch, std::min(batches_before, pipeline_->steps_per_epoch()));
+  step_ = first_step;
 }
 
 const std::vector<ReplicaBatch>* DistributedIterator::next() {
+  if (step_ >= steps_) return nullptr;
+  global_samples_ = 0;
+  for (std::size_t p = 0; p < pipeline_samples_.size(); ++p)
+    global_samples_ += samples_at(pipeline_samples_[p], pipeline_batch_of(static_cast<int>(p)), step_);
+  ++step_;
+
   if (mode_ == config::DistributeMode::split_global_batch) {
     const Batch* b = pipeline_->next();
-    if (!b) return nullptr;
-    global_samples_ = b->size;
-    const std::int64_t base = b->size / replicas_in_sync_, extra = b->size % replicas_in_sync_;
-    auto rows_before = [&](std::int64_t g) { return g * base + std::min(g, extra); };
+    const std::int64_t size = b ? b->size : 0;
+    const std::int64_t base = size / replicas_, extra = size % replicas_;
+    auto rows_before = [&](std::int64_t r) { return r * base + std::min(r, extra); };
     for (int r = 0; r < replicas_; ++r) {
-      const std::int64_t g = first_replica_ + r;
       ReplicaBatch& rb = out_[static_cast<std::size_t>(r)];
-      const std::int64_t begin = rows_before(g), end = rows_before(g + 1);
+      const std::int64_t begin = rows_before(r), end = rows_before(r + 1);
       rb.size = end - begin;
       if (rb.size > 0) {
         rb.x = b->x.slice_rows(begin, end);
@@ -60,15 +116,11 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
     return &out_;
   }
   // per_replica: consecutive batches, copied because the pipeline reuses its two slots.
-  bool any = false;
-  global_samples_ = 0;
   for (int r = 0; r < replicas_; ++r) {
     ReplicaBatch& rb = out_[static_cast<std::size_t>(r)];
     const Batch* b = pipeline_->next();
     rb.size = b ? b->size : 0;
-    global_samples_ += rb.size;
     if (!b) continue;
-    any = true;
     Tensor& x = own_x_[static_cast<std::size_t>(r)];
     Tensor& y = own_y_[static_cast<std::size_t>(r)];
     x.ensure(b->x.shape(), b->x.dtype());
@@ -78,7 +130,7 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
     rb.x = x;
     rb.y = y;
   }
-  return any ? &out_ : nullptr;
+  return &out_;
 }
 
 }  // namespace dtrain::data

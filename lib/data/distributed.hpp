@@ -1,20 +1,30 @@
 // Distributed input: one step's batch for every replica in sync.
 //
-//   split_global_batch (tf.distribute experimental_distribute_dataset): one pipeline makes global
-//     batches; each is split as evenly as possible, in order (with n samples and R replicas the
-//     first n % R replicas get one more), as views (no copy). On a short last batch some replicas
-//     get fewer samples or none. With several input pipelines (workers) every one makes the same
-//     global batches from the same seed and keeps its own replicas' rows: no sample is read twice
-//     and the replicas together see exactly what one process would.
-//   per_replica (distribute_datasets_from_function): one pipeline per input pipeline, batched
-//     with InputContext::get_per_replica_batch_size(global batch); each step hands consecutive
-//     batches to the replicas in order. At the end of an epoch the last replicas may get none.
+// Each worker (input pipeline) holds its share of the data: a shard of the shuffled order, its
+// own files, or everything (see data/sharding.hpp). Its pipeline makes the worker's batches,
+// and this iterator hands them to the worker's local replicas:
+//
+//   split_global_batch (tf.distribute experimental_distribute_dataset): the global batch G is
+//     divided among the W workers (worker w batches G / W samples, the first G % W workers one
+//     more), and each worker batch is split as evenly as possible over its local replicas, in
+//     order, as views (no copy). With one worker this is the whole global batch split over the
+//     replicas; on a short last batch some replicas get fewer samples or none.
+//   per_replica (distribute_datasets_from_function): the worker's pipeline is batched with
+//     InputContext::get_per_replica_batch_size(G); each step hands its local replicas consecutive
+//     batches in order. At the end of an epoch the last replicas may get none.
+//
+// Every worker runs the same number of steps per epoch: the most any worker needs. A worker
+// whose share is used up before that gives its replicas empty batches, so the collectives of a
+// step never wait for a worker that has stopped. Every worker knows the sample count of each
+// worker's share (pipeline_samples), so the samples of a whole step, which the loss is divided
+// by, are known everywhere without communication.
 //
 // With the same seed and full batches both modes give replica r the same samples in the same
 // order; the state of either is (epoch, step), as for the Pipeline.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -33,9 +43,16 @@ struct ReplicaBatch {
 
 class DistributedIterator {
  public:
-  // options.batch_size is ignored. per_replica mode needs global_batch to divide evenly.
+  // Given this pipeline's samples per epoch, every input pipeline's, in input_pipeline_id order
+  // (an all-gather across the workers).
+  using ShareSizes = std::function<std::vector<std::int64_t>(std::int64_t)>;
+
+  // options.batch_size is ignored (it follows from global_batch and the context); options' shard
+  // fields say which part of `dataset` this worker reads. share_sizes is needed with several
+  // input pipelines; with one it may be empty. per_replica mode needs global_batch to divide
+  // among the replicas in sync.
   DistributedIterator(const Dataset& dataset, config::DistributeMode mode, const InputContext& context,
-                      std::int64_t global_batch, PipelineOptions options);
+                      std::int64_t global_batch, PipelineOptions options, const ShareSizes& share_sizes = {});
 
   std::int64_t steps_per_epoch() const { return steps_; }
   std::int64_t global_batch_size() const { return global_batch_; }
@@ -43,17 +60,22 @@ class DistributedIterator {
   // The next step's batches, one per replica of this input pipeline (some may be empty); nullptr
   // at the end of the epoch. Valid until the next call.
   const std::vector<ReplicaBatch>* next();
-  // Samples of the last step over every replica in sync, all input pipelines included (known
-  // without communication in split_global_batch mode; per_replica mode knows its own only).
+  // Samples of the last step over every replica in sync, all input pipelines included.
   std::int64_t global_samples() const { return global_samples_; }
 
  private:
+  // The batch input pipeline `pipeline` makes (per replica in per_replica mode).
+  std::int64_t pipeline_batch_of(int pipeline) const;
+  // What a pipeline holding `samples`, batched by `batch`, contributes at `step`; its steps.
+  std::int64_t samples_at(std::int64_t samples, std::int64_t batch, std::int64_t step) const;
+  std::int64_t steps_of(std::int64_t samples, std::int64_t batch) const;
+
   config::DistributeMode mode_;
-  int replicas_;        // this pipeline's replicas
-  int first_replica_;   // the global index of this pipeline's first replica
-  int replicas_in_sync_;
+  int replicas_;  // this pipeline's replicas
+  std::int64_t global_batch_;
+  std::vector<std::int64_t> pipeline_samples_;
+  std::int64_t steps_ = 0, step_ = 0;
   std::int64_t global_samples_ = 0;
-  std::int64_t global_batch_, steps_ = 0;
   std::unique_ptr<Pipeline> pipeline_;
   std::vector<ReplicaBatch> out_;
   std::vector<Tensor> own_x_, own_y_;  // per_replica mode: each replica's copy of its batch

@@ -47,12 +47,19 @@ Pipeline::Pipeline(const Dataset& dataset, PipelineOptions options) : dataset_(d
   DTRAIN_CHECK(dataset_.x.dtype() == DType::u8 || dataset_.x.dtype() == DType::f32,
                fmt::format("pipeline converts u8 or f32 features, not {}", dtype_name(dataset_.x.dtype())));
   DTRAIN_CHECK(dataset_.y.shape().rank() >= 1 && dataset_.y.shape()[0] == dataset_.size(), "x and y sizes differ");
+  DTRAIN_CHECK(options_.shard_count >= 1 && options_.shard_index >= 0 && options_.shard_index < options_.shard_count,
+               fmt::format("shard {} of {} does not exist", options_.shard_index, options_.shard_count));
+}
+
+std::int64_t Pipeline::size() const {
+  const std::int64_t n = dataset_.size(), count = options_.shard_count, index = options_.shard_index;
+  return n > index ? (n - index + count - 1) / count : 0;
 }
 
 Pipeline::~Pipeline() { stop_worker(); }
 
 std::int64_t Pipeline::steps_per_epoch() const {
-  const std::int64_t n = dataset_.size();
+  const std::int64_t n = size();
   const std::int64_t b = options_.batch_size;
   return options_.drop_remainder ? n / b : (n + b - 1) / b;
 }
@@ -65,6 +72,13 @@ void Pipeline::start_epoch(std::int64_t epoch, std::int64_t first_step) {
                                  "iterator state does not match this dataset and batch size",
                                  epoch, first_step, dataset_.description, steps, options_.batch_size));
   order_ = shuffle_order(dataset_.size(), options_.shuffle_buffer, options_.seed, epoch);
+  if (options_.shard_count > 1) {
+    std::size_t kept = 0;
+    for (std::size_t i = static_cast<std::size_t>(options_.shard_index); i < order_.size();
+         i += static_cast<std::size_t>(options_.shard_count))
+      order_[kept++] = order_[i];
+    order_.resize(kept);
+  }
   epoch_steps_ = steps;
   delivered_ = first_step;
   prepared_ = first_step;
@@ -134,7 +148,7 @@ void Pipeline::stop_worker() {
 // Gathers the samples of one step in shuffled order: x rows converted to f32 times x_scale, y rows
 // copied as they are. ensure() reuses the slot's storage, so steady state allocates nothing.
 void Pipeline::fill(Batch& batch, std::int64_t step) const {
-  const std::int64_t n = dataset_.size();
+  const std::int64_t n = size();
   const std::int64_t begin = step * options_.batch_size;
   const std::int64_t count = std::min(begin + options_.batch_size, n) - begin;
   const std::int64_t row = dataset_.x.shape().tail().numel();

@@ -33,6 +33,11 @@ struct PipelineOptions {
   bool drop_remainder = false;
   std::uint64_t seed = 0;
   bool prefetch = true;
+  // tf.data Dataset.shard(shard_count, shard_index) after the shuffle: keep every shard_count-th
+  // sample of the epoch's order, starting at position shard_index. Workers that share a seed and
+  // take shards 0..count-1 together see every sample once per epoch, none twice.
+  int shard_count = 1;
+  int shard_index = 0;
 };
 
 struct Batch {
@@ -50,6 +55,8 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
+  // Samples per epoch: the dataset's, or this shard's share of it.
+  std::int64_t size() const;
   std::int64_t steps_per_epoch() const;
   const PipelineOptions& options() const { return options_; }
 

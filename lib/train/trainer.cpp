@@ -35,11 +35,11 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
   strategy_ = std::make_unique<distribute::Strategy>(exp_.strategy, threads_, opt_.cluster);
-  if (strategy_->workers() > 1 && (exp_.data.auto_shard == config::AutoShardPolicy::file ||
-                                   exp_.data.auto_shard == config::AutoShardPolicy::off))
-    throw ConfigError(fmt::format("{}: data.auto_shard {} with several workers is not supported in this version; use auto "
-                                  "or data (every worker keeps its own replicas' share of each global batch)",
-                                  exp_.source_file, config::name_of(exp_.data.auto_shard)));
+  try {
+    shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: {}", exp_.source_file, e.what()));
+  }
   if (!strategy_->is_chief()) {
     // Workers other than the chief compute and take part in every collective, silently.
     null_out_ = std::fopen("/dev/null", "w");
@@ -75,7 +75,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
   eval_fn_ = [this](const distribute::ReplicaContext& rc) { replica_eval_step(rc); };
 
-  splits_ = data::load_splits(exp_.data, exp_.seed);
+  splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
   if (splits_.train.size() == 0) throw InputError("the training set is empty");
   const Shape sample = splits_.train.x.shape().tail();
   if (sample != model().input_shape())
@@ -195,8 +195,10 @@ void Trainer::restore(const std::string& checkpoint_path) {
 
 std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Dataset& split, bool training) const {
   data::PipelineOptions po;
-  po.seed = exp_.seed;
+  po.seed = training ? shards_.train_seed(exp_.seed) : exp_.seed;
   po.prefetch = exp_.data.prefetch;
+  po.shard_count = training ? shards_.train_shard_count() : shards_.eval_shard_count();
+  po.shard_index = po.shard_count > 1 ? shards_.shard_index() : 0;
   data::InputContext ctx;
   ctx.num_input_pipelines = strategy_->workers();
   ctx.input_pipeline_id = strategy_->worker_index();
@@ -212,7 +214,15 @@ std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Da
     mode = config::DistributeMode::split_global_batch;
     if (exp_.data.eval_batch_size > 0) global = exp_.data.eval_batch_size;
   }
-  return std::make_unique<data::DistributedIterator>(split, mode, ctx, global, po);
+  data::DistributedIterator::ShareSizes share_sizes;
+  if (auto* cluster = strategy_->cluster(); cluster && cluster->size() > 1)
+    share_sizes = [cluster](std::int64_t mine) {
+      std::vector<std::int64_t> sizes(static_cast<std::size_t>(cluster->size()), 0);
+      sizes[static_cast<std::size_t>(cluster->rank())] = mine;
+      cluster->all_reduce_sum(std::span<std::int64_t>(sizes), "input share sizes");
+      return sizes;
+    };
+  return std::make_unique<data::DistributedIterator>(split, mode, ctx, global, po, share_sizes);
 }
 
 void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
@@ -329,6 +339,8 @@ std::vector<EpochLog> Trainer::fit() {
   write_run_files();
   fmt::print(opt_.out, "{}\n", header_line());
   if (!strategy_->choice_note().empty()) fmt::print(opt_.out, "{}\n", strategy_->choice_note());
+  if (!shards_.note.empty()) fmt::print(opt_.out, "{}\n", shards_.note);
+  if (!shards_.warning.empty() && strategy_->is_chief()) fmt::print(stderr, "{}\n", shards_.warning);
   std::fflush(opt_.out);
 
   auto it = make_iterator(splits_.train, true);

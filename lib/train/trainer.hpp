@@ -29,6 +29,7 @@
 #include "config/experiment.hpp"
 #include "data/dataset.hpp"
 #include "data/distributed.hpp"
+#include "data/sharding.hpp"
 #include "distribute/strategy.hpp"
 #include "kernels/cpu/dnnl_context.hpp"
 #include "losses/loss.hpp"
@@ -113,7 +114,8 @@ class Trainer {
   TrainerOptions opt_;
   int threads_ = 1;
   std::unique_ptr<distribute::Strategy> strategy_;
-  data::DataSplits splits_;
+  data::ShardPlan shards_;   // this worker's part of the data
+  data::DataSplits splits_;  // as this worker loaded them (its files under auto_shard file)
   std::unique_ptr<losses::Loss> loss_;
   std::vector<Replica> replicas_;
   std::int64_t global_step_ = 0;

@@ -45,6 +45,61 @@ case "$case_name" in
       done
       echo "ok: $n workers over $impl match the default strategy and 4 mirrored replicas"
     done
+    # per_replica input across workers (one pipeline per worker, each its k-th share): the same
+    # step as 2 mirrored replicas with per_replica input.
+    per_replica=(--set data.distribute=per_replica --set data.batch_size_per_replica=32)
+    "$dtrain" run "$small" "${one_step[@]}" "${per_replica[@]}" --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" \
+      --run-dir "$scratch/mirrored2_per_replica" >/dev/null || fail "mirrored per_replica run failed"
+    mpi 2 "$dtrain" run "$small" "${one_step[@]}" "${per_replica[@]}" --set "$(mwm ring)" \
+      --run-dir "$scratch/mw_per_replica" >"$scratch/mw_per_replica.out" 2>&1 \
+      || fail "mpirun -n 2 per_replica failed: $(tail -5 "$scratch/mw_per_replica.out")"
+    tools/compare_weights "$scratch/mw_per_replica/checkpoints/ckpt-1.h5" \
+      "$scratch/mirrored2_per_replica/checkpoints/ckpt-1.h5" --rtol 1e-5 \
+      || fail "2 workers with per_replica input differ from 2 mirrored replicas"
+    echo "ok: per_replica input over 2 workers matches 2 mirrored replicas"
+    ;;
+  sharding)
+    # auto_shard over real shard files: each worker reads its own files, the test set is still
+    # evaluated exactly once, and every world size gives the same Test Accuracy.
+    tools/make_shards --input data/fashion_mnist_small.h5 --shards 4 --output-prefix "$scratch/fm" >/dev/null \
+      || fail "tools/make_shards failed"
+    shards=$(printf '%s, ' "$scratch"/fm-0000?-of-00004.h5)
+    sed -e "s|^  path: .*|  shards: [${shards%, }]|" -e 's|^strategy: .*|strategy: {kind: multi_worker_mirrored}|' \
+      "$small" >"$scratch/sharded.yaml"
+    common=(--set train.epochs=1 --set train.threads=1 --set train.progress=none)
+    mpi 2 "$dtrain" run "$scratch/sharded.yaml" "${common[@]}" --run-dir "$scratch/run" >"$scratch/run.out" 2>&1 \
+      || fail "mpirun -n 2 over 4 shard files failed: $(tail -5 "$scratch/run.out")"
+    grep -q "data.auto_shard auto: by file (4 shard files over 2 workers)" "$scratch/run.out" || fail "no auto_shard note"
+    grep -q '"test_samples": 500,' "$scratch/run/metrics.jsonl" \
+      || fail "the test set was not evaluated exactly once: $(cat "$scratch/run/metrics.jsonl")"
+    ckpt=$(ls "$scratch"/run/checkpoints/ckpt-*.h5 | head -1)
+    for n in 1 2 4; do
+      if [ "$n" -eq 1 ]; then "$dtrain" eval --checkpoint "$ckpt" >"$scratch/eval$n" 2>&1 || fail "eval failed"
+      else mpi "$n" "$dtrain" eval --checkpoint "$ckpt" >"$scratch/eval$n" 2>&1 || fail "mpirun -n $n eval failed: $(cat "$scratch/eval$n")"; fi
+      grep -q '500 samples' "$scratch/eval$n" || fail "$n ranks did not evaluate the 500 test samples of the 4 files once"
+    done
+    acc() { sed -nE 's/.*Test Accuracy: ([0-9.]+).*/\1/p' "$scratch/eval$1"; }
+    [ -n "$(acc 1)" ] && [ "$(acc 1)" = "$(acc 2)" ] && [ "$(acc 1)" = "$(acc 4)" ] \
+      || fail "test accuracy differs: $(acc 1) / $(acc 2) / $(acc 4)"
+    echo "ok: Test Accuracy $(acc 1) with 1, 2 and 4 ranks over 4 shard files"
+
+    # Fewer files than workers under auto_shard: file is refused (exit 2, the counts named).
+    mpi 4 "$dtrain" run "$scratch/sharded.yaml" "${common[@]}" --set data.auto_shard=file \
+      --set "data.shards=[$scratch/fm-00000-of-00004.h5, $scratch/fm-00001-of-00004.h5]" --run-dir "$scratch/few" \
+      >"$scratch/few.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "fewer files than workers: exit $rc, wanted 2"
+    grep -q "data.auto_shard file: 2 shard files for 4 workers" "$scratch/few.out" || fail "no clear error: $(head -3 "$scratch/few.out")"
+
+    # off: every worker trains on everything (twice the steps of data sharding) and is warned.
+    mpi 2 "$dtrain" run "$small" "${common[@]}" --set data.auto_shard=off --set "strategy={kind: multi_worker_mirrored}" \
+      --run-dir "$scratch/off" >"$scratch/off.out" 2>&1 || fail "auto_shard off failed: $(tail -5 "$scratch/off.out")"
+    grep -q "warning: data.auto_shard off: each of the 2 workers trains on the whole dataset" "$scratch/off.out" \
+      || fail "no warning for auto_shard off"
+    grep -q "(32 steps" "$scratch/off.out" || fail "off: wanted 2000 samples / 64 per worker = 32 steps: $(grep steps "$scratch/off.out")"
+    mpi 2 "$dtrain" run "$small" "${common[@]}" --set data.auto_shard=data --set "strategy={kind: multi_worker_mirrored}" \
+      --run-dir "$scratch/data" >"$scratch/data.out" 2>&1 || fail "auto_shard data failed"
+    grep -q "(16 steps" "$scratch/data.out" || fail "data: wanted 2000 samples / 128 global = 16 steps"
     ;;
   exact_eval)
     "$dtrain" run "$small" --set train.epochs=1 --set train.progress=none --run-dir "$scratch/run" >/dev/null || fail "run failed"

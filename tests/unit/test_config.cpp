@@ -875,8 +875,10 @@ TEST_CASE("config: data.auto_shard and data.shards") {
 
   const std::vector<std::string> variants = {
       "data: {source: hdf5, auto_shard: file, shards: [part0.h5, 'dir/part 1.h5', part2.h5]}",
-      "data: {source: hdf5, path: all.h5, auto_shard: file, shards: [a.h5]}\n"
+      "data: {source: hdf5, auto_shard: file, shards: [a.h5]}\n"
       "strategy: {kind: multi_worker_mirrored, devices: [cpu:0]}\nloss: {reduction: sum}",
+      "data: {source: hdf5, shards: [a.h5, b.h5]}",
+      "data: {source: hdf5, auto_shard: data, shards: [a.h5, b.h5]}",
       "data: {source: hdf5, path: all.h5, auto_shard: off}",
       "data: {auto_shard: data}",
   };
@@ -894,9 +896,9 @@ TEST_CASE("config: data.auto_shard and data.shards") {
 
 TEST_CASE("config: bad auto_shard and shards settings are refused where they are written") {
   CHECK(error_of(minimal + "data: {source: hdf5, path: a.h5, shards: [b.h5]}\n") ==
-        "t.yaml:5:34: data.shards: applies only to auto_shard file, not to auto; remove it or write auto_shard: file");
-  CHECK(contains(error_of(minimal + "data: {source: hdf5, path: a.h5, auto_shard: data, shards: [b.h5]}\n"),
-                 "data.shards: applies only to auto_shard file, not to data"));
+        "t.yaml:5:34: data.shards: give either data.path (one HDF5 file) or data.shards (the data split into files), "
+        "not both; data.path is at t.yaml:5:28");
+  CHECK(error_of(minimal + "data: {source: hdf5}\n") == "t.yaml:5:7: data: missing required key 'path'");
   CHECK(error_of(minimal + "data: {source: hdf5, auto_shard: file}\n") ==
         "t.yaml:5:7: data: missing required key 'shards' (auto_shard: file reads one HDF5 file per shard, for example "
         "shards: [part0.h5, part1.h5])");
@@ -919,7 +921,6 @@ TEST_CASE("config: bad auto_shard and shards settings are refused where they are
         "t.yaml:5:20: unknown auto_shard policy 'sharded'; valid: auto, file, data, off");
   CHECK(error_of(minimal + "data: {auto_shrd: off}\n") ==
         "t.yaml:5:8: unknown key 'auto_shrd' in data; did you mean 'auto_shard'?");
-  CHECK(error_of(minimal + "data: {source: hdf5, path: a.h5}\n", {"data.shards=[b.h5]"}) ==
-        "--set data.shards=[b.h5]: data.shards: applies only to auto_shard file, not to auto; remove it or write "
-        "auto_shard: file");
+  CHECK(contains(error_of(minimal + "data: {source: hdf5, path: a.h5}\n", {"data.shards=[b.h5]"}),
+                 "--set data.shards=[b.h5]: data.shards: give either data.path"));
 }

@@ -1,0 +1,64 @@
+#include "data/sharding.hpp"
+
+#include <fmt/format.h>
+
+#include "config/parse.hpp"
+#include "core/error.hpp"
+
+namespace dtrain::data {
+
+std::uint64_t ShardPlan::train_seed(std::uint64_t seed) const {
+  if (policy != config::AutoShardPolicy::off || worker == 0) return seed;
+  // A fixed odd multiplier spreads the worker index over all bits; worker 0 keeps the seed, so
+  // one worker trains exactly as a single process would.
+  return seed ^ (0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(worker));
+}
+
+ShardPlan plan_shards(const config::DataConfig& data, int workers, int worker) {
+  DTRAIN_CHECK(workers >= 1 && worker >= 0 && worker < workers, "worker index outside the world");
+  ShardPlan plan;
+  plan.workers = workers;
+  plan.worker = worker;
+  const auto files = static_cast<int>(data.shards.size());
+  switch (data.auto_shard) {
+    case config::AutoShardPolicy::auto_select:
+      plan.policy = files >= workers && files > 0 ? config::AutoShardPolicy::file : config::AutoShardPolicy::data;
+      if (workers > 1)
+        plan.note = plan.policy == config::AutoShardPolicy::file
+                        ? fmt::format("data.auto_shard auto: by file ({} shard files over {} workers)", files, workers)
+                    : files > 0 ? fmt::format("data.auto_shard auto: by data ({} shard files are fewer than the {} "
+                                              "workers, so every worker keeps every {}-th sample)",
+                                              files, workers, workers)
+                                : fmt::format("data.auto_shard auto: by data (every worker keeps every {}-th sample of "
+                                              "the shuffled order)",
+                                              workers);
+      break;
+    case config::AutoShardPolicy::file:
+      if (files < workers)
+        throw ConfigError(fmt::format("data.auto_shard file: {} shard files for {} workers; every worker needs at least "
+                                      "one file (split the data into more files with tools/make_shards, run fewer "
+                                      "ranks, or write auto_shard: data)",
+                                      files, workers));
+      plan.policy = config::AutoShardPolicy::file;
+      break;
+    case config::AutoShardPolicy::data:
+      plan.policy = config::AutoShardPolicy::data;
+      break;
+    case config::AutoShardPolicy::off:
+      plan.policy = config::AutoShardPolicy::off;
+      if (workers > 1)
+        plan.warning = fmt::format("dtrain: warning: data.auto_shard off: each of the {} workers trains on the whole "
+                                "dataset, so an epoch shows every sample {} times (each worker in its own order); "
+                                "write auto_shard: data to give each worker its own share",
+                                workers, workers);
+      break;
+  }
+  if (plan.policy == config::AutoShardPolicy::file) {
+    for (int f = worker; f < files; f += workers) plan.files.push_back(data.shards[static_cast<std::size_t>(f)]);
+  } else {
+    plan.files = data.shards;
+  }
+  return plan;
+}
+
+}  // namespace dtrain::data
