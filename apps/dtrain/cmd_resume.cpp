@@ -81,27 +81,22 @@ int resume_command(const ResumeArgs& args) {
   options.cluster = &cluster;
   StopOnSignal signals;
   options.stop_requested = &signals.requested();
-  train::Trainer trainer(std::move(exp), options);
-  // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.
-  std::string chosen;
-  for (std::size_t i = first; i < candidates.size() && chosen.empty(); ++i) {
-    try {
-      trainer.restore(candidates[i]);
-      chosen = candidates[i];
-    } catch (const InputError& e) {
-      if (i + 1 == candidates.size()) throw;
-      if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[i], e.what());
+  return train_or_evaluate(cluster, exp, options, [&](train::Trainer& trainer) {
+    // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.
+    std::string chosen;
+    for (std::size_t i = first; i < candidates.size() && chosen.empty(); ++i) {
+      try {
+        trainer.restore(candidates[i]);
+        chosen = candidates[i];
+      } catch (const InputError& e) {
+        if (i + 1 == candidates.size()) throw;
+        if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[i], e.what());
+      }
     }
-  }
-  stored = checkpoint::peek(chosen);
-  if (say) fmt::print("Resuming from {} at epoch {}, step {} of it (global step {})\n", chosen, stored.state.epoch + 1,
-             stored.state.step_in_epoch, stored.state.global_step);
-  try {
-    trainer.fit();
-  } catch (const train::Interrupted& stop) {
-    return report_interrupted(stop, options.run_dir);
-  }
-  return static_cast<int>(kOk);
+    stored = checkpoint::peek(chosen);
+    if (say) fmt::print("Resuming from {} at epoch {}, step {} of it (global step {})\n", chosen, stored.state.epoch + 1,
+                        stored.state.step_in_epoch, stored.state.global_step);
+  });
   });
 }
 

@@ -1,6 +1,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -8,7 +10,9 @@
 #include "config/parse.hpp"
 #include "core/error.hpp"
 #include "distribute/cluster.hpp"
+#include "distribute/roles.hpp"
 #include "signals.hpp"
+#include "train/evaluator.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
@@ -33,24 +37,56 @@ int report_interrupted(const train::Interrupted& stop, const std::string& run_di
   return kInterrupted;
 }
 
-int run_command(const RunArgs& args) {
-  distribute::Cluster cluster;
-  return run_as_worker(cluster, [&] {
-  config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
-  train::TrainerOptions options;
-  options.cluster = &cluster;
-  options.run_dir = args.run_dir.empty() ? "runs/" + exp.name : args.run_dir;
-  options.out = stdout;
-  options.out_is_tty = isatty(fileno(stdout)) != 0;
-  StopOnSignal signals;
-  options.stop_requested = &signals.requested();
-  train::Trainer trainer(std::move(exp), options);
+int train_or_evaluate(distribute::Cluster& cluster, config::Experiment& experiment, const train::TrainerOptions& options,
+                      const std::function<void(train::Trainer&)>& prepare) {
+  std::optional<distribute::RolePlan> roles;
+  if (experiment.strategy.kind == config::StrategyKind::multi_worker_mirrored && cluster.uses_mpi()) {
+    roles = distribute::resolve_roles(experiment.strategy.roles, std::getenv("TF_CONFIG"), cluster.world_size(),
+                                      cluster.world_rank());
+    cluster.split(roles->role_of(cluster.world_rank()) != distribute::Role::evaluator);
+  }
+  if (roles && roles->role_of(cluster.world_rank()) == distribute::Role::evaluator) {
+    train::TrainerOptions mine = options;
+    mine.out = stdout;
+    train::Trainer trainer(std::move(experiment), mine);
+    train::EvaluatorOptions eval;
+    eval.run_dir = options.run_dir;
+    eval.stop_requested = options.stop_requested;
+    train::run_evaluator(trainer, cluster, eval);
+    return options.stop_requested && options.stop_requested->load() != 0 ? kInterrupted : kOk;
+  }
+  train::Trainer trainer(std::move(experiment), options);
+  if (roles && roles->evaluators > 0 && cluster.is_chief())
+    fmt::print(options.out, "roles ({}): {}; rank {} evaluates each new checkpoint\n", roles->source, roles->describe(),
+               roles->training_ranks());
+  prepare(trainer);
+  // The evaluator stops once the chief says training has ended, stopped or not.
+  auto tell_evaluators = [&] {
+    if (!roles || !cluster.is_chief()) return;
+    for (int r = roles->training_ranks(); r < roles->world_size(); ++r) cluster.send_training_done(r);
+  };
   try {
     trainer.fit();
   } catch (const train::Interrupted& stop) {
+    tell_evaluators();
     return report_interrupted(stop, options.run_dir);
   }
-  return static_cast<int>(kOk);
+  tell_evaluators();
+  return kOk;
+}
+
+int run_command(const RunArgs& args) {
+  distribute::Cluster cluster;
+  return run_as_worker(cluster, [&] {
+    config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+    train::TrainerOptions options;
+    options.cluster = &cluster;
+    options.run_dir = args.run_dir.empty() ? "runs/" + exp.name : args.run_dir;
+    options.out = stdout;
+    options.out_is_tty = isatty(fileno(stdout)) != 0;
+    StopOnSignal signals;
+    options.stop_requested = &signals.requested();
+    return train_or_evaluate(cluster, exp, options, [](train::Trainer&) {});
   });
 }
 

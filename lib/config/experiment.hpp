@@ -66,6 +66,17 @@ struct CommunicationConfig {
   bool operator==(const CommunicationConfig&) const = default;
 };
 
+// multi_worker_mirrored: what each MPI rank does, as TF_CONFIG's task types. Ranks are given out
+// in order: the chief (rank 0), then the workers, then the evaluator. The chief and the workers
+// train together; the evaluator takes no part in training and evaluates each new checkpoint.
+struct RolesConfig {
+  int chief = 1;      // 0 or 1; without one, worker 0 does the chief's duties (as in TensorFlow)
+  int worker = -1;    // -1: every rank the chief and the evaluator leave
+  int evaluator = 0;  // 0 or 1
+  SourceLocation where;  // the roles section (line 0 when left out)
+  bool operator==(const RolesConfig&) const = default;
+};
+
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::default_strategy;
   // one_device. Device names are normalised to "cpu:N" / "gpu:N" whatever TensorFlow spelling the
@@ -81,6 +92,7 @@ struct StrategyConfig {
   std::string parameter_device = "cpu:0";  // central_storage: where the single copy of the variables lives
   CrossDeviceOpsKind cross_device_ops = CrossDeviceOpsKind::auto_select;  // mirrored
   CommunicationConfig communication;                                      // multi_worker_mirrored
+  RolesConfig roles;                                                      // multi_worker_mirrored
   // For errors raised after parsing (a device the machine lacks, a reduction the devices cannot
   // do): the `kind` value (or the section, or the file when absent), and the values of
   // device/devices and cross_device_ops (line 0 when left to their defaults).

@@ -442,9 +442,24 @@ CommunicationConfig parse_communication(const Node& node, const std::string& pat
   return out;
 }
 
+RolesConfig parse_roles(const Node& node, const std::string& path) {
+  static constexpr std::string_view keys[] = {"chief", "worker", "evaluator"};
+  Section s(node, path, keys);
+  RolesConfig out;
+  out.where = node.origin.location();
+  // TensorFlow allows at most one chief and one evaluator.
+  for (auto [key, value] : {std::pair<std::string_view, int*>{"chief", &out.chief}, {"evaluator", &out.evaluator}})
+    if (const Node* n = s.find(key)) {
+      *value = read_int32(*n, s.path(key));
+      if (*value < 0 || *value > 1) range_error(*n, s.path(key), "0 or 1");
+    }
+  s.get_int("worker", out.worker, 0);
+  return out;
+}
+
 StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
   static constexpr std::string_view keys[] = {"kind",          "device",           "devices", "parameter_device",
-                                              "cross_device_ops", "communication"};
+                                              "cross_device_ops", "communication", "roles"};
   Section s(node, "strategy", keys);
   StrategyConfig out;
   out.where = key_origin.location();
@@ -469,6 +484,7 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
   s.only_for("parameter_device", central_storage, "strategy kind central_storage", chosen);
   s.only_for("cross_device_ops", mirrored, "strategy kind mirrored", chosen);
   s.only_for("communication", multi_worker, "strategy kind multi_worker_mirrored", chosen);
+  s.only_for("roles", multi_worker, "strategy kind multi_worker_mirrored", chosen);
 
   if (const Node* device = s.find("device")) {
     out.device = read_device(*device, s.path("device"));
@@ -484,6 +500,7 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
     out.cross_device_ops_where = ops->origin.location();
   }
   s.get("communication", out.communication, parse_communication);
+  s.get("roles", out.roles, parse_roles);
   return out;
 }
 

@@ -130,6 +130,13 @@ void strategy(YAML::Emitter& out, const StrategyConfig& s) {
       out << YAML::Key << "bytes_per_pack" << YAML::Value << c.bytes_per_pack;
       out << YAML::Key << "timeout_seconds" << YAML::Value << number(c.timeout_seconds);
       out << YAML::EndMap;
+      const RolesConfig& r = s.roles;
+      if (r.chief == 1 && r.worker < 0 && r.evaluator == 0) break;  // the default: every rank trains
+      out << YAML::Key << "roles" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "chief" << YAML::Value << r.chief;
+      if (r.worker >= 0) out << YAML::Key << "worker" << YAML::Value << r.worker;  // left out: the rest
+      out << YAML::Key << "evaluator" << YAML::Value << r.evaluator;
+      out << YAML::EndMap;
       break;
     }
   }

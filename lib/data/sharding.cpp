@@ -27,9 +27,9 @@ ShardPlan plan_shards(const config::DataConfig& data, int workers, int worker) {
         plan.note = plan.policy == config::AutoShardPolicy::file
                         ? fmt::format("data.auto_shard auto: by file ({} shard files over {} workers)", files, workers)
                     : files > 0 ? fmt::format("data.auto_shard auto: by data ({} shard files are fewer than the {} "
-                                              "workers, so every worker keeps every {}-th sample)",
+                                              "workers, so each worker keeps 1 sample in {})",
                                               files, workers, workers)
-                                : fmt::format("data.auto_shard auto: by data (every worker keeps every {}-th sample of "
+                                : fmt::format("data.auto_shard auto: by data (each worker keeps 1 sample in {} of "
                                               "the shuffled order)",
                                               workers);
       break;

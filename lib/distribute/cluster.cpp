@@ -20,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kCensusRequestTag = 7001;
 constexpr int kCensusReplyTag = 7002;
 constexpr int kAbortNoticeTag = 7003;
+constexpr int kTrainingDoneTag = 7004;
 constexpr int kNoticeBytes = 1024;
 
 // Where a rank is: its global step and how many collectives it has entered.
@@ -39,13 +40,17 @@ void check(int rc, const char* call) {
 
 }  // namespace
 
+struct Cluster::Comm {
+  MPI_Comm handle = MPI_COMM_NULL;
+};
+
 bool Cluster::launched_by_mpi() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
     if (std::getenv(var)) return true;
   return false;
 }
 
-Cluster::Cluster() {
+Cluster::Cluster() : comm_(std::make_unique<Comm>()) {
   if (!launched_by_mpi()) return;
   int provided = 0;
   // Collectives are made by one thread at a time (the main thread, or replica 0's thread).
@@ -56,21 +61,57 @@ Cluster::Cluster() {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  world_rank_ = rank_;
+  world_size_ = size_;
+  comm_->handle = MPI_COMM_WORLD;
   mpi_ = true;
 }
 
 Cluster::~Cluster() {
-  if (mpi_) MPI_Finalize();
+  if (!mpi_) return;
+  if (comm_->handle != MPI_COMM_WORLD) MPI_Comm_free(&comm_->handle);
+  MPI_Finalize();
+}
+
+void Cluster::split(bool trains) {
+  if (!mpi_) return;
+  MPI_Comm group = MPI_COMM_NULL;
+  // Collective over the world: every rank calls it once, before any collective of its group.
+  check(MPI_Comm_split(MPI_COMM_WORLD, trains ? 0 : 1, world_rank_, &group), "MPI_Comm_split");
+  MPI_Comm_set_errhandler(group, MPI_ERRORS_RETURN);
+  comm_->handle = group;
+  MPI_Comm_rank(group, &rank_);
+  MPI_Comm_size(group, &size_);
+}
+
+void Cluster::send_training_done(int world_rank) {
+  if (!mpi_) return;
+  int done = 1;
+  // Buffered by MPI (one int), so the chief never waits for an evaluator busy evaluating.
+  MPI_Request request;
+  check(MPI_Isend(&done, 1, MPI_INT, world_rank, kTrainingDoneTag, MPI_COMM_WORLD, &request), "MPI_Isend");
+  check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
+bool Cluster::training_done() {
+  if (!mpi_) return true;
+  int pending = 0;
+  MPI_Status status;
+  MPI_Iprobe(MPI_ANY_SOURCE, kTrainingDoneTag, MPI_COMM_WORLD, &pending, &status);
+  if (!pending) return false;
+  int done = 0;
+  MPI_Recv(&done, 1, MPI_INT, status.MPI_SOURCE, kTrainingDoneTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  return true;
 }
 
 void Cluster::answer_census() {
   int pending = 0;
   MPI_Status status;
   // Another rank timed out and is about to abort the job: say where this rank stands first.
-  MPI_Iprobe(MPI_ANY_SOURCE, kAbortNoticeTag, MPI_COMM_WORLD, &pending, &status);
+  MPI_Iprobe(MPI_ANY_SOURCE, kAbortNoticeTag, comm_->handle, &pending, &status);
   if (pending) {
     char missing[kNoticeBytes] = {};
-    MPI_Recv(missing, kNoticeBytes, MPI_CHAR, status.MPI_SOURCE, kAbortNoticeTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(missing, kNoticeBytes, MPI_CHAR, status.MPI_SOURCE, kAbortNoticeTag, comm_->handle, MPI_STATUS_IGNORE);
     missing[kNoticeBytes - 1] = '\0';
     std::fprintf(stderr,
                  "dtrain: rank %d: at step %lld in collective #%llu when rank %d timed out; ranks that did not arrive: %s; "
@@ -79,13 +120,13 @@ void Cluster::answer_census() {
                  missing, kCollectiveTimeoutExit);
     std::fflush(stderr);
   }
-  MPI_Iprobe(MPI_ANY_SOURCE, kCensusRequestTag, MPI_COMM_WORLD, &pending, &status);
+  MPI_Iprobe(MPI_ANY_SOURCE, kCensusRequestTag, comm_->handle, &pending, &status);
   while (pending) {
     int dummy = 0;
-    MPI_Recv(&dummy, 1, MPI_INT, status.MPI_SOURCE, kCensusRequestTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&dummy, 1, MPI_INT, status.MPI_SOURCE, kCensusRequestTag, comm_->handle, MPI_STATUS_IGNORE);
     Position here{step_, collective_};
-    MPI_Send(&here, sizeof here, MPI_BYTE, status.MPI_SOURCE, kCensusReplyTag, MPI_COMM_WORLD);
-    MPI_Iprobe(MPI_ANY_SOURCE, kCensusRequestTag, MPI_COMM_WORLD, &pending, &status);
+    MPI_Send(&here, sizeof here, MPI_BYTE, status.MPI_SOURCE, kCensusReplyTag, comm_->handle);
+    MPI_Iprobe(MPI_ANY_SOURCE, kCensusRequestTag, comm_->handle, &pending, &status);
   }
 }
 
@@ -97,7 +138,7 @@ void Cluster::report_timeout(const char* what) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     requests.emplace_back();
-    MPI_Isend(&dummy, 1, MPI_INT, r, kCensusRequestTag, MPI_COMM_WORLD, &requests.back());
+    MPI_Isend(&dummy, 1, MPI_INT, r, kCensusRequestTag, comm_->handle, &requests.back());
   }
   std::vector<bool> answered(static_cast<std::size_t>(size_), false);
   std::vector<Position> where(static_cast<std::size_t>(size_), Position{-1, 0});
@@ -108,10 +149,10 @@ void Cluster::report_timeout(const char* what) {
     answer_census();
     int flag = 0;
     MPI_Status status;
-    MPI_Iprobe(MPI_ANY_SOURCE, kCensusReplyTag, MPI_COMM_WORLD, &flag, &status);
+    MPI_Iprobe(MPI_ANY_SOURCE, kCensusReplyTag, comm_->handle, &flag, &status);
     if (flag) {
       Position p{};
-      MPI_Recv(&p, sizeof p, MPI_BYTE, status.MPI_SOURCE, kCensusReplyTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(&p, sizeof p, MPI_BYTE, status.MPI_SOURCE, kCensusReplyTag, comm_->handle, MPI_STATUS_IGNORE);
       answered[static_cast<std::size_t>(status.MPI_SOURCE)] = true;
       where[static_cast<std::size_t>(status.MPI_SOURCE)] = p;
     } else {
@@ -141,7 +182,7 @@ void Cluster::report_timeout(const char* what) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_ || !answered[static_cast<std::size_t>(r)]) continue;
     notices.emplace_back();
-    MPI_Isend(notice, kNoticeBytes, MPI_CHAR, r, kAbortNoticeTag, MPI_COMM_WORLD, &notices.back());
+    MPI_Isend(notice, kNoticeBytes, MPI_CHAR, r, kAbortNoticeTag, comm_->handle, &notices.back());
   }
   const auto grace = Clock::now() + std::chrono::seconds(1);
   while (Clock::now() < grace) {
@@ -175,7 +216,7 @@ void Cluster::all_reduce(void* data, int count, Element element, bool max, const
                             : element == Element::i64 ? MPI_INT64_T
                                                       : MPI_INT;
   MPI_Request req;
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD, &req), "MPI_Iallreduce");
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, max ? MPI_MAX : MPI_SUM, comm_->handle, &req), "MPI_Iallreduce");
   wait(&req, 1, what);
 }
 
@@ -211,8 +252,8 @@ void Cluster::ring_all_reduce_sum(std::span<float> values, const char* what) {
   for (std::size_t s = 0; s + 1 < n; ++s) {
     const std::size_t send = (r + n - s) % n, recv = (r + 2 * n - s - 1) % n;
     MPI_Request reqs[2];
-    check(MPI_Irecv(ring_scratch_.data(), chunk_size(recv), MPI_FLOAT, left, kRingTag, MPI_COMM_WORLD, &reqs[0]), "MPI_Irecv");
-    check(MPI_Isend(values.data() + chunk_begin(send), chunk_size(send), MPI_FLOAT, right, kRingTag, MPI_COMM_WORLD, &reqs[1]),
+    check(MPI_Irecv(ring_scratch_.data(), chunk_size(recv), MPI_FLOAT, left, kRingTag, comm_->handle, &reqs[0]), "MPI_Irecv");
+    check(MPI_Isend(values.data() + chunk_begin(send), chunk_size(send), MPI_FLOAT, right, kRingTag, comm_->handle, &reqs[1]),
           "MPI_Isend");
     wait(reqs, 2, what);
     float* own = values.data() + chunk_begin(recv);
@@ -222,9 +263,9 @@ void Cluster::ring_all_reduce_sum(std::span<float> values, const char* what) {
   for (std::size_t s = 0; s + 1 < n; ++s) {
     const std::size_t send = (r + 1 + n - s) % n, recv = (r + n - s) % n;
     MPI_Request reqs[2];
-    check(MPI_Irecv(values.data() + chunk_begin(recv), chunk_size(recv), MPI_FLOAT, left, kRingTag, MPI_COMM_WORLD, &reqs[0]),
+    check(MPI_Irecv(values.data() + chunk_begin(recv), chunk_size(recv), MPI_FLOAT, left, kRingTag, comm_->handle, &reqs[0]),
           "MPI_Irecv");
-    check(MPI_Isend(values.data() + chunk_begin(send), chunk_size(send), MPI_FLOAT, right, kRingTag, MPI_COMM_WORLD, &reqs[1]),
+    check(MPI_Isend(values.data() + chunk_begin(send), chunk_size(send), MPI_FLOAT, right, kRingTag, comm_->handle, &reqs[1]),
           "MPI_Isend");
     wait(reqs, 2, what);
   }
@@ -241,7 +282,7 @@ void Cluster::barrier(const char* what) {
   if (!mpi_ || size_ == 1) return;
   ++collective_;
   MPI_Request req;
-  check(MPI_Ibarrier(MPI_COMM_WORLD, &req), "MPI_Ibarrier");
+  check(MPI_Ibarrier(comm_->handle, &req), "MPI_Ibarrier");
   wait(&req, 1, what);
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,17 @@ class Cluster {
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_chief() const { return rank_ == 0; }
+  // The whole job, whatever split() made of rank() and size().
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+
+  // Roles: from here on rank(), size() and every collective (and the watchdog) refer only to the
+  // ranks that called it with the same `trains` — the training ranks, or the evaluator. Every
+  // rank of the world calls it once, before its first collective.
+  void split(bool trains);
+  // The chief tells an evaluator (by world rank) that training has ended; the evaluator polls.
+  void send_training_done(int world_rank);
+  bool training_done();
 
   // What the watchdog reports: the global step and the collective in progress.
   void set_step(std::int64_t step) { step_ = step; }
@@ -59,8 +71,11 @@ class Cluster {
   void answer_census();
   [[noreturn]] void report_timeout(const char* what);
 
+  struct Comm;                  // the MPI communicator, kept out of this header
+  std::unique_ptr<Comm> comm_;
   bool mpi_ = false;
   int rank_ = 0, size_ = 1;
+  int world_rank_ = 0, world_size_ = 1;
   std::int64_t step_ = 0;
   std::uint64_t collective_ = 0;  // how many collectives this rank has entered
   double timeout_seconds_ = 300.0;

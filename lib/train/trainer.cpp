@@ -163,7 +163,7 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   return checkpoints_->save(global_step_, *replicas_[0].model, *replicas_[0].optimizer, c);
 }
 
-void Trainer::restore(const std::string& checkpoint_path) {
+checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
   checkpoint::Contents c = checkpoint::restore(checkpoint_path, *replicas_[0].model, *replicas_[0].optimizer);
   // Mirrored copies get replica 0's values and slots; central storage already shares the values.
   auto& vars0 = replicas_[0].model->variables();
@@ -191,6 +191,7 @@ void Trainer::restore(const std::string& checkpoint_path) {
                        "from here on follows seed {}\n", c.state.seed, exp_.seed, exp_.seed);
   global_step_ = c.state.global_step;
   resume_ = c.state;
+  return c.state;
 }
 
 std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Dataset& split, bool training) const {

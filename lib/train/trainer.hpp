@@ -69,8 +69,8 @@ class Trainer {
 
   // Continues from a checkpoint (written under any strategy and replica count): weights,
   // optimizer slots and iterations, the epoch and step to go on at, and the unfinished epoch's
-  // running loss and metrics. Call before fit().
-  void restore(const std::string& checkpoint_path);
+  // running loss and metrics. Call before fit(). Returns the checkpoint's training state.
+  checkpoint::TrainingState restore(const std::string& checkpoint_path);
   // Trains the remaining epochs and returns their logs.
   std::vector<EpochLog> fit();
   // Runs `steps` training steps of epoch `epoch` from its start (tests, benchmarks); returns the
@@ -88,6 +88,8 @@ class Trainer {
   std::string header_line() const;
   // data.global_batch_size, or batch_size_per_replica times the replicas in sync.
   std::int64_t global_batch_size() const;
+  // checkpoint.dir, or <run dir>/checkpoints; empty when there is neither.
+  std::string checkpoint_dir() const;
 
  private:
   struct Replica {
@@ -106,7 +108,6 @@ class Trainer {
   bool stop_agreed();
   std::unique_ptr<data::DistributedIterator> make_iterator(const data::Dataset& split, bool training) const;
   void write_run_files();
-  std::string checkpoint_dir() const;
   // Saves the state "continue at (epoch, step_in_epoch)" with the running figures of that epoch.
   std::string save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum, std::int64_t samples);
 

@@ -113,6 +113,50 @@ case "$case_name" in
     acc() { sed -nE 's/.*Test Accuracy: ([0-9.]+).*/\1/p' "$scratch/eval$1"; }
     [ "$(acc 1)" = "$(acc 2)" ] && [ "$(acc 1)" = "$(acc 4)" ] || fail "test accuracy differs: $(acc 1) / $(acc 2) / $(acc 4)"
     ;;
+  roles)
+    # An evaluator rank takes no part in training and evaluates each checkpoint; its figures for
+    # the epoch-end checkpoint are the chief's Test figures of that epoch (same weights, same set).
+    common=(--set train.epochs=2 --set train.threads=1 --set train.progress=none)
+    mpi 3 "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored, roles: {evaluator: 1}}" \
+      --run-dir "$scratch/eval_role" >"$scratch/eval_role.out" 2>&1 || fail "run with an evaluator failed: $(tail -5 "$scratch/eval_role.out")"
+    grep -q "roles (strategy.roles): 1 chief, 1 worker, 1 evaluator; rank 2 evaluates" "$scratch/eval_role.out" || fail "no roles line"
+    grep -q "| workers 2 | replicas 2 " "$scratch/eval_role.out" || fail "the evaluator must not train: $(grep '^dtrain' "$scratch/eval_role.out")"
+    [ "$(wc -l <"$scratch/eval_role/evaluator.jsonl")" -eq 2 ] || fail "wanted 2 evaluations: $(cat "$scratch/eval_role/evaluator.jsonl")"
+    chief=$(sed -nE 's/^Epoch 2, .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/eval_role.out")
+    evaluator=$(sed -nE 's/^Evaluator: ckpt-32.h5 .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/eval_role.out")
+    [ -n "$chief" ] && [ "$chief" = "$evaluator" ] || fail "evaluator '$evaluator' differs from the chief's epoch 2 '$chief'"
+    echo "ok: the evaluator rank reports Test Loss/Accuracy $evaluator for the final checkpoint, as the chief does"
+
+    # TF_CONFIG, one per rank (its task from the MPI rank), gives the same roles.
+    cat >"$scratch/tf_config.sh" <<'EOF'
+#!/usr/bin/env bash
+r=$OMPI_COMM_WORLD_RANK
+case $r in 0) task='"chief", "index": 0' ;; 1) task='"worker", "index": 0' ;; *) task='"evaluator", "index": 0' ;; esac
+export TF_CONFIG="{\"cluster\": {\"chief\": [\"h0:2222\"], \"worker\": [\"h1:2222\"], \"evaluator\": [\"h2:2222\"]}, \"task\": {\"type\": $task}}"
+exec "$@"
+EOF
+    chmod +x "$scratch/tf_config.sh"
+    mpi 3 "$scratch/tf_config.sh" "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored}" \
+      --run-dir "$scratch/tf" >"$scratch/tf.out" 2>&1 || fail "run under TF_CONFIG failed: $(tail -5 "$scratch/tf.out")"
+    grep -q "roles (TF_CONFIG): 1 chief, 1 worker, 1 evaluator" "$scratch/tf.out" || fail "TF_CONFIG roles not used"
+    cmp <(grep -v samples/s "$scratch/tf.out" | grep '^Epoch\|^Evaluator: ckpt') \
+        <(grep -v samples/s "$scratch/eval_role.out" | grep '^Epoch\|^Evaluator: ckpt') || fail "TF_CONFIG run differs"
+
+    # Disagreements are refused before any training (exit 2), saying what disagrees.
+    TF_CONFIG='{"cluster": {"worker": ["a:1", "b:1", "c:1", "d:1"]}, "task": {"type": "worker", "index": 0}}' \
+      mpi 2 -x TF_CONFIG "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored}" \
+      --run-dir "$scratch/bad_tf" >"$scratch/bad_tf.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "TF_CONFIG with 4 tasks under 2 ranks: exit $rc, wanted 2"
+    grep -q "TF_CONFIG describes 4 tasks (0 chief, 4 workers, 0 evaluator) but mpirun started 2 ranks" "$scratch/bad_tf.out" \
+      || fail "no clear TF_CONFIG error: $(head -3 "$scratch/bad_tf.out")"
+    mpi 2 "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored, roles: {worker: 3}}" \
+      --run-dir "$scratch/bad_roles" >"$scratch/bad_roles.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "roles for 4 ranks under 2: exit $rc, wanted 2"
+    grep -q "strategy.roles (1 chief, 3 workers) name 4 ranks, but mpirun started 2" "$scratch/bad_roles.out" \
+      || fail "no clear roles error: $(head -3 "$scratch/bad_roles.out")"
+    ;;
   kill_rank)
     # Reference: 4 ranks, 3 epochs, uninterrupted.
     common=(--set train.epochs=3 --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16 --set "$(mwm mpi)")

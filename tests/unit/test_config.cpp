@@ -42,6 +42,7 @@ Experiment without_locations(Experiment e) {
   e.strategy.devices_where = {};
   e.strategy.cross_device_ops_where = {};
   e.strategy.communication.implementation_where = {};
+  e.strategy.roles.where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -849,6 +850,30 @@ TEST_CASE("config: under multi_worker_mirrored, reduction auto is refused with t
     CHECK(contains(e.what(),
                    "--set loss.reduction=auto: loss.reduction 'auto' is refused under strategy 'multi_worker_mirrored'"));
   }
+}
+
+TEST_CASE("config: strategy.roles") {
+  const Experiment d = parse_experiment(with_strategy("{kind: multi_worker_mirrored}"), "m.yaml");
+  CHECK(d.strategy.roles == RolesConfig{});
+  CHECK_FALSE(contains(to_yaml(d), "roles"));
+  const Experiment e =
+      parse_experiment(with_strategy("{kind: multi_worker_mirrored, roles: {chief: 1, worker: 2, evaluator: 1}}"), "m.yaml");
+  CHECK(e.strategy.roles.chief == 1);
+  CHECK(e.strategy.roles.worker == 2);
+  CHECK(e.strategy.roles.evaluator == 1);
+  CHECK(e.strategy.roles.where.line > 0);
+  const std::string text = to_yaml(e);
+  CHECK(contains(text, "roles: {chief: 1, worker: 2, evaluator: 1}"));
+  CHECK(without_locations(parse_experiment(text, "again.yaml")) == without_locations(e));
+  const Experiment rest = parse_experiment(with_strategy("{kind: multi_worker_mirrored, roles: {evaluator: 1}}"), "m.yaml");
+  CHECK(rest.strategy.roles.worker == -1);
+  CHECK(contains(to_yaml(rest), "roles: {chief: 1, evaluator: 1}"));
+
+  CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, roles: {evaluator: 2}}")),
+                 "strategy.roles.evaluator: must be 0 or 1, got '2'"));
+  CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, roles: {ps: 1}}")), "unknown key 'ps' in strategy.roles"));
+  CHECK(contains(error_of(with_strategy("{kind: mirrored, roles: {evaluator: 1}}")),
+                 "strategy.roles: applies only to strategy kind multi_worker_mirrored"));
 }
 
 TEST_CASE("config: data.auto_shard and data.shards") {
