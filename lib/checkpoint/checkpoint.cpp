@@ -195,7 +195,10 @@ void write_checkpoint_file(const std::string& temporary, const std::string& path
   // The default (oldest) file format on purpose: the 1.8 format's metadata checksums made HDF5
   // 1.10 leak the file on a corrupt header and complain at process exit; dtrain's own crc32 per
   // dataset and its shape checks already catch what a corrupt header would misread.
-  H5Id file(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  H5Id create(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  if (!create.valid() || H5Pset_userblock(create.get(), kSealBytes) < 0)
+    throw InternalError(fmt::format("cannot set up the HDF5 user block ({})", hdf5_detail()));
+  H5Id file(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, create.get(), H5P_DEFAULT), H5Fclose);
   if (!file.valid())
     throw IoError(fmt::format("{}: cannot create {} ({}); check that the directory exists and is writable", path,
                               temporary, hdf5_detail()));
@@ -267,7 +270,76 @@ void fsync_file(const std::string& file, const std::string& path) {
   if (status != 0) throw_errno(path, fmt::format("fsync of {}", file));
 }
 
+// The whole-file checksum in the user block: magic, version, then little-endian u64 length and u32
+// crc32 of the bytes after the block, the rest zero.
+constexpr char kSealMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+constexpr std::uint32_t kSealVersion = 1;
+
+struct SealInfo {
+  std::uint64_t length = 0;
+  std::uint32_t crc = 0;
+};
+
+// crc32 and length of everything from offset kSealBytes to the end of the open file.
+SealInfo checksum_after_block(int fd, const std::string& path) {
+  SealInfo info;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<unsigned char> buffer(std::size_t{1} << 20);
+  auto offset = static_cast<off_t>(kSealBytes);
+  for (;;) {
+    const ssize_t n = ::pread(fd, buffer.data(), buffer.size(), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(path, "reading the checkpoint to checksum it");
+    if (n == 0) break;
+    crc = crc32(crc, buffer.data(), static_cast<uInt>(n));
+    offset += n;
+    info.length += static_cast<std::uint64_t>(n);
+  }
+  info.crc = static_cast<std::uint32_t>(crc);
+  return info;
+}
+
+// Writes the whole-file checksum into the user block of the closed HDF5 file `file`.
+void seal(const std::string& file, const std::string& path) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw_errno(path, fmt::format("opening {} to seal it", file));
+  try {
+    const SealInfo info = checksum_after_block(fd, path);
+    unsigned char block[kSealBytes] = {};
+    std::memcpy(block, kSealMagic, sizeof kSealMagic);
+    std::memcpy(block + 8, &kSealVersion, 4);
+    std::memcpy(block + 12, &info.length, 8);
+    std::memcpy(block + 20, &info.crc, 4);
+    if (::pwrite(fd, block, sizeof block, 0) != static_cast<ssize_t>(sizeof block)) throw_errno(path, "writing the seal");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
+
 }  // namespace
+
+std::optional<bool> verify_seal(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;  // the reader reports missing or unreadable files itself
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  unsigned char block[24] = {};
+  if (::pread(fd, block, sizeof block, 0) != static_cast<ssize_t>(sizeof block) ||
+      std::memcmp(block, kSealMagic, sizeof kSealMagic) != 0)
+    return std::nullopt;
+  std::uint32_t version = 0, crc = 0;
+  std::uint64_t length = 0;
+  std::memcpy(&version, block + 8, 4);
+  std::memcpy(&length, block + 12, 8);
+  std::memcpy(&crc, block + 20, 4);
+  if (version != kSealVersion) return false;
+  const SealInfo actual = checksum_after_block(fd, path);
+  return actual.length == length && actual.crc == crc;
+}
 
 void sync_directory_of(const std::string& path) {
   fs::path dir = fs::path(path).parent_path();
@@ -324,6 +396,7 @@ void save(const std::string& path, const nn::Sequential& model, const optim::Opt
   const std::string temporary = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
   try {
     write_checkpoint_file(temporary, path, model, optimizer, contents);
+    seal(temporary, path);
     fsync_file(temporary, path);
     std::error_code ec;
     fs::rename(temporary, path, ec);
@@ -389,6 +462,10 @@ class Reader {
     if (fs::is_directory(path, ec))
       throw InputError(fmt::format("{}: is a directory, not a checkpoint file; pass one of its ckpt-<step>.h5 files",
                                    path));
+    // Before HDF5 parses anything: a file whose whole-file checksum fails is refused here.
+    if (const std::optional<bool> sealed = verify_seal(path); sealed && !*sealed)
+      corrupt("whole-file checksum mismatch (the file was cut short or changed after it was written); use another "
+              "checkpoint");
     const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
     if (is_hdf5 <= 0)
       corrupt(is_hdf5 == 0 ? std::string("no HDF5 signature, it is not an HDF5 file") : hdf5_detail());

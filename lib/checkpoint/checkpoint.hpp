@@ -11,11 +11,18 @@
 //   /experiment                       the resolved experiment YAML as a fixed-length string
 //
 // Every dataset carries an attribute crc32 (zlib crc32 of its stored bytes), verified on read, so a
-// corrupt file is refused instead of silently training from garbage. Datasets are contiguous and
+// corrupt file is refused instead of silently training from garbage. The whole file is checksummed
+// too: its first 512 bytes are an HDF5 user block (HDF5 itself skips it; h5py, h5dump and h5diff
+// read the file as usual) holding "DTRAINCK", a version, the length and the crc32 of everything
+// after the block. It is verified before HDF5 opens the file, because HDF5 1.10 can crash on a
+// corrupt object header rather than report it. Files without the block (older dtrain) are read
+// with the per-dataset checks alone. Datasets are contiguous and
 // uncompressed: a checkpoint is written at a step boundary while training waits.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +32,12 @@
 namespace dtrain::checkpoint {
 
 inline constexpr int kFormatVersion = 1;
+// The HDF5 user block at the start of every checkpoint, holding the whole-file checksum.
+inline constexpr std::size_t kSealBytes = 512;
+
+// Checks a checkpoint's whole-file checksum: true when it matches, false when it does not (or the
+// seal's version is unknown), nullopt when the file has no seal (older dtrain) or cannot be read.
+std::optional<bool> verify_seal(const std::string& path);
 
 struct TrainingState {
   std::int64_t epoch = 0;          // 0-based epoch to continue in

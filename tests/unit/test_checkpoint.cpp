@@ -172,6 +172,15 @@ void flip_byte(const std::string& path, std::uint64_t offset) {
   REQUIRE(f);
 }
 
+// Zeroes the whole-file checksum's magic: the file reads as one written before the seal existed.
+void remove_seal(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f);
+  const char zeros[8] = {};
+  f.write(zeros, sizeof zeros);
+  REQUIRE(f);
+}
+
 std::vector<std::string> temporaries_in(const fs::path& dir) {
   std::vector<std::string> found;
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -246,10 +255,37 @@ TEST_CASE("checkpoint: peek and restore_model") {
   CHECK(bitwise_equal(weights(model), saved));
 }
 
-TEST_CASE("checkpoint: a flipped byte is a checksum error and changes nothing") {
+TEST_CASE("checkpoint: the whole-file checksum refuses any changed byte before HDF5 reads the file") {
   TempDir dir;
   const std::string path = dir.file("ckpt.h5");
   write_sample(path);
+  CHECK(ckpt::verify_seal(path) == std::optional<bool>(true));
+  const auto size = fs::file_size(path);
+  for (std::uintmax_t at : {std::uintmax_t{ckpt::kSealBytes}, std::uintmax_t{ckpt::kSealBytes + 97}, size / 2, size - 1}) {
+    CAPTURE(at);
+    const std::string changed = dir.file("changed.h5");
+    fs::copy_file(path, changed, fs::copy_options::overwrite_existing);
+    flip_byte(changed, at);
+    CHECK(ckpt::verify_seal(changed) == std::optional<bool>(false));
+    nn::Sequential model(model_config(), 2);
+    auto optimizer = make_optimizer();
+    const auto before = weights(model);
+    const std::string message = error_of([&] { ckpt::restore(changed, model, *optimizer); });
+    CHECK(message.find("whole-file checksum mismatch") != std::string::npos);
+    CHECK(message.find(changed) != std::string::npos);
+    CHECK(bitwise_equal(weights(model), before));
+  }
+  // Without the seal (a file from an older dtrain) the file still reads, by its per-dataset checks.
+  remove_seal(path);
+  CHECK_FALSE(ckpt::verify_seal(path).has_value());
+  CHECK(ckpt::peek(path) == sample_contents());
+}
+
+TEST_CASE("checkpoint: a flipped byte in an unsealed file is a per-dataset checksum error and changes nothing") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  write_sample(path);
+  remove_seal(path);  // so that the per-dataset checks, not the whole-file one, meet the flip
 
   SUBCASE("in a weight") {
     flip_byte(path, data_offset(path, "/model/dense/kernel") + 7);
@@ -339,6 +375,7 @@ TEST_CASE("checkpoint: another model, format version or optimizer is refused by 
     CHECK(message.find("not in the model") != std::string::npos);
   }
   SUBCASE("another format version") {
+    remove_seal(path);
     hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     REQUIRE(file >= 0);
     hid_t attr = H5Aopen(file, "format_version", H5P_DEFAULT);
