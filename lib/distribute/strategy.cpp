@@ -177,14 +177,15 @@ void Strategy::worker(int replica) {
 
 void Strategy::run(const std::function<void(const ReplicaContext&)>& fn) {
   if (workers_.empty()) {
-    fn(ReplicaContext{0, 1});
+    // One local replica: it is still one of the replicas in sync across every worker.
+    fn(ReplicaContext{0, num_replicas_in_sync()});
     return;
   }
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     task_ = &fn;
-    remaining_ = num_replicas_in_sync();
+    remaining_ = num_local_replicas();  // this process's threads only: other workers have their own
     first_error_ = nullptr;
     ++generation_;
     start_cv_.notify_all();

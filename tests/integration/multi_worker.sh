@@ -178,6 +178,31 @@ EOF
     grep -q "strategy.roles (1 chief, 3 workers) name 4 ranks, but mpirun started 2" "$scratch/bad_roles.out" \
       || fail "no clear roles error: $(head -3 "$scratch/bad_roles.out")"
     ;;
+  regularization)
+    # L2 is divided by the replicas in sync over ALL workers, whatever each worker's replica count:
+    # one step of 1 process x 1 replica (global 64), 2 ranks x 1 replica and 2 ranks x 2 local
+    # replicas ends on the same weights and reports the same loss. The strong L2 makes any
+    # mistake in the division show.
+    sed -e 's/- dense: {units: 64, activation: relu}/- dense: {units: 64, activation: relu, kernel_regularizer: {l2: 0.05}}/' \
+        -e 's/- dense: {units: 10}/- dense: {units: 10, kernel_regularizer: {l2: 0.05}}/' "$small" >"$scratch/l2.yaml"
+    grep -q "l2: 0.05}}" "$scratch/l2.yaml" || fail "could not add the regularizers"
+    "$dtrain" run "$scratch/l2.yaml" "${one_step[@]}" --run-dir "$scratch/default" >"$scratch/default.out" 2>&1 \
+      || fail "default run failed: $(tail -3 "$scratch/default.out")"
+    loss() { sed -nE 's/^Epoch 1, Loss: ([0-9.]+),.*/\1/p' "$1"; }
+    for spec in "2 32 auto" "2 16 [cpu:0, cpu:1]"; do
+      read -r n per devices <<<"$spec"
+      run="$scratch/mw_${n}_${per}"
+      mpi "$n" "$dtrain" run "$scratch/l2.yaml" "${one_step[@]}" --set data.batch_size_per_replica="$per" \
+        --set "strategy={kind: multi_worker_mirrored, devices: $devices, communication: {timeout_seconds: 60}}" \
+        --run-dir "$run" >"$run.out" 2>&1 || fail "mpirun -n $n with devices $devices failed: $(tail -5 "$run.out")"
+      tools/compare_weights "$run/checkpoints/ckpt-1.h5" "$scratch/default/checkpoints/ckpt-1.h5" --rtol 1e-5 \
+        || fail "$n workers with devices $devices differ from the default strategy after one step"
+      awk -v a="$(loss "$run.out")" -v b="$(loss "$scratch/default.out")" \
+        'BEGIN { exit !(a != "" && (a - b) ^ 2 <= (1e-4 * b) ^ 2) }' \
+        || fail "loss $(loss "$run.out") with $n workers x devices $devices, $(loss "$scratch/default.out") in one process"
+      echo "ok: $n workers x devices $devices: loss $(loss "$run.out"), weights as the default strategy"
+    done
+    ;;
   kill_rank)
     # Reference: 4 ranks, 3 epochs, uninterrupted.
     common=(--set train.epochs=3 --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16 --set "$(mwm mpi)")
