@@ -57,6 +57,10 @@ struct CommunicationConfig {
   CommunicationImplementation implementation = CommunicationImplementation::auto_select;
   // Gradients are packed into all-reduces of about this many bytes each; 0 = all in one pack.
   std::int64_t bytes_per_pack = 0;
+  // Each pack's all-reduce starts as soon as backward has produced its gradients, on a
+  // communication thread, while backward goes on with earlier layers. Only with one replica per
+  // worker (several local replicas must first sum among themselves).
+  bool overlap = true;
   // A collective that has not completed after this long fails the step instead of hanging on a
   // lost worker.
   double timeout_seconds = 300.0;

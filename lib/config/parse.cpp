@@ -429,7 +429,7 @@ void read_devices(const Node& node, const std::string& path, StrategyConfig& out
 }
 
 CommunicationConfig parse_communication(const Node& node, const std::string& path) {
-  static constexpr std::string_view keys[] = {"implementation", "bytes_per_pack", "timeout_seconds"};
+  static constexpr std::string_view keys[] = {"implementation", "bytes_per_pack", "overlap", "timeout_seconds"};
   Section s(node, path, keys);
   CommunicationConfig out;
   if (const Node* implementation = s.find("implementation")) {
@@ -438,6 +438,7 @@ CommunicationConfig parse_communication(const Node& node, const std::string& pat
     out.implementation_where = implementation->origin.location();
   }
   s.get_int("bytes_per_pack", out.bytes_per_pack, 0);
+  s.get_bool("overlap", out.overlap);
   s.get_number("timeout_seconds", out.timeout_seconds, positive, "> 0");
   return out;
 }

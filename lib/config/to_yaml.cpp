@@ -128,6 +128,7 @@ void strategy(YAML::Emitter& out, const StrategyConfig& s) {
       out << YAML::Key << "communication" << YAML::Value << YAML::Flow << YAML::BeginMap;
       out << YAML::Key << "implementation" << YAML::Value << name_of(c.implementation);
       out << YAML::Key << "bytes_per_pack" << YAML::Value << c.bytes_per_pack;
+      out << YAML::Key << "overlap" << YAML::Value << c.overlap;
       out << YAML::Key << "timeout_seconds" << YAML::Value << number(c.timeout_seconds);
       out << YAML::EndMap;
       const RolesConfig& r = s.roles;

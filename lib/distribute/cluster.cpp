@@ -203,8 +203,13 @@ void Cluster::wait(void* requests, int count, const char* what) {
     if (done) return;
     answer_census();
     if (Clock::now() - start > limit) report_timeout(what);
-    // Poll hot briefly (the usual wait is short), then yield the core to ranks still computing.
-    if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Poll hot briefly (the usual wait is short), then yield the core to ranks still computing;
+    // at once and for longer when this worker computes meanwhile.
+    if (yield_while_waiting_.load(std::memory_order_relaxed)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    } else if (polls > 200) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 // kCollectiveTimeoutExit.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -46,6 +47,10 @@ class Cluster {
   // What the watchdog reports: the global step and the collective in progress.
   void set_step(std::int64_t step) { step_ = step; }
   void set_timeout(double seconds) { timeout_seconds_ = seconds; }
+  // While this worker's cores compute (a collective overlapping backward), a waiting collective
+  // checks for completion every 200 us instead of spinning, leaving the core to the computation.
+  // May be changed from another thread while a collective waits.
+  void set_yield_while_waiting(bool yield) { yield_while_waiting_.store(yield, std::memory_order_relaxed); }
 
   // Element-wise sums over all workers, in place. `what` names the collective for the watchdog
   // ("gradients bucket 2", "step loss", ...). No-ops with one worker.
@@ -79,6 +84,7 @@ class Cluster {
   std::int64_t step_ = 0;
   std::uint64_t collective_ = 0;  // how many collectives this rank has entered
   double timeout_seconds_ = 300.0;
+  std::atomic<bool> yield_while_waiting_{false};
   std::vector<float> ring_scratch_;  // one chunk, reused
 };
 

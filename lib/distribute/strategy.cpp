@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
-#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -97,6 +95,8 @@ Strategy::Strategy(const config::StrategyConfig& config, int total_threads, Clus
           "for the message size and process count",
           workers());
     if (n > 1) ops_ = make_cross_device_ops("ring", n);
+    // Several local replicas first sum among themselves, after all of them finished backward.
+    overlap_ = config.communication.overlap && n == 1 && workers() > 1;
   } else if (kind_ == StrategyKind::mirrored) {
     std::string op;
     switch (config.cross_device_ops) {
@@ -140,10 +140,11 @@ std::string Strategy::cross_device_ops_name() const { return ops_ ? ops_->name()
 
 std::string Strategy::describe() const {
   if (kind_ == config::StrategyKind::multi_worker_mirrored)
-    return fmt::format("strategy {} | workers {} | replicas {} ({} per worker: {}) | communication {}{}",
+    return fmt::format("strategy {} | workers {} | replicas {} ({} per worker: {}) | communication {}{}{}",
                        config::name_of(kind_), workers(), num_replicas_in_sync(), num_local_replicas(),
                        device_list(devices_), workers() == 1 ? "none" : ring_between_workers_ ? "ring" : "mpi",
-                       bytes_per_pack_ > 0 ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "");
+                       bytes_per_pack_ > 0 ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "",
+                       overlap_ ? ", overlapping backward" : "");
   return fmt::format("strategy {} | replicas {} ({}) | cross-device ops {}", config::name_of(kind_),
                      num_replicas_in_sync(), device_list(devices_), cross_device_ops_name());
 }
@@ -210,39 +211,13 @@ void Strategy::bind_gradients(int replica, const BufferList& buffers) {
   if (ops_) ops_->bind(replica, buffers);
   if (local_gradients_.size() <= static_cast<std::size_t>(replica)) local_gradients_.resize(static_cast<std::size_t>(replica) + 1);
   local_gradients_[static_cast<std::size_t>(replica)] = buffers;
+  // Across workers, this process's replica 0 speaks for it.
+  if (replica == 0 && cluster_ && cluster_->size() > 1)
+    across_workers_ = std::make_unique<PackedAllReduce>(*cluster_, buffers, bytes_per_pack_, ring_between_workers_, overlap_);
 }
 
-void Strategy::sum_across_workers() {
-  // Packs of whole variables, last variables first (the order backward produces them), each
-  // packed contiguously and summed by one collective.
-  const BufferList& g = local_gradients_[0];
-  const std::size_t limit = bytes_per_pack_ > 0 ? static_cast<std::size_t>(bytes_per_pack_) / sizeof(float) : g.total();
-  std::size_t v = g.data.size();
-  int pack_index = 0;
-  char what[64];
-  while (v > 0) {
-    std::size_t first = v, floats = 0;
-    while (first > 0 && (floats == 0 || floats + g.sizes[first - 1] <= limit)) floats += g.sizes[--first];
-    pack_.resize(std::max(pack_.size(), floats));
-    std::size_t at = 0;
-    for (std::size_t i = first; i < v; ++i) {
-      std::copy_n(g.data[i], g.sizes[i], pack_.data() + at);
-      at += g.sizes[i];
-    }
-    std::snprintf(what, sizeof what, "gradients pack %d", pack_index++);
-    std::span<float> pack(pack_.data(), floats);
-    if (ring_between_workers_) {
-      cluster_->ring_all_reduce_sum(pack, what);
-    } else {
-      cluster_->all_reduce_sum(pack, what);
-    }
-    at = 0;
-    for (std::size_t i = first; i < v; ++i) {
-      std::copy_n(pack_.data() + at, g.sizes[i], g.data[i]);
-      at += g.sizes[i];
-    }
-    v = first;
-  }
+void Strategy::gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count) {
+  if (overlap_ && replica.replica_id == 0) across_workers_->ready(first, count);
 }
 
 void Strategy::sum_gradients(const ReplicaContext& replica) {
@@ -253,13 +228,10 @@ void Strategy::sum_gradients(const ReplicaContext& replica) {
       ops_->reduce_to(replica.replica_id, 0);
     }
   }
-  if (!cluster_ || cluster_->size() == 1) return;
-  // Across workers: this process's replica 0 speaks for it; its local replicas then copy the sum.
-  if (replica.replica_id == 0) {
-    const auto t0 = std::chrono::steady_clock::now();
-    sum_across_workers();
-    cross_worker_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  if (!across_workers_) return;
+  // Replica 0 sums across workers (or waits for the packs already under way); the other local
+  // replicas then copy its sum.
+  if (replica.replica_id == 0) across_workers_->finish();
   if (ops_) {
     ops_->barrier().arrive_and_wait();
     if (replica.replica_id != 0) {
@@ -271,11 +243,9 @@ void Strategy::sum_gradients(const ReplicaContext& replica) {
   }
 }
 
-double Strategy::take_cross_worker_seconds() {
-  const double s = cross_worker_seconds_;
-  cross_worker_seconds_ = 0.0;
-  return s;
-}
+double Strategy::take_cross_worker_seconds() { return across_workers_ ? across_workers_->take_collective_seconds() : 0.0; }
+
+double Strategy::take_cross_worker_wait_seconds() { return across_workers_ ? across_workers_->take_wait_seconds() : 0.0; }
 
 bool Strategy::update(const ReplicaContext& replica, const std::function<void()>& apply) {
   if (!mirrors_variables() && replica.replica_id != 0) return false;

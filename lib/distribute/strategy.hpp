@@ -10,7 +10,8 @@
 //                     parameter device; gradients are summed there and the update applied once
 //   multi_worker_mirrored  mirrored over every worker process (MPI rank) and its local devices:
 //                     gradients are summed locally, then across workers (ring or MPI_Allreduce,
-//                     packed into buckets of communication.bytes_per_pack)
+//                     packed into buckets of communication.bytes_per_pack; with one replica per
+//                     worker each pack's sum overlaps the rest of backward, PackedAllReduce)
 //
 // Replica threads are created once and live as long as the strategy; the cores are divided among
 // them (threads_per_replica) so there are never more compute threads than cores.
@@ -31,6 +32,7 @@
 #include "core/tensor.hpp"
 #include "distribute/cluster.hpp"
 #include "distribute/cross_device_ops.hpp"
+#include "distribute/packed_all_reduce.hpp"
 
 namespace dtrain::distribute {
 
@@ -80,26 +82,32 @@ class Strategy {
 
   // Each replica registers its gradient buffers once, before its first sum_gradients().
   void bind_gradients(int replica, const BufferList& buffers);
+  // Inside run(), during backward: variables [first, first + count) of the replica's list hold
+  // their final gradients for this step. Across workers, their sum may start now.
+  void gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count);
+  // Whether the sums across workers overlap backward (communication.overlap, one local replica).
+  bool overlaps_backward() const { return overlap_; }
   // Inside run(): sums the replicas' gradients — into every replica (mirrored), or into the
   // replica that holds the central variables (central storage).
   void sum_gradients(const ReplicaContext& replica);
   // Inside run(): applies `apply` once per variable copy: on every replica when variables are
   // mirrored, on replica 0 (the parameter device's) otherwise. Returns whether it ran here.
   bool update(const ReplicaContext& replica, const std::function<void()>& apply);
-  // Seconds spent summing gradients across workers since the last call (multi-worker only).
+  // Seconds since the last call inside the collectives summing gradients across workers, and
+  // blocked waiting for them (less than the first when they overlap backward); multi-worker only.
   double take_cross_worker_seconds();
+  double take_cross_worker_wait_seconds();
 
  private:
   void worker(int replica);
-  void sum_across_workers();
 
   config::StrategyKind kind_;
   Cluster* cluster_ = nullptr;  // set for multi_worker_mirrored only
   bool ring_between_workers_ = false;
+  bool overlap_ = false;
   std::int64_t bytes_per_pack_ = 0;
   std::vector<BufferList> local_gradients_;
-  std::vector<float> pack_;  // staging for one pack of gradients
-  double cross_worker_seconds_ = 0.0;
+  std::unique_ptr<PackedAllReduce> across_workers_;  // made with replica 0's gradients
   std::vector<Device> devices_;
   int threads_per_replica_ = 1;
   std::unique_ptr<CrossDeviceOps> ops_;

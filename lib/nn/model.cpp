@@ -22,8 +22,10 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, bo
     layers_.push_back(std::move(layer));
   }
   output_shape_ = shape;
-  for (auto& layer : layers_)
+  for (auto& layer : layers_) {
+    first_variable_.push_back(variables_.size());
     for (auto& v : layer->variables()) variables_.push_back(&v);
+  }
 }
 
 std::int64_t Sequential::num_parameters() const {
@@ -100,11 +102,18 @@ Tensor& Sequential::output_gradient() {
   return current_->output_grad;
 }
 
-void Sequential::backward(Context& ctx) {
+void Sequential::backward(Context& ctx, const BackwardOptions& options) {
   DTRAIN_CHECK(current_ != nullptr, "backward() before forward()");
   Plan& p = *current_;
   p.grad_in.run(ctx);
-  for (std::size_t i = layers_.size(); i-- > 0;) layers_[i]->backward(ctx, p.batch);
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    Layer& layer = *layers_[i];
+    layer.backward(ctx, p.batch);
+    if (layer.variables().empty()) continue;
+    if (options.regularization_scale != 0.0f || options.gradients_ready) ctx.stream.wait();  // the grads are written
+    if (options.regularization_scale != 0.0f) layer.add_regularization_gradient(options.regularization_scale);
+    if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());
+  }
   ctx.stream.wait();
 }
 

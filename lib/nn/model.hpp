@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +19,17 @@
 #include "nn/layer.hpp"
 
 namespace dtrain::nn {
+
+// What one backward() does besides computing the gradients of the data loss.
+struct BackwardOptions {
+  // Adds d(regularization_loss)/d(variable) times this into the grads (0: nothing added), layer
+  // by layer, so a layer's gradients are final when it hands them over.
+  float regularization_scale = 0.0f;
+  // Called as soon as a layer's variable gradients are final, with the range [first, first +
+  // count) of variables(); layers finish last to first. Distributed training starts summing them
+  // across workers while backward goes on with the earlier layers.
+  const std::function<void(std::size_t first, std::size_t count)>* gradients_ready = nullptr;
+};
 
 // Caffe-style registry: the YAML layer kind decides the class.
 std::unique_ptr<Layer> make_layer(const config::LayerConfig& layer);
@@ -43,7 +55,7 @@ class Sequential {
   // The buffer the caller fills with d(loss)/d(y) for the last forward's batch, then backward().
   Tensor& output_gradient();
   // Overwrites every variable's grad with d(loss)/d(variable).
-  void backward(Context& ctx);
+  void backward(Context& ctx, const BackwardOptions& options = {});
   // d(loss)/d(x) of the last backward; only with input_gradient.
   const Tensor& input_gradient() const;
 
@@ -73,6 +85,7 @@ class Sequential {
   std::vector<Shape> layer_output_shapes_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Variable*> variables_;
+  std::vector<std::size_t> first_variable_;  // of each layer, in variables_
   std::map<std::int64_t, Plan> plans_;
   Plan* current_ = nullptr;
   bool input_gradient_ = false;

@@ -24,6 +24,9 @@ std::string throughput_line(const EpochLog& log) {
                               log.steps, log.train_seconds, eval_seconds);
   if (log.allreduce_seconds >= 0 && log.steps > 0)
     s += fmt::format(", all-reduce across workers {:.2f} ms/step", 1e3 * log.allreduce_seconds / static_cast<double>(log.steps));
+  if (log.allreduce_wait_seconds >= 0 && log.steps > 0)
+    s += fmt::format(" (overlapping backward; waited for {:.2f} ms/step)",
+                     1e3 * log.allreduce_wait_seconds / static_cast<double>(log.steps));
   return s;
 }
 
@@ -39,6 +42,8 @@ std::string epoch_json(const EpochLog& log) {
   eval(log.validation, "val");
   eval(log.test, "test");
   if (log.allreduce_seconds >= 0) s += fmt::format(R"(, "allreduce_seconds": {:.4f})", log.allreduce_seconds);
+  if (log.allreduce_wait_seconds >= 0)
+    s += fmt::format(R"(, "allreduce_wait_seconds": {:.4f})", log.allreduce_wait_seconds);
   s += fmt::format(R"(, "train_samples": {}, "train_seconds": {:.4f}, "train_samples_per_s": {:.2f}}})", log.samples,
                    log.train_seconds, log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0);
   return s;

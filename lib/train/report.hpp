@@ -26,6 +26,7 @@ struct EpochLog {
   std::int64_t steps = 0;
   double train_seconds = 0.0;
   double allreduce_seconds = -1.0;  // gradient sums across workers this epoch; < 0 = one worker
+  double allreduce_wait_seconds = -1.0;  // of which backward waited for; < 0 = not overlapped
   std::int64_t global_step = 0;
 };
 

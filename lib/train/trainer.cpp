@@ -70,6 +70,9 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       grads.sizes.push_back(static_cast<std::size_t>(v->grad.numel()));
     }
     strategy_->bind_gradients(r, grads);
+    rep.gradients_ready = [this, r](std::size_t first, std::size_t count) {
+      strategy_->gradients_ready(distribute::ReplicaContext{r, strategy_->num_replicas_in_sync()}, first, count);
+    };
   }
   replica_losses_.assign(static_cast<std::size_t>(replicas), 0.0);
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
@@ -241,15 +244,17 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
                        : losses::reduce_loss(rep.per_example, config::Reduction::sum);
     loss_->gradient(logits, batch.y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
                     rep.model->output_gradient());
-    rep.model->backward(rep.ctx);
+    // Each replica adds 1/R of the regularization gradient: summed over replicas, it is added once.
+    rep.model->backward(rep.ctx, nn::BackwardOptions{1.0f / replicas, &rep.gradients_ready});
     for (auto& m : rep.train_metrics) m->update(batch.y, logits);
   } else {
     // No samples for this replica on a short last batch: it still adds its share of the
     // regularization gradient and takes part in the collectives.
     for (Variable* v : rep.model->variables()) v->grad.zero();
+    rep.model->add_regularization_gradient(1.0f / replicas);
+    rep.gradients_ready(0, rep.model->variables().size());
   }
   const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
-  rep.model->add_regularization_gradient(1.0f / replicas);
   strategy_->sum_gradients(rc);
   strategy_->update(rc, [&rep] { rep.optimizer->apply_gradients(rep.model->variables()); });
   replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
@@ -371,6 +376,7 @@ std::vector<EpochLog> Trainer::fit() {
     ProgressBar progress(opt_.out, steps, bar);
     const auto t0 = Clock::now();
     strategy_->take_cross_worker_seconds();
+    strategy_->take_cross_worker_wait_seconds();
     it->start_epoch(epoch, first_step);
     for (std::int64_t step = first_step; step < steps; ++step) {
       step_batches_ = it->next();
@@ -398,7 +404,9 @@ std::vector<EpochLog> Trainer::fit() {
     step_batches_ = nullptr;
     log.train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const double allreduce = strategy_->take_cross_worker_seconds();
+    const double allreduce_wait = strategy_->take_cross_worker_wait_seconds();
     if (strategy_->workers() > 1) log.allreduce_seconds = allreduce;
+    if (strategy_->workers() > 1 && strategy_->overlaps_backward()) log.allreduce_wait_seconds = allreduce_wait;
     progress.finish();
     log.steps = steps;
     log.loss = loss_sum / static_cast<double>(steps);

@@ -99,6 +99,8 @@ class Trainer {
     std::vector<std::unique_ptr<metrics::Metric>> train_metrics, eval_metrics;
     std::vector<float> per_example;
     double eval_loss_sum = 0.0;
+    // Hands each layer's finished gradients to the strategy during backward (built once).
+    std::function<void(std::size_t, std::size_t)> gradients_ready;
   };
   void replica_train_step(const distribute::ReplicaContext& rc);
   void replica_eval_step(const distribute::ReplicaContext& rc);

@@ -31,7 +31,7 @@ endforeach()
 set_tests_properties(checkpoint.sigint_resume PROPERTIES DISABLED TRUE)
 
 # MultiWorkerMirrored over real mpirun with 2 and 4 ranks (tests/integration/multi_worker.sh).
-set(DTRAIN_MPI_CASES equivalence exact_eval sharding roles resume_other_world regularization kill_rank watchdog)
+set(DTRAIN_MPI_CASES equivalence exact_eval sharding roles resume_other_world regularization overlap kill_rank watchdog)
 foreach(case ${DTRAIN_MPI_CASES})
   add_test(NAME mpi.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/multi_worker.sh ${case} $<TARGET_FILE:dtrain>

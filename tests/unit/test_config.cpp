@@ -714,7 +714,8 @@ TEST_CASE("config: the multi_worker experiment loads with the expected values") 
   CHECK(e.strategy.devices.empty());
   CHECK(e.strategy.communication.implementation == CommunicationImplementation::auto_select);
   CHECK(e.strategy.communication.timeout_seconds == 300.0);
-  CHECK(e.strategy.communication.bytes_per_pack == 0);
+  CHECK(e.strategy.communication.bytes_per_pack == 262144);
+  CHECK(e.strategy.communication.overlap);
   CHECK(e.strategy.communication.implementation_where == SourceLocation{path, 12, 21});
   CHECK(e.strategy.where == SourceLocation{path, 10, 9});
   CHECK(e.data.source == SourceKind::fashion_mnist);
@@ -746,6 +747,8 @@ TEST_CASE("config: multi_worker_mirrored defaults, communication options and rou
   CHECK(d.strategy.devices_auto);
   CHECK(d.strategy.communication == CommunicationConfig{});
   CHECK(d.strategy.communication.timeout_seconds == 300.0);
+  CHECK(d.strategy.communication.bytes_per_pack == 0);
+  CHECK(d.strategy.communication.overlap);
   for (const char* implementation : {"auto", "ring", "mpi", "nccl"}) {
     CAPTURE(implementation);
     const Experiment e = parse_experiment(
@@ -760,7 +763,7 @@ TEST_CASE("config: multi_worker_mirrored defaults, communication options and rou
       "{kind: multi_worker_mirrored}",
       "{kind: multi_worker_mirrored, communication: }",
       "{kind: multi_worker_mirrored, devices: [cpu:0, '/cpu:1'], communication: {implementation: nccl, "
-      "bytes_per_pack: 33554432, timeout_seconds: 12.5}}",
+      "bytes_per_pack: 33554432, overlap: false, timeout_seconds: 12.5}}",
       "{kind: multi_worker_mirrored, devices: auto, communication: {implementation: ring, bytes_per_pack: 0}}",
       "{kind: multi_worker_mirrored, communication: {timeout_seconds: 0.25}}",
   };
@@ -780,7 +783,9 @@ TEST_CASE("config: multi_worker_mirrored defaults, communication options and rou
   CHECK(full.strategy.communication.implementation == CommunicationImplementation::nccl);
   CHECK(full.strategy.communication.bytes_per_pack == 33554432);
   CHECK(full.strategy.communication.timeout_seconds == 12.5);
-  CHECK(contains(to_yaml(full), "communication: {implementation: nccl, bytes_per_pack: 33554432, timeout_seconds: 12.5}"));
+  CHECK_FALSE(full.strategy.communication.overlap);
+  CHECK(contains(to_yaml(full),
+                 "communication: {implementation: nccl, bytes_per_pack: 33554432, overlap: false, timeout_seconds: 12.5}"));
   CHECK(contains(to_yaml(d), "devices: auto"));
   CHECK_FALSE(contains(to_yaml(parse_experiment(with_strategy("{kind: mirrored}"), "s.yaml")), "communication"));
 
@@ -815,7 +820,7 @@ TEST_CASE("config: bad multi_worker_mirrored settings are refused where they are
         "t.yaml:5:73: unknown communication implementation 'gloo'; valid: auto, ring, mpi, nccl");
   CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {implementation: ring, timeout: 5}}")) ==
         "t.yaml:5:79: unknown key 'timeout' in strategy.communication; valid keys: implementation, bytes_per_pack, "
-        "timeout_seconds");
+        "overlap, timeout_seconds");
   CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {bytes_per_pak: 5}}")) ==
         "t.yaml:5:57: unknown key 'bytes_per_pak' in strategy.communication; did you mean 'bytes_per_pack'?");
   CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, communication: {timeout_seconds: 0}}")) ==

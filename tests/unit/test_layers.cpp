@@ -3,7 +3,11 @@
 // asymmetrically), every activation, and stacks where oneDNN's blocked layouts meet.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include <fmt/format.h>
@@ -253,4 +257,53 @@ TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
   nn::Sequential again(mc, 42);
   CHECK(std::equal(vars[0]->value.span<float>().begin(), vars[0]->value.span<float>().end(),
                    again.variables()[0]->value.span<float>().begin()));
+}
+
+TEST_CASE("backward hands each layer's final gradients over, last layer first, regularization included") {
+  config::ModelConfig mc;
+  mc.input_shape = {6, 6, 2};
+  config::Conv2DConfig c = conv(3, 3, 1, Padding::valid, Activation::relu);
+  c.kernel_regularizer.l2 = 0.5;
+  config::DenseConfig d1 = dense(4, Activation::relu);
+  d1.kernel_regularizer.l2 = 0.25;
+  mc.layers = {layer(c, "c"), layer(config::FlattenConfig{}, "f"), layer(d1, "d1"), layer(dense(2, Activation::linear), "d2")};
+  nn::Sequential plain(mc, 3), hooked(mc, 3);
+  kernels::cpu::Context ctx;
+  Tensor x(Shape{5, 6, 6, 2}), dy(Shape{5, 2});
+  Rng rng(2, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  for (auto& v : dy.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+
+  // The reference: the whole backward, then the regularization gradient.
+  plain.forward(ctx, x);
+  std::copy_n(dy.data<float>(), dy.numel(), plain.output_gradient().data<float>());
+  plain.backward(ctx);
+  plain.add_regularization_gradient(0.5f);
+
+  // Hooked: what each hand-over shows must already be the final gradient.
+  std::vector<std::pair<std::size_t, std::size_t>> calls;
+  std::vector<std::vector<float>> at_hand_over(hooked.variables().size());
+  const std::function<void(std::size_t, std::size_t)> ready = [&](std::size_t first, std::size_t count) {
+    calls.emplace_back(first, count);
+    for (std::size_t v = first; v < first + count; ++v) {
+      auto g = hooked.variables()[v]->grad.span<float>();
+      at_hand_over[v].assign(g.begin(), g.end());
+    }
+  };
+  hooked.forward(ctx, x);
+  std::copy_n(dy.data<float>(), dy.numel(), hooked.output_gradient().data<float>());
+  hooked.backward(ctx, nn::BackwardOptions{0.5f, &ready});
+
+  // Variables: c kernel, c bias (0, 1), d1 (2, 3), d2 (4, 5); flatten has none and is skipped.
+  CHECK(calls == std::vector<std::pair<std::size_t, std::size_t>>{{4, 2}, {2, 2}, {0, 2}});
+  for (std::size_t v = 0; v < plain.variables().size(); ++v) {
+    CAPTURE(v);
+    auto want = plain.variables()[v]->grad.span<float>();
+    auto got = hooked.variables()[v]->grad.span<float>();
+    REQUIRE(at_hand_over[v].size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CHECK(got[i] == want[i]);  // the same arithmetic in the same order: equal bits
+      CHECK(at_hand_over[v][i] == want[i]);
+    }
+  }
 }

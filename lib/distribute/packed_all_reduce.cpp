@@ -1,0 +1,171 @@
+#include "distribute/packed_all_reduce.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace dtrain::distribute {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+std::vector<GradientPack> plan_packs(std::span<const std::size_t> sizes, std::int64_t bytes_per_pack) {
+  std::size_t total = 0;
+  for (std::size_t s : sizes) total += s;
+  const std::size_t limit = bytes_per_pack > 0 ? static_cast<std::size_t>(bytes_per_pack) / sizeof(float) : total;
+  std::vector<GradientPack> packs;
+  std::size_t v = sizes.size();
+  while (v > 0) {
+    GradientPack pack;
+    pack.last = v;
+    pack.first = v;
+    while (pack.first > 0 && (pack.floats == 0 || pack.floats + sizes[pack.first - 1] <= limit))
+      pack.floats += sizes[--pack.first];
+    packs.push_back(pack);
+    v = pack.first;
+  }
+  return packs;
+}
+
+PackedAllReduce::PackedAllReduce(Cluster& cluster, BufferList gradients, std::int64_t bytes_per_pack, bool ring,
+                                 bool overlap)
+    : cluster_(cluster), gradients_(std::move(gradients)), ring_(ring) {
+  packs_ = plan_packs(gradients_.sizes, bytes_per_pack);
+  pack_of_variable_.resize(gradients_.sizes.size());
+  std::size_t staging = 0;
+  for (std::size_t p = 0; p < packs_.size(); ++p) {
+    for (std::size_t v = packs_[p].first; v < packs_[p].last; ++v) pack_of_variable_[v] = p;
+    if (packs_[p].last - packs_[p].first > 1) staging = std::max(staging, packs_[p].floats);
+  }
+  staging_.resize(staging);  // now, so that no step allocates
+  if (!overlap) return;
+  pack_ready_.assign(packs_.size(), false);
+  variable_ready_.assign(gradients_.sizes.size(), 0);
+  for (const GradientPack& p : packs_) unfinished_variables_.push_back(p.last - p.first);
+  thread_ = std::thread(&PackedAllReduce::communicate, this);
+}
+
+PackedAllReduce::~PackedAllReduce() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  ready_cv_.notify_all();
+  thread_.join();
+}
+
+void PackedAllReduce::sum_pack(std::size_t index) {
+  const GradientPack& pack = packs_[index];
+  std::snprintf(what_, sizeof what_, "gradients pack %zu", index);
+  const auto t0 = Clock::now();
+  // A pack of one variable is summed where it lies; several are made contiguous first.
+  const bool single = pack.last - pack.first == 1;
+  std::span<float> values = single ? std::span<float>(gradients_.data[pack.first], pack.floats)
+                                   : std::span<float>(staging_.data(), pack.floats);
+  if (!single) {
+    std::size_t at = 0;
+    for (std::size_t v = pack.first; v < pack.last; ++v) {
+      std::copy_n(gradients_.data[v], gradients_.sizes[v], staging_.data() + at);
+      at += gradients_.sizes[v];
+    }
+  }
+  if (ring_) {
+    cluster_.ring_all_reduce_sum(values, what_);
+  } else {
+    cluster_.all_reduce_sum(values, what_);
+  }
+  if (!single) {
+    std::size_t at = 0;
+    for (std::size_t v = pack.first; v < pack.last; ++v) {
+      std::copy_n(staging_.data() + at, gradients_.sizes[v], gradients_.data[v]);
+      at += gradients_.sizes[v];
+    }
+  }
+  collective_seconds_ += seconds_since(t0);
+}
+
+void PackedAllReduce::communicate() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    // Packs go out strictly in plan order: every worker must enter the same collectives in the
+    // same order.
+    ready_cv_.wait(lock, [&] { return stopping_ || (packs_summed_ < packs_.size() && pack_ready_[packs_summed_]); });
+    if (stopping_) return;
+    const std::size_t index = packs_summed_;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      sum_pack(index);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error) {
+      // finish() reports it; the step's remaining packs are not sent.
+      error_ = error;
+      packs_summed_ = packs_.size();
+    } else {
+      ++packs_summed_;
+    }
+    if (packs_summed_ == packs_.size()) done_cv_.notify_all();
+  }
+}
+
+void PackedAllReduce::ready(std::size_t first, std::size_t count) {
+  if (!overlaps()) return;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!step_started_) {
+      step_started_ = true;
+      // Backward is computing on this worker's cores: the collectives wait without spinning.
+      cluster_.set_yield_while_waiting(true);
+    }
+    for (std::size_t v = first; v < first + count; ++v) {
+      DTRAIN_CHECK(v < pack_of_variable_.size(), "gradients_ready: no such variable");
+      DTRAIN_CHECK(!variable_ready_[v], "gradients_ready: a variable was handed over twice in one step");
+      variable_ready_[v] = 1;
+      const std::size_t p = pack_of_variable_[v];
+      if (--unfinished_variables_[p] == 0) {
+        pack_ready_[p] = true;
+        wake = true;
+      }
+    }
+  }
+  if (wake) ready_cv_.notify_one();
+}
+
+void PackedAllReduce::finish() {
+  const auto t0 = Clock::now();
+  if (!overlaps()) {
+    for (std::size_t p = 0; p < packs_.size(); ++p) sum_pack(p);
+    wait_seconds_ += seconds_since(t0);
+    return;
+  }
+  // Backward is done: what is left of the sums is all this worker waits for.
+  cluster_.set_yield_while_waiting(false);
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (std::size_t p = 0; p < packs_.size(); ++p)
+    DTRAIN_CHECK(pack_ready_[p] || error_, "finish(): backward did not hand over every gradient this step");
+  done_cv_.wait(lock, [&] { return packs_summed_ == packs_.size(); });
+  // Ready for the next step.
+  packs_summed_ = 0;
+  step_started_ = false;
+  std::fill(pack_ready_.begin(), pack_ready_.end(), false);
+  std::fill(variable_ready_.begin(), variable_ready_.end(), 0);
+  for (std::size_t p = 0; p < packs_.size(); ++p) unfinished_variables_[p] = packs_[p].last - packs_[p].first;
+  wait_seconds_ += seconds_since(t0);
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+double PackedAllReduce::take_collective_seconds() { return std::exchange(collective_seconds_, 0.0); }
+
+double PackedAllReduce::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
+
+}  // namespace dtrain::distribute
