@@ -229,18 +229,27 @@ EOF
     done
     ;;
   kill_rank)
-    # Reference: 4 ranks, 3 epochs, uninterrupted.
-    common=(--set train.epochs=3 --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16 --set "$(mwm mpi)")
+    # Reference: 4 ranks, 3 epochs of 32 steps, uninterrupted. Checkpoints every 10 steps as well
+    # as at each epoch's end, so a resume may start in the middle of an epoch.
+    common=(--set train.epochs=3 --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16
+            --set checkpoint.every_steps=10 --set checkpoint.max_to_keep=20 --set "$(mwm mpi)")
     mpi 4 "$dtrain" run "$small" "${common[@]}" --run-dir "$scratch/ref" >"$scratch/ref.out" 2>&1 || fail "reference failed"
-    for point in 1 2; do
+    # Kill points: a random moment after the first checkpoint (epoch 1), after epoch 1 (twice),
+    # after epoch 2; each time another rank is the victim, the chief included.
+    for point in 1 2 3 4; do
       run="$scratch/killed$point"
       mpi 4 "$dtrain" run "$small" "${common[@]}" --run-dir "$run" >"$run.out" 2>&1 &
       launcher=$!
-      for _ in $(seq 1 600); do [ -s "$run/metrics.jsonl" ] && break; sleep 0.05; done
-      [ -s "$run/metrics.jsonl" ] || fail "epoch 1 never finished"
+      case $point in 1) epochs_done=0 ;; 4) epochs_done=2 ;; *) epochs_done=1 ;; esac
+      for _ in $(seq 1 600); do
+        [ -s "$run/checkpoints/checkpoint" ] && [ "$(cat "$run/metrics.jsonl" 2>/dev/null | wc -l)" -ge "$epochs_done" ] && break
+        sleep 0.05
+      done
+      [ -s "$run/checkpoints/checkpoint" ] || fail "no checkpoint was ever written"
       sleep "0.$((RANDOM % 6 + 1))"
-      read -r victim victim_rank < <(rank_pids "$run" | shuf -n 1 --random-source=<(yes "$point"))
-      [ -n "$victim" ] || fail "no rank to kill"
+      victim_rank=$(cut -d' ' -f"$point" <<<"2 0 3 1")
+      victim=$(rank_pids "$run" | awk -v r="$victim_rank" '$2 == r {print $1}')
+      [ -n "$victim" ] || fail "rank $victim_rank not found"
       echo "killing rank $victim_rank (pid $victim)"
       start=$SECONDS
       kill -9 "$victim"
@@ -254,6 +263,7 @@ EOF
       mpi 4 "$dtrain" resume "$run" >"$run.resume.out" 2>&1 || fail "resume failed: $(tail -5 "$run.resume.out")"
       h5diff "$scratch/ref/checkpoints/ckpt-96.h5" "$run/checkpoints/ckpt-96.h5" /model /model >/dev/null \
         || fail "final weights after resume differ from the uninterrupted 4-rank run"
+      grep -o "Resuming from .*" "$run.resume.out" | head -1
       echo "ok: kill point $point, mpirun exit $rc after ${elapsed}s, resumed bitwise equal"
     done
     ;;
