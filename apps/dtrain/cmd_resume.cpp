@@ -29,6 +29,9 @@ bool keeps_results(const std::string& override_text) {
 }  // namespace
 
 int resume_command(const ResumeArgs& args) {
+  // First: MPI_Init and the compute start threads, and each must inherit the mask that keeps
+  // SIGINT/SIGTERM off it (signals.hpp).
+  StopOnSignal signals;
   distribute::Cluster cluster;
   return run_as_worker(cluster, [&] {
   // Only the chief speaks; every worker restores the same checkpoint.
@@ -79,7 +82,6 @@ int resume_command(const ResumeArgs& args) {
   options.out = stdout;
   options.out_is_tty = isatty(fileno(stdout)) != 0;
   options.cluster = &cluster;
-  StopOnSignal signals;
   options.stop_requested = &signals.requested();
   return train_or_evaluate(cluster, exp, options, [&](train::Trainer& trainer) {
     // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.

@@ -76,6 +76,9 @@ int train_or_evaluate(distribute::Cluster& cluster, config::Experiment& experime
 }
 
 int run_command(const RunArgs& args) {
+  // First: MPI_Init and the compute start threads, and each must inherit the mask that keeps
+  // SIGINT/SIGTERM off it (signals.hpp).
+  StopOnSignal signals;
   distribute::Cluster cluster;
   return run_as_worker(cluster, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
@@ -84,7 +87,6 @@ int run_command(const RunArgs& args) {
     options.run_dir = args.run_dir.empty() ? "runs/" + exp.name : args.run_dir;
     options.out = stdout;
     options.out_is_tty = isatty(fileno(stdout)) != 0;
-    StopOnSignal signals;
     options.stop_requested = &signals.requested();
     return train_or_evaluate(cluster, exp, options, [](train::Trainer&) {});
   });

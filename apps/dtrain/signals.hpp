@@ -1,19 +1,45 @@
 // SIGINT/SIGTERM during training: the first asks the trainer to stop at the next step boundary
 // (it saves a checkpoint and says how to resume); a second exits at once.
+//
+// No dtrain thread ever runs a signal handler. oneDNN's jit_avx_gemm_f32 kernel (Dense layers with
+// more than 252 inputs) briefly points RSP into a heap buffer; a signal delivered to that thread
+// then has its frame written into the heap, and glibc later aborts with "malloc(): corrupted ...".
+// So the constructor blocks SIGINT and SIGTERM in the calling thread, which every thread created
+// afterwards inherits (replica threads, the OpenMP pool, MPI's threads), and one watcher thread
+// takes the signals from a signalfd instead.
+//
+// Construct it in the main thread before anything starts a thread (before the Cluster, whose
+// MPI_Init starts some): a thread that already exists keeps its own mask and could still be hit.
 #pragma once
 
 #include <atomic>
+#include <csignal>
+#include <thread>
 
 namespace dtrain::app {
 
 class StopOnSignal {
  public:
-  StopOnSignal();   // installs the handlers
-  ~StopOnSignal();  // restores the previous ones
+  // Blocks SIGINT/SIGTERM in this thread and starts the watcher; throws InternalError if the
+  // kernel refuses the signalfd or eventfd.
+  StopOnSignal();
+  // Stops the watcher and restores this thread's previous mask. Call it on the constructing thread.
+  ~StopOnSignal();
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;
-  // Non-zero (the signal number) once a stop was requested.
-  const std::atomic<int>& requested() const;
+
+  // Non-zero (the signal number) once a stop was requested; the watcher thread sets it.
+  const std::atomic<int>& requested() const { return stop_signal_; }
+
+ private:
+  void watch();
+  void close_fds() noexcept;
+
+  std::atomic<int> stop_signal_{0};
+  sigset_t previous_mask_{};
+  int signal_fd_ = -1;
+  int wake_fd_ = -1;  // an eventfd: the destructor writes it so the watcher's poll() returns
+  std::thread watcher_;
 };
 
 }  // namespace dtrain::app

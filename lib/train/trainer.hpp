@@ -44,8 +44,8 @@ struct TrainerOptions {
   std::string run_dir;          // where config.yaml, metrics.jsonl and checkpoints/ go; empty = none
   std::FILE* out = stdout;      // epoch lines
   bool out_is_tty = false;      // progress: auto draws a bar only on a terminal
-  // Set (from a signal handler) to stop at the next step boundary: fit() saves a checkpoint and
-  // throws Interrupted.
+  // Set (by the signal watcher thread, apps/dtrain/signals.hpp) to stop at the next step
+  // boundary: fit() saves a checkpoint and throws Interrupted.
   const std::atomic<int>* stop_requested = nullptr;
   // The worker processes (MPI ranks); null = this process alone. Only the chief (rank 0) prints,
   // writes the run directory and saves checkpoints.
