@@ -48,8 +48,8 @@ class Cluster {
   void set_step(std::int64_t step) { step_ = step; }
   void set_timeout(double seconds) { timeout_seconds_ = seconds; }
   // While this worker's cores compute (a collective overlapping backward), a waiting collective
-  // checks for completion every 200 us instead of spinning, leaving the core to the computation.
-  // May be changed from another thread while a collective waits.
+  // yields the core between polls however long it waits, leaving it to the computation rather
+  // than backing off to sleeps. May be changed from another thread while a collective waits.
   void set_yield_while_waiting(bool yield) { yield_while_waiting_.store(yield, std::memory_order_relaxed); }
 
   // Element-wise sums over all workers, in place. `what` names the collective for the watchdog

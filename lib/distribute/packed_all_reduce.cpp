@@ -43,7 +43,8 @@ PackedAllReduce::PackedAllReduce(Cluster& cluster, BufferList gradients, std::in
     if (packs_[p].last - packs_[p].first > 1) staging = std::max(staging, packs_[p].floats);
   }
   staging_.resize(staging);  // now, so that no step allocates
-  if (!overlap) return;
+  // One pack is only complete when backward is: nothing to overlap, no thread to hand it to.
+  if (!overlap || packs_.size() < 2) return;
   pack_ready_.assign(packs_.size(), false);
   variable_ready_.assign(gradients_.sizes.size(), 0);
   for (const GradientPack& p : packs_) unfinished_variables_.push_back(p.last - p.first);

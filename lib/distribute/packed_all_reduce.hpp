@@ -44,7 +44,8 @@ std::vector<GradientPack> plan_packs(std::span<const std::size_t> sizes, std::in
 class PackedAllReduce {
  public:
   // gradients: the buffers summed in place (they must outlive this object). ring: the chunked
-  // ring instead of MPI_Allreduce. overlap: start each pack as soon as it is ready.
+  // ring instead of MPI_Allreduce. overlap: start each pack as soon as it is ready (with at least
+  // two packs; one is only complete when backward is).
   PackedAllReduce(Cluster& cluster, BufferList gradients, std::int64_t bytes_per_pack, bool ring, bool overlap);
   ~PackedAllReduce();
   PackedAllReduce(const PackedAllReduce&) = delete;

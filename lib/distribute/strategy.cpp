@@ -144,7 +144,7 @@ std::string Strategy::describe() const {
                        config::name_of(kind_), workers(), num_replicas_in_sync(), num_local_replicas(),
                        device_list(devices_), workers() == 1 ? "none" : ring_between_workers_ ? "ring" : "mpi",
                        bytes_per_pack_ > 0 ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "",
-                       overlap_ ? ", overlapping backward" : "");
+                       overlaps_backward() ? ", overlapping backward" : "");
   return fmt::format("strategy {} | replicas {} ({}) | cross-device ops {}", config::name_of(kind_),
                      num_replicas_in_sync(), device_list(devices_), cross_device_ops_name());
 }

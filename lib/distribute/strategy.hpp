@@ -85,8 +85,9 @@ class Strategy {
   // Inside run(), during backward: variables [first, first + count) of the replica's list hold
   // their final gradients for this step. Across workers, their sum may start now.
   void gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count);
-  // Whether the sums across workers overlap backward (communication.overlap, one local replica).
-  bool overlaps_backward() const { return overlap_; }
+  // Whether the sums across workers overlap backward (communication.overlap, one local replica,
+  // gradients in more than one pack). Known once replica 0 has bound its gradients.
+  bool overlaps_backward() const { return across_workers_ && across_workers_->overlaps(); }
   // Inside run(): sums the replicas' gradients — into every replica (mirrored), or into the
   // replica that holds the central variables (central storage).
   void sum_gradients(const ReplicaContext& replica);

@@ -220,7 +220,7 @@ EOF
       done
       on="$scratch/${n}_${impl}_${bytes}_true" off="$scratch/${n}_${impl}_${bytes}_false"
       grep -q "packs of $bytes bytes, overlapping backward" "$on.out" || fail "header: $(grep '^dtrain' "$on.out")"
-      grep -q "overlapping backward; waited for [0-9.]* ms/step" "$on.out" || fail "no wait figure: $(grep samples/s "$on.out")"
+      grep -q "ms/step in flight overlapping backward, [0-9.]* ms/step waited for" "$on.out" || fail "no wait figure: $(grep samples/s "$on.out")"
       grep -q "overlapping" "$off.out" && fail "overlap false still overlaps"
       h5diff "$on/checkpoints/ckpt-6.h5" "$off/checkpoints/ckpt-6.h5" /model /model >/dev/null \
         || fail "$n ranks, $impl, packs of $bytes: overlapped sums differ from sums after backward"
