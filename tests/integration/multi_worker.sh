@@ -234,19 +234,17 @@ EOF
     common=(--set train.epochs=3 --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16
             --set checkpoint.every_steps=10 --set checkpoint.max_to_keep=20 --set "$(mwm mpi)")
     mpi 4 "$dtrain" run "$small" "${common[@]}" --run-dir "$scratch/ref" >"$scratch/ref.out" 2>&1 || fail "reference failed"
-    # Kill points: a random moment after the first checkpoint (epoch 1), after epoch 1 (twice),
-    # after epoch 2; each time another rank is the victim, the chief included.
+    # Kill points: up to 0.09 s (a few steps: random) after the checkpoint of step 10 (epoch 1),
+    # 30 (epoch 1), 50 (epoch 2) and 70 (epoch 3) of 96; each time another rank is the victim,
+    # the chief included.
     for point in 1 2 3 4; do
       run="$scratch/killed$point"
+      after=$(cut -d' ' -f"$point" <<<"10 30 50 70")
       mpi 4 "$dtrain" run "$small" "${common[@]}" --run-dir "$run" >"$run.out" 2>&1 &
       launcher=$!
-      case $point in 1) epochs_done=0 ;; 4) epochs_done=2 ;; *) epochs_done=1 ;; esac
-      for _ in $(seq 1 600); do
-        [ -s "$run/checkpoints/checkpoint" ] && [ "$(cat "$run/metrics.jsonl" 2>/dev/null | wc -l)" -ge "$epochs_done" ] && break
-        sleep 0.05
-      done
-      [ -s "$run/checkpoints/checkpoint" ] || fail "no checkpoint was ever written"
-      sleep "0.$((RANDOM % 6 + 1))"
+      for _ in $(seq 1 1200); do [ -e "$run/checkpoints/ckpt-$after.h5" ] && break; sleep 0.02; done
+      [ -e "$run/checkpoints/ckpt-$after.h5" ] || fail "checkpoint ckpt-$after.h5 was never written"
+      sleep "0.0$((RANDOM % 10))"
       victim_rank=$(cut -d' ' -f"$point" <<<"2 0 3 1")
       victim=$(rank_pids "$run" | awk -v r="$victim_rank" '$2 == r {print $1}')
       [ -n "$victim" ] || fail "rank $victim_rank not found"
