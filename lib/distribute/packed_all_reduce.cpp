@@ -45,7 +45,6 @@ PackedAllReduce::PackedAllReduce(Cluster& cluster, BufferList gradients, std::in
   staging_.resize(staging);  // now, so that no step allocates
   // One pack is only complete when backward is: nothing to overlap, no thread to hand it to.
   if (!overlap || packs_.size() < 2) return;
-  pack_ready_.assign(packs_.size(), false);
   variable_ready_.assign(gradients_.sizes.size(), 0);
   for (const GradientPack& p : packs_) unfinished_variables_.push_back(p.last - p.first);
   thread_ = std::thread(&PackedAllReduce::communicate, this);
@@ -96,7 +95,7 @@ void PackedAllReduce::communicate() {
   for (;;) {
     // Packs go out strictly in plan order: every worker must enter the same collectives in the
     // same order.
-    ready_cv_.wait(lock, [&] { return stopping_ || (packs_summed_ < packs_.size() && pack_ready_[packs_summed_]); });
+    ready_cv_.wait(lock, [&] { return stopping_ || (packs_summed_ < packs_.size() && unfinished_variables_[packs_summed_] == 0); });
     if (stopping_) return;
     const std::size_t index = packs_summed_;
     lock.unlock();
@@ -125,7 +124,7 @@ void PackedAllReduce::ready(std::size_t first, std::size_t count) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!step_started_) {
       step_started_ = true;
-      // Backward is computing on this worker's cores: the collectives wait without spinning.
+      // Backward is computing on this worker's cores: the collectives leave them to it.
       cluster_.set_yield_while_waiting(true);
     }
     for (std::size_t v = first; v < first + count; ++v) {
@@ -133,10 +132,7 @@ void PackedAllReduce::ready(std::size_t first, std::size_t count) {
       DTRAIN_CHECK(!variable_ready_[v], "gradients_ready: a variable was handed over twice in one step");
       variable_ready_[v] = 1;
       const std::size_t p = pack_of_variable_[v];
-      if (--unfinished_variables_[p] == 0) {
-        pack_ready_[p] = true;
-        wake = true;
-      }
+      if (--unfinished_variables_[p] == 0) wake = true;
     }
   }
   if (wake) ready_cv_.notify_one();
@@ -153,12 +149,11 @@ void PackedAllReduce::finish() {
   cluster_.set_yield_while_waiting(false);
   std::unique_lock<std::mutex> lock(mutex_);
   for (std::size_t p = 0; p < packs_.size(); ++p)
-    DTRAIN_CHECK(pack_ready_[p] || error_, "finish(): backward did not hand over every gradient this step");
+    DTRAIN_CHECK(unfinished_variables_[p] == 0 || error_, "finish(): backward did not hand over every gradient this step");
   done_cv_.wait(lock, [&] { return packs_summed_ == packs_.size(); });
   // Ready for the next step.
   packs_summed_ = 0;
   step_started_ = false;
-  std::fill(pack_ready_.begin(), pack_ready_.end(), false);
   std::fill(variable_ready_.begin(), variable_ready_.end(), 0);
   for (std::size_t p = 0; p < packs_.size(); ++p) unfinished_variables_[p] = packs_[p].last - packs_[p].first;
   wait_seconds_ += seconds_since(t0);

@@ -83,9 +83,8 @@ class PackedAllReduce {
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable ready_cv_, done_cv_;
-  std::vector<std::size_t> unfinished_variables_;  // per pack, this step
+  std::vector<std::size_t> unfinished_variables_;  // per pack, this step: 0 = ready to sum
   std::vector<char> variable_ready_;                 // per variable, this step
-  std::vector<bool> pack_ready_;
   std::size_t packs_summed_ = 0;
   bool step_started_ = false;
   bool stopping_ = false;

@@ -217,7 +217,7 @@ void Strategy::bind_gradients(int replica, const BufferList& buffers) {
 }
 
 void Strategy::gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count) {
-  if (overlap_ && replica.replica_id == 0) across_workers_->ready(first, count);
+  if (replica.replica_id == 0 && overlaps_backward()) across_workers_->ready(first, count);
 }
 
 void Strategy::sum_gradients(const ReplicaContext& replica) {

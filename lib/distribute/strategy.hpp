@@ -105,7 +105,7 @@ class Strategy {
   config::StrategyKind kind_;
   Cluster* cluster_ = nullptr;  // set for multi_worker_mirrored only
   bool ring_between_workers_ = false;
-  bool overlap_ = false;
+  bool overlap_ = false;  // allowed here; overlaps_backward() says whether the packs make it happen
   std::int64_t bytes_per_pack_ = 0;
   std::vector<BufferList> local_gradients_;
   std::unique_ptr<PackedAllReduce> across_workers_;  // made with replica 0's gradients

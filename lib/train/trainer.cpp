@@ -233,6 +233,7 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
   const float replicas = static_cast<float>(rc.num_replicas_in_sync);
+  const bool overlap = strategy_->overlaps_backward();
   double data_loss = 0.0;
   if (batch.size > 0) {
     const Tensor& logits = rep.model->forward(rep.ctx, batch.x);
@@ -245,14 +246,15 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
     loss_->gradient(logits, batch.y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
                     rep.model->output_gradient());
     // Each replica adds 1/R of the regularization gradient: summed over replicas, it is added once.
-    rep.model->backward(rep.ctx, nn::BackwardOptions{1.0f / replicas, &rep.gradients_ready});
+    // The per-layer hand-over only when the strategy sums across workers while backward runs.
+    rep.model->backward(rep.ctx, nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr});
     for (auto& m : rep.train_metrics) m->update(batch.y, logits);
   } else {
     // No samples for this replica on a short last batch: it still adds its share of the
     // regularization gradient and takes part in the collectives.
     for (Variable* v : rep.model->variables()) v->grad.zero();
     rep.model->add_regularization_gradient(1.0f / replicas);
-    rep.gradients_ready(0, rep.model->variables().size());
+    if (overlap) rep.gradients_ready(0, rep.model->variables().size());
   }
   const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
   strategy_->sum_gradients(rc);
@@ -406,7 +408,7 @@ std::vector<EpochLog> Trainer::fit() {
     const double allreduce = strategy_->take_cross_worker_seconds();
     const double allreduce_wait = strategy_->take_cross_worker_wait_seconds();
     if (strategy_->workers() > 1) log.allreduce_seconds = allreduce;
-    if (strategy_->workers() > 1 && strategy_->overlaps_backward()) log.allreduce_wait_seconds = allreduce_wait;
+    if (strategy_->overlaps_backward()) log.allreduce_wait_seconds = allreduce_wait;
     progress.finish();
     log.steps = steps;
     log.loss = loss_sum / static_cast<double>(steps);
