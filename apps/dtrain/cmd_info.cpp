@@ -11,7 +11,8 @@
 #include "commands.hpp"
 #include "data/dataset.hpp"
 #include "dtrain/build_info.hpp"
-#include "kernels/cpu/dnnl_context.hpp"
+#include "backends/context.hpp"
+#include "nn/kernel.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
@@ -26,12 +27,21 @@ int info_command() {
   if (auto nl = mpi.find_first_of(",\n"); nl != std::string::npos) mpi.resize(nl);
 
   fmt::print("dtrain {} ({} build, {})\n", build_info::version, build_info::build_type, build_info::compiler);
-  fmt::print("oneDNN {}, CPU ISA {}\n", kernels::cpu::dnnl_version(), kernels::cpu::effective_isa());
+  // What each backend of this build says about itself: oneDNN's version and the CPU ISA it runs.
+  fmt::print("cpu backend {}: {} (CPU ISA as oneDNN dispatches)\n", backends::backend_for(Device::Kind::cpu),
+             backends::make_context(Device{})->describe());
   fmt::print("threads: {} available (train.threads: 0 uses them all), OpenMP max {}\n", train::resolve_threads(0),
              omp_get_max_threads());
   fmt::print("MPI: {}\n", mpi);
   fmt::print("HDF5 {}.{}.{}, zlib {}, fmt {}\n", h5_major, h5_minor, h5_release, zlibVersion(), FMT_VERSION);
-  fmt::print("CUDA: {}\n", build_info::have_cuda ? "found at build time (no CUDA kernels in this release)" : "not built");
+  if (build_info::have_cuda) {
+    const auto missing = nn::kinds_without_kernel(backends::backend_for(Device::Kind::gpu));
+    fmt::print("CUDA: built ({} backend for gpu:N); kernels missing for {} of the layer kinds, so gpu devices are "
+               "refused\n",
+               backends::backend_for(Device::Kind::gpu), missing.size());
+  } else {
+    fmt::print("CUDA: not built (CUDA was not found at build time)\n");
+  }
   fmt::print("NCCL: {}\n", build_info::have_nccl ? "found at build time (not used in this release)" : "not built");
   const bool fmnist = std::filesystem::exists(std::filesystem::path(data::kDefaultFashionMnistDir) / "train-images-idx3-ubyte.gz");
   fmt::print("Fashion-MNIST: {}\n", fmnist ? data::kDefaultFashionMnistDir : "not installed (apt-get install dataset-fashion-mnist)");

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "backends/context.hpp"
 #include "config/parse.hpp"
 #include "nn/model.hpp"
 
@@ -8,8 +9,10 @@ namespace dtrain::app {
 
 int validate_command(const ValidateArgs& args) {
   config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
-  // Building the model checks what YAML alone cannot: that the layers fit the input shape.
-  nn::Sequential model(exp.model, exp.seed);
+  // Building the model checks what YAML alone cannot: that the layers fit the input shape. Its
+  // kernels are made on the CPU backend, which has one for every layer kind.
+  const auto ctx = backends::make_context(Device{});
+  nn::Sequential model(exp.model, exp.seed, *ctx, nn::ModelOptions{nn::compute_dtype(exp.precision), false});
   fmt::print("# {}: valid\n{}", args.experiment, config::to_yaml(exp));
   fmt::print("# model\n");
   std::string summary = model.summary();

@@ -186,10 +186,12 @@ void write_checkpoint_file(const std::string& temporary, const std::string& path
                fmt::format("training state has counts for {} metrics but sums for {}", state.metric_counts.size(),
                            state.metric_sums.size()));
   const auto& vars = model.variables();
+  // The optimizer has slots for the trainable variables only (moving statistics have none).
+  const auto& trained = model.trainable_variables();
   const std::vector<std::string> slot_names = optimizer.slot_names();
-  DTRAIN_CHECK(!optimizer.built() || optimizer.num_variables() == vars.size(),
-               fmt::format("optimizer {} tracks {} variables but the model has {}", optimizer.name(),
-                           optimizer.num_variables(), vars.size()));
+  DTRAIN_CHECK(!optimizer.built() || optimizer.num_variables() == trained.size(),
+               fmt::format("optimizer {} tracks {} variables but the model has {} trainable ones", optimizer.name(),
+                           optimizer.num_variables(), trained.size()));
   for (const Variable* v : vars) check_variable_name(v->name);
 
   // The default (oldest) file format on purpose: the 1.8 format's metadata checksums made HDF5
@@ -219,17 +221,17 @@ void write_checkpoint_file(const std::string& temporary, const std::string& path
     w.attribute(group.get(), "/optimizer", "iterations", H5T_STD_I64LE, H5T_NATIVE_INT64, &iterations);
   }
   for (std::size_t s = 0; s < slot_names.size(); ++s) {
-    for (std::size_t i = 0; i < vars.size(); ++i) {
-      const std::string name = slot_dataset(slot_names[s], vars[i]->name);
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+      const std::string name = slot_dataset(slot_names[s], trained[i]->name);
       // An optimizer that has not stepped yet has the zero slots build() would create.
       if (optimizer.built()) {
         const Tensor& slot = optimizer.slot(i, s);
-        DTRAIN_CHECK(slot.shape() == vars[i]->value.shape(),
+        DTRAIN_CHECK(slot.shape() == trained[i]->value.shape(),
                      fmt::format("optimizer slot {} has shape {}, its variable {}", name, slot.shape().to_string(),
-                                 vars[i]->value.shape().to_string()));
+                                 trained[i]->value.shape().to_string()));
         w.floats(name, slot);
       } else {
-        w.zero_floats(name, vars[i]->value.shape());
+        w.zero_floats(name, trained[i]->value.shape());
       }
     }
   }
@@ -781,7 +783,7 @@ OptimizerState read_optimizer(const Reader& r, const nn::Sequential& model, cons
                       "the experiment stored in the checkpoint",
                       stored_name, join(stored_slots), optimizer.name(), join(wanted)));
 
-  const auto& vars = model.variables();
+  const auto& vars = model.trainable_variables();
   state.slots.reserve(vars.size() * slot_names.size());
   std::set<std::string> expected;
   for (const Variable* v : vars) {
@@ -835,7 +837,7 @@ Contents restore(const std::string& path, nn::Sequential& model, optim::Optimize
 
   // Nothing below can fail on the file's account: everything was verified above. build() comes
   // first because it is the one step that checks the caller (an optimizer built for other variables).
-  const auto& vars = model.variables();
+  const auto& vars = model.trainable_variables();
   optimizer.build(vars);
   write_model(model, values);
   const std::size_t slots_per_variable = optimizer.slot_names().size();

@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include "config/layer_options.hpp"
+
 namespace dtrain::config {
 
 // Where a value came from, for error messages raised after parsing.
@@ -154,6 +156,7 @@ struct DataConfig {
 };
 
 // ---------------------------------------------------------------- model
+// Vocabulary several layer kinds share; each layer's own options live in its file (nn/<kind>.hpp).
 enum class Activation { linear, relu, sigmoid, tanh, softmax };
 enum class Padding { valid, same };
 
@@ -162,45 +165,14 @@ struct Regularizer {
   bool operator==(const Regularizer&) const = default;
 };
 
-struct Conv2DConfig {
-  int filters = 0;
-  std::array<int, 2> kernel_size{3, 3};
-  std::array<int, 2> strides{1, 1};
-  Padding padding = Padding::valid;
-  Activation activation = Activation::linear;
-  bool use_bias = true;
-  Regularizer kernel_regularizer;
-  bool operator==(const Conv2DConfig&) const = default;
-};
-struct MaxPool2DConfig {
-  std::array<int, 2> pool_size{2, 2};
-  std::optional<std::array<int, 2>> strides;  // Keras: defaults to pool_size
-  Padding padding = Padding::valid;
-  bool operator==(const MaxPool2DConfig&) const = default;
-};
-struct DenseConfig {
-  int units = 0;
-  Activation activation = Activation::linear;
-  bool use_bias = true;
-  Regularizer kernel_regularizer;
-  bool operator==(const DenseConfig&) const = default;
-};
-struct FlattenConfig {
-  bool operator==(const FlattenConfig&) const = default;
-};
-struct ReshapeConfig {
-  std::vector<std::int64_t> target_shape;  // without the batch dimension; one entry may be -1
-  bool operator==(const ReshapeConfig&) const = default;
-};
-struct ActivationConfig {
-  Activation activation = Activation::linear;
-  bool operator==(const ActivationConfig&) const = default;
-};
+// Keras' mixed-precision policy names. The variables are float32 whatever the policy; the policy
+// is the dtype the layers compute in.
+enum class Precision { float32 };
 
-using LayerOptions =
-    std::variant<Conv2DConfig, MaxPool2DConfig, DenseConfig, FlattenConfig, ReshapeConfig, ActivationConfig>;
-
+// One entry of model.layers. The options' type belongs to the layer file of `kind` (nn/<kind>.hpp),
+// which also registered how they are read and written (config/layers.hpp).
 struct LayerConfig {
+  std::string kind;  // the registered YAML key: conv2d, dense, batch_normalization, ...
   std::string name;  // Keras-style automatic name when not given: conv2d, conv2d_1, dense, ...
   LayerOptions options;
   SourceLocation where;
@@ -287,6 +259,7 @@ struct CheckpointConfig {
 struct Experiment {
   std::string name = "experiment";
   std::uint64_t seed = 42;
+  Precision precision = Precision::float32;
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

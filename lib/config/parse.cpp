@@ -16,24 +16,16 @@
 #include <sstream>
 #include <string_view>
 
+#include "config/layers.hpp"
+#include "config/schema.hpp"
 #include "config/yaml_tree.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::config {
 
-using detail::fail;
-using detail::Node;
-using detail::Origin;
-
 namespace {
 
 // ---------------------------------------------------------------- names of enum values
-
-template <class E>
-struct Named {
-  std::string_view name;
-  E value;
-};
 
 constexpr Named<SourceKind> source_kinds[] = {{"fashion_mnist", SourceKind::fashion_mnist},
                                               {"idx", SourceKind::idx},
@@ -46,12 +38,6 @@ constexpr Named<AutoShardPolicy> auto_shard_policies[] = {{"auto", AutoShardPoli
                                                           {"off", AutoShardPolicy::off}};
 constexpr Named<DistributeMode> distribute_modes[] = {{"split_global_batch", DistributeMode::split_global_batch},
                                                       {"per_replica", DistributeMode::per_replica}};
-constexpr Named<Activation> activations[] = {{"linear", Activation::linear},
-                                             {"relu", Activation::relu},
-                                             {"sigmoid", Activation::sigmoid},
-                                             {"tanh", Activation::tanh},
-                                             {"softmax", Activation::softmax}};
-constexpr Named<Padding> paddings[] = {{"valid", Padding::valid}, {"same", Padding::same}};
 constexpr Named<LossKind> loss_kinds[] = {
     {"sparse_categorical_crossentropy", LossKind::sparse_categorical_crossentropy},
     {"categorical_crossentropy", LossKind::categorical_crossentropy},
@@ -95,278 +81,12 @@ constexpr Named<CommunicationImplementation> communication_implementations[] = {
 // tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
 constexpr std::string_view planned_strategies[] = {"parameter_server"};
 
-template <class E, std::size_t N>
-const char* name_in(const Named<E> (&table)[N], E value) {
-  for (const auto& entry : table)
-    if (entry.value == value) return entry.name.data();
-  throw InternalError("enum value without a YAML name");
-}
+constexpr Named<Precision> precisions[] = {{"float32", Precision::float32}};
+// Keras policies that later versions add.
+constexpr std::string_view planned_precisions[] = {"mixed_bfloat16"};
 
-// ---------------------------------------------------------------- suggestions
 
-// Optimal string alignment distance (Levenshtein plus adjacent swaps), case-insensitive, so that
-// "epoch", "Adam" and "sdg" all find their intended spelling.
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
-  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
-  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i)
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t cost = lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1]))
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[a.size()][b.size()];
-}
 
-// The closest candidate when it is plausibly a typo: a third of the word may be wrong (at least
-// two edits for short words), but never the whole candidate.
-std::optional<std::string_view> nearest(std::string_view word, std::span<const std::string_view> candidates) {
-  std::optional<std::string_view> best;
-  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-  for (std::string_view candidate : candidates) {
-    const std::size_t distance = edit_distance(word, candidate);
-    const std::size_t allowed = std::max<std::size_t>(2, candidate.size() / 3);
-    if (distance <= allowed && distance < candidate.size() && distance < best_distance) {
-      best = candidate;
-      best_distance = distance;
-    }
-  }
-  return best;
-}
-
-std::string join(std::span<const std::string_view> names) {
-  std::string out;
-  for (std::string_view name : names) {
-    if (!out.empty()) out += ", ";
-    out += name;
-  }
-  return out;
-}
-
-std::string did_you_mean(std::string_view word, std::span<const std::string_view> candidates) {
-  if (auto best = nearest(word, candidates)) return fmt::format("; did you mean '{}'?", *best);
-  return {};
-}
-
-// ---------------------------------------------------------------- typed reading of nodes
-
-std::string child(const std::string& path, std::string_view key) {
-  return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
-}
-
-std::string describe(const Node& node) {
-  switch (node.kind) {
-    case Node::Kind::null: return "nothing";
-    case Node::Kind::scalar: return fmt::format("'{}'", node.scalar);
-    case Node::Kind::sequence: return "a list";
-    case Node::Kind::map: return "a map";
-  }
-  return "?";
-}
-
-[[noreturn]] void type_error(const Node& node, const std::string& path, std::string_view expected) {
-  fail(node.origin, fmt::format("{}: expected {}, got {}", path, expected, describe(node)));
-}
-
-[[noreturn]] void range_error(const Node& node, const std::string& path, std::string_view rule) {
-  fail(node.origin, fmt::format("{}: must be {}, got {}", path, rule, describe(node)));
-}
-
-std::int64_t read_int(const Node& node, const std::string& path) {
-  if (!node.is_scalar()) type_error(node, path, "an integer");
-  std::string_view text = node.scalar;
-  if (text.size() > 1 && text.front() == '+') text.remove_prefix(1);
-  std::int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error == std::errc::result_out_of_range) range_error(node, path, "a 64-bit integer");
-  if (error != std::errc() || end != text.data() + text.size()) type_error(node, path, "an integer");
-  return value;
-}
-
-int read_int32(const Node& node, const std::string& path) {
-  const std::int64_t value = read_int(node, path);
-  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max())
-    range_error(node, path, "a 32-bit integer");
-  return static_cast<int>(value);
-}
-
-std::uint64_t read_uint64(const Node& node, const std::string& path) {
-  if (!node.is_scalar()) type_error(node, path, "a non-negative integer");
-  std::string_view text = node.scalar;
-  if (text.size() > 1 && text.front() == '+') text.remove_prefix(1);
-  std::uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error == std::errc::result_out_of_range) range_error(node, path, "at most 18446744073709551615");
-  if (error != std::errc() || end != text.data() + text.size()) type_error(node, path, "a non-negative integer");
-  return value;
-}
-
-double read_number(const Node& node, const std::string& path) {
-  if (!node.is_scalar()) type_error(node, path, "a number");
-  std::string_view text = node.scalar;
-  if (text.size() > 1 && text.front() == '+') text.remove_prefix(1);
-  double value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error == std::errc::result_out_of_range) range_error(node, path, "a finite double-precision number");
-  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
-    type_error(node, path, "a number");
-  return value;
-}
-
-bool read_bool(const Node& node, const std::string& path) {
-  if (node.is_scalar()) {
-    const std::string& t = node.scalar;
-    if (t == "true" || t == "True" || t == "TRUE") return true;
-    if (t == "false" || t == "False" || t == "FALSE") return false;
-  }
-  type_error(node, path, "true or false");
-}
-
-std::string read_string(const Node& node, const std::string& path) {
-  if (!node.is_scalar()) type_error(node, path, "a string");
-  return node.scalar;
-}
-
-template <class E, std::size_t N>
-E read_enum(const Node& node, const std::string& path, std::string_view what, const Named<E> (&table)[N]) {
-  std::vector<std::string_view> names;
-  for (const auto& entry : table) names.push_back(entry.name);
-  if (!node.is_scalar()) type_error(node, path, fmt::format("a {} ({})", what, join(names)));
-  for (const auto& entry : table)
-    if (entry.name == node.scalar) return entry.value;
-  fail(node.origin,
-       fmt::format("unknown {} '{}'; valid: {}{}", what, node.scalar, join(names), did_you_mean(node.scalar, names)));
-}
-
-const Node& expect_list(const Node& node, const std::string& path, std::string_view of_what) {
-  if (!node.is_sequence()) type_error(node, path, fmt::format("a list of {}", of_what));
-  return node;
-}
-
-std::vector<std::int64_t> read_int_list(const Node& node, const std::string& path) {
-  std::vector<std::int64_t> out;
-  for (std::size_t i = 0; const Node& item : expect_list(node, path, "integers").items)
-    out.push_back(read_int(item, child(path, std::to_string(i++))));
-  return out;
-}
-
-std::vector<double> read_number_list(const Node& node, const std::string& path) {
-  std::vector<double> out;
-  for (std::size_t i = 0; const Node& item : expect_list(node, path, "numbers").items)
-    out.push_back(read_number(item, child(path, std::to_string(i++))));
-  return out;
-}
-
-// A shape without the batch dimension: non-empty, every entry >= 1.
-std::vector<std::int64_t> read_shape(const Node& node, const std::string& path) {
-  std::vector<std::int64_t> shape = read_int_list(node, path);
-  if (shape.empty()) range_error(node, path, "a non-empty list of dimensions");
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] < 1) range_error(node.items[i], child(path, std::to_string(i)), ">= 1");
-  return shape;
-}
-
-// Keras' int-or-pair arguments (kernel_size, strides, pool_size); every entry >= 1.
-std::array<int, 2> read_pair(const Node& node, const std::string& path) {
-  constexpr std::string_view expected = "an integer or a list of two integers";
-  if (node.is_scalar()) {
-    const int value = read_int32(node, path);
-    if (value < 1) range_error(node, path, ">= 1");
-    return {value, value};
-  }
-  if (!node.is_sequence() || node.items.size() != 2) type_error(node, path, expected);
-  std::array<int, 2> out{};
-  for (std::size_t i = 0; i < 2; ++i) {
-    const std::string item_path = child(path, std::to_string(i));
-    out[i] = read_int32(node.items[i], item_path);
-    if (out[i] < 1) range_error(node.items[i], item_path, ">= 1");
-  }
-  return out;
-}
-
-// A section of settings. Unknown keys are reported first, so that a typo in a required key reads
-// "did you mean" rather than "missing".
-class Section {
- public:
-  Section(const Node& node, std::string path, std::span<const std::string_view> keys)
-      : node_(node), path_(std::move(path)) {
-    if (node.is_null()) return;  // "train:" with nothing under it: all defaults
-    if (!node.is_map()) type_error(node, path_.empty() ? "the experiment" : path_, "a map of settings");
-    for (const auto& entry : node.entries) {
-      if (std::find(keys.begin(), keys.end(), entry.key) != keys.end()) continue;
-      const std::string where = path_.empty() ? "at top level" : "in " + path_;
-      if (auto best = nearest(entry.key, keys))
-        fail(entry.key_origin, fmt::format("unknown key '{}' {}; did you mean '{}'?", entry.key, where, *best));
-      fail(entry.key_origin, fmt::format("unknown key '{}' {}; valid keys: {}", entry.key, where, join(keys)));
-    }
-  }
-
-  const Node* find(std::string_view key) const { return node_.find(key); }
-  // Where the key is written, or the section itself when the key is left out.
-  Origin key_origin(std::string_view key) const {
-    for (const auto& entry : node_.entries)
-      if (entry.key == key) return entry.key_origin;
-    return node_.origin;
-  }
-  const Node& require(std::string_view key) const {
-    if (const Node* value = find(key)) return *value;
-    const std::string prefix = path_.empty() ? "" : path_ + ": ";
-    fail(node_.origin, fmt::format("{}missing required key '{}'", prefix, key));
-  }
-  std::string path(std::string_view key) const { return child(path_, key); }
-  const std::string& path() const { return path_; }
-  const Node& node() const { return node_; }
-
-  // A key that only some kinds (of optimizer, data source, ...) accept.
-  void only_for(std::string_view key, bool applies, std::string_view kinds, std::string_view chosen) const {
-    if (applies) return;
-    for (const auto& entry : node_.entries)
-      if (entry.key == key)
-        fail(entry.key_origin, fmt::format("{}: applies only to {}, not to {}; remove it or change the kind",
-                                           path(key), kinds, chosen));
-  }
-
-  template <class T, class Read>
-  void get(std::string_view key, T& out, Read read) const {
-    if (const Node* value = find(key)) out = read(*value, path(key));
-  }
-  void get_int(std::string_view key, std::int64_t& out, std::int64_t minimum) const {
-    if (const Node* value = find(key)) {
-      out = read_int(*value, path(key));
-      if (out < minimum) range_error(*value, path(key), fmt::format(">= {}", minimum));
-    }
-  }
-  void get_int(std::string_view key, int& out, int minimum) const {
-    if (const Node* value = find(key)) {
-      out = read_int32(*value, path(key));
-      if (out < minimum) range_error(*value, path(key), fmt::format(">= {}", minimum));
-    }
-  }
-  void get_bool(std::string_view key, bool& out) const { get(key, out, read_bool); }
-  // A number that `ok` accepts; `rule` is how the accepted range reads in messages.
-  void get_number(std::string_view key, double& out, bool (*ok)(double), std::string_view rule) const {
-    if (const Node* value = find(key)) {
-      out = read_number(*value, path(key));
-      if (!ok(out)) range_error(*value, path(key), rule);
-    }
-  }
-  template <class E, std::size_t N>
-  void get_enum(std::string_view key, E& out, std::string_view what, const Named<E> (&table)[N]) const {
-    if (const Node* value = find(key)) out = read_enum(*value, path(key), what, table);
-  }
-
- private:
-  const Node& node_;
-  std::string path_;
-};
-
-bool positive(double v) { return v > 0; }
-bool non_negative(double v) { return v >= 0; }
-bool unit_interval_open(double v) { return v >= 0 && v < 1; }
-bool unit_interval_closed(double v) { return v >= 0 && v <= 1; }
 
 // ---------------------------------------------------------------- sections
 
@@ -615,30 +335,6 @@ DataConfig parse_data(const Node& node) {
   return out;
 }
 
-Regularizer read_regularizer(const Node& node, const std::string& path) {
-  static constexpr std::string_view keys[] = {"l2"};
-  Section s(node, path, keys);
-  Regularizer out;
-  s.get_number("l2", out.l2, non_negative, ">= 0");
-  return out;
-}
-
-// The layer kinds as written in YAML; the Keras class-name spelling of max pooling is accepted too.
-enum class LayerKind { conv2d, max_pool2d, dense, flatten, reshape, activation };
-constexpr Named<LayerKind> layer_kinds[] = {{"conv2d", LayerKind::conv2d},
-                                            {"max_pool2d", LayerKind::max_pool2d},
-                                            {"max_pooling2d", LayerKind::max_pool2d},
-                                            {"dense", LayerKind::dense},
-                                            {"flatten", LayerKind::flatten},
-                                            {"reshape", LayerKind::reshape},
-                                            {"activation", LayerKind::activation}};
-
-// Keras' automatic name prefix for each kind (its snake_case class name).
-std::string_view auto_name_prefix(const LayerOptions& options) {
-  constexpr std::string_view prefixes[] = {"conv2d", "max_pooling2d", "dense", "flatten", "reshape", "activation"};
-  return prefixes[options.index()];
-}
-
 bool valid_layer_name(std::string_view name) {
   // Layer names become parts of checkpoint dataset paths, so keep them to a portable alphabet.
   return !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
@@ -646,83 +342,10 @@ bool valid_layer_name(std::string_view name) {
   });
 }
 
-LayerOptions parse_layer_options(LayerKind kind, const Node& node, const std::string& path) {
-  switch (kind) {
-    case LayerKind::conv2d: {
-      static constexpr std::string_view keys[] = {"filters",    "kernel_size", "strides", "padding",
-                                                  "activation", "use_bias",    "kernel_regularizer", "name"};
-      Section s(node, path, keys);
-      Conv2DConfig c;
-      const Node& filters = s.require("filters");
-      c.filters = read_int32(filters, s.path("filters"));
-      if (c.filters < 1) range_error(filters, s.path("filters"), ">= 1");
-      s.get("kernel_size", c.kernel_size, read_pair);
-      s.get("strides", c.strides, read_pair);
-      s.get_enum("padding", c.padding, "padding", paddings);
-      s.get_enum("activation", c.activation, "activation", activations);
-      s.get_bool("use_bias", c.use_bias);
-      s.get("kernel_regularizer", c.kernel_regularizer, read_regularizer);
-      return c;
-    }
-    case LayerKind::max_pool2d: {
-      static constexpr std::string_view keys[] = {"pool_size", "strides", "padding", "name"};
-      Section s(node, path, keys);
-      MaxPool2DConfig c;
-      s.get("pool_size", c.pool_size, read_pair);
-      if (const Node* strides = s.find("strides")) c.strides = read_pair(*strides, s.path("strides"));
-      s.get_enum("padding", c.padding, "padding", paddings);
-      return c;
-    }
-    case LayerKind::dense: {
-      static constexpr std::string_view keys[] = {"units", "activation", "use_bias", "kernel_regularizer", "name"};
-      Section s(node, path, keys);
-      DenseConfig c;
-      const Node& units = s.require("units");
-      c.units = read_int32(units, s.path("units"));
-      if (c.units < 1) range_error(units, s.path("units"), ">= 1");
-      s.get_enum("activation", c.activation, "activation", activations);
-      s.get_bool("use_bias", c.use_bias);
-      s.get("kernel_regularizer", c.kernel_regularizer, read_regularizer);
-      return c;
-    }
-    case LayerKind::flatten: {
-      static constexpr std::string_view keys[] = {"name"};
-      Section s(node, path, keys);
-      return FlattenConfig{};
-    }
-    case LayerKind::reshape: {
-      static constexpr std::string_view keys[] = {"target_shape", "name"};
-      Section s(node, path, keys);
-      ReshapeConfig c;
-      const Node& target = s.require("target_shape");
-      c.target_shape = read_int_list(target, s.path("target_shape"));
-      if (c.target_shape.empty()) range_error(target, s.path("target_shape"), "a non-empty list of dimensions");
-      int unknown = 0;
-      for (std::size_t i = 0; i < c.target_shape.size(); ++i) {
-        const std::int64_t d = c.target_shape[i];
-        if (d == -1) ++unknown;
-        if ((d < 1 && d != -1) || unknown > 1)
-          range_error(target.items[i], child(s.path("target_shape"), std::to_string(i)),
-                      ">= 1 (or -1 for one inferred dimension)");
-      }
-      return c;
-    }
-    case LayerKind::activation: {
-      static constexpr std::string_view keys[] = {"activation", "name"};
-      Section s(node, path, keys);
-      ActivationConfig c;
-      c.activation = read_enum(s.require("activation"), s.path("activation"), "activation", activations);
-      return c;
-    }
-  }
-  throw InternalError("unhandled layer kind");
-}
-
 std::vector<LayerConfig> parse_layers(const Node& node, const std::string& path) {
   if (!node.is_sequence()) type_error(node, path, "a list of layers, each '- kind: {options}'");
   if (node.items.empty()) range_error(node, path, "a non-empty list of layers");
-  std::vector<std::string_view> kind_names;
-  for (const auto& entry : layer_kinds) kind_names.push_back(entry.name);
+  const std::vector<std::string_view> kind_names = layer_kind_names();
 
   std::vector<LayerConfig> layers;
   std::map<std::string, Origin> explicit_names;
@@ -740,15 +363,17 @@ std::vector<LayerConfig> parse_layers(const Node& node, const std::string& path)
                        item_path, extra.key, item.entries[0].key));
     }
     const auto& [kind_name, key_origin, options] = item.entries[0];
-    const auto kind_it = std::find_if(std::begin(layer_kinds), std::end(layer_kinds),
-                                      [&](const auto& entry) { return entry.name == kind_name; });
-    if (kind_it == std::end(layer_kinds))
+    const LayerSchema* schema = find_layer_schema(kind_name);
+    if (!schema)
       fail(key_origin, fmt::format("unknown layer kind '{}' in {}; known: {}{}", kind_name, item_path,
                                    join(kind_names), did_you_mean(kind_name, kind_names)));
     const std::string options_path = child(item_path, kind_name);
 
     LayerConfig layer;
-    layer.options = parse_layer_options(kind_it->value, options, options_path);
+    layer.kind = std::string(schema->kind);
+    std::vector<std::string_view> keys = schema->keys;
+    keys.push_back("name");
+    layer.options = schema->parse(Section(options, options_path, keys));
     layer.where = key_origin.location();
     if (const Node* name = options.find("name")) {
       layer.name = read_string(*name, child(options_path, "name"));
@@ -767,7 +392,7 @@ std::vector<LayerConfig> parse_layers(const Node& node, const std::string& path)
   std::map<std::string_view, int> next_index;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     if (named[i]) continue;
-    const std::string_view prefix = auto_name_prefix(layers[i].options);
+    const std::string_view prefix = find_layer_schema(layers[i].kind)->auto_name;
     std::string candidate;
     do {
       const int index = next_index[prefix]++;
@@ -928,8 +553,8 @@ CheckpointConfig parse_checkpoint(const Node& node) {
 }
 
 Experiment parse_tree(const Node& root, const std::string& file_name) {
-  static constexpr std::string_view keys[] = {"name", "seed",      "strategy", "data",  "model",
-                                              "loss", "optimizer", "metrics",  "train", "checkpoint"};
+  static constexpr std::string_view keys[] = {"name", "seed",      "precision", "strategy", "data",      "model",
+                                              "loss", "optimizer", "metrics",   "train",    "checkpoint"};
   Section s(root, "", keys);
   Experiment out;
   out.source_file = file_name;
@@ -938,6 +563,14 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
     if (out.name.empty()) range_error(*name, "name", "a non-empty name");
   }
   s.get("seed", out.seed, read_uint64);
+  if (const Node* precision = s.find("precision")) {
+    if (precision->is_scalar() && std::find(std::begin(planned_precisions), std::end(planned_precisions),
+                                            precision->scalar) != std::end(planned_precisions))
+      fail(precision->origin, fmt::format("precision '{}' is not available in this version of dtrain (available: "
+                                          "float32)",
+                                          precision->scalar));
+    out.precision = read_enum(*precision, "precision", "precision policy", precisions);
+  }
   Node empty;  // an absent section reads as one with every key left out
   empty.origin = Origin{file_name, 0, 0};
   auto section = [&](std::string_view key) -> const Node& {
@@ -970,18 +603,15 @@ const char* name_of(CommunicationImplementation implementation) {
   return name_in(communication_implementations, implementation);
 }
 const char* name_of(AutoShardPolicy policy) { return name_in(auto_shard_policies, policy); }
-const char* name_of(Activation activation) { return name_in(activations, activation); }
-const char* name_of(Padding padding) { return name_in(paddings, padding); }
+const char* name_of(Activation activation) { return name_in(activation_names, activation); }
+const char* name_of(Padding padding) { return name_in(padding_names, padding); }
 const char* name_of(LossKind kind) { return name_in(loss_kinds, kind); }
 const char* name_of(Reduction reduction) { return name_in(reductions, reduction); }
 const char* name_of(ScheduleKind kind) { return name_in(schedule_kinds, kind); }
 const char* name_of(OptimizerKind kind) { return name_in(optimizer_kinds, kind); }
 const char* name_of(MetricKind kind) { return name_in(metric_kinds, kind); }
 const char* name_of(ProgressMode mode) { return name_in(progress_modes, mode); }
-const char* layer_kind_name(const LayerOptions& options) {
-  constexpr const char* names[] = {"conv2d", "max_pool2d", "dense", "flatten", "reshape", "activation"};
-  return names[options.index()];
-}
+const char* name_of(Precision precision) { return name_in(precisions, precision); }
 
 Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,
                             const std::vector<std::string>& overrides) {

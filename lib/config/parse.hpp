@@ -38,7 +38,6 @@ const char* name_of(ScheduleKind kind);
 const char* name_of(OptimizerKind kind);
 const char* name_of(MetricKind kind);
 const char* name_of(ProgressMode mode);
-// The YAML key of a layer kind: conv2d, max_pool2d, dense, flatten, reshape, activation.
-const char* layer_kind_name(const LayerOptions& options);
+const char* name_of(Precision precision);
 
 }  // namespace dtrain::config

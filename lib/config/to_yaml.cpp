@@ -5,27 +5,16 @@
 
 #include <type_traits>
 
+#include "config/layers.hpp"
 #include "config/parse.hpp"
+#include "config/schema.hpp"
+#include "core/error.hpp"
 
 namespace dtrain::config {
 
 namespace {
 
-// Shortest text that reads back to the same double, always with a '.' so that other YAML readers
-// (PyYAML's 1.1 rules) also see a float: 1.0, 0.001, 1.0e-05.
-std::string number(double value) {
-  std::string text = fmt::format("{}", value);
-  if (text.find_first_of(".ein") != std::string::npos) {
-    const auto e = text.find('e');
-    if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
-    return text;
-  }
-  return text + ".0";
-}
-
-void pair(YAML::Emitter& out, const char* key, const std::array<int, 2>& value) {
-  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq << value[0] << value[1] << YAML::EndSeq;
-}
+std::string number(double value) { return yaml_number(value); }
 
 // A flow list; with a null key, the value of a key already written.
 template <class T>
@@ -39,37 +28,6 @@ void list(YAML::Emitter& out, const char* key, const std::vector<T>& values) {
       out << value;
   }
   out << YAML::EndSeq;
-}
-
-void regularizer(YAML::Emitter& out, const Regularizer& value) {
-  out << YAML::Key << "kernel_regularizer" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "l2"
-      << YAML::Value << number(value.l2) << YAML::EndMap;
-}
-
-void layer_options(YAML::Emitter& out, const Conv2DConfig& c) {
-  out << YAML::Key << "filters" << YAML::Value << c.filters;
-  pair(out, "kernel_size", c.kernel_size);
-  pair(out, "strides", c.strides);
-  out << YAML::Key << "padding" << YAML::Value << name_of(c.padding);
-  out << YAML::Key << "activation" << YAML::Value << name_of(c.activation);
-  out << YAML::Key << "use_bias" << YAML::Value << c.use_bias;
-  regularizer(out, c.kernel_regularizer);
-}
-void layer_options(YAML::Emitter& out, const MaxPool2DConfig& c) {
-  pair(out, "pool_size", c.pool_size);
-  if (c.strides) pair(out, "strides", *c.strides);  // unset means "same as pool_size" and must stay unset
-  out << YAML::Key << "padding" << YAML::Value << name_of(c.padding);
-}
-void layer_options(YAML::Emitter& out, const DenseConfig& c) {
-  out << YAML::Key << "units" << YAML::Value << c.units;
-  out << YAML::Key << "activation" << YAML::Value << name_of(c.activation);
-  out << YAML::Key << "use_bias" << YAML::Value << c.use_bias;
-  regularizer(out, c.kernel_regularizer);
-}
-void layer_options(YAML::Emitter&, const FlattenConfig&) {}
-void layer_options(YAML::Emitter& out, const ReshapeConfig& c) { list(out, "target_shape", c.target_shape); }
-void layer_options(YAML::Emitter& out, const ActivationConfig& c) {
-  out << YAML::Key << "activation" << YAML::Value << name_of(c.activation);
 }
 
 void learning_rate(YAML::Emitter& out, const LearningRateConfig& lr) {
@@ -152,6 +110,7 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::BeginMap;
   out << YAML::Key << "name" << YAML::Value << e.name;
   out << YAML::Key << "seed" << YAML::Value << e.seed;
+  out << YAML::Key << "precision" << YAML::Value << name_of(e.precision);
   strategy(out, e.strategy);
 
   const DataConfig& d = e.data;
@@ -194,9 +153,12 @@ std::string to_yaml(const Experiment& e) {
   list(out, "input_shape", e.model.input_shape);
   out << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
   for (const LayerConfig& layer : e.model.layers) {
-    out << YAML::BeginMap << YAML::Key << layer_kind_name(layer.options) << YAML::Value << YAML::Flow
-        << YAML::BeginMap << YAML::Key << "name" << YAML::Value << layer.name;
-    std::visit([&](const auto& options) { layer_options(out, options); }, layer.options);
+    const LayerSchema* schema = find_layer_schema(layer.kind);
+    if (!schema) throw InternalError(fmt::format("layer {} has kind '{}', which no layer file registered", layer.name, layer.kind));
+    out << YAML::BeginMap << YAML::Key << schema->kind.data() << YAML::Value << YAML::Flow << YAML::BeginMap
+        << YAML::Key << "name" << YAML::Value << layer.name;
+    OptionsWriter writer(out);
+    schema->write(layer.options, writer);
     out << YAML::EndMap << YAML::EndMap;
   }
   out << YAML::EndSeq << YAML::EndMap;

@@ -109,6 +109,15 @@ Tensor Tensor::slice_rows(std::int64_t begin, std::int64_t end) const {
   return t;
 }
 
+Tensor Tensor::view(std::int64_t element_offset, Shape shape) const {
+  DTRAIN_CHECK(element_offset >= 0 && element_offset + shape.numel() <= numel(),
+               fmt::format("view of {} elements at {} outside a tensor of {}", shape.numel(), element_offset, numel()));
+  Tensor t = *this;
+  t.offset_ += static_cast<std::size_t>(element_offset) * dtype_size(dtype_);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t(shape_, dtype_, device_);
   if (bytes()) std::memcpy(t.raw(), raw(), bytes());

@@ -97,6 +97,9 @@ class Tensor {
   Tensor reshaped(Shape shape) const;
   // Rows [begin, end) of the leading dimension, sharing storage.
   Tensor slice_rows(std::int64_t begin, std::int64_t end) const;
+  // `shape.numel()` elements starting `element_offset` elements in, sharing storage (a model's
+  // gradients are views into one contiguous buffer).
+  Tensor view(std::int64_t element_offset, Shape shape) const;
   // A deep copy.
   Tensor clone() const;
   void fill(float value);

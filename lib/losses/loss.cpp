@@ -180,7 +180,7 @@ const char* loss_name(LossKind kind) {
   return "?";
 }
 
-Loss::Loss(const config::LossConfig& config) : config_(config), spec_{config.kind, config.from_logits} {}
+Loss::Loss(const config::LossConfig& config, backends::Numerics& numerics) : config_(config), numerics_(numerics) {}
 
 std::pair<std::int64_t, std::int64_t> Loss::validate(const Tensor& y_pred, const Tensor& y_true) const {
   const char* name = loss_name(config_.kind);
@@ -238,13 +238,26 @@ std::pair<std::int64_t, std::int64_t> Loss::validate(const Tensor& y_pred, const
   return {N, C};
 }
 
+backends::LossBatch Loss::batch_of(const Tensor& y_pred, const Tensor& y_true) const {
+  const bool dense = y_true.dtype() == DType::f32;
+  backends::LossBatch b;
+  b.kind = config_.kind;
+  b.from_logits = config_.from_logits;
+  b.rows = y_pred.shape()[0];
+  b.columns = y_pred.shape()[1];
+  b.pred = y_pred.data<float>();
+  b.dense_targets = dense ? y_true.data<float>() : nullptr;
+  b.labels = dense ? nullptr : y_true.data<std::int32_t>();
+  return b;
+}
+
 void Loss::per_example(const Tensor& y_pred, const Tensor& y_true, std::span<float> out) const {
   const auto [N, C] = validate(y_pred, y_true);
   DTRAIN_CHECK(static_cast<std::int64_t>(out.size()) == N,
                fmt::format("per-example output has {} entries for a batch of {}", out.size(), N));
-  const bool dense = y_true.dtype() == DType::f32;
-  batch_loss<float>(spec_, N, C, y_pred.data<float>(), dense ? y_true.data<float>() : nullptr,
-                    dense ? nullptr : y_true.data<std::int32_t>(), nullptr, 1.0f, out.data(), nullptr);
+  backends::LossBatch b = batch_of(y_pred, y_true);
+  b.per_example = out.data();
+  numerics_.loss(b);
 }
 
 void Loss::gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const float> weights, float scale,
@@ -255,13 +268,16 @@ void Loss::gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const 
                                  loss_name(config_.kind), weights.size(), N));
   }
   d_pred.ensure(y_pred.shape(), DType::f32);
-  const bool dense = y_true.dtype() == DType::f32;
-  batch_loss<float>(spec_, N, C, y_pred.data<float>(), dense ? y_true.data<float>() : nullptr,
-                    dense ? nullptr : y_true.data<std::int32_t>(), weights.empty() ? nullptr : weights.data(), scale,
-                    nullptr, d_pred.data<float>());
+  backends::LossBatch b = batch_of(y_pred, y_true);
+  b.weights = weights.empty() ? nullptr : weights.data();
+  b.scale = scale;
+  b.grad = d_pred.data<float>();
+  numerics_.loss(b);
 }
 
-std::unique_ptr<Loss> make_loss(const config::LossConfig& config) { return std::make_unique<Loss>(config); }
+std::unique_ptr<Loss> make_loss(const config::LossConfig& config, backends::Numerics& numerics) {
+  return std::make_unique<Loss>(config, numerics);
+}
 
 // ---------------------------------------------------------------- reductions
 

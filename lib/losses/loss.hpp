@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "backends/numerics.hpp"
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
 #include "losses/loss_math.hpp"
@@ -25,7 +26,8 @@ const char* loss_name(config::LossKind kind);  // the Keras spelling, e.g. "spar
 
 class Loss {
  public:
-  explicit Loss(const config::LossConfig& config);
+  // The loops run on `numerics` (the replica's context).
+  Loss(const config::LossConfig& config, backends::Numerics& numerics);
 
   const config::LossConfig& config() const { return config_; }
   std::string name() const { return loss_name(config_.kind); }
@@ -35,20 +37,21 @@ class Loss {
   void per_example(const Tensor& y_pred, const Tensor& y_true, std::span<float> out) const;
 
   // d_pred[i, :] = scale * w_i * d(loss_i)/d(y_pred[i, :]). d_pred is (re)shaped to y_pred's shape
-  // with Tensor::ensure, so once it has the storage it never allocates again. Stateless and const:
-  // one Loss may be shared by replica threads.
+  // with Tensor::ensure, so once it has the storage it never allocates again.
   void gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const float> weights, float scale,
                 Tensor& d_pred) const;
 
  private:
+  // The backend's view of a validated batch (no weights, no outputs yet).
+  backends::LossBatch batch_of(const Tensor& y_pred, const Tensor& y_true) const;
   // Checks shapes, dtypes and label ranges; returns (N, C).
   std::pair<std::int64_t, std::int64_t> validate(const Tensor& y_pred, const Tensor& y_true) const;
 
   config::LossConfig config_;
-  LossSpec spec_;
+  backends::Numerics& numerics_;
 };
 
-std::unique_ptr<Loss> make_loss(const config::LossConfig& config);
+std::unique_ptr<Loss> make_loss(const config::LossConfig& config, backends::Numerics& numerics);
 
 // tf.nn.compute_average_loss: sum_i(w_i * l_i) / global_batch_size. The global batch is the number
 // of examples across ALL replicas in this step, so a short last batch must pass its real count.

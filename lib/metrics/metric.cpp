@@ -47,19 +47,6 @@ void check_elementwise_targets(const char* metric, const Tensor& y_true, const B
   }
 }
 
-double element(const Tensor& t, std::int64_t k) {
-  return t.dtype() == DType::i32 ? static_cast<double>(t.data<std::int32_t>()[k]) : static_cast<double>(t.data<float>()[k]);
-}
-
-// Index of the first maximum, as argmax does.
-std::int64_t argmax(const float* row, std::int64_t C) {
-  std::int64_t best = 0;
-  for (std::int64_t j = 1; j < C; ++j) {
-    if (row[j] > row[best]) best = j;
-  }
-  return best;
-}
-
 std::int32_t checked_label(const char* metric, const Tensor& y_true, std::int64_t i, std::int64_t C) {
   const std::int32_t label = y_true.data<std::int32_t>()[i];
   if (label < 0 || label >= C) {
@@ -141,6 +128,16 @@ void CountingMetric::merge(const MetricState& other) {
   weighted_total_ += other.sums[1];
 }
 
+void CountingMetric::count_matches(const Tensor& y_true, const Tensor& y_pred, std::int64_t rows,
+                                   std::int64_t columns, const float* threshold, std::span<const float> sample_weight) {
+  row_matches_.resize(static_cast<std::size_t>(rows));
+  numerics_.row_matches(y_pred.data<float>(), y_true.raw(), y_true.dtype() == DType::i32, rows, columns, threshold,
+                        row_matches_.data());
+  for (std::int64_t i = 0; i < rows; ++i)
+    count_example(row_matches_[static_cast<std::size_t>(i)], columns,
+                  sample_weight.empty() ? nullptr : &sample_weight[static_cast<std::size_t>(i)]);
+}
+
 // ---------------------------------------------------------------- accuracies
 
 void SparseCategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pred,
@@ -153,10 +150,11 @@ void SparseCategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pre
                                  metric, b.N, y_true.defined() ? dtype_name(y_true.dtype()) : "undefined",
                                  y_true.shape().to_string()));
   }
-  const float* pred = y_pred.data<float>();
+  argmax_pred_.resize(static_cast<std::size_t>(b.N));
+  numerics_.argmax_rows(y_pred.data<float>(), b.N, b.C, argmax_pred_.data());
   for (std::int64_t i = 0; i < b.N; ++i) {
     const std::int32_t label = checked_label(metric, y_true, i, b.C);
-    const bool hit = argmax(pred + i * b.C, b.C) == label;
+    const bool hit = argmax_pred_[static_cast<std::size_t>(i)] == label;
     count_example(hit ? 1 : 0, 1, sample_weight.empty() ? nullptr : &sample_weight[i]);
   }
 }
@@ -172,11 +170,16 @@ void CategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pred, std
                                  metric, b.N, b.C, b.N, y_true.defined() ? dtype_name(y_true.dtype()) : "undefined",
                                  y_true.shape().to_string()));
   }
-  const float* pred = y_pred.data<float>();
+  argmax_pred_.resize(static_cast<std::size_t>(b.N));
+  numerics_.argmax_rows(y_pred.data<float>(), b.N, b.C, argmax_pred_.data());
+  if (!labels) {
+    argmax_true_.resize(static_cast<std::size_t>(b.N));
+    numerics_.argmax_rows(y_true.data<float>(), b.N, b.C, argmax_true_.data());
+  }
   for (std::int64_t i = 0; i < b.N; ++i) {
     const std::int64_t expected =
-        labels ? checked_label(metric, y_true, i, b.C) : argmax(y_true.data<float>() + i * b.C, b.C);
-    const bool hit = argmax(pred + i * b.C, b.C) == expected;
+        labels ? checked_label(metric, y_true, i, b.C) : argmax_true_[static_cast<std::size_t>(i)];
+    const bool hit = argmax_pred_[static_cast<std::size_t>(i)] == expected;
     count_example(hit ? 1 : 0, 1, sample_weight.empty() ? nullptr : &sample_weight[i]);
   }
 }
@@ -185,50 +188,36 @@ void BinaryAccuracy::update(const Tensor& y_true, const Tensor& y_pred, std::spa
   const char* metric = kName;
   const Batch b = check_predictions(metric, y_pred, sample_weight);
   check_elementwise_targets(metric, y_true, b);
-  const float* pred = y_pred.data<float>();
-  for (std::int64_t i = 0; i < b.N; ++i) {
-    std::int64_t matches = 0;
-    for (std::int64_t j = 0; j < b.C; ++j) {
-      const double predicted = pred[i * b.C + j] > threshold_ ? 1.0 : 0.0;
-      matches += predicted == element(y_true, i * b.C + j) ? 1 : 0;
-    }
-    count_example(matches, b.C, sample_weight.empty() ? nullptr : &sample_weight[i]);
-  }
+  count_matches(y_true, y_pred, b.N, b.C, &threshold_, sample_weight);
 }
 
 void Accuracy::update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight) {
   const char* metric = kName;
   const Batch b = check_predictions(metric, y_pred, sample_weight);
   check_elementwise_targets(metric, y_true, b);
-  const float* pred = y_pred.data<float>();
-  for (std::int64_t i = 0; i < b.N; ++i) {
-    std::int64_t matches = 0;
-    for (std::int64_t j = 0; j < b.C; ++j) {
-      matches += static_cast<double>(pred[i * b.C + j]) == element(y_true, i * b.C + j) ? 1 : 0;
-    }
-    count_example(matches, b.C, sample_weight.empty() ? nullptr : &sample_weight[i]);
-  }
+  count_matches(y_true, y_pred, b.N, b.C, nullptr, sample_weight);
 }
 
 // ---------------------------------------------------------------- factory
 
-std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss) {
+std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss,
+                                    backends::Numerics& numerics) {
   switch (kind) {
     case config::MetricKind::sparse_categorical_accuracy:
-      return std::make_unique<SparseCategoricalAccuracy>();
+      return std::make_unique<SparseCategoricalAccuracy>(numerics);
     case config::MetricKind::categorical_accuracy:
-      return std::make_unique<CategoricalAccuracy>();
+      return std::make_unique<CategoricalAccuracy>(numerics);
     case config::MetricKind::accuracy:
       switch (loss.kind) {
         case config::LossKind::sparse_categorical_crossentropy:
-          return std::make_unique<SparseCategoricalAccuracy>();
+          return std::make_unique<SparseCategoricalAccuracy>(numerics);
         case config::LossKind::categorical_crossentropy:
-          return std::make_unique<CategoricalAccuracy>();
+          return std::make_unique<CategoricalAccuracy>(numerics);
         case config::LossKind::binary_crossentropy:
           // sigmoid(x) > 0.5 exactly when x > 0.
-          return std::make_unique<BinaryAccuracy>(loss.from_logits ? 0.0f : 0.5f);
+          return std::make_unique<BinaryAccuracy>(numerics, loss.from_logits ? 0.0f : 0.5f);
         case config::LossKind::mean_squared_error:
-          return std::make_unique<Accuracy>();
+          return std::make_unique<Accuracy>(numerics);
       }
       break;
   }

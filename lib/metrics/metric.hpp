@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/numerics.hpp"
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
 
@@ -61,9 +62,11 @@ class Mean : public Metric {
 };
 
 // Shared bookkeeping of the accuracies (see the counting rule at the top of this file).
-// State: counts {correct, total}, sums {weighted_correct, weighted_total}.
+// State: counts {correct, total}, sums {weighted_correct, weighted_total}. The comparisons run on
+// the replica's backend (`numerics`); the counting happens here.
 class CountingMetric : public Metric {
  public:
+  explicit CountingMetric(backends::Numerics& numerics) : numerics_(numerics) {}
   double result() const override;
   void reset() override;
   MetricState state() const override;
@@ -72,6 +75,13 @@ class CountingMetric : public Metric {
  protected:
   // One example: `matches` of `elements` compared values matched; weight null = unweighted.
   void count_example(std::int64_t matches, std::int64_t elements, const float* weight);
+  // The elementwise accuracies: each row's matching columns, exactly or after `threshold`.
+  void count_matches(const Tensor& y_true, const Tensor& y_pred, std::int64_t rows, std::int64_t columns,
+                     const float* threshold, std::span<const float> sample_weight);
+  backends::Numerics& numerics_;
+  // Per-row results of the backend (argmax, match counts), reused across updates.
+  std::vector<std::int32_t> argmax_pred_, argmax_true_;
+  std::vector<std::int64_t> row_matches_;
 
  private:
   std::int64_t correct_ = 0;
@@ -83,6 +93,7 @@ class CountingMetric : public Metric {
 // argmax(y_pred[i, :]) == y_true[i] (first maximum wins). Labels outside [0, C) are an InputError.
 class SparseCategoricalAccuracy : public CountingMetric {
  public:
+  using CountingMetric::CountingMetric;
   static constexpr const char* kName = "sparse_categorical_accuracy";
   std::string name() const override { return kName; }
   void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
@@ -91,6 +102,7 @@ class SparseCategoricalAccuracy : public CountingMetric {
 // argmax(y_true[i, :]) == argmax(y_pred[i, :]); i32 labels (N,) are accepted as class ids.
 class CategoricalAccuracy : public CountingMetric {
  public:
+  using CountingMetric::CountingMetric;
   static constexpr const char* kName = "categorical_accuracy";
   std::string name() const override { return kName; }
   void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
@@ -99,7 +111,8 @@ class CategoricalAccuracy : public CountingMetric {
 // (y_pred > threshold) == y_true elementwise; an example's share is its fraction of matching columns.
 class BinaryAccuracy : public CountingMetric {
  public:
-  explicit BinaryAccuracy(float threshold = 0.5f) : threshold_(threshold) {}
+  explicit BinaryAccuracy(backends::Numerics& numerics, float threshold = 0.5f)
+      : CountingMetric(numerics), threshold_(threshold) {}
   static constexpr const char* kName = "binary_accuracy";
   std::string name() const override { return kName; }
   void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
@@ -111,6 +124,7 @@ class BinaryAccuracy : public CountingMetric {
 // Keras' Accuracy class: y_pred == y_true exactly, elementwise.
 class Accuracy : public CountingMetric {
  public:
+  using CountingMetric::CountingMetric;
   static constexpr const char* kName = "accuracy";
   std::string name() const override { return kName; }
   void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
@@ -120,6 +134,8 @@ class Accuracy : public CountingMetric {
 // (sparse_categorical_crossentropy -> sparse_categorical_accuracy, categorical_crossentropy ->
 // categorical_accuracy, binary_crossentropy -> binary_accuracy with threshold 0.5 on
 // probabilities or 0 on logits, otherwise the exact-equality Accuracy).
-std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss);
+// The comparisons run on `numerics` (the replica's context).
+std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss,
+                                    backends::Numerics& numerics);
 
 }  // namespace dtrain::metrics

@@ -1,35 +1,52 @@
-// Conv2D (Keras semantics) on oneDNN.
-//   input  x (N, H, W, C)                      oneDNN src     (N, C, H, W)
-//   kernel   (KH, KW, C, F)  Keras HWIO        oneDNN weights (F, C, KH, KW)
-//   bias     (F,)
-//   output y (N, OH, OW, F) = act(conv(x, kernel) + bias); OH, OW from nn/padding.hpp
+// Conv2D (Keras semantics).
+//   input  x (N, H, W, C)
+//   kernel   (KH, KW, C, F)  Keras HWIO, glorot_uniform
+//   bias     (F,)            zeros
+//   output y (N, OH, OW, F) = act(conv(x, kernel) + bias); OH, OW and the padding from nn/padding.hpp
 #pragma once
 
+#include <array>
+#include <string_view>
+
 #include "config/experiment.hpp"
-#include "nn/activation_fn.hpp"
 #include "nn/layer.hpp"
-#include "nn/weighted_op.hpp"
+#include "nn/padding.hpp"
 
 namespace dtrain::nn {
 
+struct Conv2DOptions {
+  static constexpr std::string_view kind = "conv2d";
+  int filters = 0;
+  std::array<int, 2> kernel_size{3, 3};
+  std::array<int, 2> strides{1, 1};
+  config::Padding padding = config::Padding::valid;
+  config::Activation activation = config::Activation::linear;
+  bool use_bias = true;
+  config::Regularizer kernel_regularizer;
+  bool operator==(const Conv2DOptions&) const = default;
+};
+
 class Conv2D final : public Layer {
  public:
-  Conv2D(std::string name, const config::Conv2DConfig& options);
-  const char* kind() const override { return "conv2d"; }
-  Shape build(const Shape& input_shape, Rng& init_rng) override;
-  dnnl::memory::desc plan(Context& ctx, const dnnl::memory::desc& src_md) override;
-  void bind(Context& ctx, std::int64_t batch, const LayerIO& io) override;
-  void forward(Context& ctx, std::int64_t batch) override;
-  void backward(Context& ctx, std::int64_t batch) override;
-  double regularization_loss() const override;
-  void add_regularization_gradient(float scale) override;
+  using Options = Conv2DOptions;
+  static constexpr std::size_t kKernel = 0, kBias = 1;  // variables()
+
+  Conv2D(std::string name, const Options& options) : Layer(std::move(name)), opt_(options) {}
+  std::string_view kind() const override { return Options::kind; }
+  const Options& options() const { return opt_; }
+  // The explicit padding of each spatial axis (after build).
+  const Padding1D& padding_h() const { return pad_h_; }
+  const Padding1D& padding_w() const { return pad_w_; }
+
+  double regularization_loss(backends::Numerics& numerics) const override;
+  void add_regularization_gradient(backends::Numerics& numerics, float scale) override;
+  void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
+  void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
 
  private:
-  config::Conv2DConfig opt_;
-  ActivationFn act_;
-  std::int64_t in_h_ = 0, in_w_ = 0, in_c_ = 0, out_h_ = 0, out_w_ = 0;
-  dnnl::memory::dims pad_before_, pad_after_;
-  PlanCache<WeightedOpPlan> plans_;
+  Shape build_layer(const Shape& input_shape, Rng& init_rng) override;
+  Options opt_;
+  Padding1D pad_h_, pad_w_;
 };
 
 }  // namespace dtrain::nn

@@ -1,34 +1,43 @@
-// Dense (Keras semantics) on oneDNN's inner product.
+// Dense (Keras semantics).
 //   input  x (N, I)            (flatten first for images)
-//   kernel   (I, O)  Keras      oneDNN weights (O, I), physical order io
-//   bias     (O,)
+//   kernel   (I, O)  Keras     glorot_uniform
+//   bias     (O,)              zeros
 //   output y (N, O) = act(x @ kernel + bias)
 #pragma once
 
+#include <string_view>
+
 #include "config/experiment.hpp"
-#include "nn/activation_fn.hpp"
 #include "nn/layer.hpp"
-#include "nn/weighted_op.hpp"
 
 namespace dtrain::nn {
 
+struct DenseOptions {
+  static constexpr std::string_view kind = "dense";
+  int units = 0;
+  config::Activation activation = config::Activation::linear;
+  bool use_bias = true;
+  config::Regularizer kernel_regularizer;
+  bool operator==(const DenseOptions&) const = default;
+};
+
 class Dense final : public Layer {
  public:
-  Dense(std::string name, const config::DenseConfig& options);
-  const char* kind() const override { return "dense"; }
-  Shape build(const Shape& input_shape, Rng& init_rng) override;
-  dnnl::memory::desc plan(Context& ctx, const dnnl::memory::desc& src_md) override;
-  void bind(Context& ctx, std::int64_t batch, const LayerIO& io) override;
-  void forward(Context& ctx, std::int64_t batch) override;
-  void backward(Context& ctx, std::int64_t batch) override;
-  double regularization_loss() const override;
-  void add_regularization_gradient(float scale) override;
+  using Options = DenseOptions;
+  static constexpr std::size_t kKernel = 0, kBias = 1;  // variables()
+
+  Dense(std::string name, const Options& options) : Layer(std::move(name)), opt_(options) {}
+  std::string_view kind() const override { return Options::kind; }
+  const Options& options() const { return opt_; }
+
+  double regularization_loss(backends::Numerics& numerics) const override;
+  void add_regularization_gradient(backends::Numerics& numerics, float scale) override;
+  void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
+  void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
 
  private:
-  config::DenseConfig opt_;
-  ActivationFn act_;
-  std::int64_t in_ = 0;
-  PlanCache<WeightedOpPlan> plans_;
+  Shape build_layer(const Shape& input_shape, Rng& init_rng) override;
+  Options opt_;
 };
 
 }  // namespace dtrain::nn

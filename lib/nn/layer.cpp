@@ -2,13 +2,34 @@
 
 namespace dtrain::nn {
 
-std::size_t Layer::add_variable(const std::string& weight, Shape shape) {
+Shape Layer::build(const Shape& input_shape, Rng& init_rng) {
+  input_shape_ = input_shape;
+  output_shape_ = build_layer(input_shape, init_rng);
+  return output_shape_;
+}
+
+std::size_t Layer::add_variable(const std::string& weight, Shape shape, bool trainable) {
   Variable v;
   v.name = name_ + "/" + weight;
   v.value = Tensor(shape);
   v.grad = Tensor(std::move(shape));
+  v.trainable = trainable;
   vars_.push_back(std::move(v));
   return vars_.size() - 1;
+}
+
+double Layer::l2_penalty(backends::Numerics& numerics, std::size_t index, double l2) const {
+  if (l2 == 0.0) return 0.0;
+  const Tensor& w = vars_[index].value;
+  return l2 * numerics.sum_of_squares(w.data<float>(), static_cast<std::size_t>(w.numel()));
+}
+
+void Layer::add_l2_gradient(backends::Numerics& numerics, std::size_t index, double l2, float scale) {
+  if (l2 == 0.0) return;
+  Variable& v = vars_[index];
+  // d(l2 * sum w^2)/dw = 2 l2 w
+  numerics.axpy(static_cast<float>(2.0 * l2) * scale, v.value.data<float>(), v.grad.data<float>(),
+                static_cast<std::size_t>(v.value.numel()));
 }
 
 }  // namespace dtrain::nn

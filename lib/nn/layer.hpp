@@ -1,42 +1,52 @@
-// The layer interface of the CPU (oneDNN) backend.
+// What a layer is, whatever runs it: its options, its variables (trainable or not, in Keras
+// layouts), its output shape, its regularization, and the plain-loop oracle of what its forward and
+// backward compute. How a backend computes it is the layer's kernel (nn/kernel.hpp), one file per
+// layer in each backends/<name>/ folder.
 //
 // Life of a layer:
-//   build(input_shape, rng)     once: creates the variables (Keras initializers, Keras layouts)
-//   plan(ctx, src_md)           once per batch size: creates and caches the primitive descriptors
-//                               (format_tag::any: oneDNN picks the layouts) and returns the layout
-//                               this layer produces
-//   bind(ctx, batch, io)        once per batch size: the model hands over the memories between
-//                               layers; the layer allocates its scratch and prebuilds the argument
-//                               maps, so a step allocates nothing
-//   forward(ctx, batch)         every step
-//   backward(ctx, batch)        every step: writes every variable's grad and, when io.diff_src is
-//                               bound, the gradient with respect to the input. It may overwrite
-//                               io.diff_dst (the model never reads it again).
+//   build(input_shape, rng)   once: checks the input shape, creates the variables (Keras
+//                             initializers), returns the per-example output shape
+//   (a kernel per replica)    made by the backend of the replica's device, see nn/kernel.hpp
+//   apply_updates()           after each training step's reduction, where the variables live:
+//                             folds the step's contributions into non-trainable variables
+//
+// Non-trainable variables that a layer updates while training (batch normalization's moving
+// statistics) use Variable::grad for this step's contribution to the update. The strategy sums
+// those across replicas exactly as it sums gradients, and apply_updates() then folds the sum into
+// the value on every copy of the variables, so mirrored copies stay identical and central storage
+// updates its one copy once.
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <memory>
 #include <span>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
-#include <oneapi/dnnl/dnnl.hpp>
-
-#include "core/error.hpp"
+#include "backends/numerics.hpp"
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
 #include "core/variable.hpp"
-#include "kernels/cpu/dnnl_context.hpp"
+#include "nn/step.hpp"
 
 namespace dtrain::nn {
 
-using kernels::cpu::Context;
-
-// The memories around one layer for one batch size. diff_src is empty for the first layer.
-struct LayerIO {
-  dnnl::memory src, dst, diff_dst, diff_src;
+// The oracle's view of one call: canonical arrays in double. variables[i] / dvariables[i] follow
+// variables() order.
+struct ReferenceForward {
+  std::int64_t batch = 0;
+  std::span<const double> x;                        // (batch, input shape...)
+  std::span<const std::vector<double>> variables;
+  std::span<double> y;                              // (batch, output shape...), written
+};
+struct ReferenceBackward {
+  std::int64_t batch = 0;
+  std::span<const double> x, y, dy;
+  std::span<const std::vector<double>> variables;
+  std::span<double> dx;                             // written
+  // Written: gradients of trainable variables; for non-trainable ones this replica's contribution
+  // to their update (see the top of this file).
+  std::span<std::vector<double>> dvariables;
 };
 
 class Layer {
@@ -47,50 +57,45 @@ class Layer {
   Layer& operator=(const Layer&) = delete;
 
   const std::string& name() const { return name_; }
-  virtual const char* kind() const = 0;
+  // The registered YAML kind (conv2d, dense, ...).
+  virtual std::string_view kind() const = 0;
 
-  // Per-example shapes (no batch dimension), channels last.
-  virtual Shape build(const Shape& input_shape, Rng& init_rng) = 0;
-  virtual dnnl::memory::desc plan(Context& ctx, const dnnl::memory::desc& src_md) = 0;
-  virtual void bind(Context& ctx, std::int64_t batch, const LayerIO& io) = 0;
-  virtual void forward(Context& ctx, std::int64_t batch) = 0;
-  virtual void backward(Context& ctx, std::int64_t batch) = 0;
+  // Per-example shapes (no batch dimension), channels last. ConfigError naming the layer when the
+  // input does not fit.
+  Shape build(const Shape& input_shape, Rng& init_rng);
+  const Shape& input_shape() const { return input_shape_; }
+  const Shape& output_shape() const { return output_shape_; }
 
   std::span<Variable> variables() { return vars_; }
   std::span<const Variable> variables() const { return vars_; }
-  // Keras' kernel_regularizer: the sum over this layer's penalties, and its gradient added
-  // (times `scale`) into the variables' grads.
-  virtual double regularization_loss() const { return 0.0; }
-  virtual void add_regularization_gradient(float /*scale*/) {}
+
+  // Keras' kernel_regularizer: the sum over this layer's penalties, and its gradient added (times
+  // `scale`) into the trainable variables' grads.
+  virtual double regularization_loss(backends::Numerics&) const { return 0.0; }
+  virtual void add_regularization_gradient(backends::Numerics&, float /*scale*/) {}
+  // Folds this step's summed contributions (their grads) into the non-trainable variables.
+  virtual void apply_updates(backends::Numerics&) {}
+  // Whether training steps sum statistics over the replicas (StepContext::cross_replica) during
+  // forward and backward.
+  virtual bool synchronizes_replicas() const { return false; }
+
+  // The oracle: plain loops in double, obviously correct, what every backend's kernel is tested
+  // against (and what is itself checked against finite differences).
+  virtual void reference_forward(const ReferenceForward& io, const StepContext& step) const = 0;
+  virtual void reference_backward(const ReferenceBackward& io, const StepContext& step) const = 0;
 
  protected:
+  virtual Shape build_layer(const Shape& input_shape, Rng& init_rng) = 0;
   // Returns the variable's index in variables(): references would not survive a later add.
-  std::size_t add_variable(const std::string& weight, Shape shape);
+  std::size_t add_variable(const std::string& weight, Shape shape, bool trainable = true);
+  // L2 penalty of variable `index` and its gradient: the kernel_regularizer of conv2d and dense.
+  double l2_penalty(backends::Numerics& numerics, std::size_t index, double l2) const;
+  void add_l2_gradient(backends::Numerics& numerics, std::size_t index, double l2, float scale);
 
  private:
   std::string name_;
   std::vector<Variable> vars_;
-};
-
-using kernels::cpu::BoundPrimitive;
-
-// Per-batch-size state of a layer. Layers keep one of their own Plan type per batch size.
-template <class Plan>
-class PlanCache {
- public:
-  Plan& get(std::int64_t batch) {
-    auto it = plans_.find(batch);
-    DTRAIN_CHECK(it != plans_.end(), "layer used with a batch size it was not planned for");
-    return *it->second;
-  }
-  Plan& create(std::int64_t batch) {
-    auto& p = plans_[batch];
-    p = std::make_unique<Plan>();
-    return *p;
-  }
-
- private:
-  std::map<std::int64_t, std::unique_ptr<Plan>> plans_;
+  Shape input_shape_, output_shape_;
 };
 
 }  // namespace dtrain::nn

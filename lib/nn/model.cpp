@@ -4,28 +4,49 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "nn/registry.hpp"
 
 namespace dtrain::nn {
 
-using dnnl::memory;
-namespace cpu = kernels::cpu;
+DType compute_dtype(config::Precision precision) {
+  switch (precision) {
+    case config::Precision::float32: return DType::f32;
+  }
+  throw InternalError("unknown precision policy");
+}
 
-Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, bool input_gradient)
-    : input_shape_(config.input_shape), input_gradient_(input_gradient) {
+Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, backends::Context& ctx,
+                       ModelOptions options)
+    : ctx_(ctx), options_(options), input_shape_(config.input_shape) {
   if (config.layers.empty()) throw ConfigError("model: the model has no layers");
   Shape shape = input_shape_;
   for (std::size_t i = 0; i < config.layers.size(); ++i) {
     auto layer = make_layer(config.layers[i]);
     Rng rng(seed, RngStream::init, i);
     shape = layer->build(shape, rng);
-    layer_output_shapes_.push_back(shape);
     layers_.push_back(std::move(layer));
   }
   output_shape_ = shape;
+
+  // One contiguous buffer for every gradient, each variable's grad a view into it.
+  std::int64_t total = 0;
+  for (auto& layer : layers_)
+    for (const Variable& v : layer->variables()) total += v.value.numel();
+  gradients_ = Tensor(Shape{total});
+  std::int64_t at = 0;
   for (auto& layer : layers_) {
     first_variable_.push_back(variables_.size());
-    for (auto& v : layer->variables()) variables_.push_back(&v);
+    for (Variable& v : layer->variables()) {
+      v.grad = gradients_.view(at, v.value.shape());
+      at += v.value.numel();
+      variables_.push_back(&v);
+      if (v.trainable) trainable_.push_back(&v);
+    }
   }
+
+  std::vector<Layer*> layers;
+  for (auto& layer : layers_) layers.push_back(layer.get());
+  kernels_ = make_kernels(layers, ctx_, options_.compute);
 }
 
 std::int64_t Sequential::num_parameters() const {
@@ -34,65 +55,67 @@ std::int64_t Sequential::num_parameters() const {
   return n;
 }
 
-Sequential::Plan& Sequential::plan_for(Context& ctx, std::int64_t batch) {
+Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   auto it = plans_.find(batch);
   if (it != plans_.end()) return it->second;
   Plan& p = plans_[batch];
   p.batch = batch;
-  const memory::desc input_md = cpu::canonical_md(input_shape_.with_batch(batch));
-  p.input = memory(input_md, ctx.engine, DNNL_MEMORY_NONE);
-  if (input_gradient_) {
+  p.input = ctx_.movable_memory(ctx_.canonical_layout(input_shape_.with_batch(batch), DType::f32));
+  backends::Memory input_diff;
+  if (options_.input_gradient) {
     p.input_grad = Tensor(input_shape_.with_batch(batch));
-    p.input_diff = cpu::wrap(ctx, input_md, p.input_grad.raw());
+    input_diff = backends::Memory{p.input.layout, p.input_grad.raw()};
   }
 
-  std::vector<memory::desc> out_mds;
-  memory::desc md = input_md;
-  for (auto& layer : layers_) {
-    md = layer->plan(ctx, md);
-    out_mds.push_back(md);
+  std::vector<backends::LayoutPtr> layouts;
+  backends::LayoutPtr layout = p.input.layout;
+  for (auto& kernel : kernels_) {
+    layout = kernel->plan(batch, layout);
+    layouts.push_back(layout);
   }
   // The last layer writes straight into the canonical output tensor when its layout is the
-  // canonical one (the usual case for a final Dense); otherwise one reorder at each end.
+  // canonical one (the usual case for a final Dense); otherwise one copy at each end.
   p.output = Tensor(output_shape_.with_batch(batch));
   p.output_grad = Tensor(output_shape_.with_batch(batch));
-  const memory::desc out_canonical = cpu::canonical_md(output_shape_.with_batch(batch));
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const bool last = i + 1 == layers_.size();
-    if (last && out_mds[i] == out_canonical) {
-      p.act.push_back(cpu::wrap(ctx, out_canonical, p.output.raw()));
-      p.diff.push_back(cpu::wrap(ctx, out_canonical, p.output_grad.raw()));
+  const backends::LayoutPtr out_canonical = ctx_.canonical_layout(output_shape_.with_batch(batch), DType::f32);
+  for (std::size_t i = 0; i < kernels_.size(); ++i) {
+    const bool last = i + 1 == kernels_.size();
+    if (last && layouts[i]->same_as(*out_canonical)) {
+      p.act.push_back({layouts[i], p.output.raw()});
+      p.diff.push_back({layouts[i], p.output_grad.raw()});
     } else {
-      p.act.emplace_back(out_mds[i], ctx.engine);
-      p.diff.emplace_back(out_mds[i], ctx.engine);
+      for (int k = 0; k < 2; ++k) p.buffers.push_back(ctx_.allocate(layouts[i]->bytes()));
+      p.act.push_back({layouts[i], p.buffers[p.buffers.size() - 2].get()});
+      p.diff.push_back({layouts[i], p.buffers.back().get()});
     }
   }
-  p.output_out.bind(ctx, p.act.back(), cpu::wrap(ctx, out_canonical, p.output.raw()));
-  p.grad_in.bind(ctx, cpu::wrap(ctx, out_canonical, p.output_grad.raw()), p.diff.back());
+  p.output_out = ctx_.make_copy(p.act.back(), {out_canonical, p.output.raw()});
+  p.grad_in = ctx_.make_copy({out_canonical, p.output_grad.raw()}, p.diff.back());
 
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
+  for (std::size_t i = 0; i < kernels_.size(); ++i) {
     LayerIO io;
     io.src = i == 0 ? p.input : p.act[i - 1];
     io.dst = p.act[i];
     io.diff_dst = p.diff[i];
-    io.diff_src = i > 0 ? p.diff[i - 1] : p.input_diff;
-    layers_[i]->bind(ctx, batch, io);
+    io.diff_src = i > 0 ? p.diff[i - 1] : input_diff;
+    kernels_[i]->bind(batch, io);
   }
   return p;
 }
 
-const Tensor& Sequential::forward(Context& ctx, const Tensor& x) {
+const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
   // Compared in place: Shape::tail() would allocate on every step.
-  bool fits = x.shape().rank() == input_shape_.rank() + 1;
+  bool fits = x.shape().rank() == input_shape_.rank() + 1 && x.dtype() == DType::f32;
   for (std::size_t i = 0; fits && i < input_shape_.rank(); ++i) fits = x.shape()[i + 1] == input_shape_[i];
   DTRAIN_CHECK(fits, fmt::format("model input {} does not match the model's input shape {}", x.shape().to_string(),
                                  input_shape_.to_string()));
-  Plan& p = plan_for(ctx, x.shape()[0]);
-  // oneDNN only reads through this handle; the const_cast does not write.
-  p.input.set_data_handle(const_cast<void*>(x.raw()));
-  for (auto& layer : layers_) layer->forward(ctx, p.batch);
-  p.output_out.run(ctx);
-  ctx.stream.wait();
+  const std::int64_t batch = x.shape()[0];
+  Plan& p = plan_for(batch);
+  // Kernels only read through the input; the const_cast does not write.
+  ctx_.set_address(p.input, const_cast<void*>(x.raw()));
+  for (auto& kernel : kernels_) kernel->forward(batch, step);
+  if (p.output_out) p.output_out->run();
+  ctx_.synchronize();
   current_ = &p;
   return p.output;
 }
@@ -102,34 +125,53 @@ Tensor& Sequential::output_gradient() {
   return current_->output_grad;
 }
 
-void Sequential::backward(Context& ctx, const BackwardOptions& options) {
+void Sequential::backward(const StepContext& step, const BackwardOptions& options) {
   DTRAIN_CHECK(current_ != nullptr, "backward() before forward()");
   Plan& p = *current_;
-  p.grad_in.run(ctx);
+  if (p.grad_in) p.grad_in->run();
   for (std::size_t i = layers_.size(); i-- > 0;) {
     Layer& layer = *layers_[i];
-    layer.backward(ctx, p.batch);
+    kernels_[i]->backward(p.batch, step);
     if (layer.variables().empty()) continue;
-    if (options.regularization_scale != 0.0f || options.gradients_ready) ctx.stream.wait();  // the grads are written
-    if (options.regularization_scale != 0.0f) layer.add_regularization_gradient(options.regularization_scale);
+    if (options.regularization_scale != 0.0f || options.gradients_ready) ctx_.synchronize();  // the grads are written
+    if (options.regularization_scale != 0.0f)
+      layer.add_regularization_gradient(ctx_.numerics(), options.regularization_scale);
     if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());
   }
-  ctx.stream.wait();
+  ctx_.synchronize();
+}
+
+void Sequential::step_without_samples(const StepContext& step) {
+  gradients_.zero();
+  for (auto& kernel : kernels_) kernel->forward_without_samples(step);
+  for (std::size_t i = kernels_.size(); i-- > 0;) kernels_[i]->backward_without_samples(step);
+  ctx_.synchronize();
 }
 
 const Tensor& Sequential::input_gradient() const {
-  DTRAIN_CHECK(input_gradient_ && current_ != nullptr, "input_gradient() needs input_gradient=true and a backward()");
+  DTRAIN_CHECK(options_.input_gradient && current_ != nullptr,
+               "input_gradient() needs input_gradient=true and a backward()");
   return current_->input_grad;
 }
 
 double Sequential::regularization_loss() const {
   double sum = 0.0;
-  for (const auto& layer : layers_) sum += layer->regularization_loss();
+  for (const auto& layer : layers_) sum += layer->regularization_loss(ctx_.numerics());
   return sum;
 }
 
 void Sequential::add_regularization_gradient(float scale) {
-  for (auto& layer : layers_) layer->add_regularization_gradient(scale);
+  for (auto& layer : layers_) layer->add_regularization_gradient(ctx_.numerics(), scale);
+}
+
+void Sequential::apply_updates() {
+  for (auto& layer : layers_) layer->apply_updates(ctx_.numerics());
+}
+
+bool Sequential::synchronizes_replicas() const {
+  for (const auto& layer : layers_)
+    if (layer->synchronizes_replicas()) return true;
+  return false;
 }
 
 void Sequential::share_variable_values(const Sequential& other) {
@@ -143,11 +185,11 @@ void Sequential::share_variable_values(const Sequential& other) {
 
 std::string Sequential::summary() const {
   std::string s = fmt::format("{:<24}{:<16}{:<22}{:>10}\n", "Layer", "Kind", "Output shape", "Params");
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
+  for (const auto& layer : layers_) {
     std::int64_t params = 0;
-    for (const auto& v : layers_[i]->variables()) params += v.value.numel();
-    s += fmt::format("{:<24}{:<16}{:<22}{:>10}\n", layers_[i]->name(), layers_[i]->kind(),
-                     layer_output_shapes_[i].with_batch(-1).to_string().replace(1, 2, "None"), params);
+    for (const auto& v : layer->variables()) params += v.value.numel();
+    s += fmt::format("{:<24}{:<16}{:<22}{:>10}\n", layer->name(), layer->kind(),
+                     layer->output_shape().with_batch(-1).to_string().replace(1, 2, "None"), params);
   }
   s += fmt::format("Total params: {}\n", num_parameters());
   return s;

@@ -1,24 +1,39 @@
-// Sequential: the layers of an experiment's model, run on the CPU backend.
+// Sequential: the layers of an experiment's model, run on one replica's context.
 //
-// The model owns the memories between layers, one set per batch size (the short last batch of
-// an epoch gets its own), created on the first step of that size: later steps allocate nothing.
-// Inputs and outputs cross the boundary in canonical layout (channels last); in between, each
-// layer produces the layout oneDNN picked for it.
+// The model builds its layers (backend-neutral) and asks the context's backend for their kernels.
+// It owns the memories between layers, one set per batch size (the short last batch of an epoch
+// gets its own), created on the first step of that size: later steps allocate nothing. Inputs and
+// outputs cross the boundary as canonical f32 tensors (channels last); in between, each kernel
+// produces the layout and dtype its backend picked for it.
+//
+// All of a model's gradients live in one contiguous f32 buffer, in variables() order: the
+// strategies sum them across replicas and workers as one array (packs are ranges of it).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "backends/context.hpp"
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
 #include "core/variable.hpp"
+#include "nn/kernel.hpp"
 #include "nn/layer.hpp"
+#include "nn/step.hpp"
 
 namespace dtrain::nn {
+
+struct ModelOptions {
+  // The dtype the layers compute in (config::Precision); the variables stay f32.
+  DType compute = DType::f32;
+  // Also compute d(loss)/d(input) (tests and tools; training does not need it).
+  bool input_gradient = false;
+};
 
 // What one backward() does besides computing the gradients of the data loss.
 struct BackwardOptions {
@@ -31,36 +46,50 @@ struct BackwardOptions {
   const std::function<void(std::size_t first, std::size_t count)>* gradients_ready = nullptr;
 };
 
-// Caffe-style registry: the YAML layer kind decides the class.
-std::unique_ptr<Layer> make_layer(const config::LayerConfig& layer);
+// The compute dtype of a precision policy.
+DType compute_dtype(config::Precision precision);
 
 class Sequential {
  public:
-  // Builds every layer and initializes the variables from Rng(seed, RngStream::init, layer index).
-  // input_gradient: also compute d(loss)/d(input) (tests and tools; training does not need it).
-  Sequential(const config::ModelConfig& config, std::uint64_t seed, bool input_gradient = false);
+  // Builds every layer, initializes the variables from Rng(seed, RngStream::init, layer index) and
+  // makes the layers' kernels on `ctx` (ConfigError when its backend lacks one).
+  Sequential(const config::ModelConfig& config, std::uint64_t seed, backends::Context& ctx, ModelOptions options = {});
 
   const Shape& input_shape() const { return input_shape_; }   // per example
   const Shape& output_shape() const { return output_shape_; } // per example
   std::size_t num_layers() const { return layers_.size(); }
   Layer& layer(std::size_t i) { return *layers_[i]; }
   const Layer& layer(std::size_t i) const { return *layers_[i]; }
+  backends::Context& context() const { return ctx_; }
   // Every variable of every layer, in layer order; the pointers stay valid for the model's life.
   const std::vector<Variable*>& variables() const { return variables_; }
+  // The ones the optimizer trains, in the same order.
+  const std::vector<Variable*>& trainable_variables() const { return trainable_; }
   std::int64_t num_parameters() const;
+  // Every variable's grad, contiguous, in variables() order.
+  std::span<float> gradients() { return gradients_.span<float>(); }
 
-  // x: (N, input_shape...) f32, canonical. Returns y: (N, output_shape...), canonical, valid
+  // x: (N, input_shape...) f32, canonical. Returns y: (N, output_shape...) f32, canonical, valid
   // until the next forward.
-  const Tensor& forward(Context& ctx, const Tensor& x);
+  const Tensor& forward(const Tensor& x, const StepContext& step);
   // The buffer the caller fills with d(loss)/d(y) for the last forward's batch, then backward().
   Tensor& output_gradient();
-  // Overwrites every variable's grad with d(loss)/d(variable).
-  void backward(Context& ctx, const BackwardOptions& options = {});
+  // Overwrites every variable's grad (trainable: d(loss)/d(variable); not trainable: the step's
+  // update contribution).
+  void backward(const StepContext& step, const BackwardOptions& options = {});
+  // A replica with no samples this step: its grads are zeroed, and layers that sum over the
+  // replicas take part in their collectives (forward order, then backward order).
+  void step_without_samples(const StepContext& step);
   // d(loss)/d(x) of the last backward; only with input_gradient.
   const Tensor& input_gradient() const;
 
   double regularization_loss() const;
   void add_regularization_gradient(float scale);
+  // After the step's gradients were summed over the replicas, where the variables live: folds the
+  // summed contributions into the non-trainable variables (moving statistics).
+  void apply_updates();
+  // Whether some layer sums over the replicas during training (synchronized batch normalization).
+  bool synchronizes_replicas() const;
 
   // Central storage: compute with `other`'s variable values (one shared copy) while keeping this
   // model's own gradients and buffers. Only before this model's first forward().
@@ -72,23 +101,25 @@ class Sequential {
  private:
   struct Plan {
     std::int64_t batch = 0;
-    dnnl::memory input;
-    std::vector<dnnl::memory> act;   // act[i] = output of layer i
-    std::vector<dnnl::memory> diff;  // diff[i] = gradient wrt act[i]
+    backends::Memory input;                 // repointed at the caller's x each step
+    std::vector<backends::Buffer> buffers;  // keep act/diff memories alive
+    std::vector<backends::Memory> act;      // act[i] = output of layer i
+    std::vector<backends::Memory> diff;     // diff[i] = gradient wrt act[i]
     Tensor output, output_grad, input_grad;
-    dnnl::memory input_diff;
-    kernels::cpu::Reorder output_out, grad_in;
+    std::unique_ptr<backends::Copy> output_out, grad_in;
   };
-  Plan& plan_for(Context& ctx, std::int64_t batch);
+  Plan& plan_for(std::int64_t batch);
 
+  backends::Context& ctx_;
+  ModelOptions options_;
   Shape input_shape_, output_shape_;
-  std::vector<Shape> layer_output_shapes_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<Variable*> variables_;
+  std::vector<std::unique_ptr<LayerKernel>> kernels_;
+  std::vector<Variable*> variables_, trainable_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_
+  Tensor gradients_;
   std::map<std::int64_t, Plan> plans_;
   Plan* current_ = nullptr;
-  bool input_gradient_ = false;
 };
 
 }  // namespace dtrain::nn

@@ -1,26 +1,35 @@
-#include <type_traits>
+#include "nn/registry.hpp"
 
-#include "nn/activation_layer.hpp"
-#include "nn/conv2d.hpp"
-#include "nn/dense.hpp"
-#include "nn/flatten.hpp"
-#include "nn/max_pool2d.hpp"
-#include "nn/model.hpp"
+#include <vector>
+
+#include <fmt/format.h>
 
 namespace dtrain::nn {
 
-std::unique_ptr<Layer> make_layer(const config::LayerConfig& layer) {
-  return std::visit(
-      [&](const auto& opt) -> std::unique_ptr<Layer> {
-        using T = std::decay_t<decltype(opt)>;
-        if constexpr (std::is_same_v<T, config::Conv2DConfig>) return std::make_unique<Conv2D>(layer.name, opt);
-        if constexpr (std::is_same_v<T, config::MaxPool2DConfig>) return std::make_unique<MaxPool2D>(layer.name, opt);
-        if constexpr (std::is_same_v<T, config::DenseConfig>) return std::make_unique<Dense>(layer.name, opt);
-        if constexpr (std::is_same_v<T, config::FlattenConfig>) return std::make_unique<Flatten>(layer.name);
-        if constexpr (std::is_same_v<T, config::ReshapeConfig>) return std::make_unique<Reshape>(layer.name, opt);
-        if constexpr (std::is_same_v<T, config::ActivationConfig>) return std::make_unique<ActivationLayer>(layer.name, opt);
-      },
-      layer.options);
+namespace {
+
+struct Registered {
+  std::string_view kind;
+  LayerFactory factory;
+};
+
+// Filled by the layer files' registrations before main, read-only afterwards.
+std::vector<Registered>& factories() {
+  static std::vector<Registered> registered;
+  return registered;
+}
+
+}  // namespace
+
+void register_layer(const config::LayerSchema& schema, LayerFactory factory) {
+  config::register_layer_schema(schema);
+  factories().push_back({schema.kind, factory});
+}
+
+std::unique_ptr<Layer> make_layer(const config::LayerConfig& config) {
+  for (const Registered& r : factories())
+    if (r.kind == config.kind) return r.factory(config);
+  throw InternalError(fmt::format("layer {}: kind '{}' is not registered", config.name, config.kind));
 }
 
 }  // namespace dtrain::nn

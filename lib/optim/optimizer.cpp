@@ -11,7 +11,8 @@ namespace dtrain::optim {
 
 // ---------------------------------------------------------------- Optimizer
 
-Optimizer::Optimizer(std::unique_ptr<LearningRateSchedule> schedule) : schedule_(std::move(schedule)) {
+Optimizer::Optimizer(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics)
+    : schedule_(std::move(schedule)), numerics_(numerics) {
   DTRAIN_CHECK(schedule_ != nullptr, "optimizer needs a learning-rate schedule");
 }
 
@@ -86,111 +87,67 @@ const Tensor& Optimizer::slot(std::size_t variable_index, std::size_t slot_index
 
 // ---------------------------------------------------------------- SGD
 
-SGD::SGD(std::unique_ptr<LearningRateSchedule> schedule, double momentum, bool nesterov)
-    : Optimizer(std::move(schedule)), momentum_(static_cast<float>(momentum)), nesterov_(nesterov) {}
+SGD::SGD(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double momentum, bool nesterov)
+    : Optimizer(std::move(schedule), numerics) {
+  step_.momentum = static_cast<float>(momentum);
+  step_.nesterov = nesterov;
+}
 
 std::vector<std::string> SGD::slot_names() const {
-  if (momentum_ > 0.0f) return {"momentum"};
+  if (step_.momentum > 0.0f) return {"momentum"};
   return {};
 }
 
-void SGD::begin_step(double learning_rate, std::int64_t) { lr_ = static_cast<float>(learning_rate); }
+void SGD::begin_step(double learning_rate, std::int64_t) { step_.learning_rate = static_cast<float>(learning_rate); }
 
-void SGD::update(float* __restrict w, const float* __restrict g, std::size_t n, float* const* slots) {
-  const float lr = lr_;
-  if (momentum_ <= 0.0f) {
-    for (std::size_t k = 0; k < n; ++k) w[k] -= lr * g[k];
-    return;
-  }
-  float* __restrict m = slots[0];
-  const float mu = momentum_;
-  if (nesterov_) {
-    for (std::size_t k = 0; k < n; ++k) {
-      m[k] = mu * m[k] - lr * g[k];
-      w[k] += mu * m[k] - lr * g[k];
-    }
-  } else {
-    for (std::size_t k = 0; k < n; ++k) {
-      m[k] = mu * m[k] - lr * g[k];
-      w[k] += m[k];
-    }
-  }
+void SGD::update(float* w, const float* g, std::size_t n, float* const* slots) {
+  numerics().sgd_update(step_, w, g, step_.momentum > 0.0f ? slots[0] : nullptr, n);
 }
 
 // ---------------------------------------------------------------- Adam
 
-Adam::Adam(std::unique_ptr<LearningRateSchedule> schedule, double beta_1, double beta_2, double epsilon)
-    : Optimizer(std::move(schedule)), beta_1_(beta_1), beta_2_(beta_2), epsilon_(static_cast<float>(epsilon)) {}
+Adam::Adam(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double beta_1, double beta_2,
+           double epsilon)
+    : Optimizer(std::move(schedule), numerics), beta_1_(beta_1), beta_2_(beta_2) {
+  step_.one_minus_beta_1 = static_cast<float>(1.0 - beta_1_);
+  step_.one_minus_beta_2 = static_cast<float>(1.0 - beta_2_);
+  step_.epsilon = static_cast<float>(epsilon);
+}
 
 void Adam::begin_step(double learning_rate, std::int64_t iteration) {
   // The bias corrections fold into one step size, computed once per update in double.
   const double t = static_cast<double>(iteration + 1);
-  alpha_ = static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(beta_2_, t)) / (1.0 - std::pow(beta_1_, t)));
+  step_.alpha = static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(beta_2_, t)) / (1.0 - std::pow(beta_1_, t)));
 }
 
-void Adam::update(float* __restrict w, const float* __restrict g, std::size_t n, float* const* slots) {
-  float* __restrict m = slots[0];
-  float* __restrict v = slots[1];
-  const float one_minus_b1 = static_cast<float>(1.0 - beta_1_);
-  const float one_minus_b2 = static_cast<float>(1.0 - beta_2_);
-  const float alpha = alpha_;
-  const float eps = epsilon_;
-  for (std::size_t k = 0; k < n; ++k) {
-    m[k] += (g[k] - m[k]) * one_minus_b1;
-    v[k] += (g[k] * g[k] - v[k]) * one_minus_b2;
-    w[k] -= alpha * m[k] / (std::sqrt(v[k]) + eps);
-  }
+void Adam::update(float* w, const float* g, std::size_t n, float* const* slots) {
+  numerics().adam_update(step_, w, g, slots[0], slots[1], n);
 }
 
 // ---------------------------------------------------------------- RMSprop
 
-RMSprop::RMSprop(std::unique_ptr<LearningRateSchedule> schedule, double rho, double momentum, double epsilon,
-                 bool centered)
-    : Optimizer(std::move(schedule)),
-      rho_(static_cast<float>(rho)),
-      momentum_(static_cast<float>(momentum)),
-      epsilon_(static_cast<float>(epsilon)),
-      centered_(centered) {}
+RMSprop::RMSprop(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double rho,
+                 double momentum, double epsilon, bool centered)
+    : Optimizer(std::move(schedule), numerics) {
+  step_.rho = static_cast<float>(rho);
+  step_.momentum = static_cast<float>(momentum);
+  step_.epsilon = static_cast<float>(epsilon);
+  step_.centered = centered;
+}
 
 std::vector<std::string> RMSprop::slot_names() const {
   std::vector<std::string> names{"velocity"};
-  if (momentum_ > 0.0f) names.push_back("momentum");
-  if (centered_) names.push_back("average_gradient");
+  if (step_.momentum > 0.0f) names.push_back("momentum");
+  if (step_.centered) names.push_back("average_gradient");
   return names;
 }
 
-void RMSprop::begin_step(double learning_rate, std::int64_t) { lr_ = static_cast<float>(learning_rate); }
+void RMSprop::begin_step(double learning_rate, std::int64_t) { step_.learning_rate = static_cast<float>(learning_rate); }
 
-void RMSprop::update(float* __restrict w, const float* __restrict g, std::size_t n, float* const* slots) {
-  const bool use_momentum = momentum_ > 0.0f;
-  float* __restrict velocity = slots[0];
-  float* __restrict mom = use_momentum ? slots[1] : nullptr;
-  float* __restrict average = centered_ ? slots[use_momentum ? 2 : 1] : nullptr;
-  const float rho = rho_;
-  const float one_minus_rho = 1.0f - rho_;
-  const float lr = lr_;
-  const float eps = epsilon_;
-  const float mu = momentum_;
-  // Four loop variants so each one stays branch-free and vectorizable.
-  for (std::size_t k = 0; k < n; ++k) velocity[k] = rho * velocity[k] + one_minus_rho * g[k] * g[k];
-  if (centered_) {
-    for (std::size_t k = 0; k < n; ++k) average[k] = rho * average[k] + one_minus_rho * g[k];
-  }
-  if (centered_ && use_momentum) {
-    for (std::size_t k = 0; k < n; ++k) {
-      mom[k] = mu * mom[k] + lr * g[k] / std::sqrt(velocity[k] - average[k] * average[k] + eps);
-      w[k] -= mom[k];
-    }
-  } else if (centered_) {
-    for (std::size_t k = 0; k < n; ++k) w[k] -= lr * g[k] / std::sqrt(velocity[k] - average[k] * average[k] + eps);
-  } else if (use_momentum) {
-    for (std::size_t k = 0; k < n; ++k) {
-      mom[k] = mu * mom[k] + lr * g[k] / std::sqrt(velocity[k] + eps);
-      w[k] -= mom[k];
-    }
-  } else {
-    for (std::size_t k = 0; k < n; ++k) w[k] -= lr * g[k] / std::sqrt(velocity[k] + eps);
-  }
+void RMSprop::update(float* w, const float* g, std::size_t n, float* const* slots) {
+  const bool momentum = step_.momentum > 0.0f;
+  numerics().rmsprop_update(step_, w, g, slots[0], momentum ? slots[1] : nullptr,
+                            step_.centered ? slots[momentum ? 2 : 1] : nullptr, n);
 }
 
 // ---------------------------------------------------------------- factory
@@ -207,22 +164,22 @@ void require_range(double value, double lo, double hi, bool hi_inclusive, const 
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config) {
+std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config, backends::Numerics& numerics) {
   auto schedule = make_schedule(config.learning_rate);
   switch (config.kind) {
     case config::OptimizerKind::sgd:
       require_range(config.momentum, 0.0, 1.0, true, "momentum");
-      return std::make_unique<SGD>(std::move(schedule), config.momentum, config.nesterov);
+      return std::make_unique<SGD>(std::move(schedule), numerics, config.momentum, config.nesterov);
     case config::OptimizerKind::adam:
       require_range(config.beta_1, 0.0, 1.0, false, "beta_1");
       require_range(config.beta_2, 0.0, 1.0, false, "beta_2");
       if (!(config.epsilon >= 0.0)) throw ConfigError(fmt::format("optimizer.epsilon must be >= 0, got {}", config.epsilon));
-      return std::make_unique<Adam>(std::move(schedule), config.beta_1, config.beta_2, config.epsilon);
+      return std::make_unique<Adam>(std::move(schedule), numerics, config.beta_1, config.beta_2, config.epsilon);
     case config::OptimizerKind::rmsprop:
       require_range(config.rho, 0.0, 1.0, false, "rho");
       require_range(config.momentum, 0.0, 1.0, true, "momentum");
       if (!(config.epsilon > 0.0)) throw ConfigError(fmt::format("optimizer.epsilon must be > 0 for rmsprop, got {}", config.epsilon));
-      return std::make_unique<RMSprop>(std::move(schedule), config.rho, config.momentum, config.epsilon,
+      return std::make_unique<RMSprop>(std::move(schedule), numerics, config.rho, config.momentum, config.epsilon,
                                        config.centered);
   }
   throw ConfigError("optimizer: unknown kind");

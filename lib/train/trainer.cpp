@@ -53,17 +53,21 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
   // central storage the replicas compute with replica 0's (the parameter device's) variables.
-  loss_ = losses::make_loss(exp_.loss);
   replicas_.resize(static_cast<std::size_t>(replicas));
+  nn::ModelOptions model_options;
+  model_options.compute = nn::compute_dtype(exp_.precision);
   for (int r = 0; r < replicas; ++r) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
+    rep.ctx = backends::make_context(strategy_->devices()[static_cast<std::size_t>(r)]);
+    backends::Numerics& numerics = rep.ctx->numerics();
+    rep.loss = losses::make_loss(exp_.loss, numerics);
     for (auto kind : exp_.metrics) {
-      rep.train_metrics.push_back(metrics::make_metric(kind, exp_.loss));
-      rep.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss));
+      rep.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
+      rep.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
     }
-    rep.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed);
+    rep.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *rep.ctx, model_options);
     if (!strategy_->mirrors_variables() && r > 0) rep.model->share_variable_values(*replicas_[0].model);
-    rep.optimizer = optim::make_optimizer(exp_.optimizer);
+    rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
     distribute::BufferList grads;
     for (Variable* v : rep.model->variables()) {
       grads.data.push_back(v->grad.data<float>());
@@ -99,10 +103,9 @@ std::string Trainer::header_line() const {
   const int replicas = strategy_->num_local_replicas();
   const std::string threads = replicas > 1 ? fmt::format("{} ({} per replica)", threads_, strategy_->threads_per_replica())
                                            : fmt::format("{}", threads_);
-  return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | oneDNN {} isa {}",
+  return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | {}",
                      build_info::version, exp_.name, strategy_->describe(), global_batch_size(),
-                     replicas_[0].optimizer->learning_rate(), threads, kernels::cpu::dnnl_version(),
-                     kernels::cpu::effective_isa());
+                     replicas_[0].optimizer->learning_rate(), threads, replicas_[0].ctx->describe());
 }
 
 void Trainer::write_run_files() {
@@ -176,10 +179,11 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
       auto& vars = rep.model->variables();
       for (std::size_t v = 0; v < vars.size(); ++v)
         std::copy_n(vars0[v]->value.data<float>(), vars0[v]->value.numel(), vars[v]->value.data<float>());
-      rep.optimizer->build(vars);
-      for (std::size_t v = 0; v < vars.size(); ++v)
+      const auto& trained = rep.model->trainable_variables();
+      rep.optimizer->build(trained);
+      for (std::size_t v = 0; v < trained.size(); ++v)
         for (std::size_t k = 0; k < rep.optimizer->slot_names().size(); ++k)
-          std::copy_n(replicas_[0].optimizer->slot(v, k).data<float>(), vars[v]->value.numel(),
+          std::copy_n(replicas_[0].optimizer->slot(v, k).data<float>(), trained[v]->value.numel(),
                       rep.optimizer->slot(v, k).data<float>());
     }
     rep.optimizer->set_iterations(replicas_[0].optimizer->iterations());
@@ -229,36 +233,51 @@ std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Da
   return std::make_unique<data::DistributedIterator>(split, mode, ctx, global, po, share_sizes);
 }
 
+nn::StepContext Trainer::step_context(const distribute::ReplicaContext& rc, nn::Mode mode) const {
+  nn::StepContext step;
+  step.mode = mode;
+  step.seed = exp_.seed;
+  step.global_step = global_step_;
+  step.replica = strategy_->worker_index() * strategy_->num_local_replicas() + rc.replica_id;
+  step.replicas_in_sync = rc.num_replicas_in_sync;
+  step.step_samples = step_samples_;
+  return step;
+}
+
 void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
   const float replicas = static_cast<float>(rc.num_replicas_in_sync);
   const bool overlap = strategy_->overlaps_backward();
+  const nn::StepContext step = step_context(rc, nn::Mode::training);
   double data_loss = 0.0;
   if (batch.size > 0) {
-    const Tensor& logits = rep.model->forward(rep.ctx, batch.x);
+    const Tensor& logits = rep.model->forward(batch.x, step);
     rep.per_example.resize(static_cast<std::size_t>(batch.size));
-    loss_->per_example(logits, batch.y, rep.per_example);
+    rep.loss->per_example(logits, batch.y, rep.per_example);
     // Divide by the samples of the whole step (all replicas), never by this replica's share.
     const bool divide = exp_.loss.reduction != config::Reduction::sum;
     data_loss = divide ? losses::compute_average_loss(rep.per_example, step_samples_)
                        : losses::reduce_loss(rep.per_example, config::Reduction::sum);
-    loss_->gradient(logits, batch.y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
-                    rep.model->output_gradient());
+    rep.loss->gradient(logits, batch.y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
+                       rep.model->output_gradient());
     // Each replica adds 1/R of the regularization gradient: summed over replicas, it is added once.
     // The per-layer hand-over only when the strategy sums across workers while backward runs.
-    rep.model->backward(rep.ctx, nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr});
+    rep.model->backward(step, nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr});
     for (auto& m : rep.train_metrics) m->update(batch.y, logits);
   } else {
     // No samples for this replica on a short last batch: it still adds its share of the
     // regularization gradient and takes part in the collectives.
-    for (Variable* v : rep.model->variables()) v->grad.zero();
+    rep.model->step_without_samples(step);
     rep.model->add_regularization_gradient(1.0f / replicas);
     if (overlap) rep.gradients_ready(0, rep.model->variables().size());
   }
   const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
   strategy_->sum_gradients(rc);
-  strategy_->update(rc, [&rep] { rep.optimizer->apply_gradients(rep.model->variables()); });
+  strategy_->update(rc, [&rep] {
+    rep.optimizer->apply_gradients(rep.model->trainable_variables());
+    rep.model->apply_updates();
+  });
   replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
 }
 
@@ -266,9 +285,9 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
   if (batch.size == 0) return;
-  const Tensor& logits = rep.model->forward(rep.ctx, batch.x);
+  const Tensor& logits = rep.model->forward(batch.x, step_context(rc, nn::Mode::inference));
   rep.per_example.resize(static_cast<std::size_t>(batch.size));
-  loss_->per_example(logits, batch.y, rep.per_example);
+  rep.loss->per_example(logits, batch.y, rep.per_example);
   rep.eval_loss_sum += std::accumulate(rep.per_example.begin(), rep.per_example.end(), 0.0);
   for (auto& m : rep.eval_metrics) m->update(batch.y, logits);
 }
@@ -287,7 +306,7 @@ double Trainer::combined_metric(bool train, std::size_t index) const {
     cluster->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
     cluster->all_reduce_sum(std::span<double>(total.sums), "metric sums");
   }
-  auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss);
+  auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss, replicas_[0].ctx->numerics());
   merged->merge(total);
   return merged->result();
 }

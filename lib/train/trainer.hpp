@@ -31,7 +31,7 @@
 #include "data/distributed.hpp"
 #include "data/sharding.hpp"
 #include "distribute/strategy.hpp"
-#include "kernels/cpu/dnnl_context.hpp"
+#include "backends/context.hpp"
 #include "losses/loss.hpp"
 #include "metrics/metric.hpp"
 #include "nn/model.hpp"
@@ -93,7 +93,8 @@ class Trainer {
 
  private:
   struct Replica {
-    kernels::cpu::Context ctx;
+    std::unique_ptr<backends::Context> ctx;  // the replica's device, made by its backend
+    std::unique_ptr<losses::Loss> loss;
     std::unique_ptr<nn::Sequential> model;
     std::unique_ptr<optim::Optimizer> optimizer;
     std::vector<std::unique_ptr<metrics::Metric>> train_metrics, eval_metrics;
@@ -104,6 +105,8 @@ class Trainer {
   };
   void replica_train_step(const distribute::ReplicaContext& rc);
   void replica_eval_step(const distribute::ReplicaContext& rc);
+  // What replica `rc`'s layers know about the current step.
+  nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode) const;
   // Exact combination of every replica's metric `index` (train or eval).
   double combined_metric(bool train, std::size_t index) const;
   // Whether any worker was asked to stop (every worker must call it at the same step).
@@ -119,7 +122,6 @@ class Trainer {
   std::unique_ptr<distribute::Strategy> strategy_;
   data::ShardPlan shards_;   // this worker's part of the data
   data::DataSplits splits_;  // as this worker loaded them (its files under auto_shard file)
-  std::unique_ptr<losses::Loss> loss_;
   std::vector<Replica> replicas_;
   std::int64_t global_step_ = 0;
   std::FILE* null_out_ = nullptr;  // where a non-chief worker's epoch lines go

@@ -18,6 +18,11 @@
 #include "checkpoint/manager.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "nn/conv2d.hpp"
+#include "nn/dense.hpp"
+#include "nn/registry.hpp"
+#include "nn/reshape.hpp"
+#include "test_support.hpp"
 
 using namespace dtrain;
 namespace fs = std::filesystem;
@@ -51,19 +56,19 @@ class TempDir {
 config::ModelConfig model_config(int dense_units = 3, int extra_units = 0, bool with_dense = true) {
   config::ModelConfig mc;
   mc.input_shape = {6, 6, 1};
-  config::Conv2DConfig conv;
+  nn::Conv2DOptions conv;
   conv.filters = 2;
-  mc.layers.push_back({"conv2d", conv, {}});
-  mc.layers.push_back({"flatten", config::FlattenConfig{}, {}});
+  mc.layers.push_back(nn::layer_config("conv2d", conv));
+  mc.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
   if (with_dense) {
-    config::DenseConfig dense;
+    nn::DenseOptions dense;
     dense.units = dense_units;
-    mc.layers.push_back({"dense", dense, {}});
+    mc.layers.push_back(nn::layer_config("dense", dense));
   }
   if (extra_units > 0) {
-    config::DenseConfig dense;
+    nn::DenseOptions dense;
     dense.units = extra_units;
-    mc.layers.push_back({"dense_1", dense, {}});
+    mc.layers.push_back(nn::layer_config("dense_1", dense));
   }
   return mc;
 }
@@ -73,7 +78,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(config::OptimizerKind kind = co
   config::OptimizerConfig c;
   c.kind = kind;
   c.momentum = momentum;
-  return optim::make_optimizer(c);
+  return optim::make_optimizer(c, testing::cpu_numerics());
 }
 
 // One update with pseudo-random gradients, so weights and slots are all non-zero.
@@ -131,7 +136,7 @@ bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<s
 
 // Writes a trained model (seed 1, two Adam steps) to `path`; returns its weights.
 std::vector<std::vector<float>> write_sample(const std::string& path) {
-  nn::Sequential model(model_config(), 1);
+  nn::Sequential model(model_config(), 1, testing::cpu());
   auto optimizer = make_optimizer();
   step(model, *optimizer, 10);
   step(model, *optimizer, 11);
@@ -195,14 +200,14 @@ std::vector<std::string> temporaries_in(const fs::path& dir) {
 TEST_CASE("checkpoint: save and restore round-trip bit for bit") {
   TempDir dir;
   const std::string path = dir.file("ckpt.h5");
-  nn::Sequential model(model_config(), 1);
+  nn::Sequential model(model_config(), 1, testing::cpu());
   auto optimizer = make_optimizer();
   step(model, *optimizer, 10);
   step(model, *optimizer, 11);
   const ckpt::Contents contents = sample_contents();
   ckpt::save(path, model, *optimizer, contents);
 
-  nn::Sequential restored(model_config(), 2);
+  nn::Sequential restored(model_config(), 2, testing::cpu());
   auto restored_optimizer = make_optimizer();
   REQUIRE_FALSE(bitwise_equal(weights(restored), weights(model)));
   const ckpt::Contents read = ckpt::restore(path, restored, *restored_optimizer);
@@ -220,12 +225,12 @@ TEST_CASE("checkpoint: save and restore round-trip bit for bit") {
 
 TEST_CASE("checkpoint: an optimizer without slots and one never stepped round-trip") {
   TempDir dir;
-  nn::Sequential model(model_config(), 1);
+  nn::Sequential model(model_config(), 1, testing::cpu());
   auto sgd = make_optimizer(config::OptimizerKind::sgd);
   REQUIRE(sgd->slot_names().empty());
   step(model, *sgd, 3);
   ckpt::save(dir.file("sgd.h5"), model, *sgd, {});
-  nn::Sequential restored(model_config(), 2);
+  nn::Sequential restored(model_config(), 2, testing::cpu());
   auto restored_sgd = make_optimizer(config::OptimizerKind::sgd);
   const ckpt::Contents read = ckpt::restore(dir.file("sgd.h5"), restored, *restored_sgd);
   CHECK(read == ckpt::Contents{});
@@ -250,7 +255,7 @@ TEST_CASE("checkpoint: peek and restore_model") {
   const auto saved = write_sample(path);
   CHECK(ckpt::peek(path) == sample_contents());
 
-  nn::Sequential model(model_config(), 5);
+  nn::Sequential model(model_config(), 5, testing::cpu());
   CHECK(ckpt::restore_model(path, model) == sample_contents());
   CHECK(bitwise_equal(weights(model), saved));
 }
@@ -267,7 +272,7 @@ TEST_CASE("checkpoint: the whole-file checksum refuses any changed byte before H
     fs::copy_file(path, changed, fs::copy_options::overwrite_existing);
     flip_byte(changed, at);
     CHECK(ckpt::verify_seal(changed) == std::optional<bool>(false));
-    nn::Sequential model(model_config(), 2);
+    nn::Sequential model(model_config(), 2, testing::cpu());
     auto optimizer = make_optimizer();
     const auto before = weights(model);
     const std::string message = error_of([&] { ckpt::restore(changed, model, *optimizer); });
@@ -289,7 +294,7 @@ TEST_CASE("checkpoint: a flipped byte in an unsealed file is a per-dataset check
 
   SUBCASE("in a weight") {
     flip_byte(path, data_offset(path, "/model/dense/kernel") + 7);
-    nn::Sequential model(model_config(), 2);
+    nn::Sequential model(model_config(), 2, testing::cpu());
     auto optimizer = make_optimizer();
     const auto before = weights(model);
     const std::string message = error_of([&] { ckpt::restore(path, model, *optimizer); });
@@ -301,7 +306,7 @@ TEST_CASE("checkpoint: a flipped byte in an unsealed file is a per-dataset check
   }
   SUBCASE("in an optimizer slot, after the weights verified") {
     flip_byte(path, data_offset(path, "/optimizer/v/dense/bias"));
-    nn::Sequential model(model_config(), 2);
+    nn::Sequential model(model_config(), 2, testing::cpu());
     auto optimizer = make_optimizer();
     step(model, *optimizer, 99);
     const auto before = weights(model);
@@ -327,7 +332,7 @@ TEST_CASE("checkpoint: truncated, foreign and missing files are clean InputError
   const std::string path = dir.file("ckpt.h5");
   write_sample(path);
   const auto size = fs::file_size(path);
-  nn::Sequential model(model_config(), 2);
+  nn::Sequential model(model_config(), 2, testing::cpu());
   auto optimizer = make_optimizer();
   const auto before = weights(model);
 
@@ -355,7 +360,7 @@ TEST_CASE("checkpoint: another model, format version or optimizer is refused by 
   write_sample(path);
 
   SUBCASE("another dense size") {
-    nn::Sequential model(model_config(5), 2);
+    nn::Sequential model(model_config(5), 2, testing::cpu());
     auto optimizer = make_optimizer();
     const auto before = weights(model);
     const std::string message = error_of([&] { ckpt::restore(path, model, *optimizer); });
@@ -364,12 +369,12 @@ TEST_CASE("checkpoint: another model, format version or optimizer is refused by 
     CHECK(bitwise_equal(weights(model), before));
   }
   SUBCASE("a variable the checkpoint lacks") {
-    nn::Sequential model(model_config(3, 4), 2);
+    nn::Sequential model(model_config(3, 4), 2, testing::cpu());
     const std::string message = error_of([&] { ckpt::restore_model(path, model); });
     CHECK(message.find("missing variable /model/dense_1/kernel of shape (3, 4)") != std::string::npos);
   }
   SUBCASE("a variable the model lacks") {
-    nn::Sequential model(model_config(3, 0, false), 2);
+    nn::Sequential model(model_config(3, 0, false), 2, testing::cpu());
     const std::string message = error_of([&] { ckpt::restore_model(path, model); });
     CHECK(message.find("/model/dense/") != std::string::npos);
     CHECK(message.find("not in the model") != std::string::npos);
@@ -388,7 +393,7 @@ TEST_CASE("checkpoint: another model, format version or optimizer is refused by 
     CHECK(message.find("format version 7 (this dtrain reads 1)") != std::string::npos);
   }
   SUBCASE("another optimizer kind") {
-    nn::Sequential model(model_config(), 2);
+    nn::Sequential model(model_config(), 2, testing::cpu());
     auto sgd = make_optimizer(config::OptimizerKind::sgd);
     const auto before = weights(model);
     const std::string message = error_of([&] { ckpt::restore(path, model, *sgd); });
@@ -399,7 +404,7 @@ TEST_CASE("checkpoint: another model, format version or optimizer is refused by 
     CHECK_NOTHROW(ckpt::restore_model(path, model));
   }
   SUBCASE("the same kind with other slots") {
-    nn::Sequential model(model_config(), 1);
+    nn::Sequential model(model_config(), 1, testing::cpu());
     auto plain = make_optimizer(config::OptimizerKind::sgd);
     ckpt::save(path, model, *plain, {});
     auto with_momentum = make_optimizer(config::OptimizerKind::sgd, 0.9);
@@ -413,12 +418,12 @@ TEST_CASE("checkpoint: saving replaces a file atomically and leaves no temporary
   TempDir dir;
   const std::string path = dir.file("ckpt.h5");
   write_sample(path);
-  nn::Sequential other(model_config(), 3);
+  nn::Sequential other(model_config(), 3, testing::cpu());
   auto optimizer = make_optimizer();
   step(other, *optimizer, 4);
   ckpt::save(path, other, *optimizer, {});
   CHECK(temporaries_in(dir.path()).empty());
-  nn::Sequential restored(model_config(), 2);
+  nn::Sequential restored(model_config(), 2, testing::cpu());
   auto restored_optimizer = make_optimizer();
   CHECK(ckpt::restore(path, restored, *restored_optimizer) == ckpt::Contents{});
   CHECK(bitwise_equal(weights(restored), weights(other)));
@@ -436,7 +441,7 @@ TEST_CASE("checkpoint: saving replaces a file atomically and leaves no temporary
 TEST_CASE("checkpoint manager: keeps the newest max_to_keep, recorded in the manifest") {
   TempDir dir;
   const std::string run = dir.file("run");
-  nn::Sequential model(model_config(), 1);
+  nn::Sequential model(model_config(), 1, testing::cpu());
   auto optimizer = make_optimizer();
   {
     ckpt::CheckpointManager manager(run, 2);

@@ -6,6 +6,11 @@
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
+#include "nn/conv2d.hpp"
+#include "nn/dense.hpp"
+#include "nn/max_pool2d.hpp"
+#include "nn/registry.hpp"
+#include "nn/reshape.hpp"
 
 using namespace dtrain;
 using namespace dtrain::config;
@@ -70,17 +75,17 @@ TEST_CASE("config: fashion_mnist experiment loads with the expected values") {
   CHECK(names[4].name == "flatten");
   CHECK(names[5].name == "dense");
   CHECK(names[6].name == "dense_1");
-  const auto& conv = std::get<Conv2DConfig>(e.model.layers[0].options);
+  const auto& conv = nn::options_as<nn::Conv2DOptions>(e.model.layers[0].options);
   CHECK(conv.filters == 32);
   CHECK(conv.kernel_size == std::array<int, 2>{3, 3});
   CHECK(conv.activation == Activation::relu);
-  CHECK(std::get<Conv2DConfig>(e.model.layers[2].options).filters == 64);
-  const auto& pool = std::get<MaxPool2DConfig>(e.model.layers[1].options);
+  CHECK(nn::options_as<nn::Conv2DOptions>(e.model.layers[2].options).filters == 64);
+  const auto& pool = nn::options_as<nn::MaxPool2DOptions>(e.model.layers[1].options);
   CHECK(pool.pool_size == std::array<int, 2>{2, 2});
   CHECK_FALSE(pool.strides.has_value());
-  CHECK(std::holds_alternative<FlattenConfig>(e.model.layers[4].options));
-  CHECK(std::get<DenseConfig>(e.model.layers[5].options).units == 64);
-  const auto& logits = std::get<DenseConfig>(e.model.layers[6].options);
+  CHECK((e.model.layers[4].options).get_if<nn::FlattenOptions>() != nullptr);
+  CHECK(nn::options_as<nn::DenseOptions>(e.model.layers[5].options).units == 64);
+  const auto& logits = nn::options_as<nn::DenseOptions>(e.model.layers[6].options);
   CHECK(logits.units == 10);
   CHECK(logits.activation == Activation::linear);
   CHECK(e.model.layers[0].where.file == path);
@@ -109,7 +114,7 @@ TEST_CASE("config: regression_toy experiment loads with the expected values") {
   CHECK(e.model.input_shape == std::vector<std::int64_t>{1});
   REQUIRE(e.model.layers.size() == 1);
   CHECK(e.model.layers[0].name == "dense");
-  const auto& dense = std::get<DenseConfig>(e.model.layers[0].options);
+  const auto& dense = nn::options_as<nn::DenseOptions>(e.model.layers[0].options);
   CHECK(dense.units == 1);
   CHECK(dense.kernel_regularizer.l2 == 1.0e-4);
   CHECK(e.loss.kind == LossKind::mean_squared_error);
@@ -184,11 +189,11 @@ TEST_CASE("config: kernel_size, strides and pool_size take an int or a pair") {
     - max_pool2d: {pool_size: 3, strides: 2}
 )";
   const Experiment e = parse_experiment(yaml, "k.yaml");
-  const auto& a = std::get<Conv2DConfig>(e.model.layers[0].options);
+  const auto& a = nn::options_as<nn::Conv2DOptions>(e.model.layers[0].options);
   CHECK(a.kernel_size == std::array<int, 2>{5, 5});
   CHECK(a.strides == std::array<int, 2>{1, 2});
-  CHECK(std::get<Conv2DConfig>(e.model.layers[1].options).kernel_size == std::array<int, 2>{3, 1});
-  const auto& pool = std::get<MaxPool2DConfig>(e.model.layers[2].options);
+  CHECK(nn::options_as<nn::Conv2DOptions>(e.model.layers[1].options).kernel_size == std::array<int, 2>{3, 1});
+  const auto& pool = nn::options_as<nn::MaxPool2DOptions>(e.model.layers[2].options);
   CHECK(pool.pool_size == std::array<int, 2>{3, 3});
   CHECK(pool.strides == std::array<int, 2>{2, 2});
   CHECK(contains(error_of(R"(model:
@@ -253,8 +258,8 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
         "categorical_accuracy; did you mean 'accuracy'?");
   const std::string layer_error = error_of("model:\n  input_shape: [4]\n  layers:\n    - dens: {units: 2}\n");
   CHECK(layer_error ==
-        "t.yaml:4:7: unknown layer kind 'dens' in model.layers.0; known: conv2d, max_pool2d, max_pooling2d, dense, "
-        "flatten, reshape, activation; did you mean 'dense'?");
+        "t.yaml:4:7: unknown layer kind 'dens' in model.layers.0; known: activation, conv2d, dense, flatten, "
+        "max_pool2d, max_pooling2d, reshape; did you mean 'dense'?");
   CHECK(contains(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2, activation: rellu}\n"),
                  "t.yaml:4:37: unknown activation 'rellu'; valid: linear, relu, sigmoid, tanh, softmax; did you "
                  "mean 'relu'?"));
@@ -646,7 +651,7 @@ TEST_CASE("config: --set overrides") {
                                               "name=tuned", "train.threads=2"});
   CHECK(e.optimizer.learning_rate.initial_learning_rate == 0.01);
   CHECK(e.model.input_shape == std::vector<std::int64_t>{32, 32, 3});
-  CHECK(std::get<DenseConfig>(e.model.layers[5].options).units == 128);
+  CHECK(nn::options_as<nn::DenseOptions>(e.model.layers[5].options).units == 128);
   CHECK(e.data.shuffle_buffer == 0);
   CHECK(e.name == "tuned");
   CHECK(e.train.threads == 2);
@@ -663,7 +668,7 @@ TEST_CASE("config: --set overrides") {
   SUBCASE("appending a layer with the index one past the end") {
     const Experiment r = parse_experiment(minimal, "m.yaml", {"model.layers.1={dense: {units: 7}}"});
     REQUIRE(r.model.layers.size() == 2);
-    CHECK(std::get<DenseConfig>(r.model.layers[1].options).units == 7);
+    CHECK(nn::options_as<nn::DenseOptions>(r.model.layers[1].options).units == 7);
     CHECK(r.model.layers[1].name == "dense_1");
   }
   SUBCASE("errors in overridden values name the --set") {
@@ -726,7 +731,9 @@ TEST_CASE("config: the multi_worker experiment loads with the expected values") 
   CHECK(e.data == plain.data);
   // The seed CNN, with an L2 penalty on the first dense layer's kernel.
   ModelConfig expected_model = without_locations(plain).model;
-  std::get<DenseConfig>(expected_model.layers[5].options).kernel_regularizer.l2 = 1.0e-5;
+  nn::DenseOptions regularized = nn::options_as<nn::DenseOptions>(expected_model.layers[5].options);
+  regularized.kernel_regularizer.l2 = 1.0e-5;
+  expected_model.layers[5].options = regularized;
   CHECK(without_locations(e).model == expected_model);
   CHECK(e.loss.kind == LossKind::sparse_categorical_crossentropy);
   CHECK(e.loss.from_logits);

@@ -13,9 +13,15 @@
 #include <fmt/format.h>
 
 #include "core/rng.hpp"
-#include "kernels/cpu/dnnl_context.hpp"
 #include "layer_oracle.hpp"
+#include "nn/activation.hpp"
+#include "nn/conv2d.hpp"
+#include "nn/dense.hpp"
+#include "nn/max_pool2d.hpp"
 #include "nn/model.hpp"
+#include "nn/registry.hpp"
+#include "nn/reshape.hpp"
+#include "test_support.hpp"
 
 using namespace dtrain;
 using testing::RefStack;
@@ -45,55 +51,56 @@ Vec<double> random_vec(std::size_t n, Rng& rng) {
   return v;
 }
 
-config::LayerConfig layer(config::LayerOptions o, std::string name) { return config::LayerConfig{std::move(name), std::move(o), {}}; }
+// A layer of a test case: its kind comes from its options' type.
+struct L {
+  template <class Options>
+  L(Options o) : config(nn::layer_config("", std::move(o))) {}  // NOLINT: test shorthand
+  config::LayerConfig config;
+};
+
+config::LayerConfig named(L l, std::string name) {
+  l.config.name = std::move(name);
+  return l.config;
+}
 
 struct Case {
   std::string label;
   Shape input;  // per example
-  std::vector<config::LayerOptions> layers;
+  std::vector<L> layers;
   std::int64_t batch;
+  nn::Mode mode = nn::Mode::training;
 };
 
-// Runs one case: oneDNN vs reference (1e-5 relative) for outputs, every gradient and dx; then a
-// finite-difference check of the reference in double.
+// Runs one case: the backend vs the oracle (1e-5 relative) for outputs, every gradient and dx;
+// then a finite-difference check of the oracle in double.
 void check_case(const Case& c) {
   CAPTURE(c.label);
   config::ModelConfig mc;
   mc.input_shape = c.input.to_vector();
-  for (std::size_t i = 0; i < c.layers.size(); ++i) mc.layers.push_back(layer(c.layers[i], fmt::format("l{}", i)));
-  nn::Sequential model(mc, 7, /*input_gradient=*/true);
-  kernels::cpu::Context ctx;
+  for (std::size_t i = 0; i < c.layers.size(); ++i) mc.layers.push_back(named(c.layers[i], fmt::format("l{}", i)));
+  nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{DType::f32, /*input_gradient=*/true});
+  const nn::StepContext step = testing::step_of(c.mode, c.batch);
   Rng rng(11, RngStream::test);
 
-  RefStack<double> ref;
-  ref.layers = c.layers;
-  ref.n = c.batch;
-  ref.shapes.push_back(c.input);
-  for (auto& o : c.layers) ref.shapes.push_back(testing::ref_output_shape(o, ref.shapes.back()));
-  REQUIRE(ref.shapes.back() == model.output_shape());
-
   // Random variables (biases too: zero biases would hide bias bugs), shared by both paths.
-  for (std::size_t l = 0; l < model.num_layers(); ++l) {
-    ref.vars.emplace_back();
-    for (auto& v : model.layer(l).variables()) {
-      Vec<double> values = random_vec(static_cast<std::size_t>(v.value.numel()), rng);
-      for (std::size_t i = 0; i < values.size(); ++i) v.value.data<float>()[i] = static_cast<float>(values[i]);
-      ref.vars.back().push_back(to_double(v.value));
-    }
-  }
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables())
+      for (float& value : v.value.span<float>()) value = rng.uniform(-1.0f, 1.0f);
+  RefStack ref = RefStack::of(model, c.batch, step);
+  REQUIRE(model.output_shape() == ref.layers.back()->output_shape());
 
   Tensor x(c.input.with_batch(c.batch));
   for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
   const Vec<double> xd = to_double(x);
 
-  const Tensor& y = model.forward(ctx, x);
+  const Tensor& y = model.forward(x, step);
   const Vec<double>& y_ref = ref.forward(xd);
   CHECK(rel_err(to_double(y), y_ref) < 1e-5);
 
   Tensor& dy = model.output_gradient();
   for (auto& v : dy.span<float>()) v = rng.uniform(-1.0f, 1.0f);
   const Vec<double> dyd = to_double(dy);
-  model.backward(ctx);
+  model.backward(step);
   std::vector<std::vector<Vec<double>>> dvars;
   const Vec<double> dx_ref = ref.backward(dyd, dvars);
   CHECK(rel_err(to_double(model.input_gradient()), dx_ref) < 1e-5);
@@ -134,12 +141,15 @@ void check_case(const Case& c) {
     CHECK(rel_err(an, fd) < 1e-6);
   };
   fd_check(input, dx_ref, "input");
+  // Non-trainable variables (moving statistics) get an update contribution, not a gradient.
   for (std::size_t l = 0; l < ref.vars.size(); ++l)
-    for (std::size_t k = 0; k < ref.vars[l].size(); ++k) fd_check(ref.vars[l][k], dvars[l][k], fmt::format("layer {} variable {}", l, k));
+    for (std::size_t k = 0; k < ref.vars[l].size(); ++k)
+      if (model.layer(l).variables()[k].trainable)
+        fd_check(ref.vars[l][k], dvars[l][k], fmt::format("layer {} variable {}", l, k));
 }
 
-config::Conv2DConfig conv(int filters, int k, int s, Padding p, Activation a, bool bias = true) {
-  config::Conv2DConfig c;
+nn::Conv2DOptions conv(int filters, int k, int s, Padding p, Activation a, bool bias = true) {
+  nn::Conv2DOptions c;
   c.filters = filters;
   c.kernel_size = {k, k};
   c.strides = {s, s};
@@ -149,16 +159,16 @@ config::Conv2DConfig conv(int filters, int k, int s, Padding p, Activation a, bo
   return c;
 }
 
-config::DenseConfig dense(int units, Activation a, bool bias = true) {
-  config::DenseConfig d;
+nn::DenseOptions dense(int units, Activation a, bool bias = true) {
+  nn::DenseOptions d;
   d.units = units;
   d.activation = a;
   d.use_bias = bias;
   return d;
 }
 
-config::MaxPool2DConfig pool(int p, int s, Padding pad) {
-  config::MaxPool2DConfig m;
+nn::MaxPool2DOptions pool(int p, int s, Padding pad) {
+  nn::MaxPool2DOptions m;
   m.pool_size = {p, p};
   m.strides = std::array<int, 2>{s, s};
   m.padding = pad;
@@ -192,11 +202,11 @@ TEST_CASE("dense matches the reference and finite differences") {
 }
 
 TEST_CASE("flatten, reshape and activation layers") {
-  config::ReshapeConfig r;
+  nn::ReshapeOptions r;
   r.target_shape = {3, -1, 2};
-  config::ActivationConfig relu{Activation::relu}, sm{Activation::softmax}, th{Activation::tanh}, sg{Activation::sigmoid},
+  nn::ActivationOptions relu{Activation::relu}, sm{Activation::softmax}, th{Activation::tanh}, sg{Activation::sigmoid},
       lin{Activation::linear};
-  check_case({"flatten after conv", Shape{5, 5, 3}, {conv(4, 3, 1, Padding::valid, Activation::relu), config::FlattenConfig{}}, 2});
+  check_case({"flatten after conv", Shape{5, 5, 3}, {conv(4, 3, 1, Padding::valid, Activation::relu), nn::FlattenOptions{}}, 2});
   check_case({"reshape", Shape{12}, {dense(12, Activation::linear), r, conv(2, 1, 1, Padding::valid, Activation::linear)}, 2});
   check_case({"activation relu", Shape{4, 4, 3}, {conv(3, 3, 1, Padding::same, Activation::linear), relu}, 2});
   check_case({"activation softmax", Shape{8}, {dense(6, Activation::linear), sm}, 3});
@@ -207,7 +217,7 @@ TEST_CASE("the seed CNN as a stack: blocked layouts between layers agree with th
   check_case({"seed cnn",
               Shape{28, 28, 1},
               {conv(32, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
-               conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), config::FlattenConfig{},
+               conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
                dense(64, Activation::relu), dense(10, Activation::linear)},
               4});
 }
@@ -215,34 +225,34 @@ TEST_CASE("the seed CNN as a stack: blocked layouts between layers agree with th
 TEST_CASE("a model reuses its plan across steps and handles a second batch size") {
   config::ModelConfig mc;
   mc.input_shape = {6, 6, 2};
-  mc.layers.push_back(layer(conv(3, 3, 1, Padding::valid, Activation::relu), "c"));
-  mc.layers.push_back(layer(config::FlattenConfig{}, "f"));
-  mc.layers.push_back(layer(dense(2, Activation::linear), "d"));
-  nn::Sequential model(mc, 1);
-  kernels::cpu::Context ctx;
+  mc.layers.push_back(nn::layer_config("c", conv(3, 3, 1, Padding::valid, Activation::relu)));
+  mc.layers.push_back(nn::layer_config("f", nn::FlattenOptions{}));
+  mc.layers.push_back(nn::layer_config("d", dense(2, Activation::linear)));
+  nn::Sequential model(mc, 1, testing::cpu());
+  const nn::StepContext ctx = testing::step_of(nn::Mode::inference);
   Tensor a(Shape{4, 6, 6, 2}), b(Shape{3, 6, 6, 2});
   Rng rng(1, RngStream::test);
   for (auto& v : a.span<float>()) v = rng.uniform();
   for (auto& v : b.span<float>()) v = rng.uniform();
-  Tensor ya = model.forward(ctx, a).clone();
-  const void* out_ptr = model.forward(ctx, a).raw();
-  model.forward(ctx, b);
-  const Tensor& ya2 = model.forward(ctx, a);
+  Tensor ya = model.forward(a, ctx).clone();
+  const void* out_ptr = model.forward(a, ctx).raw();
+  model.forward(b, ctx);
+  const Tensor& ya2 = model.forward(a, ctx);
   CHECK(ya2.raw() == out_ptr);
   for (std::int64_t i = 0; i < ya.numel(); ++i) CHECK(ya.data<float>()[i] == ya2.data<float>()[i]);
   // The first 3 rows of a batch of 4 equal a batch of 3 of the same rows.
   Tensor a3 = a.slice_rows(0, 3).clone();
-  const Tensor& y3 = model.forward(ctx, a3);
+  const Tensor& y3 = model.forward(a3, ctx);
   for (std::int64_t i = 0; i < y3.numel(); ++i) CHECK(y3.data<float>()[i] == doctest::Approx(ya.data<float>()[i]).epsilon(1e-5));
 }
 
 TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
   config::ModelConfig mc;
   mc.input_shape = {8, 8, 1};
-  mc.layers.push_back(layer(conv(16, 3, 1, Padding::valid, Activation::relu), "conv2d"));
-  mc.layers.push_back(layer(config::FlattenConfig{}, "flatten"));
-  mc.layers.push_back(layer(dense(10, Activation::linear), "dense"));
-  nn::Sequential model(mc, 42);
+  mc.layers.push_back(nn::layer_config("conv2d", conv(16, 3, 1, Padding::valid, Activation::relu)));
+  mc.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
+  mc.layers.push_back(nn::layer_config("dense", dense(10, Activation::linear)));
+  nn::Sequential model(mc, 42, testing::cpu());
   auto vars = model.variables();
   REQUIRE(vars.size() == 4);
   CHECK(vars[0]->name == "conv2d/kernel");
@@ -254,7 +264,7 @@ TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
   CHECK(mx <= limit);
   CHECK(mx > 0.8f * limit);
   for (float v : vars[1]->value.span<float>()) CHECK(v == 0.0f);
-  nn::Sequential again(mc, 42);
+  nn::Sequential again(mc, 42, testing::cpu());
   CHECK(std::equal(vars[0]->value.span<float>().begin(), vars[0]->value.span<float>().end(),
                    again.variables()[0]->value.span<float>().begin()));
 }
@@ -262,20 +272,21 @@ TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
 TEST_CASE("backward hands each layer's final gradients over, last layer first, regularization included") {
   config::ModelConfig mc;
   mc.input_shape = {6, 6, 2};
-  config::Conv2DConfig c = conv(3, 3, 1, Padding::valid, Activation::relu);
+  nn::Conv2DOptions c = conv(3, 3, 1, Padding::valid, Activation::relu);
   c.kernel_regularizer.l2 = 0.5;
-  config::DenseConfig d1 = dense(4, Activation::relu);
+  nn::DenseOptions d1 = dense(4, Activation::relu);
   d1.kernel_regularizer.l2 = 0.25;
-  mc.layers = {layer(c, "c"), layer(config::FlattenConfig{}, "f"), layer(d1, "d1"), layer(dense(2, Activation::linear), "d2")};
-  nn::Sequential plain(mc, 3), hooked(mc, 3);
-  kernels::cpu::Context ctx;
+  mc.layers = {nn::layer_config("c", c), nn::layer_config("f", nn::FlattenOptions{}), nn::layer_config("d1", d1),
+               nn::layer_config("d2", dense(2, Activation::linear))};
+  nn::Sequential plain(mc, 3, testing::cpu()), hooked(mc, 3, testing::cpu());
+  const nn::StepContext ctx = testing::step_of(nn::Mode::training, 5);
   Tensor x(Shape{5, 6, 6, 2}), dy(Shape{5, 2});
   Rng rng(2, RngStream::test);
   for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
   for (auto& v : dy.span<float>()) v = rng.uniform(-1.0f, 1.0f);
 
   // The reference: the whole backward, then the regularization gradient.
-  plain.forward(ctx, x);
+  plain.forward(x, ctx);
   std::copy_n(dy.data<float>(), dy.numel(), plain.output_gradient().data<float>());
   plain.backward(ctx);
   plain.add_regularization_gradient(0.5f);
@@ -290,7 +301,7 @@ TEST_CASE("backward hands each layer's final gradients over, last layer first, r
       at_hand_over[v].assign(g.begin(), g.end());
     }
   };
-  hooked.forward(ctx, x);
+  hooked.forward(x, ctx);
   std::copy_n(dy.data<float>(), dy.numel(), hooked.output_gradient().data<float>());
   hooked.backward(ctx, nn::BackwardOptions{0.5f, &ready});
 

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "losses/loss.hpp"
+#include "test_support.hpp"
 
 using namespace dtrain;
 using namespace dtrain::losses;
@@ -169,7 +170,7 @@ TEST_CASE("every loss passes a finite-difference gradient check in double, and f
     CHECK(relative_error(grad, numeric) < 1e-6);
 
     // Float path through the public API vs the double oracle.
-    const Loss loss(loss_config(c.kind, c.from_logits));
+    const Loss loss(loss_config(c.kind, c.from_logits), testing::cpu_numerics());
     const Tensor y_pred = make_f32(Shape{c.N, c.C}, in.pred);
     const Tensor y_true = c.integer_labels ? make_labels(in.labels) : make_f32(Shape{c.N, c.C}, in.dense);
     Tensor d_pred;
@@ -194,7 +195,7 @@ TEST_CASE("the gradient check can fail: a wrong gradient is detected") {
 }
 
 TEST_CASE("crossentropy values match hand computations") {
-  const Loss sparse_logits(loss_config(LossKind::sparse_categorical_crossentropy, true));
+  const Loss sparse_logits(loss_config(LossKind::sparse_categorical_crossentropy, true), testing::cpu_numerics());
   auto l = per_example(sparse_logits, make_f32({2, 3}, {0, 0, 0, 1, 2, 3}), make_labels({1, 2}));
   CHECK(l[0] == doctest::Approx(std::log(3.0)));
   CHECK(l[1] == doctest::Approx(std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3.0));
@@ -206,14 +207,14 @@ TEST_CASE("crossentropy values match hand computations") {
     CHECK(std::isfinite(l[0]));
   }
   SUBCASE("probabilities are renormalized and clipped like Keras") {
-    const Loss sparse_probs(loss_config(LossKind::sparse_categorical_crossentropy, false));
+    const Loss sparse_probs(loss_config(LossKind::sparse_categorical_crossentropy, false), testing::cpu_numerics());
     l = per_example(sparse_probs, make_f32({3, 3}, {0.2f, 0.3f, 0.5f, 1, 1, 2, 1, 0, 0}), make_labels({2, 2, 1}));
     CHECK(l[0] == doctest::Approx(-std::log(0.5)));
     CHECK(l[1] == doctest::Approx(-std::log(0.5)));
     CHECK(l[2] == doctest::Approx(-std::log(1e-7)).epsilon(1e-5));
   }
   SUBCASE("categorical with one-hot targets equals sparse with labels") {
-    const Loss categorical(loss_config(LossKind::categorical_crossentropy, true));
+    const Loss categorical(loss_config(LossKind::categorical_crossentropy, true), testing::cpu_numerics());
     const auto a = per_example(categorical, make_f32({2, 3}, {0, 0, 0, 1, 2, 3}), make_f32({2, 3}, {0, 1, 0, 0, 0, 1}));
     const auto b = per_example(categorical, make_f32({2, 3}, {0, 0, 0, 1, 2, 3}), make_labels({1, 2}));
     CHECK(a[0] == doctest::Approx(std::log(3.0)));
@@ -222,13 +223,13 @@ TEST_CASE("crossentropy values match hand computations") {
 }
 
 TEST_CASE("binary crossentropy and mse values") {
-  const Loss bce_logits(loss_config(LossKind::binary_crossentropy, true));
+  const Loss bce_logits(loss_config(LossKind::binary_crossentropy, true), testing::cpu_numerics());
   auto l = per_example(bce_logits, make_f32({3, 1}, {0, 100, -100}), make_f32({3, 1}, {1, 0, 0}));
   CHECK(l[0] == doctest::Approx(std::log(2.0)));
   CHECK(l[1] == doctest::Approx(100.0));
   CHECK(l[2] == doctest::Approx(0.0));
 
-  const Loss bce_probs(loss_config(LossKind::binary_crossentropy, false));
+  const Loss bce_probs(loss_config(LossKind::binary_crossentropy, false), testing::cpu_numerics());
   // Mean over the columns, as Keras.
   l = per_example(bce_probs, make_f32({1, 2}, {0.8f, 0.4f}), make_f32({1, 2}, {1, 0}));
   CHECK(l[0] == doctest::Approx((-std::log(0.8) - std::log(0.6)) / 2).epsilon(1e-6));
@@ -236,7 +237,7 @@ TEST_CASE("binary crossentropy and mse values") {
   CHECK(l[0] == doctest::Approx(-std::log(0.8)).epsilon(1e-6));
   CHECK(l[1] == doctest::Approx(-std::log(1e-7)).epsilon(1e-5));
 
-  const Loss mse(loss_config(LossKind::mean_squared_error, false));
+  const Loss mse(loss_config(LossKind::mean_squared_error, false), testing::cpu_numerics());
   l = per_example(mse, make_f32({2, 2}, {1, 2, 0, 0}), make_f32({2, 2}, {0, 0, 0, 0}));
   CHECK(l[0] == doctest::Approx(2.5));
   CHECK(l[1] == 0.0f);
@@ -245,7 +246,7 @@ TEST_CASE("binary crossentropy and mse values") {
 }
 
 TEST_CASE("gradient scale and weights; no reallocation after the first call") {
-  const Loss loss(loss_config(LossKind::sparse_categorical_crossentropy, true));
+  const Loss loss(loss_config(LossKind::sparse_categorical_crossentropy, true), testing::cpu_numerics());
   const Tensor y_pred = make_f32({2, 2}, {0, 0, 0, 0});
   const Tensor y_true = make_labels({0, 1});
   Tensor d;
@@ -267,7 +268,7 @@ TEST_CASE("gradient scale and weights; no reallocation after the first call") {
 }
 
 TEST_CASE("bad shapes, dtypes and labels are InputErrors") {
-  const Loss sparse(loss_config(LossKind::sparse_categorical_crossentropy, true));
+  const Loss sparse(loss_config(LossKind::sparse_categorical_crossentropy, true), testing::cpu_numerics());
   const Tensor pred = make_f32({2, 3}, {0, 0, 0, 0, 0, 0});
   std::vector<float> out(2);
   CHECK_THROWS_AS(sparse.per_example(pred, make_labels({0, 3}), out), InputError);
@@ -284,14 +285,14 @@ TEST_CASE("bad shapes, dtypes and labels are InputErrors") {
   Tensor column_labels = make_labels({0, 2}).reshaped(Shape{2, 1});
   CHECK_NOTHROW(sparse.per_example(pred, column_labels, out));
 
-  const Loss categorical(loss_config(LossKind::categorical_crossentropy, false));
+  const Loss categorical(loss_config(LossKind::categorical_crossentropy, false), testing::cpu_numerics());
   CHECK_THROWS_AS(categorical.per_example(pred, make_f32({2, 2}, {1, 0, 0, 1}), out), InputError);
 
-  const Loss bce(loss_config(LossKind::binary_crossentropy, true));
+  const Loss bce(loss_config(LossKind::binary_crossentropy, true), testing::cpu_numerics());
   CHECK_THROWS_AS(bce.per_example(pred, make_labels({0, 1}), out), InputError);  // int labels need C == 1
   CHECK_THROWS_AS(bce.per_example(make_f32({2, 1}, {0, 0}), make_labels({0, 2}), out), InputError);
 
-  const Loss mse(loss_config(LossKind::mean_squared_error, false));
+  const Loss mse(loss_config(LossKind::mean_squared_error, false), testing::cpu_numerics());
   CHECK_THROWS_AS(mse.per_example(pred, make_f32({2, 2}, {0, 0, 0, 0}), out), InputError);
   std::vector<float> wrong_size(3);
   CHECK_THROWS_AS(mse.per_example(pred, make_f32({2, 3}, {0, 0, 0, 0, 0, 0}), wrong_size), InternalError);
@@ -330,7 +331,7 @@ TEST_CASE("scale_regularization_loss and reduce_loss") {
 }
 
 TEST_CASE("make_loss keeps the configuration") {
-  const auto loss = make_loss(loss_config(LossKind::binary_crossentropy, true, Reduction::sum));
+  const auto loss = make_loss(loss_config(LossKind::binary_crossentropy, true, Reduction::sum), testing::cpu_numerics());
   CHECK(loss->name() == "binary_crossentropy");
   CHECK(loss->config().from_logits);
   CHECK(loss->config().reduction == Reduction::sum);

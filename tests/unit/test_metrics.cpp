@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "metrics/metric.hpp"
+#include "test_support.hpp"
 
 using namespace dtrain;
 using namespace dtrain::metrics;
@@ -34,7 +35,7 @@ config::LossConfig loss_of(config::LossKind kind, bool from_logits = false) {
 }  // namespace
 
 TEST_CASE("sparse categorical accuracy counts exact integers; first maximum wins") {
-  SparseCategoricalAccuracy m;
+  SparseCategoricalAccuracy m(testing::cpu_numerics());
   CHECK(m.result() == 0.0);
   // argmax rows: 2, 0 (tie 0/1 -> 0), 1, 0 (all equal -> 0)
   const Tensor pred = make_f32({4, 3}, {0.1f, 0.2f, 0.7f, 0.5f, 0.5f, 0.0f, 0.0f, 3.0f, 1.0f, 1, 1, 1});
@@ -64,7 +65,7 @@ TEST_CASE("merging replica states equals one metric over everything") {
   for (bool weighted : {false, true}) {
     CAPTURE(weighted);
     const std::span<const float> w = weighted ? std::span<const float>(weights) : std::span<const float>();
-    SparseCategoricalAccuracy whole, first, second;
+    SparseCategoricalAccuracy whole(testing::cpu_numerics()), first(testing::cpu_numerics()), second(testing::cpu_numerics());
     whole.update(y_true, y_pred, w);
     first.update(y_true.slice_rows(0, 37), y_pred.slice_rows(0, 37), weighted ? w.first(37) : w);
     second.update(y_true.slice_rows(37, N), y_pred.slice_rows(37, N), weighted ? w.subspan(37) : w);
@@ -79,7 +80,7 @@ TEST_CASE("merging replica states equals one metric over everything") {
 }
 
 TEST_CASE("weighted accuracies use double sums; unweighted stay integer") {
-  SparseCategoricalAccuracy m;
+  SparseCategoricalAccuracy m(testing::cpu_numerics());
   const Tensor pred = make_f32({3, 2}, {1, 0, 1, 0, 0, 1});
   const std::vector<float> weights{2.0f, 0.5f, 1.0f};
   m.update(make_labels({0, 1, 1}), pred, weights);  // correct: 0 (w 2) and 2 (w 1)
@@ -92,7 +93,7 @@ TEST_CASE("weighted accuracies use double sums; unweighted stay integer") {
 }
 
 TEST_CASE("categorical accuracy with one-hot rows and with class ids") {
-  CategoricalAccuracy m;
+  CategoricalAccuracy m(testing::cpu_numerics());
   const Tensor pred = make_f32({3, 3}, {0.1f, 0.8f, 0.1f, 0.6f, 0.3f, 0.1f, 0.2f, 0.2f, 0.6f});
   m.update(make_f32({3, 3}, {0, 1, 0, 0, 0, 1, 0, 0, 1}), pred);
   CHECK(m.state().counts == std::vector<std::int64_t>{2, 3});
@@ -103,7 +104,7 @@ TEST_CASE("categorical accuracy with one-hot rows and with class ids") {
 }
 
 TEST_CASE("Accuracy is exact elementwise equality") {
-  Accuracy m;
+  Accuracy m(testing::cpu_numerics());
   m.update(make_f32({3, 1}, {1, 2, 4}), make_f32({3, 1}, {1, 2, 3}));
   CHECK(m.result() == doctest::Approx(2.0 / 3.0));
   m.update(make_labels({7}), make_f32({1, 1}, {7.0f}));
@@ -119,10 +120,10 @@ TEST_CASE("Accuracy is exact elementwise equality") {
 }
 
 TEST_CASE("binary accuracy thresholds probabilities at 0.5, logits at 0") {
-  BinaryAccuracy probabilities(0.5f);
+  BinaryAccuracy probabilities(testing::cpu_numerics(), 0.5f);
   probabilities.update(make_labels({1, 0, 1, 0}), make_f32({4, 1}, {0.7f, 0.2f, 0.5f, 0.9f}));
   CHECK(probabilities.state().counts == std::vector<std::int64_t>{2, 4});  // 0.5 is not > 0.5
-  BinaryAccuracy logits(0.0f);
+  BinaryAccuracy logits(testing::cpu_numerics(), 0.0f);
   logits.update(make_f32({2, 2}, {1, 0, 0, 1}), make_f32({2, 2}, {2.0f, -1.0f, 0.5f, 3.0f}));
   CHECK(logits.state().counts == std::vector<std::int64_t>{3, 4});
 }
@@ -130,20 +131,20 @@ TEST_CASE("binary accuracy thresholds probabilities at 0.5, logits at 0") {
 TEST_CASE("make_metric resolves accuracy from the loss, with Keras names") {
   using config::LossKind;
   using config::MetricKind;
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::sparse_categorical_crossentropy))->name() ==
+  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::sparse_categorical_crossentropy), testing::cpu_numerics())->name() ==
         "sparse_categorical_accuracy");
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::categorical_crossentropy))->name() ==
+  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::categorical_crossentropy), testing::cpu_numerics())->name() ==
         "categorical_accuracy");
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy))->name() == "binary_accuracy");
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::mean_squared_error))->name() == "accuracy");
-  CHECK(make_metric(MetricKind::sparse_categorical_accuracy, loss_of(LossKind::mean_squared_error))->name() ==
+  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy), testing::cpu_numerics())->name() == "binary_accuracy");
+  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::mean_squared_error), testing::cpu_numerics())->name() == "accuracy");
+  CHECK(make_metric(MetricKind::sparse_categorical_accuracy, loss_of(LossKind::mean_squared_error), testing::cpu_numerics())->name() ==
         "sparse_categorical_accuracy");
-  CHECK(make_metric(MetricKind::categorical_accuracy, loss_of(LossKind::sparse_categorical_crossentropy))->name() ==
+  CHECK(make_metric(MetricKind::categorical_accuracy, loss_of(LossKind::sparse_categorical_crossentropy), testing::cpu_numerics())->name() ==
         "categorical_accuracy");
 
   // With logits the binary threshold is 0: a logit of 0.3 is class 1, a probability of 0.3 is not.
-  auto on_logits = make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, true));
-  auto on_probabilities = make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, false));
+  auto on_logits = make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, true), testing::cpu_numerics());
+  auto on_probabilities = make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, false), testing::cpu_numerics());
   on_logits->update(make_labels({1}), make_f32({1, 1}, {0.3f}));
   on_probabilities->update(make_labels({1}), make_f32({1, 1}, {0.3f}));
   CHECK(on_logits->result() == 1.0);
@@ -168,7 +169,7 @@ TEST_CASE("Mean: weighted mean, reset, merge") {
 }
 
 TEST_CASE("bad labels and mismatched states are errors") {
-  SparseCategoricalAccuracy m;
+  SparseCategoricalAccuracy m(testing::cpu_numerics());
   const Tensor pred = make_f32({2, 3}, {0, 0, 1, 1, 0, 0});
   CHECK_THROWS_AS(m.update(make_labels({0, 3}), pred), InputError);
   CHECK_THROWS_AS(m.update(make_labels({-1, 0}), pred), InputError);

@@ -15,7 +15,12 @@
 
 #include "config/experiment.hpp"
 #include "core/rng.hpp"
-#include "kernels/cpu/dnnl_context.hpp"
+#include "nn/conv2d.hpp"
+#include "nn/dense.hpp"
+#include "nn/max_pool2d.hpp"
+#include "nn/registry.hpp"
+#include "nn/reshape.hpp"
+#include "test_support.hpp"
 #include "losses/loss.hpp"
 #include "metrics/metric.hpp"
 #include "nn/model.hpp"
@@ -39,27 +44,29 @@ using namespace dtrain;
 TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
   config::ModelConfig mc;
   mc.input_shape = {28, 28, 1};
-  config::Conv2DConfig c1, c2;
+  nn::Conv2DOptions c1, c2;
   c1.filters = 8;
   c1.activation = config::Activation::relu;
   c2.filters = 16;
   c2.activation = config::Activation::relu;
-  config::DenseConfig d1, d2;
+  nn::DenseOptions d1, d2;
   d1.units = 16;
   d1.activation = config::Activation::relu;
   d1.kernel_regularizer.l2 = 1e-4;
   d2.units = 10;
-  mc.layers = {{"c1", c1, {}}, {"p1", config::MaxPool2DConfig{}, {}}, {"c2", c2, {}}, {"p2", config::MaxPool2DConfig{}, {}},
-               {"f", config::FlattenConfig{}, {}}, {"d1", d1, {}}, {"d2", d2, {}}};
-  nn::Sequential model(mc, 1);
-  kernels::cpu::Context ctx;
+  mc.layers = {nn::layer_config("c1", c1),  nn::layer_config("p1", nn::MaxPool2DOptions{}),
+               nn::layer_config("c2", c2),  nn::layer_config("p2", nn::MaxPool2DOptions{}),
+               nn::layer_config("f", nn::FlattenOptions{}), nn::layer_config("d1", d1), nn::layer_config("d2", d2)};
+  backends::Context& ctx = testing::cpu();
+  nn::Sequential model(mc, 1, ctx);
+  const nn::StepContext training = testing::step_of(nn::Mode::training, 16);
   config::LossConfig lc;
   lc.from_logits = true;
   lc.reduction = config::Reduction::none;
-  auto loss = losses::make_loss(lc);
-  auto metric = metrics::make_metric(config::MetricKind::sparse_categorical_accuracy, lc);
+  auto loss = losses::make_loss(lc, ctx.numerics());
+  auto metric = metrics::make_metric(config::MetricKind::sparse_categorical_accuracy, lc, ctx.numerics());
   config::OptimizerConfig oc;
-  auto optimizer = optim::make_optimizer(oc);
+  auto optimizer = optim::make_optimizer(oc, ctx.numerics());
 
   Tensor x(Shape{16, 28, 28, 1}), y(Shape{16}, DType::i32);
   Rng rng(1, RngStream::test);
@@ -68,12 +75,12 @@ TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
   std::vector<float> per_example(16);
 
   auto step = [&] {
-    const Tensor& logits = model.forward(ctx, x);
+    const Tensor& logits = model.forward(x, training);
     loss->per_example(logits, y, per_example);
     loss->gradient(logits, y, {}, 1.0f / 16, model.output_gradient());
-    model.backward(ctx);
+    model.backward(training);
     model.add_regularization_gradient(1.0f);
-    optimizer->apply_gradients(model.variables());
+    optimizer->apply_gradients(model.trainable_variables());
     metric->update(y, logits);
   };
   step();
@@ -84,15 +91,15 @@ TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
   counting = true;
   for (int i = 0; i < 5; ++i) {
     const long before = allocations;
-    const Tensor& logits = model.forward(ctx, x);
+    const Tensor& logits = model.forward(x, training);
     const long after_forward = allocations;
     loss->per_example(logits, y, per_example);
     loss->gradient(logits, y, {}, 1.0f / 16, model.output_gradient());
     const long after_loss = allocations;
-    model.backward(ctx);
+    model.backward(training);
     const long after_backward = allocations;
     model.add_regularization_gradient(1.0f);
-    optimizer->apply_gradients(model.variables());
+    optimizer->apply_gradients(model.trainable_variables());
     metric->update(y, logits);
     model_allocs.push_back(after_backward - after_loss + after_forward - before);
     CHECK(allocations.load() - after_backward == 0);  // regularization, optimizer, metric

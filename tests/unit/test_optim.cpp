@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "core/variable.hpp"
 #include "optim/optimizer.hpp"
+#include "test_support.hpp"
 #include "optim/schedule.hpp"
 
 using namespace dtrain;
@@ -141,7 +142,7 @@ TEST_CASE("cosine decay") {
 // ---------------------------------------------------------------- optimizers
 
 TEST_CASE("SGD without momentum") {
-  auto opt = make_optimizer(optimizer_config(config::OptimizerKind::sgd, 0.1));
+  auto opt = make_optimizer(optimizer_config(config::OptimizerKind::sgd, 0.1), testing::cpu_numerics());
   CHECK(opt->slot_names().empty());
   check_against_reference(*opt, 3, [](std::vector<double>& w, const std::vector<double>& g, int) {
     for (std::size_t k = 0; k < w.size(); ++k) w[k] -= 0.1 * g[k];
@@ -154,7 +155,7 @@ TEST_CASE("SGD with momentum and nesterov") {
     auto c = optimizer_config(config::OptimizerKind::sgd, 0.05);
     c.momentum = 0.9;
     c.nesterov = nesterov;
-    auto opt = make_optimizer(c);
+    auto opt = make_optimizer(c, testing::cpu_numerics());
     CHECK(opt->slot_names() == std::vector<std::string>{"momentum"});
     std::vector<double> m(9, 0.0);
     check_against_reference(*opt, 3, [&](std::vector<double>& w, const std::vector<double>& g, int) {
@@ -171,7 +172,7 @@ TEST_CASE("nesterov and plain momentum give different weights") {
     auto c = optimizer_config(config::OptimizerKind::sgd, 0.05);
     c.momentum = 0.9;
     c.nesterov = nesterov;
-    auto opt = make_optimizer(c);
+    auto opt = make_optimizer(c, testing::cpu_numerics());
     Model model;
     for (int step = 0; step < 2; ++step) {
       model.set_gradients(step);
@@ -187,7 +188,7 @@ TEST_CASE("nesterov and plain momentum give different weights") {
 
 TEST_CASE("Adam: three steps vs a double reference; the first step moves each weight by lr") {
   auto c = optimizer_config(config::OptimizerKind::adam, 0.01);
-  auto opt = make_optimizer(c);
+  auto opt = make_optimizer(c, testing::cpu_numerics());
   CHECK(opt->slot_names() == std::vector<std::string>{"m", "v"});
   std::vector<double> m(9, 0.0), v(9, 0.0);
   check_against_reference(*opt, 3, [&](std::vector<double>& w, const std::vector<double>& g, int step) {
@@ -200,7 +201,7 @@ TEST_CASE("Adam: three steps vs a double reference; the first step moves each we
     }
   });
 
-  auto first = make_optimizer(c);
+  auto first = make_optimizer(c, testing::cpu_numerics());
   Model model;
   const auto before = model.flat();
   model.set_gradients(0);
@@ -222,7 +223,7 @@ TEST_CASE("RMSprop in all four variants vs a double reference") {
       auto c = optimizer_config(config::OptimizerKind::rmsprop, 0.01);
       c.centered = centered;
       c.momentum = momentum;
-      auto opt = make_optimizer(c);
+      auto opt = make_optimizer(c, testing::cpu_numerics());
       std::vector<std::string> names{"velocity"};
       if (momentum > 0) names.push_back("momentum");
       if (centered) names.push_back("average_gradient");
@@ -254,7 +255,7 @@ TEST_CASE("set_iterations moves the schedule position and Adam's bias correction
   c.learning_rate.kind = config::ScheduleKind::piecewise_constant;
   c.learning_rate.boundaries = {10};
   c.learning_rate.values = {1.0, 0.5};
-  auto opt = make_optimizer(c);
+  auto opt = make_optimizer(c, testing::cpu_numerics());
   CHECK(opt->learning_rate() == 1.0);
   opt->set_iterations(10);
   CHECK(opt->learning_rate() == 1.0);
@@ -271,7 +272,7 @@ TEST_CASE("set_iterations moves the schedule position and Adam's bias correction
 
   // Adam at iteration 1000 has almost no bias correction left, so fresh slots give a step of
   // lr * sqrt(1 - 0.999^1001) * 0.1 / sqrt(0.001) ~ 2.5 lr instead of the lr of iteration 0.
-  auto adam = make_optimizer(optimizer_config(config::OptimizerKind::adam, 0.01));
+  auto adam = make_optimizer(optimizer_config(config::OptimizerKind::adam, 0.01), testing::cpu_numerics());
   adam->set_iterations(1000);
   Model fresh;
   fresh.set_gradients(0);
@@ -284,7 +285,7 @@ TEST_CASE("set_iterations moves the schedule position and Adam's bias correction
 }
 
 TEST_CASE("slots are lazy, shaped like the variables, reused, and the variable set is checked") {
-  auto opt = make_optimizer(optimizer_config(config::OptimizerKind::adam, 0.01));
+  auto opt = make_optimizer(optimizer_config(config::OptimizerKind::adam, 0.01), testing::cpu_numerics());
   CHECK_FALSE(opt->built());
   CHECK_THROWS_AS(opt->slot(0, 0), InternalError);
   Model model;
@@ -310,7 +311,7 @@ TEST_CASE("slots are lazy, shaped like the variables, reused, and the variable s
   Model bad;
   bad.bias.grad = Tensor(Shape{5});
   const auto before = bad.flat();
-  auto fresh = make_optimizer(optimizer_config(config::OptimizerKind::sgd, 0.1));
+  auto fresh = make_optimizer(optimizer_config(config::OptimizerKind::sgd, 0.1), testing::cpu_numerics());
   CHECK_THROWS_AS(fresh->apply_gradients(bad.vars), InternalError);
   CHECK(bad.flat() == before);
   CHECK(fresh->iterations() == 0);
@@ -320,7 +321,7 @@ TEST_CASE("slots are lazy, shaped like the variables, reused, and the variable s
 TEST_CASE("build creates zero slots for a checkpoint restore") {
   auto c = optimizer_config(config::OptimizerKind::sgd, 0.1);
   c.momentum = 0.9;
-  auto opt = make_optimizer(c);
+  auto opt = make_optimizer(c, testing::cpu_numerics());
   Model model;
   opt->build(model.vars);
   CHECK(opt->built());
@@ -336,14 +337,14 @@ TEST_CASE("build creates zero slots for a checkpoint restore") {
 TEST_CASE("impossible optimizer settings are ConfigErrors") {
   auto c = optimizer_config(config::OptimizerKind::adam, 0.01);
   c.beta_1 = 1.0;
-  CHECK_THROWS_AS(make_optimizer(c), ConfigError);
+  CHECK_THROWS_AS(make_optimizer(c, testing::cpu_numerics()), ConfigError);
   c = optimizer_config(config::OptimizerKind::sgd, 0.01);
   c.momentum = -0.1;
-  CHECK_THROWS_AS(make_optimizer(c), ConfigError);
+  CHECK_THROWS_AS(make_optimizer(c, testing::cpu_numerics()), ConfigError);
   c = optimizer_config(config::OptimizerKind::rmsprop, 0.01);
   c.rho = 1.5;
-  CHECK_THROWS_AS(make_optimizer(c), ConfigError);
+  CHECK_THROWS_AS(make_optimizer(c, testing::cpu_numerics()), ConfigError);
   c = optimizer_config(config::OptimizerKind::sgd, -1.0);
-  CHECK_THROWS_WITH_AS(make_optimizer(c), doctest::Contains("optimizer.learning_rate"), ConfigError);
-  CHECK(make_optimizer(optimizer_config(config::OptimizerKind::rmsprop, 0.01))->name() == "rmsprop");
+  CHECK_THROWS_WITH_AS(make_optimizer(c, testing::cpu_numerics()), doctest::Contains("optimizer.learning_rate"), ConfigError);
+  CHECK(make_optimizer(optimizer_config(config::OptimizerKind::rmsprop, 0.01), testing::cpu_numerics())->name() == "rmsprop");
 }

@@ -1,23 +1,30 @@
-#include "nn/weighted_op.hpp"
+#include "backends/onednn/weighted_op.hpp"
 
-namespace dtrain::nn {
+namespace dtrain::backends::onednn {
 
 using dnnl::memory;
-using kernels::cpu::layout_for;
-using kernels::cpu::wrap;
 
-void bind_weighted_op(Context& ctx, const LayerIO& io, const memory::desc& kernel_md, Variable& kernel, Variable* bias,
+DnnlIO wrap_io(const OnednnContext& ctx, const nn::LayerIO& io) {
+  DnnlIO out;
+  out.src = ctx.wrap(io.src);
+  out.dst = ctx.wrap(io.dst);
+  out.diff_dst = ctx.wrap(io.diff_dst);
+  if (io.diff_src) out.diff_src = ctx.wrap(io.diff_src);
+  return out;
+}
+
+void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& kernel_md, Variable& kernel, Variable* bias,
                       const ActivationFn& act, WeightedOpPlan& p) {
   // Forward: src and kernel into the layouts the forward primitive chose; dst is the model's
   // memory, which the model allocated with exactly the primitive's dst layout.
   memory src = layout_for(ctx, io.src, p.fwd_pd.src_desc(0), p.src_in, false);
-  memory w_user = wrap(ctx, kernel_md, kernel.value.raw());
+  memory w_user = ctx.wrap(kernel_md, kernel.value.raw());
   memory w = layout_for(ctx, w_user, p.fwd_pd.weights_desc(0), p.weights_in, false);
   p.fwd = {p.fwd_prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, io.dst}}};
   memory bias_mem, dbias_mem;
   if (bias) {
-    bias_mem = wrap(ctx, p.fwd_pd.weights_desc(1), bias->value.raw());
-    dbias_mem = wrap(ctx, p.bwd_weights_pd.diff_weights_desc(1), bias->grad.raw());
+    bias_mem = ctx.wrap(p.fwd_pd.weights_desc(1), bias->value.raw());
+    dbias_mem = ctx.wrap(p.bwd_weights_pd.diff_weights_desc(1), bias->grad.raw());
     p.fwd.args.emplace(DNNL_ARG_BIAS, bias_mem);
   }
   act.bind(ctx, io.dst, io.diff_dst, p.act);
@@ -25,7 +32,7 @@ void bind_weighted_op(Context& ctx, const LayerIO& io, const memory::desc& kerne
   // Backward weights: reads the forward's src and the gradient before the activation.
   memory bw_src = layout_for(ctx, src, p.bwd_weights_pd.src_desc(0), p.bw_src_in, false);
   memory bw_ddst = layout_for(ctx, p.act.pre_grad, p.bwd_weights_pd.diff_dst_desc(0), p.bw_diff_dst_in, false);
-  memory dw_user = wrap(ctx, kernel_md, kernel.grad.raw());
+  memory dw_user = ctx.wrap(kernel_md, kernel.grad.raw());
   memory dw = layout_for(ctx, dw_user, p.bwd_weights_pd.diff_weights_desc(0), p.dw_out, true);
   p.bwd_weights = {p.bwd_weights_prim, {{DNNL_ARG_SRC, bw_src}, {DNNL_ARG_DIFF_DST, bw_ddst}, {DNNL_ARG_DIFF_WEIGHTS, dw}}};
   if (bias) p.bwd_weights.args.emplace(DNNL_ARG_DIFF_BIAS, dbias_mem);
@@ -40,14 +47,14 @@ void bind_weighted_op(Context& ctx, const LayerIO& io, const memory::desc& kerne
   }
 }
 
-void forward_weighted_op(Context& ctx, const ActivationFn& act, WeightedOpPlan& p) {
+void forward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& p) {
   p.src_in.run(ctx);
   p.weights_in.run(ctx);
   p.fwd.run(ctx);
   act.forward(ctx, p.act);
 }
 
-void backward_weighted_op(Context& ctx, const ActivationFn& act, WeightedOpPlan& p) {
+void backward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& p) {
   act.backward(ctx, p.act);
   p.bw_src_in.run(ctx);
   p.bw_diff_dst_in.run(ctx);
@@ -61,4 +68,4 @@ void backward_weighted_op(Context& ctx, const ActivationFn& act, WeightedOpPlan&
   }
 }
 
-}  // namespace dtrain::nn
+}  // namespace dtrain::backends::onednn

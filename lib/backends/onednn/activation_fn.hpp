@@ -1,5 +1,5 @@
 // An activation applied to a layer's output (Conv2D and Dense `activation:`), and the standalone
-// Activation layer's math.
+// Activation layer's math, on oneDNN.
 //
 // relu, sigmoid and tanh are fused into the producing primitive as a oneDNN eltwise post-op, so
 // the forward pass writes the activated output once. Their backward uses the *_use_dst_for_bwd
@@ -10,10 +10,10 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "backends/onednn/context.hpp"
 #include "config/experiment.hpp"
-#include "nn/layer.hpp"
 
-namespace dtrain::nn {
+namespace dtrain::backends::onednn {
 
 class ActivationFn {
  public:
@@ -29,18 +29,16 @@ class ActivationFn {
   struct Plan {
     BoundPrimitive softmax_forward;  // in place on dst
     BoundPrimitive backward;         // writes the gradient before the activation into `pre_grad`
-    dnnl::memory pre_grad;           // io.diff_dst itself for eltwise (in place), scratch for softmax
+    dnnl::memory pre_grad;           // diff_dst itself for eltwise (in place), scratch for softmax
   };
   // dst: the activated output; diff_dst: the gradient arriving from above.
-  void bind(Context& ctx, const dnnl::memory& dst, const dnnl::memory& diff_dst, Plan& plan) const;
-  void forward(Context& ctx, Plan& plan) const;
+  void bind(const OnednnContext& ctx, const dnnl::memory& dst, const dnnl::memory& diff_dst, Plan& plan) const;
+  void forward(OnednnContext& ctx, Plan& plan) const;
   // Leaves d(loss)/d(pre-activation) in plan.pre_grad.
-  void backward(Context& ctx, Plan& plan) const;
+  void backward(OnednnContext& ctx, Plan& plan) const;
 
  private:
   config::Activation kind_;
 };
 
-const char* activation_name(config::Activation a);
-
-}  // namespace dtrain::nn
+}  // namespace dtrain::backends::onednn

@@ -1,6 +1,8 @@
-#include "nn/activation_fn.hpp"
+#include "backends/onednn/activation_fn.hpp"
 
-namespace dtrain::nn {
+#include "core/error.hpp"
+
+namespace dtrain::backends::onednn {
 
 using dnnl::algorithm;
 using dnnl::memory;
@@ -30,17 +32,6 @@ algorithm dst_algorithm_of(Activation a) {
 
 }  // namespace
 
-const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::linear: return "linear";
-    case Activation::relu: return "relu";
-    case Activation::sigmoid: return "sigmoid";
-    case Activation::tanh: return "tanh";
-    case Activation::softmax: return "softmax";
-  }
-  return "?";
-}
-
 algorithm ActivationFn::dst_algorithm() const { return dst_algorithm_of(kind_); }
 
 bool ActivationFn::is_eltwise() const {
@@ -57,7 +48,7 @@ dnnl::primitive_attr ActivationFn::post_op_attr() const {
   return attr;
 }
 
-void ActivationFn::bind(Context& ctx, const memory& dst, const memory& diff_dst, Plan& plan) const {
+void ActivationFn::bind(const OnednnContext& ctx, const memory& dst, const memory& diff_dst, Plan& plan) const {
   const memory::desc md = dst.get_desc();
   if (is_eltwise()) {
     auto fwd_pd = dnnl::eltwise_forward::primitive_desc(
@@ -83,12 +74,12 @@ void ActivationFn::bind(Context& ctx, const memory& dst, const memory& diff_dst,
   }
 }
 
-void ActivationFn::forward(Context& ctx, Plan& plan) const {
+void ActivationFn::forward(OnednnContext& ctx, Plan& plan) const {
   if (kind_ == Activation::softmax) plan.softmax_forward.run(ctx);
 }
 
-void ActivationFn::backward(Context& ctx, Plan& plan) const {
+void ActivationFn::backward(OnednnContext& ctx, Plan& plan) const {
   if (kind_ != Activation::linear) plan.backward.run(ctx);
 }
 
-}  // namespace dtrain::nn
+}  // namespace dtrain::backends::onednn

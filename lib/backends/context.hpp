@@ -1,0 +1,92 @@
+// The backend seam: what the backend-neutral modules (nn, losses, metrics, optim) ask of the device
+// a replica computes on. One Context per replica; its backend is the one registered for the
+// replica's device kind (onednn for cpu:N; cuda for gpu:N when built with CUDA).
+//
+//   Layout   how a tensor sits in the backend's memory (oneDNN: a memory descriptor, perhaps a
+//            blocked one). nn hands layouts from layer to layer and compares them; it never looks
+//            inside.
+//   Memory   a layout and a pointer to device memory holding it.
+//   Copy     a prepared copy between two memories of one logical shape: a layout change (reorder),
+//            or a dtype change (f32 <-> the compute dtype).
+//   Numerics the loops of the losses, metrics, optimizers and regularizers (backends/numerics.hpp).
+//
+// The layer kernels are declared by nn (nn/kernel.hpp) and registered by each backend's folder;
+// nothing outside backends/<name>/ includes a backend's own headers.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "backends/numerics.hpp"
+#include "core/tensor.hpp"
+
+namespace dtrain::backends {
+
+class Layout {
+ public:
+  virtual ~Layout() = default;
+  // The logical shape in canonical order (N, ..., C) and the element type.
+  virtual const Shape& shape() const = 0;
+  virtual DType dtype() const = 0;
+  // What a buffer in this layout needs (blocked layouts may pad).
+  virtual std::size_t bytes() const = 0;
+  // The same physical layout (same shape, dtype and element order).
+  virtual bool same_as(const Layout& other) const = 0;
+};
+using LayoutPtr = std::shared_ptr<const Layout>;
+
+struct Memory {
+  Memory() = default;
+  Memory(LayoutPtr l, void* d) : layout(std::move(l)), data(d) {}
+  LayoutPtr layout;
+  void* data = nullptr;  // owned elsewhere (a Buffer, a Tensor)
+  // Memory whose address changes every step (the model's input batch): the backend's own handle,
+  // which kernels bind once and Context::set_address() repoints.
+  std::shared_ptr<void> handle;
+  explicit operator bool() const { return data != nullptr || handle != nullptr; }
+};
+
+// Device memory owned by whoever holds the pointer.
+using Buffer = std::shared_ptr<void>;
+
+class Copy {
+ public:
+  virtual ~Copy() = default;
+  virtual void run() = 0;
+};
+
+class Context {
+ public:
+  virtual ~Context() = default;
+  // Which kernels run here: "onednn", "cuda".
+  virtual std::string_view backend() const = 0;
+  virtual Device device() const = 0;
+  // Canonical (channels-last, row-major) layout of `shape`: what crosses module boundaries.
+  virtual LayoutPtr canonical_layout(const Shape& shape, DType dtype) const = 0;
+  // Zero-filled device memory, aligned for the backend's kernels.
+  virtual Buffer allocate(std::size_t bytes) = 0;
+  // Memory of `layout` at an address given later, and again each step, by set_address().
+  virtual Memory movable_memory(const LayoutPtr& layout) = 0;
+  virtual void set_address(const Memory& memory, void* data) = 0;
+  // A copy `from` -> `to` (same logical shape); null when they are the same memory in the same layout.
+  virtual std::unique_ptr<Copy> make_copy(const Memory& from, const Memory& to) = 0;
+  // Returns when everything submitted so far has finished (results readable, buffers reusable).
+  virtual void synchronize() = 0;
+  virtual Numerics& numerics() = 0;
+  // "oneDNN 2.6.3 isa avx2": what the run header says about the backend.
+  virtual std::string describe() const = 0;
+};
+
+// The context for `device`, from the backend registered for its kind. ConfigError, saying what is missing, when no backend in this build can run it.
+std::unique_ptr<Context> make_context(Device device);
+
+// How a backend makes its contexts; registered once per device kind before main (by the backend's
+// folder: backends/onednn for cpu, backends/cuda for gpu when CUDA was found).
+using ContextFactory = std::unique_ptr<Context> (*)(Device device);
+void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory);
+// The backend registered for a device kind ("" when none).
+std::string_view backend_for(Device::Kind kind);
+
+}  // namespace dtrain::backends

@@ -1,0 +1,77 @@
+// The loops of the losses, metrics, optimizers and regularizers, as each backend runs them. The
+// modules that own the formulas (losses/, metrics/, optim/, nn's regularizers) validate their
+// inputs and compute per-step coefficients; the loops over device memory happen here.
+//
+// Pointers are device memory of the context that owns these numerics; results that the caller
+// reads back (per-example losses, per-row argmax and match counts, a sum of squares) land in host
+// memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "config/experiment.hpp"
+
+namespace dtrain::backends {
+
+// Coefficients of one optimizer step, fixed for every variable of the step (optim/optimizer.hpp
+// has the formulas).
+struct SgdStep {
+  float learning_rate = 0.0f;
+  float momentum = 0.0f;  // 0: plain SGD, no slot
+  bool nesterov = false;
+};
+struct AdamStep {
+  float alpha = 0.0f;  // lr sqrt(1 - b2^t) / (1 - b1^t)
+  float one_minus_beta_1 = 0.0f, one_minus_beta_2 = 0.0f, epsilon = 0.0f;
+};
+struct RmspropStep {
+  float learning_rate = 0.0f, rho = 0.0f, momentum = 0.0f, epsilon = 0.0f;
+  bool centered = false;
+};
+
+// One batch of a loss (losses/loss_math.hpp has the formulas): pred (N, C); exactly one of
+// dense_targets (N, C) and labels (N,); weights (N,) or null; per_example (N,) and grad (N, C) may
+// each be null. grad[i, :] = scale * w_i * d(loss_i)/d(pred[i, :]).
+struct LossBatch {
+  config::LossKind kind = config::LossKind::sparse_categorical_crossentropy;
+  bool from_logits = false;
+  std::int64_t rows = 0, columns = 0;
+  const float* pred = nullptr;
+  const float* dense_targets = nullptr;
+  const std::int32_t* labels = nullptr;
+  const float* weights = nullptr;
+  float scale = 1.0f;
+  float* per_example = nullptr;  // host
+  float* grad = nullptr;
+};
+
+class Numerics {
+ public:
+  virtual ~Numerics() = default;
+
+  // ---- optimizers: one variable of n floats; slots as the optimizer's slot_names() say.
+  virtual void sgd_update(const SgdStep& step, float* w, const float* g, float* momentum, std::size_t n) = 0;
+  virtual void adam_update(const AdamStep& step, float* w, const float* g, float* m, float* v, std::size_t n) = 0;
+  // momentum and average may be null (no momentum, not centered).
+  virtual void rmsprop_update(const RmspropStep& step, float* w, const float* g, float* velocity, float* momentum,
+                              float* average, std::size_t n) = 0;
+
+  // ---- losses
+  virtual void loss(const LossBatch& batch) = 0;
+
+  // ---- metrics
+  // out[i] = index of the first maximum of row i of (rows, columns).
+  virtual void argmax_rows(const float* values, std::int64_t rows, std::int64_t columns, std::int32_t* out) = 0;
+  // matches[i] = how many of row i's columns equal the target (f32 or i32 targets, (rows, columns)):
+  // exactly, or after thresholding the prediction (pred > threshold -> 1, else 0) when `threshold`.
+  virtual void row_matches(const float* pred, const void* targets, bool targets_are_i32, std::int64_t rows,
+                           std::int64_t columns, const float* threshold, std::int64_t* matches) = 0;
+
+  // ---- regularizers
+  virtual double sum_of_squares(const float* x, std::size_t n) = 0;
+  // y += a * x
+  virtual void axpy(float a, const float* x, float* y, std::size_t n) = 0;
+};
+
+}  // namespace dtrain::backends

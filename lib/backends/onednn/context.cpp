@@ -1,0 +1,201 @@
+#include "backends/onednn/context.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "backends/onednn/numerics.hpp"
+#include "core/error.hpp"
+
+namespace dtrain::backends::onednn {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+
+namespace {
+
+memory::dims logical_dims(const Shape& s) {
+  // (N, d1, ..., dk, C) -> (N, C, d1, ..., dk)
+  memory::dims d;
+  d.reserve(s.rank());
+  d.push_back(s[0]);
+  if (s.rank() >= 2) d.push_back(s[s.rank() - 1]);
+  for (std::size_t i = 1; i + 1 < s.rank(); ++i) d.push_back(s[i]);
+  return d;
+}
+
+tag channels_last_tag(std::size_t rank) {
+  switch (rank) {
+    case 1: return tag::a;
+    case 2: return tag::ab;
+    case 3: return tag::acb;
+    case 4: return tag::acdb;
+    case 5: return tag::acdeb;
+    default: break;
+  }
+  throw InternalError(fmt::format("tensors of rank {} are not supported by the CPU backend (1 to 5)", rank));
+}
+
+class ReorderCopy final : public Copy {
+ public:
+  ReorderCopy(OnednnContext& ctx, const memory& from, const memory& to) : ctx_(ctx) { reorder_.bind(from, to); }
+  void run() override { reorder_.run(ctx_); }
+
+ private:
+  OnednnContext& ctx_;
+  Reorder reorder_;
+};
+
+std::unique_ptr<Context> make(Device device) { return std::make_unique<OnednnContext>(device); }
+
+const bool registered = (register_backend(Device::Kind::cpu, kName, &make), true);
+
+}  // namespace
+
+memory::data_type to_dnnl(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return memory::data_type::f32;
+    case DType::bf16: return memory::data_type::bf16;
+    case DType::u8: return memory::data_type::u8;
+    case DType::i32: return memory::data_type::s32;
+  }
+  throw InternalError("unknown dtype");
+}
+
+bool OnednnLayout::same_as(const Layout& other) const {
+  const auto* o = dynamic_cast<const OnednnLayout*>(&other);
+  return o && o->md_ == md_;
+}
+
+memory::desc canonical_md(const Shape& shape, DType dtype) {
+  return memory::desc(logical_dims(shape), to_dnnl(dtype), channels_last_tag(shape.rank()));
+}
+
+memory::desc any_md(const Shape& shape, DType dtype) { return memory::desc(logical_dims(shape), to_dnnl(dtype), tag::any); }
+
+memory::desc hwio_md(int kh, int kw, int in, int out) {
+  return memory::desc({out, in, kh, kw}, memory::data_type::f32, tag::hwio);
+}
+
+memory::desc io_md(int in, int out) { return memory::desc({out, in}, memory::data_type::f32, tag::io); }
+
+const memory::desc& md_of(const LayoutPtr& layout) {
+  const auto* l = dynamic_cast<const OnednnLayout*>(layout.get());
+  DTRAIN_CHECK(l != nullptr, "a layout of another backend reached the oneDNN backend");
+  return l->md();
+}
+
+LayoutPtr make_layout(const Shape& shape, DType dtype, const memory::desc& md) {
+  return std::make_shared<OnednnLayout>(shape, dtype, md);
+}
+
+OnednnContext::OnednnContext(Device device) : device_(device), numerics_(std::make_unique<CpuNumerics>()) {
+  if (device.kind != Device::Kind::cpu) throw InternalError("the oneDNN backend runs cpu devices only");
+}
+
+OnednnContext::~OnednnContext() = default;
+
+OnednnContext& OnednnContext::of(Context& ctx) {
+  auto* c = dynamic_cast<OnednnContext*>(&ctx);
+  DTRAIN_CHECK(c != nullptr, "a oneDNN kernel was made for a context of another backend");
+  return *c;
+}
+
+LayoutPtr OnednnContext::canonical_layout(const Shape& shape, DType dtype) const {
+  return make_layout(shape, dtype, canonical_md(shape, dtype));
+}
+
+Buffer OnednnContext::allocate(std::size_t bytes) {
+  // 64-byte alignment for AVX-512 loads; aligned_alloc wants a multiple of the alignment.
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return Buffer(p, [](void* q) { std::free(q); });
+}
+
+Memory OnednnContext::movable_memory(const LayoutPtr& layout) {
+  Memory m;
+  m.layout = layout;
+  m.handle = std::make_shared<memory>(md_of(layout), engine, static_cast<void*>(DNNL_MEMORY_NONE));
+  return m;
+}
+
+void OnednnContext::set_address(const Memory& m, void* data) {
+  DTRAIN_CHECK(m.handle != nullptr, "set_address() on memory that movable_memory() did not make");
+  static_cast<memory*>(m.handle.get())->set_data_handle(data);
+}
+
+std::unique_ptr<Copy> OnednnContext::make_copy(const Memory& from, const Memory& to) {
+  if (from.data == to.data && !from.handle && !to.handle && from.layout->same_as(*to.layout)) return nullptr;
+  return std::make_unique<ReorderCopy>(*this, wrap(from), wrap(to));
+}
+
+std::string OnednnContext::describe() const { return fmt::format("oneDNN {} isa {}", dnnl_version(), effective_isa()); }
+
+memory OnednnContext::wrap(const Memory& m) const {
+  // A movable memory is the same oneDNN object everywhere, so set_address() reaches every user.
+  if (m.handle) return *static_cast<const memory*>(m.handle.get());
+  return memory(md_of(m.layout), engine, m.data);
+}
+
+memory OnednnContext::wrap(const memory::desc& md, void* data) const { return memory(md, engine, data); }
+
+void BoundPrimitive::run(OnednnContext& ctx) {
+  if (c_args_.size() != args.size()) {
+    c_args_.clear();
+    for (const auto& [key, mem] : args) c_args_.push_back({key, mem.get()});
+  }
+  const dnnl_status_t status =
+      dnnl_primitive_execute(prim.get(), ctx.stream.get(), static_cast<int>(c_args_.size()), c_args_.data());
+  if (status != dnnl_success)
+    throw InternalError(fmt::format("oneDNN primitive execution failed (status {})", static_cast<int>(status)));
+}
+
+void Reorder::bind(const memory& src, const memory& dst) {
+  needed_ = src.get_desc() != dst.get_desc() || src.get_data_handle() != dst.get_data_handle();
+  if (needed_) prim_ = {dnnl::reorder(src, dst), {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}}};
+}
+
+void Reorder::run(OnednnContext& ctx) {
+  if (needed_) prim_.run(ctx);
+}
+
+memory layout_for(const OnednnContext& ctx, const memory& user, const memory::desc& want, Reorder& reorder,
+                  bool to_user) {
+  if (user.get_desc() == want) {
+    reorder = Reorder();
+    return user;
+  }
+  memory m(want, ctx.engine);
+  if (to_user) {
+    reorder.bind(m, user);
+  } else {
+    reorder.bind(user, m);
+  }
+  return m;
+}
+
+std::string effective_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+  }
+}
+
+std::string dnnl_version() {
+  const dnnl_version_t* v = ::dnnl_version();
+  return fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
+}
+
+}  // namespace dtrain::backends::onednn

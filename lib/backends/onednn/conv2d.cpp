@@ -1,0 +1,85 @@
+// Conv2D on oneDNN (nn/conv2d.hpp has the semantics).
+//   x (N, H, W, C)            oneDNN src     (N, C, H, W), any layout
+//   kernel (KH, KW, C, F)     oneDNN weights (F, C, KH, KW); the variable stays Keras HWIO
+//   y (N, OH, OW, F)          oneDNN dst     (N, F, OH, OW), any layout; activation fused
+#include "backends/onednn/weighted_op.hpp"
+#include "nn/conv2d.hpp"
+
+namespace dtrain::backends::onednn {
+
+namespace {
+
+using dnnl::memory;
+
+class Conv2DKernel final : public nn::LayerKernel {
+ public:
+  Conv2DKernel(nn::Conv2D& layer, OnednnContext& ctx, DType compute)
+      : layer_(layer), ctx_(ctx), compute_(compute), act_(layer.options().activation) {}
+
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
+    const auto& o = layer_.options();
+    const Shape& in = layer_.input_shape();
+    const Shape out = layer_.output_shape().with_batch(batch);
+    const memory::dims strides{o.strides[0], o.strides[1]};
+    const memory::dims pad_before{layer_.padding_h().before, layer_.padding_w().before};
+    const memory::dims pad_after{layer_.padding_h().after, layer_.padding_w().after};
+    auto src = any_md(in.with_batch(batch), compute_);
+    auto dst = any_md(out, compute_);
+    auto weights = memory::desc({o.filters, in[2], o.kernel_size[0], o.kernel_size[1]}, to_dnnl(compute_),
+                                memory::format_tag::any);
+    auto bias = o.use_bias ? memory::desc({o.filters}, memory::data_type::f32, memory::format_tag::x) : memory::desc();
+    const auto algo = dnnl::algorithm::convolution_direct;
+
+    auto fwd_pd = dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src, weights, bias, dst, strides,
+                                        pad_before, pad_after),
+        act_.post_op_attr(), ctx_.engine);
+    auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(algo, src, weights, dst, strides, pad_before, pad_after), ctx_.engine,
+        fwd_pd);
+    auto bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(algo, src, weights, bias, dst, strides, pad_before, pad_after),
+        ctx_.engine, fwd_pd);
+
+    WeightedOpPlan& p = plans_.create(batch);
+    p.fwd_pd = fwd_pd;
+    p.bwd_data_pd = bwd_data_pd;
+    p.bwd_weights_pd = bwd_weights_pd;
+    p.fwd_prim = dnnl::convolution_forward(fwd_pd);
+    p.bwd_data_prim = dnnl::convolution_backward_data(bwd_data_pd);
+    p.bwd_weights_prim = dnnl::convolution_backward_weights(bwd_weights_pd);
+    return make_layout(out, compute_, fwd_pd.dst_desc());
+  }
+
+  void bind(std::int64_t batch, const nn::LayerIO& io) override {
+    const auto& o = layer_.options();
+    auto vars = layer_.variables();
+    bind_weighted_op(ctx_, wrap_io(ctx_, io),
+                     hwio_md(o.kernel_size[0], o.kernel_size[1], static_cast<int>(layer_.input_shape()[2]), o.filters),
+                     vars[nn::Conv2D::kKernel], o.use_bias ? &vars[nn::Conv2D::kBias] : nullptr, act_, plans_.get(batch));
+  }
+
+  void forward(std::int64_t batch, const nn::StepContext&) override {
+    forward_weighted_op(ctx_, act_, plans_.get(batch));
+  }
+  void backward(std::int64_t batch, const nn::StepContext&) override {
+    backward_weighted_op(ctx_, act_, plans_.get(batch));
+  }
+
+ private:
+  nn::Conv2D& layer_;
+  OnednnContext& ctx_;
+  DType compute_;
+  ActivationFn act_;
+  nn::PlanCache<WeightedOpPlan> plans_;
+};
+
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
+  return std::make_unique<Conv2DKernel>(static_cast<nn::Conv2D&>(layer), OnednnContext::of(ctx), compute);
+}
+
+const nn::KernelRegistration registered(kName, nn::Conv2D::Options::kind, &make);
+
+}  // namespace
+
+}  // namespace dtrain::backends::onednn

@@ -1,0 +1,76 @@
+// Dense on oneDNN's inner product (nn/dense.hpp has the semantics).
+//   x (N, I)             oneDNN src (N, I), any layout
+//   kernel (I, O)        oneDNN weights (O, I); the variable stays Keras (in, out), physical order io
+//   y (N, O)             activation fused
+#include "backends/onednn/weighted_op.hpp"
+#include "nn/dense.hpp"
+
+namespace dtrain::backends::onednn {
+
+namespace {
+
+using dnnl::memory;
+
+class DenseKernel final : public nn::LayerKernel {
+ public:
+  DenseKernel(nn::Dense& layer, OnednnContext& ctx, DType compute)
+      : layer_(layer), ctx_(ctx), compute_(compute), act_(layer.options().activation) {}
+
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
+    const auto& o = layer_.options();
+    const std::int64_t in = layer_.input_shape()[0];
+    const Shape out{batch, o.units};
+    auto src = any_md(Shape{batch, in}, compute_);
+    auto dst = any_md(out, compute_);
+    auto weights = memory::desc({o.units, in}, to_dnnl(compute_), memory::format_tag::any);
+    auto bias = o.use_bias ? memory::desc({o.units}, memory::data_type::f32, memory::format_tag::x) : memory::desc();
+
+    auto fwd_pd = dnnl::inner_product_forward::primitive_desc(
+        dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, src, weights, bias, dst),
+        act_.post_op_attr(), ctx_.engine);
+    auto bwd_data_pd = dnnl::inner_product_backward_data::primitive_desc(
+        dnnl::inner_product_backward_data::desc(src, weights, dst), ctx_.engine, fwd_pd);
+    auto bwd_weights_pd = dnnl::inner_product_backward_weights::primitive_desc(
+        dnnl::inner_product_backward_weights::desc(src, weights, bias, dst), ctx_.engine, fwd_pd);
+
+    WeightedOpPlan& p = plans_.create(batch);
+    p.fwd_pd = fwd_pd;
+    p.bwd_data_pd = bwd_data_pd;
+    p.bwd_weights_pd = bwd_weights_pd;
+    p.fwd_prim = dnnl::inner_product_forward(fwd_pd);
+    p.bwd_data_prim = dnnl::inner_product_backward_data(bwd_data_pd);
+    p.bwd_weights_prim = dnnl::inner_product_backward_weights(bwd_weights_pd);
+    return make_layout(out, compute_, fwd_pd.dst_desc());
+  }
+
+  void bind(std::int64_t batch, const nn::LayerIO& io) override {
+    const auto& o = layer_.options();
+    auto vars = layer_.variables();
+    bind_weighted_op(ctx_, wrap_io(ctx_, io), io_md(static_cast<int>(layer_.input_shape()[0]), o.units),
+                     vars[nn::Dense::kKernel], o.use_bias ? &vars[nn::Dense::kBias] : nullptr, act_, plans_.get(batch));
+  }
+
+  void forward(std::int64_t batch, const nn::StepContext&) override {
+    forward_weighted_op(ctx_, act_, plans_.get(batch));
+  }
+  void backward(std::int64_t batch, const nn::StepContext&) override {
+    backward_weighted_op(ctx_, act_, plans_.get(batch));
+  }
+
+ private:
+  nn::Dense& layer_;
+  OnednnContext& ctx_;
+  DType compute_;
+  ActivationFn act_;
+  nn::PlanCache<WeightedOpPlan> plans_;
+};
+
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
+  return std::make_unique<DenseKernel>(static_cast<nn::Dense&>(layer), OnednnContext::of(ctx), compute);
+}
+
+const nn::KernelRegistration registered(kName, nn::Dense::Options::kind, &make);
+
+}  // namespace
+
+}  // namespace dtrain::backends::onednn

@@ -1,0 +1,52 @@
+// Reshape and Flatten on oneDNN (nn/reshape.hpp has the semantics). The layer below may have
+// produced a blocked layout, so forward reorders into the canonical order of the input shape,
+// written straight into the output's buffer; backward does the reverse.
+#include "backends/onednn/context.hpp"
+#include "nn/kernel.hpp"
+#include "nn/reshape.hpp"
+
+namespace dtrain::backends::onednn {
+
+namespace {
+
+class ReshapeKernel final : public nn::LayerKernel {
+ public:
+  ReshapeKernel(nn::Layer& layer, OnednnContext& ctx, DType compute) : layer_(layer), ctx_(ctx), compute_(compute) {}
+
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
+    plans_.create(batch);
+    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), compute_);
+  }
+
+  void bind(std::int64_t batch, const nn::LayerIO& io) override {
+    Plan& p = plans_.get(batch);
+    // The output buffer seen as the input shape in canonical order: reordering into it is the
+    // whole reshape.
+    const dnnl::memory::desc in_canonical = canonical_md(layer_.input_shape().with_batch(batch), compute_);
+    p.fwd.bind(ctx_.wrap(io.src), ctx_.wrap(in_canonical, io.dst.data));
+    if (io.diff_src) p.bwd.bind(ctx_.wrap(in_canonical, io.diff_dst.data), ctx_.wrap(io.diff_src));
+  }
+
+  void forward(std::int64_t batch, const nn::StepContext&) override { plans_.get(batch).fwd.run(ctx_); }
+  void backward(std::int64_t batch, const nn::StepContext&) override { plans_.get(batch).bwd.run(ctx_); }
+
+ private:
+  struct Plan {
+    Reorder fwd, bwd;
+  };
+  nn::Layer& layer_;
+  OnednnContext& ctx_;
+  DType compute_;
+  nn::PlanCache<Plan> plans_;
+};
+
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
+  return std::make_unique<ReshapeKernel>(layer, OnednnContext::of(ctx), compute);
+}
+
+const nn::KernelRegistration reshape_registered(kName, nn::Reshape::Options::kind, &make);
+const nn::KernelRegistration flatten_registered(kName, nn::Flatten::Options::kind, &make);
+
+}  // namespace
+
+}  // namespace dtrain::backends::onednn

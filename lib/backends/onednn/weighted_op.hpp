@@ -1,0 +1,41 @@
+// The wiring Conv2D and Dense share on oneDNN: a forward primitive with a kernel and a bias, its
+// backward-data and backward-weights primitives, the fused activation, and the reorders between
+// the layouts oneDNN picked (format_tag::any) and the layouts of the model's memories and of the
+// Keras-layout variables. A reorder exists only where two layouts really differ.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "backends/onednn/activation_fn.hpp"
+#include "backends/onednn/context.hpp"
+#include "core/variable.hpp"
+#include "nn/kernel.hpp"
+
+namespace dtrain::backends::onednn {
+
+// A layer's memories as oneDNN memories; diff_src is empty (null) for the first layer.
+struct DnnlIO {
+  dnnl::memory src, dst, diff_dst, diff_src;
+};
+DnnlIO wrap_io(const OnednnContext& ctx, const nn::LayerIO& io);
+
+struct WeightedOpPlan {
+  // Filled by the layer's plan().
+  dnnl::primitive_desc fwd_pd, bwd_data_pd, bwd_weights_pd;
+  dnnl::primitive fwd_prim, bwd_data_prim, bwd_weights_prim;
+  // Filled by bind_weighted_op().
+  Reorder src_in, weights_in;                          // forward inputs into oneDNN's layouts
+  Reorder bw_src_in, bw_diff_dst_in, dw_out;           // backward weights
+  Reorder bd_weights_in, bd_diff_dst_in, bd_diff_src_out;  // backward data
+  BoundPrimitive fwd, bwd_weights, bwd_data;
+  ActivationFn::Plan act;
+  bool has_diff_src = false;
+};
+
+// kernel_md: the Keras layout of the kernel variable (hwio_md / io_md). bias may be null.
+void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const dnnl::memory::desc& kernel_md, Variable& kernel,
+                      Variable* bias, const ActivationFn& act, WeightedOpPlan& plan);
+void forward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& plan);
+void backward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& plan);
+
+}  // namespace dtrain::backends::onednn

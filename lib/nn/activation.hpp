@@ -1,0 +1,32 @@
+// Activation as a layer (Keras `Activation`): y = f(x) elementwise (softmax: over the last axis).
+//   x (N, ...) -> y (N, ...), same shape
+#pragma once
+
+#include <string_view>
+
+#include "config/experiment.hpp"
+#include "nn/layer.hpp"
+
+namespace dtrain::nn {
+
+struct ActivationOptions {
+  static constexpr std::string_view kind = "activation";
+  config::Activation activation = config::Activation::linear;
+  bool operator==(const ActivationOptions&) const = default;
+};
+
+class ActivationLayer final : public Layer {
+ public:
+  using Options = ActivationOptions;
+  ActivationLayer(std::string name, const Options& options) : Layer(std::move(name)), opt_(options) {}
+  std::string_view kind() const override { return Options::kind; }
+  config::Activation activation() const { return opt_.activation; }
+  void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
+  void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
+
+ private:
+  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
+  Options opt_;
+};
+
+}  // namespace dtrain::nn

@@ -1,0 +1,62 @@
+#include "nn/kernel.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "config/layers.hpp"
+
+namespace dtrain::nn {
+
+namespace {
+
+struct Registered {
+  std::string_view backend, kind;
+  KernelFactory factory;
+};
+
+// Filled by the backends' kernel files before main, read-only afterwards.
+std::vector<Registered>& kernels() {
+  static std::vector<Registered> registered;
+  return registered;
+}
+
+KernelFactory find(std::string_view backend, std::string_view kind) {
+  for (const Registered& r : kernels())
+    if (r.backend == backend && r.kind == kind) return r.factory;
+  return nullptr;
+}
+
+}  // namespace
+
+void register_kernel(std::string_view backend, std::string_view layer_kind, KernelFactory factory) {
+  DTRAIN_CHECK(find(backend, layer_kind) == nullptr,
+               fmt::format("two {} kernels registered for layer kind {}", backend, layer_kind));
+  kernels().push_back({backend, layer_kind, factory});
+}
+
+std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, backends::Context& ctx,
+                                                       DType compute) {
+  std::vector<std::string_view> missing;
+  for (const Layer* layer : layers)
+    if (!find(ctx.backend(), layer->kind()) &&
+        std::find(missing.begin(), missing.end(), layer->kind()) == missing.end())
+      missing.push_back(layer->kind());
+  if (!missing.empty())
+    throw ConfigError(fmt::format("device {}: the {} backend has no kernels for the layer kinds {} that this model "
+                                  "uses; run it on another device",
+                                  ctx.device().to_string(), ctx.backend(), config::join(missing)));
+  std::vector<std::unique_ptr<LayerKernel>> out;
+  for (Layer* layer : layers) out.push_back(find(ctx.backend(), layer->kind())(*layer, ctx, compute));
+  return out;
+}
+
+std::vector<std::string_view> kinds_without_kernel(std::string_view backend) {
+  std::vector<std::string_view> missing;
+  for (std::string_view kind : config::layer_kind_names())
+    if (const config::LayerSchema* schema = config::find_layer_schema(kind); schema && schema->kind == kind)
+      if (!find(backend, kind)) missing.push_back(kind);
+  return missing;
+}
+
+}  // namespace dtrain::nn

@@ -1,0 +1,87 @@
+// A layer's kernel: how one backend computes one layer on one replica. Each backend's folder has
+// one file per layer (backends/onednn/conv2d.cpp, ...) that registers its kernel for the layer's
+// kind; the model asks for the kernels of its layers on the replica's context.
+//
+// Life of a kernel, for each batch size (the short last batch of an epoch gets its own):
+//   plan(batch, src)      chooses the layout this layer produces from the layout it receives
+//                         (the backend may pick blocked layouts) and prepares what it needs
+//   bind(batch, io)       the model hands over the memories between layers; the kernel prebuilds
+//                         its argument lists, so a step allocates nothing
+//   forward(batch, step)  every step
+//   backward(batch, step) every training step: writes every variable's grad and, when
+//                         io.diff_src is bound, the gradient with respect to the input. It may
+//                         overwrite io.diff_dst (the model never reads it again).
+// A replica without samples in a step (a short last batch) calls neither; it calls
+// forward_without_samples and backward_without_samples instead, so that layers which sum over the
+// replicas still take part in every collective.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/context.hpp"
+#include "core/error.hpp"
+#include "nn/layer.hpp"
+#include "nn/step.hpp"
+
+namespace dtrain::nn {
+
+// The memories around one layer for one batch size. diff_src is empty for the first layer.
+struct LayerIO {
+  backends::Memory src, dst, diff_dst, diff_src;
+};
+
+class LayerKernel {
+ public:
+  virtual ~LayerKernel() = default;
+  virtual backends::LayoutPtr plan(std::int64_t batch, const backends::LayoutPtr& src) = 0;
+  virtual void bind(std::int64_t batch, const LayerIO& io) = 0;
+  virtual void forward(std::int64_t batch, const StepContext& step) = 0;
+  virtual void backward(std::int64_t batch, const StepContext& step) = 0;
+  virtual void forward_without_samples(const StepContext&) {}
+  virtual void backward_without_samples(const StepContext&) {}
+};
+
+// compute: the dtype the layer computes in (its variables stay f32).
+using KernelFactory = std::unique_ptr<LayerKernel> (*)(Layer& layer, backends::Context& ctx, DType compute);
+
+// Called by a backend's kernel file before main (see KernelRegistration).
+void register_kernel(std::string_view backend, std::string_view layer_kind, KernelFactory factory);
+// The kernels of `layers` on `ctx`; ConfigError naming every layer kind the backend has no kernel
+// for.
+std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, backends::Context& ctx,
+                                                       DType compute);
+// The registered layer kinds `backend` has no kernel for (what a backend still lacks).
+std::vector<std::string_view> kinds_without_kernel(std::string_view backend);
+
+// In a backend's kernel file:  const nn::KernelRegistration registered("onednn", "conv2d", &make);
+struct KernelRegistration {
+  KernelRegistration(std::string_view backend, std::string_view layer_kind, KernelFactory factory) {
+    register_kernel(backend, layer_kind, factory);
+  }
+};
+
+// Per-batch-size state of a kernel: one Plan per batch size it was planned for.
+template <class Plan>
+class PlanCache {
+ public:
+  Plan& get(std::int64_t batch) {
+    auto it = plans_.find(batch);
+    DTRAIN_CHECK(it != plans_.end(), "layer used with a batch size it was not planned for");
+    return *it->second;
+  }
+  Plan& create(std::int64_t batch) {
+    auto& p = plans_[batch];
+    p = std::make_unique<Plan>();
+    return *p;
+  }
+
+ private:
+  std::map<std::int64_t, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace dtrain::nn

@@ -1,0 +1,44 @@
+// What a layer knows about the step it runs in: training or inference, which replica it is, and
+// the keys of the step's random streams. A layer never knows the strategy or the backend; what it
+// needs of the other replicas (synchronized batch statistics) comes through CrossReplica.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace dtrain::nn {
+
+enum class Mode {
+  training,   // dropout drops, batch normalization uses and updates batch statistics
+  inference,  // evaluation and prediction: dropout is the identity, moving statistics are used
+};
+
+// Sums small vectors over every replica in sync (each replica of each worker). Every replica calls
+// it the same number of times in the same order, also a replica that has no samples this step.
+class CrossReplica {
+ public:
+  virtual ~CrossReplica() = default;
+  virtual void all_reduce_sum(std::span<double> values, const char* what) = 0;
+};
+
+struct StepContext {
+  Mode mode = Mode::inference;
+  // Key of every per-step random stream: Rng streams are fixed by (seed, step, sample).
+  std::uint64_t seed = 0;
+  std::int64_t global_step = 0;
+  // This replica among all replicas in sync (worker index * local replicas + local replica).
+  int replica = 0;
+  int replicas_in_sync = 1;
+  // Samples of the whole step, over every replica (the global batch, or fewer on a short last one).
+  std::int64_t step_samples = 0;
+  // One id per sample of this replica's batch: its position in the epoch's order over all workers,
+  // so that a sample's random draws do not depend on which replica or rank computes it. Empty
+  // outside training.
+  std::span<const std::int64_t> sample_ids;
+  // The other replicas; null when this replica is alone (then a sum is its own values).
+  CrossReplica* cross_replica = nullptr;
+
+  bool training() const { return mode == Mode::training; }
+};
+
+}  // namespace dtrain::nn
