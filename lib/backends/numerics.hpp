@@ -72,6 +72,8 @@ class Numerics {
   virtual double sum_of_squares(const float* x, std::size_t n) = 0;
   // y += a * x
   virtual void axpy(float a, const float* x, float* y, std::size_t n) = 0;
+  // y = b * y + a * x (moving averages)
+  virtual void axpby(float a, const float* x, float b, float* y, std::size_t n) = 0;
 };
 
 }  // namespace dtrain::backends

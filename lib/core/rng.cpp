@@ -25,6 +25,17 @@ std::array<std::uint32_t, 4> philox(std::array<std::uint32_t, 4> c, std::array<s
 
 }  // namespace
 
+std::array<std::uint32_t, 4> sample_bits(std::uint64_t seed, RngStream stream, std::uint64_t step,
+                                         std::uint64_t sample, std::uint32_t layer, std::uint32_t block) {
+  // counter = (block | stream, layer | sample | step); key = seed, with the rarely used high halves
+  // of step and sample folded in.
+  const std::array<std::uint32_t, 4> counter{block, (static_cast<std::uint32_t>(stream) << 24) | (layer & 0xFFFFFFu),
+                                             static_cast<std::uint32_t>(sample), static_cast<std::uint32_t>(step)};
+  const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(seed) ^ static_cast<std::uint32_t>(sample >> 32),
+                                         static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(step >> 32)};
+  return philox(counter, key);
+}
+
 Rng::Rng(std::uint64_t seed, RngStream stream, std::uint64_t index)
     : key_{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)},
       // counter = (draw number: 0, 32 bits | stream id | index: 64 bits). Streams never overlap

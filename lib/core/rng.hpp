@@ -9,6 +9,7 @@
 //   RngStream::init        index = layer position in the model    weight initializers
 //   RngStream::shuffle     index = epoch (0-based)                 the per-epoch shuffle order
 //   RngStream::synthetic   index = sample id                       synthetic data source
+//   RngStream::dropout     (global step, sample id, layer position) dropout masks, see sample_bits()
 //   RngStream::test        index = anything                        tests only
 #pragma once
 
@@ -17,7 +18,15 @@
 
 namespace dtrain {
 
-enum class RngStream : std::uint32_t { init = 1, shuffle = 2, split = 3, synthetic = 4, test = 99 };
+enum class RngStream : std::uint32_t { init = 1, shuffle = 2, split = 3, synthetic = 4, dropout = 5, test = 99 };
+
+// Random bits for one sample of one step, at random access: block `block` (four 32-bit words) of
+// the stream keyed by (seed, stream, step, sample, layer). The same key gives the same bits
+// whichever replica, rank or thread asks, so per-sample masks do not depend on the replica layout.
+// Distinct while step and sample are below 2^32 and layer below 2^24 (beyond, the high bits are
+// folded into the key).
+std::array<std::uint32_t, 4> sample_bits(std::uint64_t seed, RngStream stream, std::uint64_t step,
+                                         std::uint64_t sample, std::uint32_t layer, std::uint32_t block);
 
 class Rng {
  public:

@@ -32,7 +32,8 @@ DistributedIterator::DistributedIterator(const Dataset& dataset, config::Distrib
       global_batch_(global_batch),
       out_(static_cast<std::size_t>(replicas_)),
       own_x_(static_cast<std::size_t>(replicas_)),
-      own_y_(static_cast<std::size_t>(replicas_)) {
+      own_y_(static_cast<std::size_t>(replicas_)),
+      own_ids_(static_cast<std::size_t>(replicas_)) {
   const int pipelines = context.num_input_pipelines;
   const int id = context.input_pipeline_id;
   if (pipelines < 1 || id < 0 || id >= pipelines || context.num_replicas_in_sync % pipelines != 0)
@@ -111,6 +112,10 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
       if (rb.size > 0) {
         rb.x = b->x.slice_rows(begin, end);
         rb.y = b->y.slice_rows(begin, end);
+        rb.ids = std::span<const std::int64_t>(b->ids).subspan(static_cast<std::size_t>(begin),
+                                                               static_cast<std::size_t>(rb.size));
+      } else {
+        rb.ids = {};
       }
     }
     return &out_;
@@ -120,6 +125,7 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
     ReplicaBatch& rb = out_[static_cast<std::size_t>(r)];
     const Batch* b = pipeline_->next();
     rb.size = b ? b->size : 0;
+    rb.ids = {};
     if (!b) continue;
     Tensor& x = own_x_[static_cast<std::size_t>(r)];
     Tensor& y = own_y_[static_cast<std::size_t>(r)];
@@ -127,8 +133,11 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
     y.ensure(b->y.shape(), b->y.dtype());
     std::memcpy(x.raw(), b->x.raw(), b->x.bytes());
     std::memcpy(y.raw(), b->y.raw(), b->y.bytes());
+    auto& ids = own_ids_[static_cast<std::size_t>(r)];
+    ids.assign(b->ids.begin(), b->ids.end());
     rb.x = x;
     rb.y = y;
+    rb.ids = ids;
   }
   return &out_;
 }

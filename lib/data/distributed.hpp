@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "config/experiment.hpp"
@@ -38,6 +39,7 @@ namespace dtrain::data {
 
 struct ReplicaBatch {
   Tensor x, y;            // (size, ...) views or replica-owned buffers; undefined when size == 0
+  std::span<const std::int64_t> ids;  // the samples' ids (data/pipeline.hpp's Batch::ids)
   std::int64_t size = 0;
 };
 
@@ -79,6 +81,7 @@ class DistributedIterator {
   std::unique_ptr<Pipeline> pipeline_;
   std::vector<ReplicaBatch> out_;
   std::vector<Tensor> own_x_, own_y_;  // per_replica mode: each replica's copy of its batch
+  std::vector<std::vector<std::int64_t>> own_ids_;
 };
 
 }  // namespace dtrain::data

@@ -177,6 +177,9 @@ void Pipeline::fill(Batch& batch, std::int64_t step) const {
     std::memcpy(y_out + static_cast<std::size_t>(i) * y_row_bytes, y_in + static_cast<std::size_t>(sample) * y_row_bytes,
                 y_row_bytes);
   }
+  batch.ids.resize(static_cast<std::size_t>(count));  // within the capacity of earlier steps: no allocation
+  for (std::int64_t i = 0; i < count; ++i)
+    batch.ids[static_cast<std::size_t>(i)] = (begin + i) * options_.shard_count + options_.shard_index;
   batch.size = count;
   batch.step = step;
 }

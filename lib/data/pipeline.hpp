@@ -43,6 +43,10 @@ struct PipelineOptions {
 struct Batch {
   Tensor x;
   Tensor y;
+  // Per sample: its position in the epoch's order over every shard (shard_count * position in this
+  // shard + shard_index), the same for a sample whichever worker or replica takes it. It keys the
+  // sample's random draws (dropout masks).
+  std::vector<std::int64_t> ids;
   std::int64_t size = 0;  // samples in this batch (== x.shape()[0])
   std::int64_t step = 0;  // 0-based index of this batch in its epoch
 };

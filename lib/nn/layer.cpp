@@ -2,7 +2,8 @@
 
 namespace dtrain::nn {
 
-Shape Layer::build(const Shape& input_shape, Rng& init_rng) {
+Shape Layer::build(std::size_t position, const Shape& input_shape, Rng& init_rng) {
+  position_ = position;
   input_shape_ = input_shape;
   output_shape_ = build_layer(input_shape, init_rng);
   return output_shape_;

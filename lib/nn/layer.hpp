@@ -4,7 +4,7 @@
 // layer in each backends/<name>/ folder.
 //
 // Life of a layer:
-//   build(input_shape, rng)   once: checks the input shape, creates the variables (Keras
+//   build(position, in, rng)  once: checks the input shape, creates the variables (Keras
 //                             initializers), returns the per-example output shape
 //   (a kernel per replica)    made by the backend of the replica's device, see nn/kernel.hpp
 //   apply_updates()           after each training step's reduction, where the variables live:
@@ -61,8 +61,10 @@ class Layer {
   virtual std::string_view kind() const = 0;
 
   // Per-example shapes (no batch dimension), channels last. ConfigError naming the layer when the
-  // input does not fit.
-  Shape build(const Shape& input_shape, Rng& init_rng);
+  // input does not fit. `position`: the layer's index in the model (it keys per-layer random
+  // streams).
+  Shape build(std::size_t position, const Shape& input_shape, Rng& init_rng);
+  std::size_t position() const { return position_; }
   const Shape& input_shape() const { return input_shape_; }
   const Shape& output_shape() const { return output_shape_; }
 
@@ -96,6 +98,7 @@ class Layer {
   std::string name_;
   std::vector<Variable> vars_;
   Shape input_shape_, output_shape_;
+  std::size_t position_ = 0;
 };
 
 }  // namespace dtrain::nn

@@ -1,5 +1,7 @@
 #include "nn/model.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.hpp"
@@ -23,7 +25,7 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
   for (std::size_t i = 0; i < config.layers.size(); ++i) {
     auto layer = make_layer(config.layers[i]);
     Rng rng(seed, RngStream::init, i);
-    shape = layer->build(shape, rng);
+    shape = layer->build(i, shape, rng);
     layers_.push_back(std::move(layer));
   }
   output_shape_ = shape;
@@ -184,11 +186,17 @@ void Sequential::share_variable_values(const Sequential& other) {
 }
 
 std::string Sequential::summary() const {
-  std::string s = fmt::format("{:<24}{:<16}{:<22}{:>10}\n", "Layer", "Kind", "Output shape", "Params");
+  std::size_t name_width = 24, kind_width = 16;
+  for (const auto& layer : layers_) {
+    name_width = std::max(name_width, layer->name().size() + 2);
+    kind_width = std::max(kind_width, layer->kind().size() + 2);
+  }
+  std::string s = fmt::format("{:<{}}{:<{}}{:<22}{:>10}\n", "Layer", name_width, "Kind", kind_width, "Output shape",
+                              "Params");
   for (const auto& layer : layers_) {
     std::int64_t params = 0;
     for (const auto& v : layer->variables()) params += v.value.numel();
-    s += fmt::format("{:<24}{:<16}{:<22}{:>10}\n", layer->name(), layer->kind(),
+    s += fmt::format("{:<{}}{:<{}}{:<22}{:>10}\n", layer->name(), name_width, layer->kind(), kind_width,
                      layer->output_shape().with_batch(-1).to_string().replace(1, 2, "None"), params);
   }
   s += fmt::format("Total params: {}\n", num_parameters());

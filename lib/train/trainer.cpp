@@ -233,7 +233,8 @@ std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Da
   return std::make_unique<data::DistributedIterator>(split, mode, ctx, global, po, share_sizes);
 }
 
-nn::StepContext Trainer::step_context(const distribute::ReplicaContext& rc, nn::Mode mode) const {
+nn::StepContext Trainer::step_context(const distribute::ReplicaContext& rc, nn::Mode mode,
+                                      const data::ReplicaBatch& batch) const {
   nn::StepContext step;
   step.mode = mode;
   step.seed = exp_.seed;
@@ -241,6 +242,7 @@ nn::StepContext Trainer::step_context(const distribute::ReplicaContext& rc, nn::
   step.replica = strategy_->worker_index() * strategy_->num_local_replicas() + rc.replica_id;
   step.replicas_in_sync = rc.num_replicas_in_sync;
   step.step_samples = step_samples_;
+  step.sample_ids = batch.ids;
   return step;
 }
 
@@ -249,7 +251,7 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
   const float replicas = static_cast<float>(rc.num_replicas_in_sync);
   const bool overlap = strategy_->overlaps_backward();
-  const nn::StepContext step = step_context(rc, nn::Mode::training);
+  const nn::StepContext step = step_context(rc, nn::Mode::training, batch);
   double data_loss = 0.0;
   if (batch.size > 0) {
     const Tensor& logits = rep.model->forward(batch.x, step);
@@ -285,7 +287,7 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
   if (batch.size == 0) return;
-  const Tensor& logits = rep.model->forward(batch.x, step_context(rc, nn::Mode::inference));
+  const Tensor& logits = rep.model->forward(batch.x, step_context(rc, nn::Mode::inference, batch));
   rep.per_example.resize(static_cast<std::size_t>(batch.size));
   rep.loss->per_example(logits, batch.y, rep.per_example);
   rep.eval_loss_sum += std::accumulate(rep.per_example.begin(), rep.per_example.end(), 0.0);

@@ -106,7 +106,7 @@ class Trainer {
   void replica_train_step(const distribute::ReplicaContext& rc);
   void replica_eval_step(const distribute::ReplicaContext& rc);
   // What replica `rc`'s layers know about the current step.
-  nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode) const;
+  nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch) const;
   // Exact combination of every replica's metric `index` (train or eval).
   double combined_metric(bool train, std::size_t index) const;
   // Whether any worker was asked to stop (every worker must call it at the same step).

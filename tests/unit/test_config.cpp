@@ -6,7 +6,9 @@
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
+#include "nn/batch_normalization.hpp"
 #include "nn/conv2d.hpp"
+#include "nn/dropout.hpp"
 #include "nn/dense.hpp"
 #include "nn/max_pool2d.hpp"
 #include "nn/registry.hpp"
@@ -160,6 +162,66 @@ TEST_CASE("config: to_yaml round trips both experiments and every schedule") {
   }
 }
 
+TEST_CASE("config: the layer kinds registered by nn/ read, write and refuse their own options") {
+  // Every kind with options away from its defaults: the resolved YAML reads back to the same model.
+  const std::string yaml =
+      "model:\n  input_shape: [8, 8, 3]\n  layers:\n"
+      "    - conv2d: {filters: 4, use_bias: false}\n"
+      "    - batch_normalization: {momentum: 0.9, epsilon: 0.01, center: false, synchronized: true}\n"
+      "    - avg_pool2d: {pool_size: 3, strides: [1, 2], padding: same}\n"
+      "    - dropout: {rate: 0.25}\n"
+      "    - global_avg_pool2d: {}\n"
+      "    - dense: {units: 3}\n";
+  const Experiment original = parse_experiment(yaml, "l.yaml");
+  const std::string text = to_yaml(original);
+  CAPTURE(text);
+  CHECK(without_locations(parse_experiment(text, "resolved.yaml")) == without_locations(original));
+  // Aliases read as the kind they name; names follow Keras' class names.
+  const auto& layers = original.model.layers;
+  CHECK(layers[2].kind == "average_pooling2d");
+  CHECK(layers[2].name == "average_pooling2d");
+  CHECK(layers[4].kind == "global_average_pooling2d");
+  CHECK(layers[1].name == "batch_normalization");
+  const auto& bn = nn::options_as<nn::BatchNormalizationOptions>(layers[1].options);
+  CHECK(bn.momentum == 0.9);
+  CHECK(bn.synchronized);
+  CHECK_FALSE(bn.center);
+  CHECK(bn.scale);
+  CHECK(nn::options_as<nn::DropoutOptions>(layers[3].options).rate == 0.25);
+  CHECK(contains(text, "- batch_normalization: {name: batch_normalization, momentum: 0.9, epsilon: 0.01, center: "
+                       "false, scale: true, synchronized: true}"));
+
+  auto error_of = [](const std::string& layer) {
+    try {
+      parse_experiment("model:\n  input_shape: [4, 4, 1]\n  layers:\n    - " + layer + "\n", "e.yaml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error_of("dropout: {rate: 1.0}") == "e.yaml:4:23: model.layers.0.dropout.rate: must be in [0, 1), got '1.0'");
+  CHECK(error_of("dropout: {}") == "e.yaml:4:16: model.layers.0.dropout: missing required key 'rate'");
+  CHECK(error_of("batch_normalization: {synchronised: true}") ==
+        "e.yaml:4:29: unknown key 'synchronised' in model.layers.0.batch_normalization; did you mean "
+        "'synchronized'?");
+  CHECK(error_of("batch_normalization: {epsilon: 0}") ==
+        "e.yaml:4:38: model.layers.0.batch_normalization.epsilon: must be > 0, got '0'");
+  CHECK(error_of("average_pooling2d: {pool_size: 0}") ==
+        "e.yaml:4:38: model.layers.0.average_pooling2d.pool_size: must be >= 1, got '0'");
+}
+
+TEST_CASE("config: precision is a Keras policy name; mixed_bfloat16 is not in this version") {
+  CHECK(parse_experiment("precision: float32\n" + minimal, "p.yaml").precision == Precision::float32);
+  CHECK(parse_experiment(minimal, "p.yaml").precision == Precision::float32);
+  CHECK_THROWS_WITH_AS(parse_experiment("precision: mixed_bfloat16\n" + minimal, "p.yaml"),
+                       "p.yaml:1:12: precision 'mixed_bfloat16' is not available in this version of dtrain "
+                       "(available: float32)",
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse_experiment("precision: float16\n" + minimal, "p.yaml"),
+                       "p.yaml:1:12: unknown precision policy 'float16'; valid: float32; did you mean 'float32'?",
+                       ConfigError);
+}
+
 TEST_CASE("config: defaults follow the structs and Keras") {
   const Experiment e = parse_experiment(minimal, "m.yaml");
   CHECK(e.name == "experiment");
@@ -258,7 +320,8 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
         "categorical_accuracy; did you mean 'accuracy'?");
   const std::string layer_error = error_of("model:\n  input_shape: [4]\n  layers:\n    - dens: {units: 2}\n");
   CHECK(layer_error ==
-        "t.yaml:4:7: unknown layer kind 'dens' in model.layers.0; known: activation, conv2d, dense, flatten, "
+        "t.yaml:4:7: unknown layer kind 'dens' in model.layers.0; known: activation, average_pooling2d, avg_pool2d, "
+        "batch_normalization, conv2d, dense, dropout, flatten, global_average_pooling2d, global_avg_pool2d, "
         "max_pool2d, max_pooling2d, reshape; did you mean 'dense'?");
   CHECK(contains(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2, activation: rellu}\n"),
                  "t.yaml:4:37: unknown activation 'rellu'; valid: linear, relu, sigmoid, tanh, softmax; did you "

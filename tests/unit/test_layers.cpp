@@ -15,6 +15,10 @@
 #include "core/rng.hpp"
 #include "layer_oracle.hpp"
 #include "nn/activation.hpp"
+#include "nn/average_pooling2d.hpp"
+#include "nn/batch_normalization.hpp"
+#include "nn/dropout.hpp"
+#include "nn/global_average_pooling2d.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/dense.hpp"
 #include "nn/max_pool2d.hpp"
@@ -43,12 +47,6 @@ double rel_err(const Vec<double>& a, const Vec<double>& b) {
 Vec<double> to_double(const Tensor& t) {
   auto s = t.span<float>();
   return Vec<double>(s.begin(), s.end());
-}
-
-Vec<double> random_vec(std::size_t n, Rng& rng) {
-  Vec<double> v(n);
-  for (auto& x : v) x = rng.uniform(-1.0f, 1.0f);
-  return v;
 }
 
 // A layer of a test case: its kind comes from its options' type.
@@ -83,9 +81,12 @@ void check_case(const Case& c) {
   Rng rng(11, RngStream::test);
 
   // Random variables (biases too: zero biases would hide bias bugs), shared by both paths.
+  // A variance is positive.
   for (std::size_t l = 0; l < model.num_layers(); ++l)
-    for (auto& v : model.layer(l).variables())
-      for (float& value : v.value.span<float>()) value = rng.uniform(-1.0f, 1.0f);
+    for (auto& v : model.layer(l).variables()) {
+      const bool variance = v.name.ends_with("moving_variance");
+      for (float& value : v.value.span<float>()) value = variance ? rng.uniform(0.5f, 1.5f) : rng.uniform(-1.0f, 1.0f);
+    }
   RefStack ref = RefStack::of(model, c.batch, step);
   REQUIRE(model.output_shape() == ref.layers.back()->output_shape());
 
@@ -96,6 +97,7 @@ void check_case(const Case& c) {
   const Tensor& y = model.forward(x, step);
   const Vec<double>& y_ref = ref.forward(xd);
   CHECK(rel_err(to_double(y), y_ref) < 1e-5);
+  if (c.mode == nn::Mode::inference) return;  // backward is a training step's
 
   Tensor& dy = model.output_gradient();
   for (auto& v : dy.span<float>()) v = rng.uniform(-1.0f, 1.0f);
@@ -220,6 +222,113 @@ TEST_CASE("the seed CNN as a stack: blocked layouts between layers agree with th
                conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
                dense(64, Activation::relu), dense(10, Activation::linear)},
               4});
+}
+
+namespace {
+
+nn::AveragePooling2DOptions avg_pool(int p, int s, Padding pad) {
+  nn::AveragePooling2DOptions a;
+  a.pool_size = {p, p};
+  a.strides = std::array<int, 2>{s, s};
+  a.padding = pad;
+  return a;
+}
+
+nn::BatchNormalizationOptions batch_norm(bool center = true, bool scale = true) {
+  nn::BatchNormalizationOptions b;
+  b.center = center;
+  b.scale = scale;
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("average_pooling2d and global_average_pooling2d match the reference and finite differences") {
+  check_case({"2x2 valid", Shape{6, 6, 3}, {avg_pool(2, 2, Padding::valid)}, 2});
+  check_case({"3x3 stride 2 same: border windows average their real inputs", Shape{7, 8, 3},
+              {avg_pool(3, 2, Padding::same)}, 2});
+  check_case({"2x2 stride 1 same, odd input", Shape{5, 5, 2}, {avg_pool(2, 1, Padding::same)}, 3});
+  check_case({"after a conv (blocked layout in)", Shape{8, 8, 2},
+              {conv(16, 3, 1, Padding::same, Activation::relu), avg_pool(2, 2, Padding::valid)}, 2});
+  check_case({"global", Shape{5, 4, 3}, {nn::GlobalAveragePooling2DOptions{}}, 3});
+  check_case({"global after a conv, then dense", Shape{6, 6, 2},
+              {conv(16, 3, 1, Padding::valid, Activation::relu), nn::GlobalAveragePooling2DOptions{},
+               dense(4, Activation::linear)},
+              2});
+}
+
+TEST_CASE("dropout matches the reference with the same masks, and is the identity in inference") {
+  check_case({"rate 0.3 after dense", Shape{12}, {dense(16, Activation::relu), nn::DropoutOptions{0.3}}, 5});
+  check_case({"rate 0.5 on a blocked conv output", Shape{6, 6, 2},
+              {conv(16, 3, 1, Padding::valid, Activation::relu), nn::DropoutOptions{0.5}, nn::FlattenOptions{},
+               dense(3, Activation::linear)},
+              3});
+  check_case({"rate 0", Shape{7}, {dense(5, Activation::tanh), nn::DropoutOptions{0.0}}, 2});
+  check_case({"inference", Shape{7}, {dense(5, Activation::tanh), nn::DropoutOptions{0.5}}, 2, nn::Mode::inference});
+}
+
+TEST_CASE("batch_normalization matches the reference and finite differences") {
+  // The layers before batch normalization have no bias, as usual: its gradient would be 0 (the
+  // normalization takes the mean out), which a relative comparison cannot check.
+  check_case({"dense features", Shape{6}, {dense(5, Activation::linear, false), batch_norm()}, 7});
+  check_case({"after a conv (blocked layout in), then relu", Shape{6, 6, 2},
+              {conv(16, 3, 1, Padding::same, Activation::linear, false), batch_norm(),
+               nn::ActivationOptions{Activation::relu}},
+              3});
+  check_case({"no center, no scale", Shape{4, 4, 3}, {batch_norm(false, false)}, 2});
+  check_case({"scale only", Shape{5}, {batch_norm(false, true)}, 4});
+  check_case({"inference uses the moving statistics", Shape{4, 4, 3}, {batch_norm()}, 2, nn::Mode::inference});
+}
+
+TEST_CASE("a stack of every new layer agrees with the reference") {
+  check_case({"conv, bn, relu, avg pool, dropout, global pool, dense",
+              Shape{10, 10, 1},
+              {conv(8, 3, 1, Padding::same, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
+               avg_pool(2, 2, Padding::valid), nn::DropoutOptions{0.25}, nn::GlobalAveragePooling2DOptions{},
+               dense(3, Activation::linear)},
+              4});
+}
+
+namespace {
+
+// A training step's masks depend on the step, the sample and the layer, not on the batch layout.
+std::vector<std::uint8_t> masks_of(const nn::Dropout& d, const nn::StepContext& step, std::int64_t batch) {
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(batch * d.output_shape().numel()));
+  d.masks(step, batch, keep.data());
+  return keep;
+}
+
+}  // namespace
+
+TEST_CASE("dropout masks are keyed by (seed, step, sample id, layer) and drop about the rate") {
+  config::ModelConfig mc;
+  mc.input_shape = {1000};
+  mc.layers = {nn::layer_config("a", nn::DropoutOptions{0.3}), nn::layer_config("b", nn::DropoutOptions{0.3})};
+  nn::Sequential model(mc, 1, testing::cpu());
+  const auto& a = static_cast<const nn::Dropout&>(model.layer(0));
+  const auto& b = static_cast<const nn::Dropout&>(model.layer(1));
+  nn::StepContext step = testing::step_of(nn::Mode::training, 4);
+  step.seed = 9;
+  step.global_step = 17;
+  const std::vector<std::int64_t> ids{40, 41, 42, 43};
+  step.sample_ids = ids;
+  const auto whole = masks_of(a, step, 4);
+  // The last two samples on another replica: their masks are the same bits.
+  nn::StepContext half = step;
+  half.sample_ids = std::span<const std::int64_t>(ids).subspan(2);
+  const auto second = masks_of(a, half, 2);
+  CHECK(std::equal(second.begin(), second.end(), whole.begin() + 2000));
+  // Another layer, step or seed draws other masks.
+  CHECK(masks_of(b, step, 4) != whole);
+  nn::StepContext next = step;
+  next.global_step = 18;
+  CHECK(masks_of(a, next, 4) != whole);
+  nn::StepContext other_seed = step;
+  other_seed.seed = 10;
+  CHECK(masks_of(a, other_seed, 4) != whole);
+  // About 30 % dropped (4000 draws: 3 standard deviations is about 2 %).
+  const double dropped = static_cast<double>(std::count(whole.begin(), whole.end(), 0)) / whole.size();
+  CHECK(dropped == doctest::Approx(0.3).epsilon(0.07));
 }
 
 TEST_CASE("a model reuses its plan across steps and handles a second batch size") {

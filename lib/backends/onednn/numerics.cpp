@@ -113,4 +113,8 @@ void CpuNumerics::axpy(float a, const float* __restrict x, float* __restrict y, 
   for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void CpuNumerics::axpby(float a, const float* __restrict x, float b, float* __restrict y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = y[i] * b + x[i] * a;
+}
+
 }  // namespace dtrain::backends::onednn

@@ -18,6 +18,7 @@ class CpuNumerics final : public Numerics {
                    std::int64_t columns, const float* threshold, std::int64_t* matches) override;
   double sum_of_squares(const float* x, std::size_t n) override;
   void axpy(float a, const float* x, float* y, std::size_t n) override;
+  void axpby(float a, const float* x, float b, float* y, std::size_t n) override;
 };
 
 }  // namespace dtrain::backends::onednn

@@ -1,0 +1,108 @@
+// Dropout on the CPU backend (nn/dropout.hpp has the semantics and the masks). The masks key on
+// each element's canonical (channels-last) position, so the kernel works on canonical memory: the
+// input is reordered into it when the layer below produced a blocked layout, and the gradient
+// back out of it.
+//   x, y, dy, dx (N, ...) f32 canonical; mask (N, ...) uint8, kept from forward for backward
+#include <cstring>
+
+#include "backends/onednn/context.hpp"
+#include "core/error.hpp"
+#include "nn/dropout.hpp"
+#include "nn/kernel.hpp"
+
+namespace dtrain::backends::onednn {
+
+namespace {
+
+using dnnl::memory;
+
+class DropoutKernel final : public nn::LayerKernel {
+ public:
+  DropoutKernel(nn::Dropout& layer, OnednnContext& ctx, DType compute) : layer_(layer), ctx_(ctx) {
+    DTRAIN_CHECK(compute == DType::f32, "the CPU dropout kernel computes in f32");
+  }
+
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
+    Plan& p = plans_.create(batch);
+    p.mask.resize(static_cast<std::size_t>(batch * layer_.output_shape().numel()));
+    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), DType::f32);
+  }
+
+  void bind(std::int64_t batch, const nn::LayerIO& io) override {
+    Plan& p = plans_.get(batch);
+    const memory::desc canonical = canonical_md(layer_.input_shape().with_batch(batch), DType::f32);
+    p.x = layout_for(ctx_, ctx_.wrap(io.src), canonical, p.x_in, false);
+    p.y = static_cast<float*>(io.dst.data);
+    p.dy = static_cast<float*>(io.diff_dst.data);
+    if (io.diff_src) {
+      const memory dx = layout_for(ctx_, ctx_.wrap(io.diff_src), canonical, p.dx_out, true);
+      p.dx = static_cast<float*>(dx.get_data_handle());
+      p.dx_mem = dx;
+    }
+  }
+
+  void forward(std::int64_t batch, const nn::StepContext& step) override {
+    Plan& p = plans_.get(batch);
+    p.x_in.run(ctx_);
+    ctx_.stream.wait();
+    const auto* x = static_cast<const float*>(p.x.get_data_handle());
+    const std::int64_t n = batch * layer_.output_shape().numel();
+    if (!step.training() || layer_.rate() == 0.0) {
+      std::memcpy(p.y, x, static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    }
+    const std::int64_t elements = layer_.output_shape().numel();
+    const float scale = static_cast<float>(1.0 / (1.0 - layer_.rate()));
+    const auto layer = static_cast<std::uint32_t>(layer_.position());
+    std::uint8_t* keep = p.mask.data();
+    float* y = p.y;
+    // Each sample's mask is its own counter range: samples split over threads draw the same bits.
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < batch; ++i) {
+      std::uint8_t* k = keep + i * elements;
+      nn::dropout_mask(step.seed, step.global_step, nn::sample_id(step, i), layer, layer_.rate(), elements, k);
+      for (std::int64_t e = 0; e < elements; ++e)
+        y[i * elements + e] = x[i * elements + e] * scale * static_cast<float>(k[e]);
+    }
+  }
+
+  void backward(std::int64_t batch, const nn::StepContext&) override {
+    Plan& p = plans_.get(batch);
+    if (!p.dx) return;
+    const std::int64_t n = batch * layer_.output_shape().numel();
+    if (layer_.rate() == 0.0) {
+      std::memcpy(p.dx, p.dy, static_cast<std::size_t>(n) * sizeof(float));
+    } else {
+      const float scale = static_cast<float>(1.0 / (1.0 - layer_.rate()));
+      const std::uint8_t* keep = p.mask.data();
+      const float* dy = p.dy;
+      float* dx = p.dx;
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) dx[i] = dy[i] * scale * static_cast<float>(keep[i]);
+    }
+    p.dx_out.run(ctx_);
+  }
+
+ private:
+  struct Plan {
+    std::vector<std::uint8_t> mask;
+    memory x, dx_mem;        // canonical input, canonical gradient (maybe scratch)
+    Reorder x_in, dx_out;    // from the layer below's layout, back into it
+    float* y = nullptr;
+    float* dy = nullptr;
+    float* dx = nullptr;
+  };
+  nn::Dropout& layer_;
+  OnednnContext& ctx_;
+  nn::PlanCache<Plan> plans_;
+};
+
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
+  return std::make_unique<DropoutKernel>(static_cast<nn::Dropout&>(layer), OnednnContext::of(ctx), compute);
+}
+
+const nn::KernelRegistration registered(kName, nn::Dropout::Options::kind, &make);
+
+}  // namespace
+
+}  // namespace dtrain::backends::onednn
