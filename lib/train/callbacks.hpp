@@ -1,0 +1,133 @@
+// What happens around the training loop, as Keras callbacks (on_train_batch_end, on_epoch_end,
+// ...): the progress bar or lines, metrics.jsonl, checkpoints and the agreement to stop on a
+// signal. fit() stays the custom-loop template — for each epoch, for each batch run the step, then
+// test, then print — and calls these at the template's seams, in the order they were added.
+//
+// Every worker runs the same callbacks at the same points: a callback that makes a collective
+// (the stop agreement, a checkpoint's metric merge) is thereby entered by every worker together.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/experiment.hpp"
+#include "distribute/strategy.hpp"
+#include "train/report.hpp"
+
+namespace dtrain::train {
+
+class Trainer;
+
+// Where the loop stands, and what callbacks tell it.
+struct LoopState {
+  int epoch = 0;                 // 0-based, the epoch running
+  std::int64_t step = 0;         // steps of this epoch done
+  std::int64_t steps = 0;        // steps per epoch
+  std::int64_t global_step = 0;  // steps done in the whole run
+  double loss_sum = 0.0;         // this epoch's step losses so far
+  std::int64_t samples = 0;      // this epoch's training samples so far
+  // Set by a callback: the loop ends after this batch (or this epoch's end) and reports where.
+  bool stop_training = false;
+  // The newest checkpoint a callback saved ("" before any).
+  std::string checkpoint;
+};
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_train_begin(LoopState&) {}
+  virtual void on_epoch_begin(LoopState&) {}
+  virtual void on_train_batch_end(LoopState&) {}
+  virtual void on_epoch_end(LoopState&, const EpochLog&) {}
+  virtual void on_train_end(LoopState&) {}
+};
+
+// The callbacks in order.
+class CallbackList {
+ public:
+  void add(std::unique_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
+  void on_train_begin(LoopState& s) {
+    for (auto& c : callbacks_) c->on_train_begin(s);
+  }
+  void on_epoch_begin(LoopState& s) {
+    for (auto& c : callbacks_) c->on_epoch_begin(s);
+  }
+  void on_train_batch_end(LoopState& s) {
+    for (auto& c : callbacks_) c->on_train_batch_end(s);
+  }
+  void on_epoch_end(LoopState& s, const EpochLog& log) {
+    for (auto& c : callbacks_) c->on_epoch_end(s, log);
+  }
+  void on_train_end(LoopState& s) {
+    for (auto& c : callbacks_) c->on_train_end(s);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Callback>> callbacks_;
+};
+
+// Asks every worker, after each batch and each epoch, whether one was asked to stop (SIGINT,
+// SIGTERM: `requested` is set by the signal watcher), and stops the loop when any was.
+class StopOnRequest final : public Callback {
+ public:
+  StopOnRequest(const std::atomic<int>* requested, distribute::Strategy& strategy)
+      : requested_(requested), strategy_(strategy) {}
+  void on_train_batch_end(LoopState& s) override { s.stop_training = s.stop_training || agreed(); }
+  void on_epoch_end(LoopState& s, const EpochLog&) override { s.stop_training = s.stop_training || agreed(); }
+
+ private:
+  bool agreed();
+  const std::atomic<int>* requested_;
+  distribute::Strategy& strategy_;
+};
+
+// tf.train.CheckpointManager's saving policy: after every checkpoint.every_steps global steps,
+// after every checkpoint.every_epochs epochs, and when the loop stops on request (where it stands).
+class CheckpointSaver final : public Callback {
+ public:
+  CheckpointSaver(Trainer& trainer, const config::CheckpointConfig& config) : trainer_(trainer), config_(config) {}
+  void on_train_batch_end(LoopState& s) override;
+  void on_epoch_end(LoopState& s, const EpochLog& log) override;
+
+ private:
+  bool epoch_due(int epoch) const { return config_.every_epochs > 0 && (epoch + 1) % config_.every_epochs == 0; }
+  Trainer& trainer_;
+  config::CheckpointConfig config_;
+};
+
+// <run dir>/metrics.jsonl: one JSON object per epoch, appended to a resumed run's log.
+class MetricsLog final : public Callback {
+ public:
+  MetricsLog(std::string run_dir, bool resumed) : run_dir_(std::move(run_dir)), resumed_(resumed) {}
+  void on_train_begin(LoopState&) override;
+  void on_epoch_end(LoopState&, const EpochLog& log) override;
+
+ private:
+  std::string path() const;
+  std::string run_dir_;
+  bool resumed_;
+};
+
+// Keras' progress: a bar redrawn in place on a terminal, or a line every tenth of an epoch.
+class ProgressLogger final : public Callback {
+ public:
+  enum class Mode { bar, lines, none };
+  ProgressLogger(std::FILE* out, Mode mode) : out_(out), mode_(mode) {}
+  void on_epoch_begin(LoopState& s) override;
+  void on_train_batch_end(LoopState& s) override;
+  void on_epoch_end(LoopState&, const EpochLog&) override { finish(); }
+  void on_train_end(LoopState&) override { finish(); }
+
+ private:
+  void finish();
+  std::FILE* out_;
+  Mode mode_;
+  std::optional<ProgressBar> bar_;
+};
+
+}  // namespace dtrain::train
