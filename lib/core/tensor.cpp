@@ -109,6 +109,16 @@ Tensor Tensor::slice_rows(std::int64_t begin, std::int64_t end) const {
   return t;
 }
 
+Tensor Tensor::view(std::int64_t first, Shape shape) const {
+  DTRAIN_CHECK(first >= 0 && first + shape.numel() <= numel(),
+               fmt::format("a view of elements [{}, {}) is outside the {} of tensor {}", first, first + shape.numel(),
+                           numel(), shape_.to_string()));
+  Tensor t = *this;
+  t.offset_ += static_cast<std::size_t>(first) * dtype_size(dtype_);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t(shape_, dtype_, device_);
   if (bytes()) std::memcpy(t.raw(), raw(), bytes());

@@ -97,6 +97,9 @@ class Tensor {
   Tensor reshaped(Shape shape) const;
   // Rows [begin, end) of the leading dimension, sharing storage.
   Tensor slice_rows(std::int64_t begin, std::int64_t end) const;
+  // Elements [first, first + shape.numel()) of this tensor's flat array seen as `shape`, sharing
+  // storage: how one contiguous arena holds several tensors.
+  Tensor view(std::int64_t first, Shape shape) const;
   // A deep copy.
   Tensor clone() const;
   void fill(float value);

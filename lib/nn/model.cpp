@@ -26,6 +26,16 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, bo
     first_variable_.push_back(variables_.size());
     for (auto& v : layer->variables()) variables_.push_back(&v);
   }
+  // Before any plan binds a grad's memory: from here on the grads live in the arena.
+  std::int64_t total = 0;
+  for (const Variable* v : variables_) total += v->value.numel();
+  gradient_arena_ = Tensor(Shape{total});
+  std::int64_t at = 0;
+  for (Variable* v : variables_) {
+    v->grad = gradient_arena_.view(at, v->value.shape());
+    gradient_sizes_.push_back(static_cast<std::size_t>(v->value.numel()));
+    at += v->value.numel();
+  }
 }
 
 std::int64_t Sequential::num_parameters() const {

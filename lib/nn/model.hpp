@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,11 @@ class Sequential {
   // Every variable of every layer, in layer order; the pointers stay valid for the model's life.
   const std::vector<Variable*>& variables() const { return variables_; }
   std::int64_t num_parameters() const;
+  // Every variable's grad is a view into one contiguous f32 arena, in variables() order, so the
+  // gradients of consecutive variables can be summed across replicas as one range, in place.
+  std::span<float> gradient_arena() { return gradient_arena_.span<float>(); }
+  // Floats per variable, in variables() order: the arena's partition.
+  std::span<const std::size_t> gradient_sizes() const { return gradient_sizes_; }
 
   // x: (N, input_shape...) f32, canonical. Returns y: (N, output_shape...), canonical, valid
   // until the next forward.
@@ -85,6 +91,8 @@ class Sequential {
   std::vector<Shape> layer_output_shapes_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Variable*> variables_;
+  Tensor gradient_arena_;
+  std::vector<std::size_t> gradient_sizes_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_
   std::map<std::int64_t, Plan> plans_;
   Plan* current_ = nullptr;

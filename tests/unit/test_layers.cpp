@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <span>
 #include <utility>
 #include <vector>
 #include <string>
@@ -257,6 +258,28 @@ TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
   nn::Sequential again(mc, 42);
   CHECK(std::equal(vars[0]->value.span<float>().begin(), vars[0]->value.span<float>().end(),
                    again.variables()[0]->value.span<float>().begin()));
+}
+
+TEST_CASE("the gradients of a model are one contiguous arena, in variables() order") {
+  config::ModelConfig mc;
+  mc.input_shape = {8, 8, 1};
+  mc.layers.push_back(layer(conv(4, 3, 1, Padding::valid, Activation::relu), "conv2d"));
+  mc.layers.push_back(layer(config::FlattenConfig{}, "flatten"));
+  mc.layers.push_back(layer(dense(3, Activation::linear), "dense"));
+  nn::Sequential model(mc, 1);
+  const auto& vars = model.variables();
+  REQUIRE(model.gradient_sizes().size() == vars.size());
+  std::span<float> arena = model.gradient_arena();
+  CHECK(arena.size() == static_cast<std::size_t>(model.num_parameters()));
+  std::size_t at = 0;
+  for (std::size_t v = 0; v < vars.size(); ++v) {
+    CAPTURE(v);
+    CHECK(model.gradient_sizes()[v] == static_cast<std::size_t>(vars[v]->value.numel()));
+    CHECK(vars[v]->grad.shape() == vars[v]->value.shape());
+    CHECK(vars[v]->grad.data<float>() == arena.data() + at);
+    at += model.gradient_sizes()[v];
+  }
+  CHECK(at == arena.size());
 }
 
 TEST_CASE("backward hands each layer's final gradients over, last layer first, regularization included") {
