@@ -34,7 +34,7 @@ int resolve_threads(int configured) {
 Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
-  strategy_ = std::make_unique<distribute::Strategy>(exp_.strategy, threads_, opt_.cluster);
+  strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
   try {
     shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
   } catch (const ConfigError& e) {
@@ -52,7 +52,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
-  // central storage the replicas compute with replica 0's (the parameter device's) variables.
+  // central storage the replicas compute with the parameter device's replica's variables.
   loss_ = losses::make_loss(exp_.loss);
   replicas_.resize(static_cast<std::size_t>(replicas));
   for (int r = 0; r < replicas; ++r) {
@@ -62,18 +62,15 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       rep.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss));
     }
     rep.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed);
-    if (!strategy_->mirrors_variables() && r > 0) rep.model->share_variable_values(*replicas_[0].model);
     rep.optimizer = optim::make_optimizer(exp_.optimizer);
-    distribute::BufferList grads;
-    for (Variable* v : rep.model->variables()) {
-      grads.data.push_back(v->grad.data<float>());
-      grads.sizes.push_back(static_cast<std::size_t>(v->grad.numel()));
-    }
-    strategy_->bind_gradients(r, grads);
-    rep.gradients_ready = [this, r](std::size_t first, std::size_t count) {
-      strategy_->gradients_ready(distribute::ReplicaContext{r, strategy_->num_replicas_in_sync()}, first, count);
+    strategy_->bind_gradients(r, rep.model->gradient_arena(), rep.model->gradient_sizes());
+    rep.gradients_ready = [this, rc = strategy_->replica_context(r)](std::size_t first, std::size_t count) {
+      strategy_->gradients_ready(rc, first, count);
     };
   }
+  std::vector<std::vector<Variable*>> variables;
+  for (const Replica& rep : replicas_) variables.push_back(rep.model->variables());
+  strategy_->place_variables(variables);
   replica_losses_.assign(static_cast<std::size_t>(replicas), 0.0);
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
   eval_fn_ = [this](const distribute::ReplicaContext& rc) { replica_eval_step(rc); };
@@ -127,21 +124,7 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
                                      std::int64_t samples) {
   // Every worker takes part in combining the metrics; only the chief writes.
   std::vector<metrics::MetricState> states;
-  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i) {
-    metrics::MetricState total;
-    for (const Replica& rep : replicas_) {
-      const metrics::MetricState st = rep.train_metrics[i]->state();
-      total.counts.resize(st.counts.size());
-      total.sums.resize(st.sums.size());
-      for (std::size_t k = 0; k < st.counts.size(); ++k) total.counts[k] += st.counts[k];
-      for (std::size_t k = 0; k < st.sums.size(); ++k) total.sums[k] += st.sums[k];
-    }
-    if (auto* cluster = strategy_->cluster()) {
-      cluster->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
-      cluster->all_reduce_sum(std::span<double>(total.sums), "metric sums");
-    }
-    states.push_back(std::move(total));
-  }
+  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i) states.push_back(merged_metric_state(true, i));
   if (!strategy_->is_chief()) return {};
   if (!checkpoints_) {
     const std::string dir = checkpoint_dir();
@@ -162,27 +145,31 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   }
   c.experiment_yaml = config::to_yaml(exp_);
   c.dtrain_version = build_info::version;
-  // One copy, whatever the strategy: replica 0 holds the values every replica computes with.
-  return checkpoints_->save(global_step_, *replicas_[0].model, *replicas_[0].optimizer, c);
+  // One copy, whatever the strategy: the primary replica's (it holds the values every replica computes with).
+  const Replica& primary = replicas_[static_cast<std::size_t>(strategy_->primary_replica())];
+  return checkpoints_->save(global_step_, *primary.model, *primary.optimizer, c);
 }
 
 checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
-  checkpoint::Contents c = checkpoint::restore(checkpoint_path, *replicas_[0].model, *replicas_[0].optimizer);
-  // Mirrored copies get replica 0's values and slots; central storage already shares the values.
-  auto& vars0 = replicas_[0].model->variables();
-  for (std::size_t r = 1; r < replicas_.size(); ++r) {
+  const int primary = strategy_->primary_replica();
+  Replica& first = replicas_[static_cast<std::size_t>(primary)];
+  checkpoint::Contents c = checkpoint::restore(checkpoint_path, *first.model, *first.optimizer);
+  // The other copies get the primary's values and slots; replicas holding no copy share its values.
+  auto& vars0 = first.model->variables();
+  for (std::size_t r = 0; r < replicas_.size(); ++r) {
     Replica& rep = replicas_[r];
-    if (strategy_->mirrors_variables()) {
+    if (static_cast<int>(r) == primary) continue;
+    if (strategy_->holds_variables(static_cast<int>(r))) {
       auto& vars = rep.model->variables();
       for (std::size_t v = 0; v < vars.size(); ++v)
         std::copy_n(vars0[v]->value.data<float>(), vars0[v]->value.numel(), vars[v]->value.data<float>());
       rep.optimizer->build(vars);
       for (std::size_t v = 0; v < vars.size(); ++v)
         for (std::size_t k = 0; k < rep.optimizer->slot_names().size(); ++k)
-          std::copy_n(replicas_[0].optimizer->slot(v, k).data<float>(), vars[v]->value.numel(),
+          std::copy_n(first.optimizer->slot(v, k).data<float>(), vars[v]->value.numel(),
                       rep.optimizer->slot(v, k).data<float>());
     }
-    rep.optimizer->set_iterations(replicas_[0].optimizer->iterations());
+    rep.optimizer->set_iterations(first.optimizer->iterations());
   }
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   for (Replica& rep : replicas_)
@@ -219,13 +206,8 @@ std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Da
     if (exp_.data.eval_batch_size > 0) global = exp_.data.eval_batch_size;
   }
   data::DistributedIterator::ShareSizes share_sizes;
-  if (auto* cluster = strategy_->cluster(); cluster && cluster->size() > 1)
-    share_sizes = [cluster](std::int64_t mine) {
-      std::vector<std::int64_t> sizes(static_cast<std::size_t>(cluster->size()), 0);
-      sizes[static_cast<std::size_t>(cluster->rank())] = mine;
-      cluster->all_reduce_sum(std::span<std::int64_t>(sizes), "input share sizes");
-      return sizes;
-    };
+  if (strategy_->workers() > 1)
+    share_sizes = [strategy = strategy_.get()](std::int64_t mine) { return strategy->all_gather(mine, "input share sizes"); };
   return std::make_unique<data::DistributedIterator>(split, mode, ctx, global, po, share_sizes);
 }
 
@@ -273,7 +255,7 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
   for (auto& m : rep.eval_metrics) m->update(batch.y, logits);
 }
 
-double Trainer::combined_metric(bool train, std::size_t index) const {
+metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index) const {
   // Exact: the states (integer counts) of every replica, and then of every worker, are added.
   metrics::MetricState total;
   for (const Replica& rep : replicas_) {
@@ -283,19 +265,20 @@ double Trainer::combined_metric(bool train, std::size_t index) const {
     for (std::size_t i = 0; i < st.counts.size(); ++i) total.counts[i] += st.counts[i];
     for (std::size_t i = 0; i < st.sums.size(); ++i) total.sums[i] += st.sums[i];
   }
-  if (auto* cluster = strategy_->cluster()) {
-    cluster->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
-    cluster->all_reduce_sum(std::span<double>(total.sums), "metric sums");
-  }
+  strategy_->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
+  strategy_->all_reduce_sum(std::span<double>(total.sums), "metric sums");
+  return total;
+}
+
+double Trainer::combined_metric(bool train, std::size_t index) const {
   auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss);
-  merged->merge(total);
+  merged->merge(merged_metric_state(train, index));
   return merged->result();
 }
 
 bool Trainer::stop_agreed() {
   const int local = opt_.stop_requested ? opt_.stop_requested->load() : 0;
-  auto* cluster = strategy_->cluster();
-  return (cluster ? cluster->all_reduce_max(local, "stop request") : local) != 0;
+  return strategy_->all_reduce_max(local, "stop request") != 0;
 }
 
 std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps) {
@@ -307,7 +290,7 @@ std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps)
     if (!step_batches_) break;
     step_samples_ = it->global_samples();
     strategy_->run(train_fn_);
-    losses.push_back(strategy_->reduce(distribute::ReduceOp::sum, replica_losses_));
+    losses.push_back(strategy_->reduce_sum(replica_losses_));
     ++global_step_;
   }
   step_batches_ = nullptr;
@@ -329,7 +312,7 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
   }
   double loss_sum = 0.0;
   for (const Replica& rep : replicas_) loss_sum += rep.eval_loss_sum;
-  if (auto* cluster = strategy_->cluster()) cluster->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
+  strategy_->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0.0;
   if (!exp_.metrics.empty()) r.accuracy = combined_metric(false, 0);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -384,9 +367,9 @@ std::vector<EpochLog> Trainer::fit() {
       step_batches_ = it->next();
       DTRAIN_CHECK(step_batches_ != nullptr, "the input ended before steps_per_epoch");
       step_samples_ = it->global_samples();
-      if (auto* cluster = strategy_->cluster()) cluster->set_step(global_step_);
+      strategy_->set_step(global_step_);
       strategy_->run(train_fn_);
-      loss_sum += strategy_->reduce(distribute::ReduceOp::sum, replica_losses_);
+      loss_sum += strategy_->reduce_sum(replica_losses_);
       ++global_step_;
       log.samples += step_samples_;
       progress.update(step + 1, loss_sum / static_cast<double>(step + 1));

@@ -3,7 +3,7 @@
 //   copy per replica where the strategy mirrors); the distributed datasets;
 //   for each epoch: the train steps, then validation, then test; print the epoch line.
 //
-// The loop never asks which strategy it has: it calls strategy.run(step), strategy.reduce(),
+// The loop never asks which strategy it has: it calls strategy.run(step), strategy.reduce_sum(),
 // strategy.sum_gradients() and strategy.update().
 //
 // Loss semantics (DESIGN.md): with reduction `none` each replica's loss is
@@ -30,6 +30,7 @@
 #include "data/dataset.hpp"
 #include "data/distributed.hpp"
 #include "data/sharding.hpp"
+#include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
 #include "kernels/cpu/dnnl_context.hpp"
 #include "losses/loss.hpp"
@@ -49,7 +50,7 @@ struct TrainerOptions {
   const std::atomic<int>* stop_requested = nullptr;
   // The worker processes (MPI ranks); null = this process alone. Only the chief (rank 0) prints,
   // writes the run directory and saves checkpoints.
-  distribute::Cluster* cluster = nullptr;
+  distribute::Communicator* workers = nullptr;
 };
 
 // fit() stopped on request after saving `checkpoint`.
@@ -104,7 +105,10 @@ class Trainer {
   };
   void replica_train_step(const distribute::ReplicaContext& rc);
   void replica_eval_step(const distribute::ReplicaContext& rc);
-  // Exact combination of every replica's metric `index` (train or eval).
+  // Every replica's state of metric `index` (train or eval) merged, then summed across workers:
+  // exact, and every worker must call it at the same point.
+  metrics::MetricState merged_metric_state(bool train, std::size_t index) const;
+  // Its result.
   double combined_metric(bool train, std::size_t index) const;
   // Whether any worker was asked to stop (every worker must call it at the same step).
   bool stop_agreed();
@@ -116,6 +120,7 @@ class Trainer {
   config::Experiment exp_;
   TrainerOptions opt_;
   int threads_ = 1;
+  distribute::SingleCommunicator alone_;  // the workers when options.workers is null
   std::unique_ptr<distribute::Strategy> strategy_;
   data::ShardPlan shards_;   // this worker's part of the data
   data::DataSplits splits_;  // as this worker loaded them (its files under auto_shard file)
