@@ -20,10 +20,6 @@ std::string device_list(const std::vector<Device>& devices) {
   return s;
 }
 
-ReplicaContext Strategy::replica_context(int replica) const {
-  return ReplicaContext{replica, num_replicas_in_sync(), worker_index() * num_local_replicas() + replica};
-}
-
 ReplicatedStrategy::ReplicatedStrategy(ReplicaLayout layout, int total_threads, Communicator* workers)
     : layout_(std::move(layout)),
       threads_per_replica_(std::max(1, std::max(1, total_threads) / std::max(1, static_cast<int>(layout_.devices.size())))),

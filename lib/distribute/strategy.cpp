@@ -54,6 +54,10 @@ Device parse_device(const std::string& name) {
   return d;
 }
 
+ReplicaContext Strategy::replica_context(int replica) const {
+  return ReplicaContext{replica, num_replicas_in_sync(), worker_index() * num_local_replicas() + replica};
+}
+
 bool spans_workers(const config::StrategyConfig& config) {
   return config.kind == config::StrategyKind::multi_worker_mirrored;
 }

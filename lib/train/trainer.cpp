@@ -124,7 +124,8 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
                                      std::int64_t samples) {
   // Every worker takes part in combining the metrics; only the chief writes.
   std::vector<metrics::MetricState> states;
-  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i) states.push_back(merged_metric_state(true, i));
+  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i)
+    states.push_back(merged_metric_state(true, i));
   if (!strategy_->is_chief()) return {};
   if (!checkpoints_) {
     const std::string dir = checkpoint_dir();
@@ -145,7 +146,7 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   }
   c.experiment_yaml = config::to_yaml(exp_);
   c.dtrain_version = build_info::version;
-  // One copy, whatever the strategy: the primary replica's (it holds the values every replica computes with).
+  // One copy, whatever the strategy: the primary replica's, whose values every replica computes with.
   const Replica& primary = replicas_[static_cast<std::size_t>(strategy_->primary_replica())];
   return checkpoints_->save(global_step_, *primary.model, *primary.optimizer, c);
 }
@@ -207,7 +208,9 @@ std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Da
   }
   data::DistributedIterator::ShareSizes share_sizes;
   if (strategy_->workers() > 1)
-    share_sizes = [strategy = strategy_.get()](std::int64_t mine) { return strategy->all_gather(mine, "input share sizes"); };
+    share_sizes = [strategy = strategy_.get()](std::int64_t mine) {
+      return strategy->all_gather(mine, "input share sizes");
+    };
   return std::make_unique<data::DistributedIterator>(split, mode, ctx, global, po, share_sizes);
 }
 

@@ -158,6 +158,16 @@ config::DenseConfig dense(int units, Activation a, bool bias = true) {
   return d;
 }
 
+// conv2d (3x3, relu) -> flatten -> dense (linear), with Keras's default names.
+config::ModelConfig conv_flatten_dense(std::vector<std::int64_t> input, int filters, int units) {
+  config::ModelConfig mc;
+  mc.input_shape = std::move(input);
+  mc.layers.push_back(layer(conv(filters, 3, 1, Padding::valid, Activation::relu), "conv2d"));
+  mc.layers.push_back(layer(config::FlattenConfig{}, "flatten"));
+  mc.layers.push_back(layer(dense(units, Activation::linear), "dense"));
+  return mc;
+}
+
 config::MaxPool2DConfig pool(int p, int s, Padding pad) {
   config::MaxPool2DConfig m;
   m.pool_size = {p, p};
@@ -238,11 +248,7 @@ TEST_CASE("a model reuses its plan across steps and handles a second batch size"
 }
 
 TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
-  config::ModelConfig mc;
-  mc.input_shape = {8, 8, 1};
-  mc.layers.push_back(layer(conv(16, 3, 1, Padding::valid, Activation::relu), "conv2d"));
-  mc.layers.push_back(layer(config::FlattenConfig{}, "flatten"));
-  mc.layers.push_back(layer(dense(10, Activation::linear), "dense"));
+  const config::ModelConfig mc = conv_flatten_dense({8, 8, 1}, 16, 10);
   nn::Sequential model(mc, 42);
   auto vars = model.variables();
   REQUIRE(vars.size() == 4);
@@ -261,12 +267,7 @@ TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
 }
 
 TEST_CASE("the gradients of a model are one contiguous arena, in variables() order") {
-  config::ModelConfig mc;
-  mc.input_shape = {8, 8, 1};
-  mc.layers.push_back(layer(conv(4, 3, 1, Padding::valid, Activation::relu), "conv2d"));
-  mc.layers.push_back(layer(config::FlattenConfig{}, "flatten"));
-  mc.layers.push_back(layer(dense(3, Activation::linear), "dense"));
-  nn::Sequential model(mc, 1);
+  nn::Sequential model(conv_flatten_dense({8, 8, 1}, 4, 3), 1);
   const auto& vars = model.variables();
   REQUIRE(model.gradient_sizes().size() == vars.size());
   std::span<float> arena = model.gradient_arena();

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <span>
 #include <string>
 
@@ -221,15 +220,6 @@ TEST_CASE("a replica that fails stops the others instead of leaving them in a co
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "no ConfigError";
-}
-
 config::StrategyConfig strategy_config(config::StrategyKind kind, int devices) {
   config::StrategyConfig c;
   c.kind = kind;
@@ -293,24 +283,24 @@ TEST_CASE("central storage: checkpoints hold the parameter device's copy and res
 }
 
 TEST_CASE("central storage: a parameter_device that is not a replica's device is refused where it is written") {
-  const std::string sgd = "{kind: sgd}";
-  const std::string given = error_of([&] {
-    make_trainer(cnn_experiment("{kind: central_storage, devices: [cpu:0, cpu:1], parameter_device: cpu:2}", 16, sgd));
-  });
-  CAPTURE(given);
-  CHECK(given.find("test.yaml:4:") == 0);
-  CHECK(given.find("strategy.parameter_device cpu:2 is not one of the replicas' devices (cpu:0, cpu:1): on CPU devices "
-                   "the single copy of the variables lives with the replica of that device") != std::string::npos);
-  // Left to its default cpu:0 with replicas elsewhere: the location is the strategy's.
-  const std::string by_default =
-      error_of([&] { make_trainer(cnn_experiment("{kind: central_storage, devices: [cpu:1, cpu:2]}", 16, sgd)); });
-  CAPTURE(by_default);
-  CHECK(by_default.find("test.yaml:4:") == 0);
-  CHECK(by_default.find("parameter_device cpu:0 (the default) is not one of the replicas' devices (cpu:1, cpu:2)") !=
-        std::string::npos);
-  CHECK(error_of([&] {
-          make_trainer(cnn_experiment("{kind: central_storage, devices: [cpu:0], parameter_device: gpu:0}", 16, sgd));
-        }).find("gpu:0 is not one of the replicas' devices (cpu:0)") != std::string::npos);
+  const std::string given =
+      cnn_experiment("{kind: central_storage, devices: [cpu:0, cpu:1], parameter_device: cpu:2}", 16, "{kind: sgd}");
+  // The value's line:column (line 4 of the experiment: the strategy's flow map).
+  CHECK_THROWS_WITH_AS(make_trainer(given),
+                       doctest::Contains("test.yaml:4:78: strategy.parameter_device cpu:2 is not one of the replicas' "
+                                         "devices (cpu:0, cpu:1): on CPU devices the single copy of the variables lives "
+                                         "with the replica of that device; set parameter_device to one of them"),
+                       ConfigError);
+  // Left to its default cpu:0 with replicas elsewhere: the location is the strategy's kind.
+  const std::string by_default = cnn_experiment("{kind: central_storage, devices: [cpu:1, cpu:2]}", 16, "{kind: sgd}");
+  CHECK_THROWS_WITH_AS(make_trainer(by_default),
+                       doctest::Contains("test.yaml:4:18: strategy.parameter_device cpu:0 (the default) is not one of "
+                                         "the replicas' devices (cpu:1, cpu:2)"),
+                       ConfigError);
+  const std::string gpu =
+      cnn_experiment("{kind: central_storage, devices: [cpu:0], parameter_device: gpu:0}", 16, "{kind: sgd}");
+  CHECK_THROWS_WITH_AS(make_trainer(gpu), doctest::Contains("gpu:0 is not one of the replicas' devices (cpu:0)"),
+                       ConfigError);
 }
 
 TEST_CASE("replica contexts, and sums inside run() over every local replica in replica order") {
