@@ -54,6 +54,15 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
 
   bool overlaps_backward() const override { return reducer_ && reducer_->overlaps(); }
 
+  void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values, const char* what) override {
+    // The communication thread may be inside MPI now, and MPI is serialized.
+    DTRAIN_CHECK(!reducer_ || !reducer_->in_flight(),
+                 fmt::format("{}: a collective during backward while the gradient sums overlap it; the model must call "
+                             "set_collectives_in_backward(true) before its gradients are bound",
+                             what));
+    ReplicatedStrategy::all_reduce_sum_in_replica(replica, values, what);
+  }
+
   void sum_gradients(const ReplicaContext& replica) override {
     const bool several = num_local_replicas() > 1;
     if (several) ReplicatedStrategy::sum_gradients(replica);

@@ -147,6 +147,12 @@ void PackedAllReduce::finish() {
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
+bool PackedAllReduce::in_flight() {
+  if (!overlaps()) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return step_started_;
+}
+
 double PackedAllReduce::take_collective_seconds() { return std::exchange(collective_seconds_, 0.0); }
 
 double PackedAllReduce::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }

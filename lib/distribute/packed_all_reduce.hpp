@@ -60,6 +60,7 @@ class PackedAllReduce final : public Reducer {
   // Without overlap ready() does nothing.
   void ready(std::size_t first, std::size_t count) override;
   void finish() override;
+  bool in_flight() override;
   double take_collective_seconds() override;
   double take_wait_seconds() override;
 

@@ -18,6 +18,9 @@ class Reducer {
   virtual void ready(std::size_t first, std::size_t count) = 0;
   // Returns when every variable holds the sum over the workers; rethrows a failure of the sums.
   virtual void finish() = 0;
+  // Whether sums of this step may be under way on another thread (between the first ready() and
+  // finish()): nothing else may call into the workers' group then.
+  virtual bool in_flight() = 0;
   // Seconds since the last take: inside the collectives, and blocked in finish() waiting for them
   // (without overlap the two are the same).
   virtual double take_collective_seconds() = 0;

@@ -115,7 +115,8 @@ class Strategy {
   virtual bool update(const ReplicaContext& replica, const std::function<void()>& apply) = 0;
   // Called by every replica in sync, in the same order (synchronized batch normalization during
   // forward and backward): the element-wise sum over every local replica, in replica order, and
-  // then across the workers, on every replica.
+  // then across the workers, on every replica. During backward only after
+  // set_collectives_in_backward(true): while gradient sums overlap backward it is an InternalError.
   virtual void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values, const char* what) = 0;
 
   // ---- reporting

@@ -227,7 +227,12 @@ TEST_CASE("collectives in backward turn the overlap off, and the header says so"
       for (std::size_t i = 0; i < arena.size(); ++i) arena[i] = value(rc.global_replica_id, i);
       std::vector<double> statistic = {1.0};
       strategy->gradients_ready(rc, 1, 2);
-      if (in_backward) strategy->all_reduce_sum_in_replica(rc, statistic, "batch statistics");
+      if (in_backward) {
+        strategy->all_reduce_sum_in_replica(rc, statistic, "batch statistics");
+      } else {
+        // Refused on every rank alike, before any MPI call: the packs are on their way.
+        CHECK_THROWS_AS(strategy->all_reduce_sum_in_replica(rc, statistic, "batch statistics"), InternalError);
+      }
       strategy->gradients_ready(rc, 0, 1);
       CHECK(statistic[0] == (in_backward ? double(w.size()) : 1.0));
       strategy->sum_gradients(rc);
