@@ -1,54 +1,57 @@
+#include <memory>
+
 #include <fmt/format.h>
 
 #include "checkpoint/checkpoint.hpp"
 #include "commands.hpp"
 #include "config/parse.hpp"
 #include "core/error.hpp"
-#include "distribute/cluster.hpp"
+#include "distribute/strategy.hpp"
+#include "distribute/worker_group.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
 
 int eval_command(const EvalArgs& args) {
-  distribute::Cluster cluster;
-  return run_as_worker(cluster, [&] {
-  // The model comes from the experiment stored in the checkpoint, unless one is given.
-  const checkpoint::Contents stored = checkpoint::peek(args.checkpoint);
-  config::Experiment exp = args.experiment.empty()
-                               ? config::parse_experiment(stored.experiment_yaml, args.checkpoint + ":/experiment", args.overrides)
-                               : config::load_experiment(args.experiment, args.overrides);
-  // Evaluate with the global batch training evaluated with, on the default strategy: the
-  // per-example results, so the printed figures, are those training printed.
-  if (exp.data.eval_batch_size == 0) {
-    std::int64_t replicas = 1;
-    if (exp.strategy.kind == config::StrategyKind::mirrored || exp.strategy.kind == config::StrategyKind::central_storage ||
-        exp.strategy.kind == config::StrategyKind::multi_worker_mirrored)
-      replicas = exp.strategy.devices_auto ? train::resolve_threads(exp.train.threads)
-                                           : static_cast<std::int64_t>(exp.strategy.devices.size());
-    exp.data.eval_batch_size = exp.data.global_batch_size > 0 ? exp.data.global_batch_size
-                                                               : exp.data.batch_size_per_replica * replicas;
-  }
-  // One process evaluates on the default strategy; under an MPI launcher the workers split the
-  // split exactly (no padding, no duplicates) and combine exact counts.
-  exp.strategy = config::StrategyConfig{};
-  if (cluster.size() > 1) exp.strategy.kind = config::StrategyKind::multi_worker_mirrored;
-  if (args.split == "validation" && exp.data.validation_split <= 0.0)
-    throw ConfigError(fmt::format("--split validation: the experiment has no validation_split; use --split test or train"));
+  const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
+  return run_as_worker(*workers, [&] {
+    // The model comes from the experiment stored in the checkpoint, unless one is given.
+    const checkpoint::Contents stored = checkpoint::peek(args.checkpoint);
+    config::Experiment exp =
+        args.experiment.empty()
+            ? config::parse_experiment(stored.experiment_yaml, args.checkpoint + ":/experiment", args.overrides)
+            : config::load_experiment(args.experiment, args.overrides);
+    // Evaluate with the global batch training evaluated with: the per-example results, so the
+    // printed figures, are those training printed. (A multi-worker experiment's replicas are
+    // counted in this job's workers: the checkpoint does not say how many trained.)
+    if (exp.data.eval_batch_size == 0)
+      exp.data.eval_batch_size =
+          exp.data.global_batch_size > 0
+              ? exp.data.global_batch_size
+              : exp.data.batch_size_per_replica *
+                    distribute::num_replicas_in_sync(exp.strategy, train::resolve_threads(exp.train.threads),
+                                                     workers->size());
+    // One process evaluates on the default strategy; under an MPI launcher the workers split the
+    // split exactly (no padding, no duplicates) and combine exact counts.
+    exp.strategy = distribute::evaluation_strategy(workers->size());
+    if (args.split == "validation" && exp.data.validation_split <= 0.0)
+      throw ConfigError(
+          fmt::format("--split validation: the experiment has no validation_split; use --split test or train"));
 
-  train::TrainerOptions options;
-  options.out = stdout;
-  options.cluster = &cluster;
-  train::Trainer trainer(std::move(exp), options);
-  checkpoint::restore_model(args.checkpoint, trainer.model());
-  const train::EvalResult r = trainer.evaluate_split(args.split);
-  const char* label = args.split == "test" ? "Test" : args.split == "validation" ? "Validation" : "Train";
-  if (!cluster.is_chief()) return static_cast<int>(kOk);
-  fmt::print("Checkpoint {} (epoch {}, step {} of it, global step {})\n", args.checkpoint, stored.state.epoch,
-             stored.state.step_in_epoch, stored.state.global_step);
-  std::string line = fmt::format("{} Loss: {:.4f}", label, r.loss);
-  if (r.accuracy) line += fmt::format(", {} Accuracy: {:.2f}", label, 100.0 * *r.accuracy);
-  fmt::print("{}\n  {} samples, {:.2f} s\n", line, r.samples, r.seconds);
-  return static_cast<int>(kOk);
+    train::TrainerOptions options;
+    options.out = stdout;
+    options.workers = workers.get();
+    train::Trainer trainer(std::move(exp), options);
+    checkpoint::restore_model(args.checkpoint, trainer.model());
+    const train::EvalResult r = trainer.evaluate_split(args.split);
+    const char* label = args.split == "test" ? "Test" : args.split == "validation" ? "Validation" : "Train";
+    if (!trainer.strategy().is_chief()) return static_cast<int>(kOk);
+    fmt::print("Checkpoint {} (epoch {}, step {} of it, global step {})\n", args.checkpoint, stored.state.epoch,
+               stored.state.step_in_epoch, stored.state.global_step);
+    std::string line = fmt::format("{} Loss: {:.4f}", label, r.loss);
+    if (r.accuracy) line += fmt::format(", {} Accuracy: {:.2f}", label, 100.0 * *r.accuracy);
+    fmt::print("{}\n  {} samples, {:.2f} s\n", line, r.samples, r.seconds);
+    return static_cast<int>(kOk);
   });
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -10,7 +12,7 @@
 #include "commands.hpp"
 #include "config/parse.hpp"
 #include "core/error.hpp"
-#include "distribute/cluster.hpp"
+#include "distribute/worker_group.hpp"
 #include "signals.hpp"
 #include "train/trainer.hpp"
 
@@ -26,16 +28,36 @@ bool keeps_results(const std::string& override_text) {
   return key == "train.epochs" || key == "train.progress";
 }
 
+// Calls `use` on candidates[from], candidates[from + 1], ... (newest first) until one reads
+// without an InputError, and returns its index. A checkpoint that fails is skipped, with a warning
+// on `say` (null: silently), for the previous one; when the last one fails too, its error is
+// thrown — alone when it was the only candidate, else saying that none of them was valid.
+std::size_t first_valid(const std::vector<std::string>& candidates, std::size_t from, const std::string& where,
+                        std::FILE* say, const std::function<void(const std::string&)>& use) {
+  for (std::size_t i = from;; ++i) {
+    try {
+      use(candidates[i]);
+      return i;
+    } catch (const InputError& e) {
+      if (candidates.size() == 1) throw;
+      if (i + 1 == candidates.size())
+        throw InputError(fmt::format("no valid checkpoint among the {} in {}; the oldest, {}: {}", candidates.size(),
+                                     where, candidates[i], e.what()));
+      if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[i], e.what());
+    }
+  }
+}
+
 }  // namespace
 
 int resume_command(const ResumeArgs& args) {
   // First: MPI_Init and the compute start threads, and each must inherit the mask that keeps
   // SIGINT/SIGTERM off it (signals.hpp).
   StopOnSignal signals;
-  distribute::Cluster cluster;
-  return run_as_worker(cluster, [&] {
+  const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
+  return run_as_worker(*workers, [&] {
   // Only the chief speaks; every worker restores the same checkpoint.
-  std::FILE* say = cluster.is_chief() ? stderr : nullptr;
+  std::FILE* say = workers->rank() == 0 ? stderr : nullptr;
   if (args.run_dir.empty() && args.checkpoint.empty())
     throw ConfigError("resume needs a run directory or --checkpoint FILE");
   // Candidates, newest first: the one named, or the run's complete checkpoints.
@@ -50,19 +72,9 @@ int resume_command(const ResumeArgs& args) {
       throw InputError(fmt::format("{}: no complete checkpoint to resume from; start the run again with dtrain run", dir));
   }
   // The experiment comes from the newest checkpoint whose contents read back.
-  std::size_t first = 0;
   checkpoint::Contents stored;
-  for (; first < candidates.size(); ++first) {
-    try {
-      stored = checkpoint::peek(candidates[first]);
-      break;
-    } catch (const InputError& e) {
-      if (candidates.size() == 1) throw;
-      if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[first], e.what());
-    }
-  }
-  if (first == candidates.size())
-    throw InputError(fmt::format("no valid checkpoint among the {} in {}", candidates.size(), args.run_dir));
+  const std::size_t first = first_valid(candidates, 0, args.run_dir, say,
+                                        [&](const std::string& path) { stored = checkpoint::peek(path); });
 
   std::vector<std::string> changing;
   for (const auto& o : args.overrides)
@@ -81,20 +93,12 @@ int resume_command(const ResumeArgs& args) {
       !args.run_dir.empty() ? args.run_dir : fs::path(candidates[first]).parent_path().parent_path().string();
   options.out = stdout;
   options.out_is_tty = isatty(fileno(stdout)) != 0;
-  options.cluster = &cluster;
+  options.workers = workers.get();
   options.stop_requested = &signals.requested();
-  return train_or_evaluate(cluster, exp, options, [&](train::Trainer& trainer) {
+  return train_or_evaluate(*workers, exp, options, [&](train::Trainer& trainer) {
     // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.
-    std::string chosen;
-    for (std::size_t i = first; i < candidates.size() && chosen.empty(); ++i) {
-      try {
-        trainer.restore(candidates[i]);
-        chosen = candidates[i];
-      } catch (const InputError& e) {
-        if (i + 1 == candidates.size()) throw;
-        if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[i], e.what());
-      }
-    }
+    const std::string& chosen = candidates[first_valid(candidates, first, args.run_dir, say,
+                                                       [&](const std::string& path) { trainer.restore(path); })];
     stored = checkpoint::peek(chosen);
     if (say) fmt::print("Resuming from {} at epoch {}, step {} of it (global step {})\n", chosen, stored.state.epoch + 1,
                         stored.state.step_in_epoch, stored.state.global_step);

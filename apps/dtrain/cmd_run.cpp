@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
@@ -9,22 +10,23 @@
 #include "commands.hpp"
 #include "config/parse.hpp"
 #include "core/error.hpp"
-#include "distribute/cluster.hpp"
 #include "distribute/roles.hpp"
+#include "distribute/strategy.hpp"
+#include "distribute/worker_group.hpp"
 #include "signals.hpp"
 #include "train/evaluator.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
 
-int run_as_worker(distribute::Cluster& cluster, const std::function<int()>& body) {
-  if (cluster.size() == 1) return body();
+int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {
+  if (workers.size() == 1) return body();
   try {
     return body();
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "dtrain: error: rank {}: {}\n", cluster.rank(), e.what());
-    cluster.abort(exit_code_for(e));
+    fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
+    workers.abort(exit_code_for(e));
   }
 }
 
@@ -37,33 +39,30 @@ int report_interrupted(const train::Interrupted& stop, const std::string& run_di
   return kInterrupted;
 }
 
-int train_or_evaluate(distribute::Cluster& cluster, config::Experiment& experiment, const train::TrainerOptions& options,
+int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& experiment, const train::TrainerOptions& options,
                       const std::function<void(train::Trainer&)>& prepare) {
   std::optional<distribute::RolePlan> roles;
-  if (experiment.strategy.kind == config::StrategyKind::multi_worker_mirrored && cluster.uses_mpi()) {
-    roles = distribute::resolve_roles(experiment.strategy.roles, std::getenv("TF_CONFIG"), cluster.world_size(),
-                                      cluster.world_rank());
-    cluster.split(roles->role_of(cluster.world_rank()) != distribute::Role::evaluator);
-  }
-  if (roles && roles->role_of(cluster.world_rank()) == distribute::Role::evaluator) {
+  if (distribute::spans_workers(experiment.strategy))
+    roles = workers.assign_roles(experiment.strategy.roles, std::getenv("TF_CONFIG"));
+  if (roles && roles->role_of(workers.world_rank()) == distribute::Role::evaluator) {
     train::TrainerOptions mine = options;
     mine.out = stdout;
     train::Trainer trainer(std::move(experiment), mine);
     train::EvaluatorOptions eval;
     eval.run_dir = options.run_dir;
     eval.stop_requested = options.stop_requested;
-    train::run_evaluator(trainer, cluster, eval);
+    train::run_evaluator(trainer, workers, eval);
     return options.stop_requested && options.stop_requested->load() != 0 ? kInterrupted : kOk;
   }
   train::Trainer trainer(std::move(experiment), options);
-  if (roles && roles->evaluators > 0 && cluster.is_chief())
+  if (roles && roles->evaluators > 0 && trainer.strategy().is_chief())
     fmt::print(options.out, "roles ({}): {}; rank {} evaluates each new checkpoint\n", roles->source, roles->describe(),
                roles->training_ranks());
   prepare(trainer);
   // The evaluator stops once the chief says training has ended, stopped or not.
   auto tell_evaluators = [&] {
-    if (!roles || !cluster.is_chief()) return;
-    for (int r = roles->training_ranks(); r < roles->world_size(); ++r) cluster.send_training_done(r);
+    if (!roles || !trainer.strategy().is_chief()) return;
+    for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
   };
   try {
     trainer.fit();
@@ -79,16 +78,16 @@ int run_command(const RunArgs& args) {
   // First: MPI_Init and the compute start threads, and each must inherit the mask that keeps
   // SIGINT/SIGTERM off it (signals.hpp).
   StopOnSignal signals;
-  distribute::Cluster cluster;
-  return run_as_worker(cluster, [&] {
+  const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
+  return run_as_worker(*workers, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
     train::TrainerOptions options;
-    options.cluster = &cluster;
+    options.workers = workers.get();
     options.run_dir = args.run_dir.empty() ? "runs/" + exp.name : args.run_dir;
     options.out = stdout;
     options.out_is_tty = isatty(fileno(stdout)) != 0;
     options.stop_requested = &signals.requested();
-    return train_or_evaluate(cluster, exp, options, [](train::Trainer&) {});
+    return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
   });
 }
 

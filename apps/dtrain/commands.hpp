@@ -17,7 +17,7 @@ struct TrainerOptions;
 class Trainer;
 }
 namespace dtrain::distribute {
-class Cluster;
+class WorkerGroup;
 }
 
 namespace dtrain::app {
@@ -67,13 +67,14 @@ int exit_code_for(const std::exception& error);
 
 // Runs a training subcommand's body on every worker: a failure that only this worker sees must
 // not leave the others waiting in a collective, so with several workers it ends the whole job.
-int run_as_worker(distribute::Cluster& cluster, const std::function<int()>& body);
+int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body);
 
-// What run and resume do on every rank: under multi_worker_mirrored the roles (strategy.roles,
-// TF_CONFIG) split the MPI world into the training ranks and the evaluator. A training rank
-// builds its Trainer, runs `prepare` on it (resume restores there), trains, and the chief then
-// tells the evaluator training has ended; the evaluator rank evaluates each new checkpoint.
-int train_or_evaluate(distribute::Cluster& cluster, config::Experiment& experiment, const train::TrainerOptions& options,
+// What run and resume do on every rank: under a strategy that spans the workers the roles
+// (strategy.roles, TF_CONFIG) split the MPI world into the training ranks and the evaluator. A
+// training rank builds its Trainer, runs `prepare` on it (resume restores there), trains, and the
+// chief then tells the evaluator training has ended; the evaluator rank evaluates each new
+// checkpoint.
+int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& experiment, const train::TrainerOptions& options,
                       const std::function<void(train::Trainer&)>& prepare);
 
 // Prints where the run stopped and the command that continues it; returns kInterrupted.

@@ -8,8 +8,8 @@
 // afterwards inherits (replica threads, the OpenMP pool, MPI's threads), and one watcher thread
 // takes the signals from a signalfd instead.
 //
-// Construct it in the main thread before anything starts a thread (before the Cluster, whose
-// MPI_Init starts some): a thread that already exists keeps its own mask and could still be hit.
+// Construct it in the main thread before anything starts a thread (before the worker group,
+// whose MPI_Init starts some): a thread that already exists keeps its own mask and could still be hit.
 #pragma once
 
 #include <atomic>

@@ -101,10 +101,11 @@ struct StrategyConfig {
   RolesConfig roles;                                                      // multi_worker_mirrored
   // For errors raised after parsing (a device the machine lacks, a reduction the devices cannot
   // do): the `kind` value (or the section, or the file when absent), and the values of
-  // device/devices and cross_device_ops (line 0 when left to their defaults).
+  // device/devices, cross_device_ops and parameter_device (line 0 when left to their defaults).
   SourceLocation where;
   SourceLocation devices_where;
   SourceLocation cross_device_ops_where;
+  SourceLocation parameter_device_where;
   bool operator==(const StrategyConfig&) const = default;
 };
 

@@ -215,7 +215,10 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
     read_devices(*devices, s.path("devices"), out);
     out.devices_where = devices->origin.location();
   }
-  s.get("parameter_device", out.parameter_device, read_device);
+  if (const Node* parameter_device = s.find("parameter_device")) {
+    out.parameter_device = read_device(*parameter_device, s.path("parameter_device"));
+    out.parameter_device_where = parameter_device->origin.location();
+  }
   if (const Node* ops = s.find("cross_device_ops")) {
     out.cross_device_ops = read_enum(*ops, s.path("cross_device_ops"), "cross_device_ops", cross_device_ops_kinds);
     out.cross_device_ops_where = ops->origin.location();

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "core/error.hpp"
 
 namespace dtrain::distribute {
@@ -32,20 +34,22 @@ std::vector<GradientPack> plan_packs(std::span<const std::size_t> sizes, std::in
   return packs;
 }
 
-PackedAllReduce::PackedAllReduce(Cluster& cluster, BufferList gradients, std::int64_t bytes_per_pack, bool ring,
-                                 bool overlap)
-    : cluster_(cluster), gradients_(std::move(gradients)), ring_(ring) {
-  packs_ = plan_packs(gradients_.sizes, bytes_per_pack);
-  pack_of_variable_.resize(gradients_.sizes.size());
-  std::size_t staging = 0;
+PackedAllReduce::PackedAllReduce(Communicator& workers, std::span<float> gradients, std::span<const std::size_t> sizes,
+                                 std::int64_t bytes_per_pack, bool ring, bool overlap)
+    : workers_(workers), gradients_(gradients), ring_(ring) {
+  packs_ = plan_packs(sizes, bytes_per_pack);
+  pack_of_variable_.resize(sizes.size());
+  std::vector<std::size_t> variable_offset(sizes.size() + 1, 0);
+  for (std::size_t v = 0; v < sizes.size(); ++v) variable_offset[v + 1] = variable_offset[v] + sizes[v];
+  DTRAIN_CHECK(variable_offset.back() == gradients_.size(),
+               fmt::format("the gradient arena has {} floats but its variables {}", gradients_.size(), variable_offset.back()));
   for (std::size_t p = 0; p < packs_.size(); ++p) {
     for (std::size_t v = packs_[p].first; v < packs_[p].last; ++v) pack_of_variable_[v] = p;
-    if (packs_[p].last - packs_[p].first > 1) staging = std::max(staging, packs_[p].floats);
+    pack_offset_.push_back(variable_offset[packs_[p].first]);
   }
-  staging_.resize(staging);  // now, so that no step allocates
   // One pack is only complete when backward is: nothing to overlap, no thread to hand it to.
   if (!overlap || packs_.size() < 2) return;
-  variable_ready_.assign(gradients_.sizes.size(), 0);
+  variable_ready_.assign(sizes.size(), 0);
   for (const GradientPack& p : packs_) unfinished_variables_.push_back(p.last - p.first);
   thread_ = std::thread(&PackedAllReduce::communicate, this);
 }
@@ -64,28 +68,11 @@ void PackedAllReduce::sum_pack(std::size_t index) {
   const GradientPack& pack = packs_[index];
   std::snprintf(what_, sizeof what_, "gradients pack %zu", index);
   const auto t0 = Clock::now();
-  // A pack of one variable is summed where it lies; several are made contiguous first.
-  const bool single = pack.last - pack.first == 1;
-  std::span<float> values = single ? std::span<float>(gradients_.data[pack.first], pack.floats)
-                                   : std::span<float>(staging_.data(), pack.floats);
-  if (!single) {
-    std::size_t at = 0;
-    for (std::size_t v = pack.first; v < pack.last; ++v) {
-      std::copy_n(gradients_.data[v], gradients_.sizes[v], staging_.data() + at);
-      at += gradients_.sizes[v];
-    }
-  }
+  const std::span<float> values = gradients_.subspan(pack_offset_[index], pack.floats);
   if (ring_) {
-    cluster_.ring_all_reduce_sum(values, what_);
+    workers_.ring_all_reduce_sum(values, what_);
   } else {
-    cluster_.all_reduce_sum(values, what_);
-  }
-  if (!single) {
-    std::size_t at = 0;
-    for (std::size_t v = pack.first; v < pack.last; ++v) {
-      std::copy_n(staging_.data() + at, gradients_.sizes[v], gradients_.data[v]);
-      at += gradients_.sizes[v];
-    }
+    workers_.all_reduce_sum(values, what_);
   }
   collective_seconds_ += seconds_since(t0);
 }
@@ -125,7 +112,7 @@ void PackedAllReduce::ready(std::size_t first, std::size_t count) {
     if (!step_started_) {
       step_started_ = true;
       // Backward is computing on this worker's cores: the collectives leave them to it.
-      cluster_.set_yield_while_waiting(true);
+      workers_.set_yield_while_waiting(true);
     }
     for (std::size_t v = first; v < first + count; ++v) {
       DTRAIN_CHECK(v < pack_of_variable_.size(), "gradients_ready: no such variable");
@@ -146,7 +133,7 @@ void PackedAllReduce::finish() {
     return;
   }
   // Backward is done: what is left of the sums is all this worker waits for.
-  cluster_.set_yield_while_waiting(false);
+  workers_.set_yield_while_waiting(false);
   std::unique_lock<std::mutex> lock(mutex_);
   for (std::size_t p = 0; p < packs_.size(); ++p)
     DTRAIN_CHECK(unfinished_variables_[p] == 0 || error_, "finish(): backward did not hand over every gradient this step");
@@ -158,6 +145,12 @@ void PackedAllReduce::finish() {
   for (std::size_t p = 0; p < packs_.size(); ++p) unfinished_variables_[p] = packs_[p].last - packs_[p].first;
   wait_seconds_ += seconds_since(t0);
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+bool PackedAllReduce::in_flight() {
+  if (!overlaps()) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return step_started_;
 }
 
 double PackedAllReduce::take_collective_seconds() { return std::exchange(collective_seconds_, 0.0); }

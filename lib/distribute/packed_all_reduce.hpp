@@ -1,8 +1,10 @@
-// Summing one worker's gradients with every other worker's, in packs (communication.bytes_per_pack).
+// The Reducer of multi_worker_mirrored: one worker's gradients summed with every other worker's,
+// in packs (communication.bytes_per_pack).
 //
 // The gradient variables are grouped into packs of whole variables, last variable first: the
 // order backward produces them. Every worker plans the same packs and sums them in the same
-// order, each pack with one collective (MPI_Allreduce or the ring) on a contiguous copy.
+// order, each pack with one collective (the group's all_reduce_sum, MPI_Allreduce, or the ring)
+// in place: a pack of consecutive variables is one contiguous range of the gradient arena.
 //
 // With overlap, backward hands each layer's finished gradients over (ready()); a pack whose
 // variables are all finished is summed at once by the communication thread while backward goes
@@ -24,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include "distribute/cluster.hpp"
-#include "distribute/cross_device_ops.hpp"
+#include "distribute/communicator.hpp"
+#include "distribute/reducer.hpp"
 
 namespace dtrain::distribute {
 
@@ -41,42 +43,38 @@ struct GradientPack {
 // sizes: floats per variable.
 std::vector<GradientPack> plan_packs(std::span<const std::size_t> sizes, std::int64_t bytes_per_pack);
 
-class PackedAllReduce {
+class PackedAllReduce final : public Reducer {
  public:
-  // gradients: the buffers summed in place (they must outlive this object). ring: the chunked
-  // ring instead of MPI_Allreduce. overlap: start each pack as soon as it is ready (with at least
-  // two packs; one is only complete when backward is).
-  PackedAllReduce(Cluster& cluster, BufferList gradients, std::int64_t bytes_per_pack, bool ring, bool overlap);
-  ~PackedAllReduce();
+  // gradients: the arena summed in place (it must outlive this object), partitioned into
+  // variables of `sizes` floats. ring: the group's chunked ring instead of its all_reduce_sum.
+  // overlap: start each pack as soon as it is ready (with at least two packs; one is only
+  // complete when backward is).
+  PackedAllReduce(Communicator& workers, std::span<float> gradients, std::span<const std::size_t> sizes,
+                  std::int64_t bytes_per_pack, bool ring, bool overlap);
+  ~PackedAllReduce() override;
   PackedAllReduce(const PackedAllReduce&) = delete;
   PackedAllReduce& operator=(const PackedAllReduce&) = delete;
 
   const std::vector<GradientPack>& packs() const { return packs_; }
-  bool overlaps() const { return thread_.joinable(); }
-
-  // Variables [first, first + count) hold their final gradients for this step (backward's order).
-  // Without overlap it does nothing.
-  void ready(std::size_t first, std::size_t count);
-  // Returns when every pack holds the sum over the workers. Rethrows a failure of the
-  // communication thread.
-  void finish();
-
-  // Seconds since the last take: inside the collectives, and blocked in finish() waiting for them
-  // (without overlap the two are the same).
-  double take_collective_seconds();
-  double take_wait_seconds();
+  bool overlaps() const override { return thread_.joinable(); }
+  // Without overlap ready() does nothing.
+  void ready(std::size_t first, std::size_t count) override;
+  void finish() override;
+  bool in_flight() override;
+  double take_collective_seconds() override;
+  double take_wait_seconds() override;
 
  private:
   void sum_pack(std::size_t index);
   void communicate();
 
-  Cluster& cluster_;
-  BufferList gradients_;
+  Communicator& workers_;
+  std::span<float> gradients_;
   std::vector<GradientPack> packs_;
+  std::vector<std::size_t> pack_offset_;  // where each pack starts in the arena
   std::vector<std::size_t> pack_of_variable_;
   bool ring_;
-  std::vector<float> staging_;  // a pack of several variables, contiguous
-  char what_[48] = {};          // the collective's name for the watchdog
+  char what_[48] = {};  // the collective's name for the watchdog
   double collective_seconds_ = 0.0, wait_seconds_ = 0.0;
 
   // Overlap: the step's progress, guarded by mutex_.

@@ -1,129 +1,148 @@
-// Strategy: how replicas are laid out and how their values are combined — nothing else
-// (tf.distribute.Strategy). The training loop calls run(), reduce(), sum_gradients() and
-// update() and never asks which kind of strategy it has.
+// Strategy: how replicas are laid out, where their variables live and how their values are
+// combined — nothing else (tf.distribute.Strategy). The training loop calls run(), reduce_sum(),
+// sum_gradients() and update() and never asks which kind of strategy it has; make_strategy() is
+// the one place that knows the kinds:
 //
 //   default           one replica on the calling thread; any loss reduction
 //   one_device        one replica on `device`
 //   mirrored          one replica per device, each on its own thread, each with its own copy of
-//                     the variables; gradients are all-reduced and every copy applies the update
-//   central_storage   one replica per device (own thread), ONE copy of the variables on the
-//                     parameter device; gradients are summed there and the update applied once
+//                     the variables; gradients are all-reduced by the cross-device op and every
+//                     copy applies the update
+//   central_storage   one replica per device (own thread), ONE copy of the variables, held by the
+//                     replica on `parameter_device`; the gradients are summed there and the update
+//                     applied once
 //   multi_worker_mirrored  mirrored over every worker process (MPI rank) and its local devices:
 //                     gradients are summed locally, then across workers (ring or MPI_Allreduce,
-//                     packed into buckets of communication.bytes_per_pack; with one replica per
-//                     worker each pack's sum overlaps the rest of backward, PackedAllReduce)
+//                     in packs of communication.bytes_per_pack; with one replica per worker each
+//                     pack's sum overlaps the rest of backward: PackedAllReduce)
 //
 // Replica threads are created once and live as long as the strategy; the cores are divided among
 // them (threads_per_replica) so there are never more compute threads than cores.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
-#include "distribute/cluster.hpp"
-#include "distribute/cross_device_ops.hpp"
-#include "distribute/packed_all_reduce.hpp"
+#include "core/variable.hpp"
+#include "distribute/communicator.hpp"
 
 namespace dtrain::distribute {
-
-enum class ReduceOp { sum, mean };
 
 struct ReplicaContext {
   int replica_id = 0;            // among this process's replicas
   int num_replicas_in_sync = 1;  // over all workers
+  int global_replica_id = 0;     // worker_index * local replicas + replica_id
 };
 
 class Strategy {
  public:
-  // total_threads: the compute threads this process may use. cluster: the worker processes
-  // (needed by multi_worker_mirrored; the others run in this process alone).
-  Strategy(const config::StrategyConfig& config, int total_threads, Cluster* cluster = nullptr);
-  ~Strategy();
+  using ReplicaFn = std::function<void(const ReplicaContext&)>;
+  virtual ~Strategy() = default;
+  Strategy() = default;
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
-  config::StrategyKind kind() const { return kind_; }
-  int num_replicas_in_sync() const { return static_cast<int>(devices_.size()) * workers(); }
-  // This process's replicas and their devices.
-  int num_local_replicas() const { return static_cast<int>(devices_.size()); }
-  const std::vector<Device>& devices() const { return devices_; }
-  int workers() const { return cluster_ ? cluster_->size() : 1; }
-  int worker_index() const { return cluster_ ? cluster_->rank() : 0; }
+  // ---- layout
+  // The header line's fragment: "strategy mirrored | replicas 2 (cpu:0, cpu:1) | cross-device ops ring".
+  virtual std::string describe() const = 0;
+  // Why `auto` chose what it chose; empty when the experiment named it.
+  virtual const std::string& choice_note() const = 0;
+  // This process's replicas, and the worker processes (each with as many).
+  virtual int num_local_replicas() const = 0;
+  virtual int workers() const = 0;
+  virtual int worker_index() const = 0;
+  int num_replicas_in_sync() const { return num_local_replicas() * workers(); }
   // Only the chief prints and writes files.
   bool is_chief() const { return worker_index() == 0; }
-  Cluster* cluster() const { return cluster_; }
-  int threads_per_replica() const { return threads_per_replica_; }
-  // Mirrored strategies keep one variable copy per replica; central storage keeps one in all.
-  bool mirrors_variables() const { return kind_ != config::StrategyKind::central_storage; }
-  // The cross-device op summing gradients ("none" with one replica).
-  std::string cross_device_ops_name() const;
-  // Why `auto` chose what it chose; empty when the experiment named the op.
-  const std::string& choice_note() const { return choice_note_; }
-  // "strategy mirrored | replicas 2 (cpu:0, cpu:1) | cross-device ops ring"
-  std::string describe() const;
+  virtual Device replica_device(int replica) const = 0;
+  // Compute threads of each local replica (the cores divided among them).
+  virtual int threads_per_replica() const = 0;
+  ReplicaContext replica_context(int replica) const;
 
-  // Runs fn on every replica and returns when all have finished. With one replica fn runs on the
-  // calling thread. If a replica throws, the others are released from any collective they wait
+  // ---- variables
+  // Whether local replica `replica` keeps a copy of the variables and applies the update to it
+  // (mirrored kinds: every replica; central storage: only the parameter device's).
+  virtual bool holds_variables(int replica) const = 0;
+  // The replica whose copy checkpoints save, and restore writes first (the others then copy it).
+  virtual int primary_replica() const = 0;
+  // Once every replica's model is built and before its first step: replicas that hold no copy
+  // compute with the holder's values (their Variable::value then shares the holder's storage).
+  virtual void place_variables(std::span<const std::vector<Variable*>> per_replica) = 0;
+
+  // ---- running
+  // Runs fn on every local replica and returns when all have finished (with one replica, on the
+  // calling thread). If a replica throws, the others are released from any collective they wait
   // in (they stop with BarrierBroken) and the first exception is rethrown here.
-  void run(const std::function<void(const ReplicaContext&)>& fn);
+  virtual void run(const ReplicaFn& fn) = 0;
+  // One value per local replica, summed in replica order and then across the workers
+  // (tf.distribute.Strategy.reduce(SUM)).
+  virtual double reduce_sum(std::span<const double> per_replica) = 0;
+  // Outside run(): exact element-wise sums and maxima across the workers (every worker calls
+  // them at the same point; `what` names them for the watchdog).
+  virtual void all_reduce_sum(std::span<std::int64_t> values, const char* what) = 0;
+  virtual void all_reduce_sum(std::span<double> values, const char* what) = 0;
+  virtual int all_reduce_max(int value, const char* what) = 0;
+  // Every worker's `mine`, in worker order (the input shares' sizes).
+  virtual std::vector<std::int64_t> all_gather(std::int64_t mine, const char* what) = 0;
+  // The global step about to run, for the watchdog's reports.
+  virtual void set_step(std::int64_t global_step) = 0;
 
-  // One value per replica, combined (tf.distribute.Strategy.reduce).
-  double reduce(ReduceOp op, std::span<const double> per_replica) const;
+  // ---- inside run()
+  // Before the first step: whether the model makes collectives (all_reduce_sum_in_replica) during
+  // backward. Across workers, two threads may not call MPI at once and every rank must enter the
+  // collectives in the same order, so the gradient sums then no longer overlap backward. Call it
+  // before bind_gradients().
+  virtual void set_collectives_in_backward(bool yes) = 0;
+  // Each replica registers its gradient arena once, before its first sum_gradients(): one
+  // contiguous span partitioned into variables of `sizes` floats (the same on every replica).
+  virtual void bind_gradients(int replica, std::span<float> gradients, std::span<const std::size_t> sizes) = 0;
+  // During backward: variables [first, first + count) of the replica's arena hold their final
+  // gradients for this step. Across workers, their sum may start now.
+  virtual void gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count) = 0;
+  // Whether the sums across workers overlap backward (gradients_ready() then matters). Known once
+  // the gradients are bound.
+  virtual bool overlaps_backward() const = 0;
+  // Sums the replicas' gradients: into every replica that holds variables.
+  virtual void sum_gradients(const ReplicaContext& replica) = 0;
+  // Applies `apply` once per variable copy: on the replicas that hold variables. Returns whether
+  // it ran here.
+  virtual bool update(const ReplicaContext& replica, const std::function<void()>& apply) = 0;
+  // Called by every replica in sync, in the same order (synchronized batch normalization during
+  // forward and backward): the element-wise sum over every local replica, in replica order, and
+  // then across the workers, on every replica. During backward only after
+  // set_collectives_in_backward(true): while gradient sums overlap backward it is an InternalError.
+  virtual void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values, const char* what) = 0;
 
-  // Each replica registers its gradient buffers once, before its first sum_gradients().
-  void bind_gradients(int replica, const BufferList& buffers);
-  // Inside run(), during backward: variables [first, first + count) of the replica's list hold
-  // their final gradients for this step. Across workers, their sum may start now.
-  void gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count);
-  // Whether the sums across workers overlap backward (communication.overlap, one local replica,
-  // gradients in more than one pack). Known once replica 0 has bound its gradients.
-  bool overlaps_backward() const { return across_workers_ && across_workers_->overlaps(); }
-  // Inside run(): sums the replicas' gradients — into every replica (mirrored), or into the
-  // replica that holds the central variables (central storage).
-  void sum_gradients(const ReplicaContext& replica);
-  // Inside run(): applies `apply` once per variable copy: on every replica when variables are
-  // mirrored, on replica 0 (the parameter device's) otherwise. Returns whether it ran here.
-  bool update(const ReplicaContext& replica, const std::function<void()>& apply);
+  // ---- reporting
   // Seconds since the last call inside the collectives summing gradients across workers, and
-  // blocked waiting for them (less than the first when they overlap backward); multi-worker only.
-  double take_cross_worker_seconds();
-  double take_cross_worker_wait_seconds();
+  // blocked waiting for them (less than the first when they overlap backward); 0 in one process.
+  virtual double take_cross_worker_seconds() = 0;
+  virtual double take_cross_worker_wait_seconds() = 0;
 
- private:
-  void worker(int replica);
-
-  config::StrategyKind kind_;
-  Cluster* cluster_ = nullptr;  // set for multi_worker_mirrored only
-  bool ring_between_workers_ = false;
-  bool overlap_ = false;  // allowed here; overlaps_backward() says whether the packs make it happen
-  std::int64_t bytes_per_pack_ = 0;
-  std::vector<BufferList> local_gradients_;
-  std::unique_ptr<PackedAllReduce> across_workers_;  // made with replica 0's gradients
-  std::vector<Device> devices_;
-  int threads_per_replica_ = 1;
-  std::unique_ptr<CrossDeviceOps> ops_;
-  std::string choice_note_;
-
-  // Replica threads: run() publishes `task_` under a new generation, each worker runs it once.
-  std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable start_cv_, done_cv_;
-  const std::function<void(const ReplicaContext&)>* task_ = nullptr;
-  std::uint64_t generation_ = 0;
-  int remaining_ = 0;
-  bool shutting_down_ = false;
-  std::exception_ptr first_error_;
+  // A strategy that runs its own training loop (a parameter-server coordinator dispatching steps
+  // to workers) says so here; the trainer's loop then is not the one that runs steps. None does
+  // yet.
+  virtual bool schedules_steps() const { return false; }
 };
+
+// The strategy of `config` for this process: total_threads are the compute threads it may use;
+// workers the worker processes (used by multi_worker_mirrored; the others run in this process
+// alone). ConfigError, with the YAML location, for what the devices cannot do.
+std::unique_ptr<Strategy> make_strategy(const config::StrategyConfig& config, int total_threads, Communicator& workers);
+
+// Whether `config`'s strategy spans the worker processes of a job (roles, the evaluator).
+bool spans_workers(const config::StrategyConfig& config);
+// The replicas in sync make_strategy would make of `config` in a job of `workers` processes.
+int num_replicas_in_sync(const config::StrategyConfig& config, int total_threads, int workers);
+// What evaluation runs under: the default strategy in one process, across `workers` > 1 processes
+// multi_worker_mirrored (each evaluates its share; the counts are combined exactly).
+config::StrategyConfig evaluation_strategy(int workers);
 
 // Parses "cpu:3" / "gpu:0" (already normalised by the config parser).
 Device parse_device(const std::string& name);

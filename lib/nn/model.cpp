@@ -41,6 +41,7 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
     for (Variable& v : layer->variables()) {
       v.grad = gradients_.view(at, v.value.shape());
       at += v.value.numel();
+      gradient_sizes_.push_back(static_cast<std::size_t>(v.value.numel()));
       variables_.push_back(&v);
       if (v.trainable) trainable_.push_back(&v);
     }

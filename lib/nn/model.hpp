@@ -66,8 +66,9 @@ class Sequential {
   // The ones the optimizer trains, in the same order.
   const std::vector<Variable*>& trainable_variables() const { return trainable_; }
   std::int64_t num_parameters() const;
-  // Every variable's grad, contiguous, in variables() order.
-  std::span<float> gradients() { return gradients_.span<float>(); }
+  // Every variable's grad, contiguous, in variables() order, and how many floats each takes.
+  std::span<float> gradient_arena() { return gradients_.span<float>(); }
+  std::span<const std::size_t> gradient_sizes() const { return gradient_sizes_; }
 
   // x: (N, input_shape...) f32, canonical. Returns y: (N, output_shape...) f32, canonical, valid
   // until the next forward.
@@ -118,6 +119,7 @@ class Sequential {
   std::vector<Variable*> variables_, trainable_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_
   Tensor gradients_;
+  std::vector<std::size_t> gradient_sizes_;
   std::map<std::int64_t, Plan> plans_;
   Plan* current_ = nullptr;
 };

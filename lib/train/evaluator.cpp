@@ -24,7 +24,7 @@ std::string evaluator_line(const std::string& checkpoint, const checkpoint::Trai
   return line;
 }
 
-int run_evaluator(Trainer& trainer, distribute::Cluster& cluster, const EvaluatorOptions& options) {
+int run_evaluator(Trainer& trainer, distribute::WorkerGroup& workers, const EvaluatorOptions& options) {
   const std::string dir = trainer.checkpoint_dir();
   if (dir.empty()) throw ConfigError("the evaluator needs a checkpoint directory: give a run directory or checkpoint.dir");
   fmt::print(options.out, "Evaluator: watching {} for checkpoints\n", dir);
@@ -34,7 +34,7 @@ int run_evaluator(Trainer& trainer, distribute::Cluster& cluster, const Evaluato
   bool finished = false;
   for (;;) {
     // Asked before listing, so a checkpoint saved just before the chief's notice is still seen.
-    finished = finished || cluster.training_done();
+    finished = finished || workers.training_done();
     std::vector<std::string> listed;
     try {
       listed = checkpoint::list_checkpoints(dir);

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <string>
 
-#include "distribute/cluster.hpp"
+#include "distribute/worker_group.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::train {
@@ -23,7 +23,7 @@ struct EvaluatorOptions {
 
 // Returns the number of checkpoints evaluated. A checkpoint that fails to read (removed by
 // max_to_keep meanwhile, or damaged) is skipped with a warning.
-int run_evaluator(Trainer& trainer, distribute::Cluster& cluster, const EvaluatorOptions& options);
+int run_evaluator(Trainer& trainer, distribute::WorkerGroup& workers, const EvaluatorOptions& options);
 
 // "Evaluator: ckpt-70.h5 (after epoch 1, global step 70), Test Loss: 0.4012, Test Accuracy: 85.60", or
 // "(epoch 2, step 5 of it, ...)" for a checkpoint saved within an epoch.

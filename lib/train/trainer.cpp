@@ -21,6 +21,24 @@ namespace dtrain::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// What a replica's layers reach of the other replicas: the strategy's sums inside run().
+class StrategyCrossReplica final : public nn::CrossReplica {
+ public:
+  StrategyCrossReplica(distribute::Strategy& strategy, distribute::ReplicaContext replica)
+      : strategy_(strategy), replica_(replica) {}
+  void all_reduce_sum(std::span<double> values, const char* what) override {
+    strategy_.all_reduce_sum_in_replica(replica_, values, what);
+  }
+
+ private:
+  distribute::Strategy& strategy_;
+  distribute::ReplicaContext replica_;
+};
+
+}  // namespace
+
 int resolve_threads(int configured) {
   if (configured > 0) return configured;
   int cores = std::max(1, omp_get_num_procs());
@@ -34,7 +52,7 @@ int resolve_threads(int configured) {
 Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
-  strategy_ = std::make_unique<distribute::Strategy>(exp_.strategy, threads_, opt_.cluster);
+  strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
   try {
     shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
   } catch (const ConfigError& e) {
@@ -52,13 +70,13 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
-  // central storage the replicas compute with replica 0's (the parameter device's) variables.
+  // central storage the replicas compute with the parameter device's replica's variables.
   replicas_.resize(static_cast<std::size_t>(replicas));
   nn::ModelOptions model_options;
   model_options.compute = nn::compute_dtype(exp_.precision);
   for (int r = 0; r < replicas; ++r) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
-    rep.ctx = backends::make_context(strategy_->devices()[static_cast<std::size_t>(r)]);
+    rep.ctx = backends::make_context(strategy_->replica_device(r));
     backends::Numerics& numerics = rep.ctx->numerics();
     rep.loss = losses::make_loss(exp_.loss, numerics);
     for (auto kind : exp_.metrics) {
@@ -66,18 +84,17 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       rep.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
     }
     rep.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *rep.ctx, model_options);
-    if (!strategy_->mirrors_variables() && r > 0) rep.model->share_variable_values(*replicas_[0].model);
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
-    distribute::BufferList grads;
-    for (Variable* v : rep.model->variables()) {
-      grads.data.push_back(v->grad.data<float>());
-      grads.sizes.push_back(static_cast<std::size_t>(v->grad.numel()));
-    }
-    strategy_->bind_gradients(r, grads);
-    rep.gradients_ready = [this, r](std::size_t first, std::size_t count) {
-      strategy_->gradients_ready(distribute::ReplicaContext{r, strategy_->num_replicas_in_sync()}, first, count);
+    if (r == 0) strategy_->set_collectives_in_backward(rep.model->synchronizes_replicas());
+    strategy_->bind_gradients(r, rep.model->gradient_arena(), rep.model->gradient_sizes());
+    rep.gradients_ready = [this, rc = strategy_->replica_context(r)](std::size_t first, std::size_t count) {
+      strategy_->gradients_ready(rc, first, count);
     };
+    rep.cross_replica = std::make_unique<StrategyCrossReplica>(*strategy_, strategy_->replica_context(r));
   }
+  std::vector<std::vector<Variable*>> variables;
+  for (const Replica& rep : replicas_) variables.push_back(rep.model->variables());
+  strategy_->place_variables(variables);
   replica_losses_.assign(static_cast<std::size_t>(replicas), 0.0);
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
   eval_fn_ = [this](const distribute::ReplicaContext& rc) { replica_eval_step(rc); };
@@ -116,9 +133,7 @@ void Trainer::write_run_files() {
                                     opt_.run_dir, ec.message()));
   std::ofstream cfg(fs::path(opt_.run_dir) / "config.yaml");
   cfg << "# resolved experiment, written by dtrain " << build_info::version << "\n" << config::to_yaml(exp_);
-  // A resumed run appends its epochs to the log of the run it continues.
-  std::ofstream metrics(fs::path(opt_.run_dir) / "metrics.jsonl", resume_ ? std::ios::app : std::ios::trunc);
-  if (!cfg || !metrics) throw IoError(fmt::format("cannot write into the run directory {}", opt_.run_dir));
+  if (!cfg) throw IoError(fmt::format("cannot write into the run directory {}", opt_.run_dir));
 }
 
 std::string Trainer::checkpoint_dir() const {
@@ -130,21 +145,8 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
                                      std::int64_t samples) {
   // Every worker takes part in combining the metrics; only the chief writes.
   std::vector<metrics::MetricState> states;
-  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i) {
-    metrics::MetricState total;
-    for (const Replica& rep : replicas_) {
-      const metrics::MetricState st = rep.train_metrics[i]->state();
-      total.counts.resize(st.counts.size());
-      total.sums.resize(st.sums.size());
-      for (std::size_t k = 0; k < st.counts.size(); ++k) total.counts[k] += st.counts[k];
-      for (std::size_t k = 0; k < st.sums.size(); ++k) total.sums[k] += st.sums[k];
-    }
-    if (auto* cluster = strategy_->cluster()) {
-      cluster->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
-      cluster->all_reduce_sum(std::span<double>(total.sums), "metric sums");
-    }
-    states.push_back(std::move(total));
-  }
+  for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i)
+    states.push_back(merged_metric_state(true, i));
   if (!strategy_->is_chief()) return {};
   if (!checkpoints_) {
     const std::string dir = checkpoint_dir();
@@ -165,17 +167,21 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   }
   c.experiment_yaml = config::to_yaml(exp_);
   c.dtrain_version = build_info::version;
-  // One copy, whatever the strategy: replica 0 holds the values every replica computes with.
-  return checkpoints_->save(global_step_, *replicas_[0].model, *replicas_[0].optimizer, c);
+  // One copy, whatever the strategy: the primary replica's, whose values every replica computes with.
+  const Replica& primary = replicas_[static_cast<std::size_t>(strategy_->primary_replica())];
+  return checkpoints_->save(global_step_, *primary.model, *primary.optimizer, c);
 }
 
 checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
-  checkpoint::Contents c = checkpoint::restore(checkpoint_path, *replicas_[0].model, *replicas_[0].optimizer);
-  // Mirrored copies get replica 0's values and slots; central storage already shares the values.
-  auto& vars0 = replicas_[0].model->variables();
-  for (std::size_t r = 1; r < replicas_.size(); ++r) {
+  const int primary = strategy_->primary_replica();
+  Replica& first = replicas_[static_cast<std::size_t>(primary)];
+  checkpoint::Contents c = checkpoint::restore(checkpoint_path, *first.model, *first.optimizer);
+  // The other copies get the primary's values and slots; replicas holding no copy share its values.
+  auto& vars0 = first.model->variables();
+  for (std::size_t r = 0; r < replicas_.size(); ++r) {
     Replica& rep = replicas_[r];
-    if (strategy_->mirrors_variables()) {
+    if (static_cast<int>(r) == primary) continue;
+    if (strategy_->holds_variables(static_cast<int>(r))) {
       auto& vars = rep.model->variables();
       for (std::size_t v = 0; v < vars.size(); ++v)
         std::copy_n(vars0[v]->value.data<float>(), vars0[v]->value.numel(), vars[v]->value.data<float>());
@@ -183,10 +189,10 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
       rep.optimizer->build(trained);
       for (std::size_t v = 0; v < trained.size(); ++v)
         for (std::size_t k = 0; k < rep.optimizer->slot_names().size(); ++k)
-          std::copy_n(replicas_[0].optimizer->slot(v, k).data<float>(), trained[v]->value.numel(),
+          std::copy_n(first.optimizer->slot(v, k).data<float>(), trained[v]->value.numel(),
                       rep.optimizer->slot(v, k).data<float>());
     }
-    rep.optimizer->set_iterations(replicas_[0].optimizer->iterations());
+    rep.optimizer->set_iterations(first.optimizer->iterations());
   }
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   for (Replica& rep : replicas_)
@@ -223,12 +229,9 @@ std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Da
     if (exp_.data.eval_batch_size > 0) global = exp_.data.eval_batch_size;
   }
   data::DistributedIterator::ShareSizes share_sizes;
-  if (auto* cluster = strategy_->cluster(); cluster && cluster->size() > 1)
-    share_sizes = [cluster](std::int64_t mine) {
-      std::vector<std::int64_t> sizes(static_cast<std::size_t>(cluster->size()), 0);
-      sizes[static_cast<std::size_t>(cluster->rank())] = mine;
-      cluster->all_reduce_sum(std::span<std::int64_t>(sizes), "input share sizes");
-      return sizes;
+  if (strategy_->workers() > 1)
+    share_sizes = [strategy = strategy_.get()](std::int64_t mine) {
+      return strategy->all_gather(mine, "input share sizes");
     };
   return std::make_unique<data::DistributedIterator>(split, mode, ctx, global, po, share_sizes);
 }
@@ -239,10 +242,11 @@ nn::StepContext Trainer::step_context(const distribute::ReplicaContext& rc, nn::
   step.mode = mode;
   step.seed = exp_.seed;
   step.global_step = global_step_;
-  step.replica = strategy_->worker_index() * strategy_->num_local_replicas() + rc.replica_id;
+  step.replica = rc.global_replica_id;
   step.replicas_in_sync = rc.num_replicas_in_sync;
   step.step_samples = step_samples_;
   step.sample_ids = batch.ids;
+  step.cross_replica = replicas_[static_cast<std::size_t>(rc.replica_id)].cross_replica.get();
   return step;
 }
 
@@ -294,7 +298,7 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
   for (auto& m : rep.eval_metrics) m->update(batch.y, logits);
 }
 
-double Trainer::combined_metric(bool train, std::size_t index) const {
+metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index) const {
   // Exact: the states (integer counts) of every replica, and then of every worker, are added.
   metrics::MetricState total;
   for (const Replica& rep : replicas_) {
@@ -304,35 +308,15 @@ double Trainer::combined_metric(bool train, std::size_t index) const {
     for (std::size_t i = 0; i < st.counts.size(); ++i) total.counts[i] += st.counts[i];
     for (std::size_t i = 0; i < st.sums.size(); ++i) total.sums[i] += st.sums[i];
   }
-  if (auto* cluster = strategy_->cluster()) {
-    cluster->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
-    cluster->all_reduce_sum(std::span<double>(total.sums), "metric sums");
-  }
+  strategy_->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
+  strategy_->all_reduce_sum(std::span<double>(total.sums), "metric sums");
+  return total;
+}
+
+double Trainer::combined_metric(bool train, std::size_t index) const {
   auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss, replicas_[0].ctx->numerics());
-  merged->merge(total);
+  merged->merge(merged_metric_state(train, index));
   return merged->result();
-}
-
-bool Trainer::stop_agreed() {
-  const int local = opt_.stop_requested ? opt_.stop_requested->load() : 0;
-  auto* cluster = strategy_->cluster();
-  return (cluster ? cluster->all_reduce_max(local, "stop request") : local) != 0;
-}
-
-std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps) {
-  auto it = make_iterator(splits_.train, true);
-  it->start_epoch(epoch);
-  std::vector<double> losses;
-  for (std::int64_t s = 0; s < steps; ++s) {
-    step_batches_ = it->next();
-    if (!step_batches_) break;
-    step_samples_ = it->global_samples();
-    strategy_->run(train_fn_);
-    losses.push_back(strategy_->reduce(distribute::ReduceOp::sum, replica_losses_));
-    ++global_step_;
-  }
-  step_batches_ = nullptr;
-  return losses;
 }
 
 EvalResult Trainer::evaluate(const data::Dataset& split) {
@@ -350,7 +334,7 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
   }
   double loss_sum = 0.0;
   for (const Replica& rep : replicas_) loss_sum += rep.eval_loss_sum;
-  if (auto* cluster = strategy_->cluster()) cluster->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
+  strategy_->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0.0;
   if (!exp_.metrics.empty()) r.accuracy = combined_metric(false, 0);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -364,6 +348,77 @@ EvalResult Trainer::evaluate_split(const std::string& name) {
   throw ConfigError(fmt::format("unknown split '{}' (test, validation when validation_split is set, train)", name));
 }
 
+CallbackList Trainer::make_callbacks() {
+  CallbackList callbacks;
+  // Stop first: the checkpoint saver saves where the loop stops.
+  callbacks.add(std::make_unique<StopOnRequest>(opt_.stop_requested, *strategy_));
+  callbacks.add(std::make_unique<CheckpointSaver>(*this, exp_.checkpoint));
+  if (!opt_.run_dir.empty()) callbacks.add(std::make_unique<MetricsLog>(opt_.run_dir, resume_.has_value()));
+  using Mode = ProgressLogger::Mode;
+  const auto progress = exp_.train.progress;
+  const Mode mode = progress == config::ProgressMode::bar ||
+                            (progress == config::ProgressMode::auto_detect && opt_.out_is_tty)
+                        ? Mode::bar
+                        : progress == config::ProgressMode::lines ? Mode::lines : Mode::none;
+  callbacks.add(std::make_unique<ProgressLogger>(opt_.out, mode));
+  return callbacks;
+}
+
+double Trainer::train_step(data::DistributedIterator& input) {
+  step_batches_ = input.next();
+  DTRAIN_CHECK(step_batches_ != nullptr, "the input ended before steps_per_epoch");
+  step_samples_ = input.global_samples();
+  strategy_->set_step(global_step_);
+  strategy_->run(train_fn_);
+  const double loss = strategy_->reduce_sum(replica_losses_);
+  ++global_step_;
+  step_batches_ = nullptr;
+  return loss;
+}
+
+std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps) {
+  auto it = make_iterator(splits_.train, true);
+  it->start_epoch(epoch);
+  std::vector<double> losses;
+  for (std::int64_t s = 0; s < std::min(steps, it->steps_per_epoch()); ++s) losses.push_back(train_step(*it));
+  return losses;
+}
+
+void Trainer::begin_epoch(LoopState& state, data::DistributedIterator& input) {
+  // A resumed epoch goes on from where the checkpoint stood, with its running figures.
+  const bool resuming = resume_ && state.epoch == resume_->epoch;
+  state.step = resuming ? std::min(resume_->step_in_epoch, state.steps) : 0;
+  state.loss_sum = resuming ? resume_->epoch_loss_sum : 0.0;
+  state.samples = resuming ? resume_->epoch_samples : 0;
+  if (!resuming)
+    for (Replica& rep : replicas_)
+      for (auto& m : rep.train_metrics) m->reset();
+  strategy_->take_cross_worker_seconds();
+  strategy_->take_cross_worker_wait_seconds();
+  input.start_epoch(state.epoch, state.step);
+}
+
+EpochLog Trainer::end_epoch(const LoopState& state, double train_seconds) {
+  EpochLog log;
+  log.epoch = state.epoch + 1;
+  log.steps = state.steps;
+  log.samples = state.samples;
+  log.train_seconds = train_seconds;
+  const double allreduce = strategy_->take_cross_worker_seconds();
+  const double allreduce_wait = strategy_->take_cross_worker_wait_seconds();
+  if (strategy_->workers() > 1) log.allreduce_seconds = allreduce;
+  if (strategy_->overlaps_backward()) log.allreduce_wait_seconds = allreduce_wait;
+  log.loss = state.loss_sum / static_cast<double>(state.steps);
+  if (!exp_.metrics.empty()) log.accuracy = combined_metric(true, 0);
+  if (splits_.validation) log.validation = evaluate(*splits_.validation);
+  log.test = evaluate(splits_.test);
+  log.global_step = global_step_;
+  return log;
+}
+
+// The custom-training-loop template: for each epoch, for each batch run the train step on every
+// replica, then test, then print. What happens around it (progress, checkpoints, metrics.jsonl,
+// stopping on a signal) is the callbacks'.
 std::vector<EpochLog> Trainer::fit() {
   write_run_files();
   fmt::print(opt_.out, "{}\n", header_line());
@@ -372,88 +427,42 @@ std::vector<EpochLog> Trainer::fit() {
   if (!shards_.warning.empty() && strategy_->is_chief()) fmt::print(stderr, "{}\n", shards_.warning);
   std::fflush(opt_.out);
 
-  auto it = make_iterator(splits_.train, true);
-  std::int64_t steps = it->steps_per_epoch();
-  if (exp_.train.steps_per_epoch > 0) steps = std::min(steps, exp_.train.steps_per_epoch);
-  if (steps == 0)
+  auto input = make_iterator(splits_.train, true);
+  LoopState state;
+  state.steps = input->steps_per_epoch();
+  if (exp_.train.steps_per_epoch > 0) state.steps = std::min(state.steps, exp_.train.steps_per_epoch);
+  if (state.steps == 0)
     throw ConfigError(fmt::format("{}: an epoch has no steps: {} training samples, global batch {} with drop_remainder",
-                                  exp_.source_file, splits_.train.size(), it->global_batch_size()));
-
-  const bool bar = exp_.train.progress == config::ProgressMode::bar ||
-                   (exp_.train.progress == config::ProgressMode::auto_detect && opt_.out_is_tty);
-  const bool lines = exp_.train.progress == config::ProgressMode::lines;
-  const auto& ck = exp_.checkpoint;
+                                  exp_.source_file, splits_.train.size(), input->global_batch_size()));
+  CallbackList callbacks = make_callbacks();
+  callbacks.on_train_begin(state);
   std::vector<EpochLog> history;
-  const int first_epoch = resume_ ? static_cast<int>(resume_->epoch) : 0;
-  for (int epoch = first_epoch; epoch < exp_.train.epochs; ++epoch) {
-    // A resumed epoch goes on from where the checkpoint stood, with its running figures.
-    const bool resuming = resume_ && epoch == resume_->epoch;
-    const std::int64_t first_step = resuming ? std::min(resume_->step_in_epoch, steps) : 0;
-    if (!resuming)
-      for (Replica& rep : replicas_)
-        for (auto& m : rep.train_metrics) m->reset();
-    EpochLog log;
-    log.epoch = epoch + 1;
-    log.samples = resuming ? resume_->epoch_samples : 0;
-    double loss_sum = resuming ? resume_->epoch_loss_sum : 0.0;
-    ProgressBar progress(opt_.out, steps, bar);
+  for (state.epoch = resume_ ? static_cast<int>(resume_->epoch) : 0; state.epoch < exp_.train.epochs; ++state.epoch) {
+    begin_epoch(state, *input);
+    callbacks.on_epoch_begin(state);
     const auto t0 = Clock::now();
-    strategy_->take_cross_worker_seconds();
-    strategy_->take_cross_worker_wait_seconds();
-    it->start_epoch(epoch, first_step);
-    for (std::int64_t step = first_step; step < steps; ++step) {
-      step_batches_ = it->next();
-      DTRAIN_CHECK(step_batches_ != nullptr, "the input ended before steps_per_epoch");
-      step_samples_ = it->global_samples();
-      if (auto* cluster = strategy_->cluster()) cluster->set_step(global_step_);
-      strategy_->run(train_fn_);
-      loss_sum += strategy_->reduce(distribute::ReduceOp::sum, replica_losses_);
-      ++global_step_;
-      log.samples += step_samples_;
-      progress.update(step + 1, loss_sum / static_cast<double>(step + 1));
-      if (lines && ((step + 1) % std::max<std::int64_t>(1, steps / 10) == 0 || step + 1 == steps))
-        fmt::print(opt_.out, "  step {}/{}, loss {:.4f}\n", step + 1, steps, loss_sum / static_cast<double>(step + 1));
-      const bool epoch_save_follows = step + 1 == steps && ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0;
-      const bool stop = stop_agreed();
-      if (stop || (ck.every_steps > 0 && global_step_ % ck.every_steps == 0 && !epoch_save_follows)) {
-        step_batches_ = nullptr;
-        const std::string path = save_checkpoint(epoch, step + 1, loss_sum, log.samples);
-        if (stop) {
-          progress.finish();
-          throw Interrupted{path, epoch, step + 1};
-        }
+    while (state.step < state.steps) {
+      state.loss_sum += train_step(*input);
+      state.samples += step_samples_;
+      ++state.step;
+      state.global_step = global_step_;
+      callbacks.on_train_batch_end(state);
+      if (state.stop_training) {
+        callbacks.on_train_end(state);
+        throw Interrupted{state.checkpoint, state.epoch, state.step};
       }
     }
-    step_batches_ = nullptr;
-    log.train_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double allreduce = strategy_->take_cross_worker_seconds();
-    const double allreduce_wait = strategy_->take_cross_worker_wait_seconds();
-    if (strategy_->workers() > 1) log.allreduce_seconds = allreduce;
-    if (strategy_->overlaps_backward()) log.allreduce_wait_seconds = allreduce_wait;
-    progress.finish();
-    log.steps = steps;
-    log.loss = loss_sum / static_cast<double>(steps);
-    if (!exp_.metrics.empty()) log.accuracy = combined_metric(true, 0);
-    if (splits_.validation) log.validation = evaluate(*splits_.validation);
-    log.test = evaluate(splits_.test);
-    log.global_step = global_step_;
+    const EpochLog log = end_epoch(state, std::chrono::duration<double>(Clock::now() - t0).count());
     fmt::print(opt_.out, "{}\n{}\n", epoch_line(log), throughput_line(log));
     std::fflush(opt_.out);
-    if (!opt_.run_dir.empty()) {
-      std::ofstream jsonl(fs::path(opt_.run_dir) / "metrics.jsonl", std::ios::app);
-      jsonl << epoch_json(log) << "\n";
-      if (!jsonl) throw IoError(fmt::format("cannot append to {}/metrics.jsonl", opt_.run_dir));
-    }
-    if (ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0) save_checkpoint(epoch + 1, 0, 0.0, 0);
-    history.push_back(std::move(log));
-    if (stop_agreed()) {
-      // Asked to stop during the evaluation: the epoch is complete; save where the next begins.
-      const bool saved = ck.every_epochs > 0 && (epoch + 1) % ck.every_epochs == 0;
-      const std::string path = saved ? (checkpoints_ ? *checkpoints_->latest() : std::string())
-                                     : save_checkpoint(epoch + 1, 0, 0.0, 0);
-      throw Interrupted{path, epoch + 1, 0};
+    callbacks.on_epoch_end(state, log);
+    history.push_back(log);
+    if (state.stop_training) {
+      callbacks.on_train_end(state);
+      throw Interrupted{state.checkpoint, state.epoch + 1, 0};
     }
   }
+  callbacks.on_train_end(state);
   resume_.reset();
   return history;
 }

@@ -3,7 +3,7 @@
 //   copy per replica where the strategy mirrors); the distributed datasets;
 //   for each epoch: the train steps, then validation, then test; print the epoch line.
 //
-// The loop never asks which strategy it has: it calls strategy.run(step), strategy.reduce(),
+// The loop never asks which strategy it has: it calls strategy.run(step), strategy.reduce_sum(),
 // strategy.sum_gradients() and strategy.update().
 //
 // Loss semantics (DESIGN.md): with reduction `none` each replica's loss is
@@ -30,12 +30,14 @@
 #include "data/dataset.hpp"
 #include "data/distributed.hpp"
 #include "data/sharding.hpp"
+#include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
 #include "backends/context.hpp"
 #include "losses/loss.hpp"
 #include "metrics/metric.hpp"
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
+#include "train/callbacks.hpp"
 #include "train/report.hpp"
 
 namespace dtrain::train {
@@ -49,7 +51,7 @@ struct TrainerOptions {
   const std::atomic<int>* stop_requested = nullptr;
   // The worker processes (MPI ranks); null = this process alone. Only the chief (rank 0) prints,
   // writes the run directory and saves checkpoints.
-  distribute::Cluster* cluster = nullptr;
+  distribute::Communicator* workers = nullptr;
 };
 
 // fit() stopped on request after saving `checkpoint`.
@@ -90,6 +92,11 @@ class Trainer {
   std::int64_t global_batch_size() const;
   // checkpoint.dir, or <run dir>/checkpoints; empty when there is neither.
   std::string checkpoint_dir() const;
+  // Saves the state "continue at (epoch, step_in_epoch)" with the running figures of that epoch
+  // (the checkpoint callback). Every worker calls it (the metrics are merged across them); only the
+  // chief writes. Returns the file written, or "" where nothing was (no checkpoint directory, not
+  // the chief).
+  std::string save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum, std::int64_t samples);
 
  private:
   struct Replica {
@@ -102,23 +109,33 @@ class Trainer {
     double eval_loss_sum = 0.0;
     // Hands each layer's finished gradients to the strategy during backward (built once).
     std::function<void(std::size_t, std::size_t)> gradients_ready;
+    // The other replicas, as this replica's layers reach them.
+    std::unique_ptr<nn::CrossReplica> cross_replica;
   };
   void replica_train_step(const distribute::ReplicaContext& rc);
   void replica_eval_step(const distribute::ReplicaContext& rc);
   // What replica `rc`'s layers know about the current step.
   nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch) const;
-  // Exact combination of every replica's metric `index` (train or eval).
+  // Every replica's state of metric `index` (train or eval) merged, then summed across workers:
+  // exact, and every worker must call it at the same point.
+  metrics::MetricState merged_metric_state(bool train, std::size_t index) const;
+  // Its result.
   double combined_metric(bool train, std::size_t index) const;
-  // Whether any worker was asked to stop (every worker must call it at the same step).
-  bool stop_agreed();
+  // The callbacks of fit(), in the order they run.
+  CallbackList make_callbacks();
+  // One step of the template: the next batch, run on every replica; returns the step's loss.
+  double train_step(data::DistributedIterator& input);
+  // Where the epoch `state.epoch` starts (a resumed one where the checkpoint stood).
+  void begin_epoch(LoopState& state, data::DistributedIterator& input);
+  // The epoch's figures: its loss and accuracy, then validation and test.
+  EpochLog end_epoch(const LoopState& state, double train_seconds);
   std::unique_ptr<data::DistributedIterator> make_iterator(const data::Dataset& split, bool training) const;
   void write_run_files();
-  // Saves the state "continue at (epoch, step_in_epoch)" with the running figures of that epoch.
-  std::string save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum, std::int64_t samples);
 
   config::Experiment exp_;
   TrainerOptions opt_;
   int threads_ = 1;
+  distribute::SingleCommunicator alone_;  // the workers when options.workers is null
   std::unique_ptr<distribute::Strategy> strategy_;
   data::ShardPlan shards_;   // this worker's part of the data
   data::DataSplits splits_;  // as this worker loaded them (its files under auto_shard file)

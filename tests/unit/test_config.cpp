@@ -48,6 +48,7 @@ Experiment without_locations(Experiment e) {
   e.strategy.where = {};
   e.strategy.devices_where = {};
   e.strategy.cross_device_ops_where = {};
+  e.strategy.parameter_device_where = {};
   e.strategy.communication.implementation_where = {};
   e.strategy.roles.where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};

@@ -27,6 +27,20 @@ TEST_CASE("slice_rows shares storage") {
   CHECK(t.data<float>()[2] == 42.0f);
 }
 
+TEST_CASE("view: a flat range of a tensor seen as another shape, sharing storage") {
+  Tensor arena(Shape{10});
+  Tensor a = arena.view(0, Shape{2, 2}), b = arena.view(4, Shape{6});
+  CHECK(a.shape() == Shape{2, 2});
+  CHECK(b.numel() == 6);
+  b.data<float>()[0] = 7.0f;
+  a.data<float>()[3] = 3.0f;
+  CHECK(arena.data<float>()[4] == 7.0f);
+  CHECK(arena.data<float>()[3] == 3.0f);
+  CHECK(arena.view(10, Shape{0}).numel() == 0);
+  CHECK_THROWS_AS(arena.view(5, Shape{6}), InternalError);
+  CHECK_THROWS_AS(arena.view(-1, Shape{1}), InternalError);
+}
+
 TEST_CASE("wrong element type is an internal error, not UB") {
   Tensor t(Shape{2}, DType::u8);
   CHECK_THROWS_AS(t.data<float>(), InternalError);

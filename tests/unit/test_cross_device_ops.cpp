@@ -1,6 +1,7 @@
-// The in-process collectives: each algorithm sums correctly for 1..5 replica threads, bit for bit
-// the same on every replica and on every run, over awkward buffer layouts; the barrier is
-// reusable and breakable without hangs.
+// The in-process collectives of a thread group: each cross-device op sums correctly for 1..5
+// replica threads, bit for bit the same on every replica and on every run, over awkward lengths;
+// the one ring (ring.hpp) in shared memory; the double, int64, max, reduce-to-root and broadcast
+// collectives; the barrier is reusable and breakable without hangs.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -16,7 +17,8 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "distribute/barrier.hpp"
-#include "distribute/cross_device_ops.hpp"
+#include "distribute/ring.hpp"
+#include "distribute/thread_group.hpp"
 
 using namespace dtrain;
 using namespace dtrain::distribute;
@@ -25,7 +27,24 @@ namespace {
 
 const char* const kAlgorithms[] = {"reduction_to_one_device", "hierarchical_copy", "ring"};
 
+// One replica's values, seen as consecutive variables (the gradient arena of a model).
 using Buffers = std::vector<std::vector<float>>;
+
+std::vector<float> flatten(const Buffers& buffers) {
+  std::vector<float> out;
+  for (const auto& b : buffers) out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+Buffers split(const std::vector<float>& flat, const std::vector<std::size_t>& sizes) {
+  Buffers out;
+  std::size_t at = 0;
+  for (std::size_t n : sizes) {
+    out.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return out;
+}
 
 // The values replica `replica` contributes in round `round`.
 Buffers replica_values(const std::vector<std::size_t>& sizes, int replica, int round,
@@ -64,24 +83,15 @@ using Results = std::vector<std::vector<Buffers>>;
 
 Results run_all_reduce(const std::string& algorithm, int num_replicas,
                        const std::vector<std::size_t>& sizes, int rounds, std::uint64_t seed) {
-  auto ops = make_cross_device_ops(algorithm, num_replicas);
+  ThreadGroup group(num_replicas, cross_device_op_named(algorithm));
   Results results(static_cast<std::size_t>(rounds),
                   std::vector<Buffers>(static_cast<std::size_t>(num_replicas)));
   run_replicas(num_replicas, [&](int replica) {
-    Buffers mine(sizes.size());
-    for (std::size_t b = 0; b < sizes.size(); ++b) mine[b].resize(sizes[b]);
-    BufferList list;
-    for (auto& b : mine) {
-      list.data.push_back(b.data());
-      list.sizes.push_back(b.size());
-    }
-    ops->bind(replica, list);
+    std::vector<float> mine;
     for (int round = 0; round < rounds; ++round) {
-      Buffers values = replica_values(sizes, replica, round, seed);
-      for (std::size_t b = 0; b < sizes.size(); ++b)
-        std::copy(values[b].begin(), values[b].end(), mine[b].begin());
-      ops->all_reduce(replica);
-      results[static_cast<std::size_t>(round)][static_cast<std::size_t>(replica)] = mine;
+      mine = flatten(replica_values(sizes, replica, round, seed));
+      group.endpoint(replica).all_reduce_sum(std::span<float>(mine), "test");
+      results[static_cast<std::size_t>(round)][static_cast<std::size_t>(replica)] = split(mine, sizes);
     }
   });
   return results;
@@ -137,11 +147,11 @@ void check_algorithm(const std::string& algorithm, const std::vector<std::size_t
 
 TEST_CASE("all_reduce sums over 1..5 replicas, identical everywhere and on every run") {
   const std::vector<std::vector<std::size_t>> layouts = {
-      {7, 0, 1, 13, 0, 5},  // odd sizes and empty buffers; chunks span buffers
+      {7, 0, 1, 13, 0, 5},  // odd sizes and empty variables; chunks span variables
       {1},                  // one float: total < N for N >= 2
       {0, 2, 0, 1},         // total 3 < N for N = 4, 5: some ring chunks are empty
       {0, 0},               // nothing at all to sum
-      {},                   // no buffers
+      {},                   // no variables
       {4096, 33, 65537},    // larger, not a multiple of any N
   };
   for (const char* algorithm : kAlgorithms)
@@ -151,7 +161,7 @@ TEST_CASE("all_reduce sums over 1..5 replicas, identical everywhere and on every
     }
 }
 
-TEST_CASE("a realistic gradient list (8 buffers, ~122k floats) sums on 4 replicas") {
+TEST_CASE("a realistic gradient arena (8 variables, ~122k floats) sums on 4 replicas") {
   const std::vector<std::size_t> sizes = {288, 32, 18432, 64, 102400, 128, 1280, 10};
   for (const char* algorithm : kAlgorithms) {
     const Results results = run_all_reduce(algorithm, 4, sizes, 1, 11);
@@ -169,10 +179,11 @@ TEST_CASE("the algorithms add in their documented order") {
   // terms meet first. Three replicas, one element.
   const float values[3] = {1e8f, 1.0f, -1e8f};
   auto reduce = [&](const std::string& algorithm) {
-    auto ops = make_cross_device_ops(algorithm, 3);
+    ThreadGroup group(3, cross_device_op_named(algorithm));
     std::vector<float> cells(values, values + 3);
-    for (int r = 0; r < 3; ++r) ops->bind(r, BufferList{{&cells[static_cast<std::size_t>(r)]}, {1}});
-    run_replicas(3, [&](int r) { ops->all_reduce(r); });
+    run_replicas(3, [&](int r) {
+      group.endpoint(r).all_reduce_sum(std::span<float>(&cells[static_cast<std::size_t>(r)], 1), "test");
+    });
     for (int r = 1; r < 3; ++r) REQUIRE(cells[static_cast<std::size_t>(r)] == cells[0]);
     return cells[0];
   };
@@ -185,19 +196,18 @@ TEST_CASE("the algorithms add in their documented order") {
   CHECK(reduce("ring") == 1.0f);
 }
 
-TEST_CASE("reduce_to sums only on the destination and leaves the others unchanged") {
+TEST_CASE("reduce_sum_to sums only on the destination and leaves the others unchanged") {
   for (int n = 1; n <= 4; ++n)
     for (int destination = 0; destination < n; ++destination) {
       CAPTURE(n);
       CAPTURE(destination);
-      auto ops = make_cross_device_ops("reduction_to_one_device", n);
+      ThreadGroup group(n, CrossDeviceOp::reduction_to_one_device);
       std::vector<std::vector<float>> cells(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        cells[static_cast<std::size_t>(r)] = {float(r + 1), 10.0f * float(r + 1), 0.5f};
-        ops->bind(r, BufferList{{cells[static_cast<std::size_t>(r)].data()}, {3}});
-      }
+      for (int r = 0; r < n; ++r) cells[static_cast<std::size_t>(r)] = {float(r + 1), 10.0f * float(r + 1), 0.5f};
       for (int round = 0; round < 2; ++round)  // the barrier is reused
-        run_replicas(n, [&](int r) { ops->reduce_to(r, destination); });
+        run_replicas(n, [&](int r) {
+          group.endpoint(r).reduce_sum_to(std::span<float>(cells[static_cast<std::size_t>(r)]), destination, "test");
+        });
       const float total = float(n * (n + 1) / 2);
       for (int r = 0; r < n; ++r) {
         const auto& c = cells[static_cast<std::size_t>(r)];
@@ -213,63 +223,56 @@ TEST_CASE("reduce_to sums only on the destination and leaves the others unchange
         }
       }
     }
-  // The other algorithms fall back to an all_reduce.
-  auto ring = make_cross_device_ops("ring", 2);
-  std::vector<float> a = {1.0f}, b = {2.0f};
-  ring->bind(0, BufferList{{a.data()}, {1}});
-  ring->bind(1, BufferList{{b.data()}, {1}});
-  run_replicas(2, [&](int r) { ring->reduce_to(r, 1); });
-  CHECK(a[0] == 3.0f);
-  CHECK(b[0] == 3.0f);
-  CHECK_THROWS_AS(ring->reduce_to(0, 2), InternalError);
-}
-
-TEST_CASE("make_cross_device_ops knows the three algorithms and refuses the rest") {
-  for (const char* algorithm : kAlgorithms) {
-    auto ops = make_cross_device_ops(algorithm, 3);
-    CHECK(std::string(ops->name()) == algorithm);
-    CHECK(ops->num_replicas() == 3);
-    CHECK(ops->barrier().participants() == 3);
+  // Whatever the group's op for all-reduces, the sum lands on the destination only.
+  for (const char* algorithm : {"hierarchical_copy", "ring"}) {
+    CAPTURE(algorithm);
+    ThreadGroup ring(2, cross_device_op_named(algorithm));
+    std::vector<float> a = {1.0f}, b = {2.0f};
+    run_replicas(2, [&](int r) { ring.endpoint(r).reduce_sum_to(std::span<float>(r == 0 ? a : b), 1, "test"); });
+    CHECK(a[0] == 1.0f);
+    CHECK(b[0] == 3.0f);
+    CHECK_THROWS_AS(ring.endpoint(0).reduce_sum_to(std::span<float>(a), 2, "test"), InternalError);
   }
-  CHECK_THROWS_AS(make_cross_device_ops("auto", 2), InternalError);
-  CHECK_THROWS_AS(make_cross_device_ops("nccl", 2), InternalError);
-  CHECK_THROWS_AS(make_cross_device_ops("", 2), InternalError);
-  CHECK_THROWS_AS(make_cross_device_ops("ring", 0), InternalError);
 }
 
-TEST_CASE("bad bindings are internal errors, on every replica alike") {
-  auto ops = make_cross_device_ops("ring", 2);
+TEST_CASE("a thread group knows the three algorithms and refuses the rest") {
+  for (const char* algorithm : kAlgorithms) {
+    ThreadGroup group(3, cross_device_op_named(algorithm));
+    CHECK(std::string(group.name()) == algorithm);
+    CHECK(std::string(group.endpoint(2).name()) == algorithm);
+    CHECK(group.endpoint(1).size() == 3);
+    CHECK(group.endpoint(1).rank() == 1);
+    CHECK(group.barrier().participants() == 3);
+  }
+  CHECK_THROWS_AS(cross_device_op_named("auto"), InternalError);
+  CHECK_THROWS_AS(cross_device_op_named("nccl"), InternalError);
+  CHECK_THROWS_AS(cross_device_op_named(""), InternalError);
+  CHECK_THROWS_AS(ThreadGroup(0, CrossDeviceOp::ring), InternalError);
+}
+
+TEST_CASE("bad values are internal errors, on every replica alike") {
+  ThreadGroup group(2, CrossDeviceOp::ring);
   std::vector<float> a(4), b(5);
-  CHECK_THROWS_AS(ops->bind(2, BufferList{{a.data()}, {4}}), InternalError);
-  CHECK_THROWS_AS(ops->bind(-1, BufferList{{a.data()}, {4}}), InternalError);
-  CHECK_THROWS_AS(ops->bind(0, BufferList{{a.data()}, {4, 1}}), InternalError);
-  CHECK_THROWS_AS(ops->bind(0, BufferList{{nullptr}, {4}}), InternalError);
-  CHECK_NOTHROW(ops->bind(0, BufferList{{nullptr}, {0}}));
-
-  // Mismatched sizes across replicas: both replicas see it after the opening barrier.
-  ops->bind(0, BufferList{{a.data()}, {4}});
-  ops->bind(1, BufferList{{b.data()}, {5}});
-  std::atomic<int> internal_errors{0};
-  run_replicas(2, [&](int r) {
-    try {
-      ops->all_reduce(r);
-    } catch (const InternalError&) {
-      ++internal_errors;
-    }
-  });
-  CHECK(internal_errors == 2);
-
-  // The same memory bound to two replicas.
-  ops->bind(1, BufferList{{a.data()}, {4}});
-  internal_errors = 0;
-  run_replicas(2, [&](int r) {
-    try {
-      ops->all_reduce(r);
-    } catch (const InternalError&) {
-      ++internal_errors;
-    }
-  });
-  CHECK(internal_errors == 2);
+  CHECK_THROWS_AS(group.endpoint(2), InternalError);
+  CHECK_THROWS_AS(group.endpoint(-1), InternalError);
+  // Every replica checks every replica's values after the opening barrier: all throw, or none.
+  auto errors_of = [&](std::span<float> zero, std::span<float> one) {
+    std::atomic<int> internal_errors{0};
+    run_replicas(2, [&](int r) {
+      try {
+        group.endpoint(r).all_reduce_sum(r == 0 ? zero : one, "test");
+      } catch (const InternalError&) {
+        ++internal_errors;
+      }
+    });
+    return internal_errors.load();
+  };
+  CHECK(errors_of(std::span<float>(static_cast<float*>(nullptr), 4), std::span<float>(b.data(), 4)) == 2);
+  CHECK(errors_of(std::span<float>(static_cast<float*>(nullptr), 0), std::span<float>(b.data(), 0)) == 0);
+  // Mismatched lengths across replicas.
+  CHECK(errors_of(std::span<float>(a), std::span<float>(b)) == 2);
+  // The same memory given by two replicas.
+  CHECK(errors_of(std::span<float>(a), std::span<float>(a)) == 2);
 }
 
 TEST_CASE("the barrier is reusable and publishes writes across many rounds") {
@@ -350,24 +353,22 @@ TEST_CASE("break_barrier wakes every waiter with BarrierBroken, until reset") {
 TEST_CASE("a failing replica breaks a collective and the others throw instead of hanging") {
   for (const char* algorithm : kAlgorithms) {
     CAPTURE(algorithm);
-    std::shared_ptr<CrossDeviceOps> ops = make_cross_device_ops(algorithm, 3);
+    auto group = std::make_shared<ThreadGroup>(3, cross_device_op_named(algorithm));
     auto cells = std::make_shared<std::vector<float>>(3, 1.0f);
-    for (int r = 0; r < 3; ++r)
-      ops->bind(r, BufferList{{cells->data() + r}, {1}});
     auto broken = std::make_shared<std::atomic<int>>(0);
     auto finished = std::make_shared<std::atomic<int>>(0);
     std::vector<std::thread> threads;
     for (int r = 0; r < 2; ++r)
-      threads.emplace_back([ops, cells, broken, finished, r] {
+      threads.emplace_back([group, cells, broken, finished, r] {
         try {
-          ops->all_reduce(r);
+          group->endpoint(r).all_reduce_sum(std::span<float>(cells->data() + r, 1), "test");
         } catch (const BarrierBroken&) {
           ++*broken;
         }
         ++*finished;
       });
     // Replica 2 fails before reaching the collective; the strategy breaks the barrier.
-    ops->barrier().break_barrier();
+    group->barrier().break_barrier();
     const bool woke = wait_for(*finished, 2);
     CHECK(woke);
     for (auto& t : threads) {
@@ -379,4 +380,97 @@ TEST_CASE("a failing replica breaks a collective and the others throw instead of
     if (!woke) return;
     CHECK(*broken == 2);
   }
+}
+
+namespace {
+
+// Records the ring's schedule instead of moving data.
+struct RecordingTransport final : RingTransport {
+  std::vector<std::string> steps;
+  void open(std::span<float> values, const char*) override { steps.push_back("open " + std::to_string(values.size())); }
+  void exchange(std::span<float>, RingChunk send, RingChunk recv, bool accumulate, const char*) override {
+    steps.push_back((accumulate ? "add " : "copy ") + std::to_string(send.begin) + "-" + std::to_string(send.end) + " " +
+                    std::to_string(recv.begin) + "-" + std::to_string(recv.end));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the ring: chunks partition the array, and each step passes its chunk to the right") {
+  for (std::size_t n : {1, 2, 3, 7})
+    for (std::size_t total : {0, 1, 2, 10, 101}) {
+      std::size_t next = 0;
+      for (std::size_t c = 0; c < n; ++c) {
+        const RingChunk chunk = ring_chunk(c, n, total);
+        CHECK(chunk.begin == next);
+        CHECK(chunk.size() + 1 >= total / n);
+        CHECK(chunk.size() <= total / n + 1);
+        next = chunk.end;
+      }
+      CHECK(next == total);
+    }
+  // Participant 1 of 3 over 9 elements (chunks 0-3, 3-6, 6-9): reduce-scatter sends its own chunk
+  // 1 then chunk 0, receiving chunk 0 then 2 to add; the all-gather passes on the complete chunk
+  // 2, then chunk 1, receiving 1 and then 0.
+  RecordingTransport transport;
+  std::vector<float> values(9);
+  ring_all_reduce(transport, 1, 3, values, "test");
+  CHECK(transport.steps == std::vector<std::string>{"open 9", "add 3-6 0-3", "add 0-3 6-9", "copy 6-9 3-6", "copy 3-6 0-3"});
+  // A ring of one has nothing to do.
+  RecordingTransport alone;
+  ring_all_reduce(alone, 0, 1, values, "test");
+  CHECK(alone.steps.empty());
+}
+
+TEST_CASE("ring_all_reduce_sum is the same ring on any thread group, bit for bit") {
+  const std::vector<std::size_t> sizes = {13, 0, 7, 300};
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    const Results ring = run_all_reduce("ring", n, sizes, 1, 3);
+    ThreadGroup group(n, CrossDeviceOp::hierarchical_copy);
+    std::vector<std::vector<float>> got(static_cast<std::size_t>(n));
+    run_replicas(n, [&](int r) {
+      std::vector<float> mine = flatten(replica_values(sizes, r, 0, 3));
+      group.endpoint(r).ring_all_reduce_sum(std::span<float>(mine), "test");
+      got[static_cast<std::size_t>(r)] = mine;
+    });
+    for (int r = 0; r < n; ++r) CHECK(bitwise_equal(split(got[static_cast<std::size_t>(r)], sizes), ring[0][0]));
+  }
+}
+
+TEST_CASE("double and int64 sums, the maximum and broadcast over threads, in replica order") {
+  for (const char* algorithm : kAlgorithms)
+    for (int n = 1; n <= 4; ++n) {
+      CAPTURE(algorithm);
+      CAPTURE(n);
+      ThreadGroup group(n, cross_device_op_named(algorithm));
+      std::vector<std::vector<double>> d(static_cast<std::size_t>(n));
+      std::vector<std::vector<std::int64_t>> k(static_cast<std::size_t>(n));
+      std::vector<int> maxima(static_cast<std::size_t>(n));
+      std::vector<std::vector<double>> b(static_cast<std::size_t>(n));
+      run_replicas(n, [&](int r) {
+        const auto i = static_cast<std::size_t>(r);
+        // 1e17 + 1 loses the 1 unless the two large terms meet first: ((x0 + x1) + x2) + x3.
+        d[i] = {r == 0 ? 1e17 : r == 1 ? 1.0 : r == 2 ? -1e17 : 0.5, 0.25 * r};
+        k[i] = {std::int64_t{1} << (40 + r), -r};
+        ThreadCommunicator& me = group.endpoint(r);
+        me.all_reduce_sum(std::span<double>(d[i]), "doubles");
+        me.all_reduce_sum(std::span<std::int64_t>(k[i]), "counts");
+        maxima[i] = me.all_reduce_max(10 * ((r + 2) % n), "max");
+        b[i] = {double(r), -double(r)};
+        me.broadcast(std::span<double>(b[i]), n - 1, "broadcast");
+      });
+      const double first = n == 1 ? 1e17 : n == 2 ? 1e17 + 1.0 : n == 3 ? 0.0 : 0.5;
+      std::int64_t total = 0;
+      for (int r = 0; r < n; ++r) total += std::int64_t{1} << (40 + r);
+      for (int r = 0; r < n; ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        CHECK(d[i][0] == first);
+        CHECK(d[i][1] == 0.25 * (n * (n - 1) / 2));
+        CHECK(k[i][0] == total);
+        CHECK(k[i][1] == -(n * (n - 1) / 2));
+        CHECK(maxima[i] == 10 * (n - 1));
+        CHECK(b[i] == std::vector<double>{double(n - 1), -double(n - 1)});
+      }
+    }
 }

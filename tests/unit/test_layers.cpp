@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <span>
 #include <utility>
 #include <vector>
 #include <string>
@@ -167,6 +168,16 @@ nn::DenseOptions dense(int units, Activation a, bool bias = true) {
   d.activation = a;
   d.use_bias = bias;
   return d;
+}
+
+// conv2d (3x3, relu) -> flatten -> dense (linear), with Keras's default names.
+config::ModelConfig conv_flatten_dense(std::vector<std::int64_t> input, int filters, int units) {
+  config::ModelConfig mc;
+  mc.input_shape = std::move(input);
+  mc.layers.push_back(nn::layer_config("conv2d", conv(filters, 3, 1, Padding::valid, Activation::relu)));
+  mc.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
+  mc.layers.push_back(nn::layer_config("dense", dense(units, Activation::linear)));
+  return mc;
 }
 
 nn::MaxPool2DOptions pool(int p, int s, Padding pad) {
@@ -332,12 +343,7 @@ TEST_CASE("dropout masks are keyed by (seed, step, sample id, layer) and drop ab
 }
 
 TEST_CASE("a model reuses its plan across steps and handles a second batch size") {
-  config::ModelConfig mc;
-  mc.input_shape = {6, 6, 2};
-  mc.layers.push_back(nn::layer_config("c", conv(3, 3, 1, Padding::valid, Activation::relu)));
-  mc.layers.push_back(nn::layer_config("f", nn::FlattenOptions{}));
-  mc.layers.push_back(nn::layer_config("d", dense(2, Activation::linear)));
-  nn::Sequential model(mc, 1, testing::cpu());
+  nn::Sequential model(conv_flatten_dense({6, 6, 2}, 3, 2), 1, testing::cpu());
   const nn::StepContext ctx = testing::step_of(nn::Mode::inference);
   Tensor a(Shape{4, 6, 6, 2}), b(Shape{3, 6, 6, 2});
   Rng rng(1, RngStream::test);
@@ -356,11 +362,7 @@ TEST_CASE("a model reuses its plan across steps and handles a second batch size"
 }
 
 TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
-  config::ModelConfig mc;
-  mc.input_shape = {8, 8, 1};
-  mc.layers.push_back(nn::layer_config("conv2d", conv(16, 3, 1, Padding::valid, Activation::relu)));
-  mc.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
-  mc.layers.push_back(nn::layer_config("dense", dense(10, Activation::linear)));
+  const config::ModelConfig mc = conv_flatten_dense({8, 8, 1}, 16, 10);
   nn::Sequential model(mc, 42, testing::cpu());
   auto vars = model.variables();
   REQUIRE(vars.size() == 4);
@@ -376,6 +378,23 @@ TEST_CASE("glorot_uniform kernels, zero biases, Keras names") {
   nn::Sequential again(mc, 42, testing::cpu());
   CHECK(std::equal(vars[0]->value.span<float>().begin(), vars[0]->value.span<float>().end(),
                    again.variables()[0]->value.span<float>().begin()));
+}
+
+TEST_CASE("the gradients of a model are one contiguous arena, in variables() order") {
+  nn::Sequential model(conv_flatten_dense({8, 8, 1}, 4, 3), 1, testing::cpu());
+  const auto& vars = model.variables();
+  REQUIRE(model.gradient_sizes().size() == vars.size());
+  std::span<float> arena = model.gradient_arena();
+  CHECK(arena.size() == static_cast<std::size_t>(model.num_parameters()));
+  std::size_t at = 0;
+  for (std::size_t v = 0; v < vars.size(); ++v) {
+    CAPTURE(v);
+    CHECK(model.gradient_sizes()[v] == static_cast<std::size_t>(vars[v]->value.numel()));
+    CHECK(vars[v]->grad.shape() == vars[v]->value.shape());
+    CHECK(vars[v]->grad.data<float>() == arena.data() + at);
+    at += model.gradient_sizes()[v];
+  }
+  CHECK(at == arena.size());
 }
 
 TEST_CASE("backward hands each layer's final gradients over, last layer first, regularization included") {

@@ -1,5 +1,6 @@
 // A training step allocates nothing once its batch size has been seen: the model's plans, the
-// loss gradient buffer, the optimizer slots and the metrics all reuse their storage. Counted by
+// loss gradient buffer, the optimizer slots and the metrics all reuse their storage, and so do the
+// strategies' replica threads and collectives. Counted by
 // replacing the global operator new for this test binary.
 //
 // One exception we cannot remove: oneDNN's dnnl_primitive_execute() builds a small std::
@@ -15,6 +16,8 @@
 
 #include "config/experiment.hpp"
 #include "core/rng.hpp"
+#include "distribute/single_communicator.hpp"
+#include "distribute/strategy.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/dense.hpp"
 #include "nn/max_pool2d.hpp"
@@ -31,8 +34,8 @@ std::atomic<bool> counting{false};
 std::atomic<long> allocations{0};
 }  // namespace
 
-// Not inlined: GCC would then see malloc's memory reach free through operator new/delete and warn
-// (-Wmismatched-new-delete) about the pairing this replacement makes on purpose.
+// Not inlined, nor the deletes below: GCC would otherwise see malloc() or free() meet a pointer
+// from the other family and warn (-Wmismatched-new-delete), though the replacements match.
 [[gnu::noinline]] void* operator new(std::size_t n) {
   if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
@@ -111,4 +114,50 @@ TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
   // oneDNN's per-call bookkeeping only: the same count each step, a handful per primitive run.
   for (long n : model_allocs) CHECK(n == model_allocs.front());
   CHECK(model_allocs.front() < 200);
+}
+
+TEST_CASE("a strategy's step allocates nothing after the first: run, gradient sums, in-replica sums, reduce") {
+  struct Case {
+    config::StrategyKind kind;
+    config::CrossDeviceOpsKind op;
+  };
+  const Case cases[] = {{config::StrategyKind::mirrored, config::CrossDeviceOpsKind::reduction_to_one_device},
+                        {config::StrategyKind::mirrored, config::CrossDeviceOpsKind::hierarchical_copy},
+                        {config::StrategyKind::mirrored, config::CrossDeviceOpsKind::ring},
+                        {config::StrategyKind::central_storage, config::CrossDeviceOpsKind::auto_select},
+                        {config::StrategyKind::multi_worker_mirrored, config::CrossDeviceOpsKind::auto_select},
+                        {config::StrategyKind::default_strategy, config::CrossDeviceOpsKind::auto_select}};
+  distribute::SingleCommunicator alone;
+  for (const Case& c : cases) {
+    CAPTURE(static_cast<int>(c.kind));
+    CAPTURE(static_cast<int>(c.op));
+    config::StrategyConfig sc;
+    sc.kind = c.kind;
+    sc.cross_device_ops = c.op;
+    sc.devices_auto = false;
+    sc.devices = {"cpu:0", "cpu:1", "cpu:2"};
+    auto strategy = distribute::make_strategy(sc, 3, alone);
+    const auto n = static_cast<std::size_t>(strategy->num_local_replicas());
+    const std::vector<std::size_t> sizes = {288, 32, 1000, 10};
+    std::vector<std::vector<float>> arenas(n, std::vector<float>(1330, 1.0f));
+    std::vector<std::vector<double>> in_replica(n, std::vector<double>(3, 0.5));
+    std::vector<double> losses(n, 0.25);
+    for (std::size_t r = 0; r < n; ++r) strategy->bind_gradients(static_cast<int>(r), arenas[r], sizes);
+    const distribute::Strategy::ReplicaFn step = [&](const distribute::ReplicaContext& rc) {
+      const auto r = static_cast<std::size_t>(rc.replica_id);
+      strategy->sum_gradients(rc);
+      strategy->update(rc, [] {});
+      strategy->all_reduce_sum_in_replica(rc, in_replica[r], "in replica");
+    };
+    strategy->run(step);
+    strategy->reduce_sum(losses);
+    allocations = 0;
+    counting = true;
+    for (int i = 0; i < 3; ++i) {
+      strategy->run(step);
+      strategy->reduce_sum(losses);
+    }
+    counting = false;
+    CHECK(allocations.load() == 0);
+  }
 }

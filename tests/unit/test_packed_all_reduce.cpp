@@ -1,17 +1,19 @@
 // Gradient packs across workers: the plan every worker must agree on, and the hand-over between
 // backward and the communication thread. The sums themselves run under mpirun
-// (tests/integration/multi_worker.sh: equivalence, overlap); here the world is one process, where
-// a collective leaves the values as they are, so what is checked is that every pack goes through
-// the staging exactly, each step, in any hand-over order, without races (ThreadSanitizer in CI).
+// (tests/mpi/test_mpi_collectives.cpp with 2 and 4 ranks; tests/integration/multi_worker.sh:
+// equivalence, overlap); here the world is one process, where a collective leaves the values as
+// they are, so what is checked is that every pack is summed in place exactly, each step, in any
+// hand-over order, without races (ThreadSanitizer in CI).
 #include <doctest/doctest.h>
 
 #include <numeric>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "core/error.hpp"
-#include "distribute/cluster.hpp"
 #include "distribute/packed_all_reduce.hpp"
+#include "distribute/single_communicator.hpp"
 
 using namespace dtrain;
 using distribute::GradientPack;
@@ -46,23 +48,23 @@ TEST_CASE("packs are whole variables from the last one, at most bytes_per_pack e
 
 namespace {
 
+// A gradient arena: variable i's element k holds 1000 i + k.
 struct Gradients {
-  std::vector<std::vector<float>> values;
-  distribute::BufferList list;
-  explicit Gradients(const std::vector<std::size_t>& sizes) {
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      values.emplace_back(sizes[i]);
-      std::iota(values.back().begin(), values.back().end(), static_cast<float>(1000 * i));
-    }
-    for (auto& v : values) {
-      list.data.push_back(v.data());
-      list.sizes.push_back(v.size());
-    }
+  std::vector<std::size_t> sizes;
+  std::vector<float> arena;
+  explicit Gradients(const std::vector<std::size_t>& variable_sizes) : sizes(variable_sizes) {
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      for (std::size_t k = 0; k < sizes[i]; ++k) arena.push_back(static_cast<float>(1000 * i + k));
   }
-  bool unchanged() const {
-    for (std::size_t i = 0; i < values.size(); ++i)
-      for (std::size_t k = 0; k < values[i].size(); ++k)
-        if (values[i][k] != static_cast<float>(1000 * i + k)) return false;
+  std::span<float> variable(std::size_t i) {
+    return std::span<float>(arena).subspan(std::accumulate(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(i),
+                                                           std::size_t{0}),
+                                           sizes[i]);
+  }
+  bool unchanged() {
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      for (std::size_t k = 0; k < sizes[i]; ++k)
+        if (variable(i)[k] != static_cast<float>(1000 * i + k)) return false;
     return true;
   }
 };
@@ -70,14 +72,14 @@ struct Gradients {
 }  // namespace
 
 TEST_CASE("overlapped packs: handed over by layer in any order, every step, the same values as without overlap") {
-  distribute::Cluster world_of_one;
+  distribute::SingleCommunicator world_of_one;
   const std::vector<std::size_t> sizes = {9, 3, 40, 5, 7, 2};
   for (bool overlap : {false, true}) {
     for (std::int64_t bytes : {0, 32, 64}) {
       CAPTURE(overlap);
       CAPTURE(bytes);
       Gradients g(sizes);
-      distribute::PackedAllReduce packed(world_of_one, g.list, bytes, /*ring=*/bytes == 32, overlap);
+      distribute::PackedAllReduce packed(world_of_one, g.arena, g.sizes, bytes, /*ring=*/bytes == 32, overlap);
       // One pack (bytes 0) is only complete when backward is: no thread.
       CHECK(packed.overlaps() == (overlap && packed.packs().size() > 1));
       for (int step = 0; step < 20; ++step) {
@@ -99,36 +101,43 @@ TEST_CASE("overlapped packs: handed over by layer in any order, every step, the 
 TEST_CASE("overlapped packs: the hand-over comes from the compute thread, finish from the same") {
   // As in training: a replica thread runs backward (ready) and then finish, step after step,
   // while the communication thread sums; nothing else synchronises them.
-  distribute::Cluster world_of_one;
+  distribute::SingleCommunicator world_of_one;
   Gradients g({100, 10, 1000, 10});
-  distribute::PackedAllReduce packed(world_of_one, g.list, 64, false, true);
+  distribute::PackedAllReduce packed(world_of_one, g.arena, g.sizes, 64, false, true);
   std::thread replica([&] {
     for (int step = 0; step < 200; ++step) {
-      for (float& v : g.values[3]) v += 1.0f;  // backward writes the last layer's gradient...
+      for (float& v : g.variable(3)) v += 1.0f;  // backward writes the last layer's gradient...
       packed.ready(2, 2);
-      for (float& v : g.values[0]) v += 1.0f;  // ...and the first layer's while that one is summed
+      for (float& v : g.variable(0)) v += 1.0f;  // ...and the first layer's while that one is summed
       packed.ready(0, 2);
       packed.finish();
     }
   });
   replica.join();
-  CHECK(g.values[3][0] == 3000.0f + 200.0f);
-  CHECK(g.values[0][99] == 99.0f + 200.0f);
+  CHECK(g.variable(3)[0] == 3000.0f + 200.0f);
+  CHECK(g.variable(0)[99] == 99.0f + 200.0f);
 }
 
 TEST_CASE("overlapped packs: a variable handed over twice, or finish before all are, is a programming error") {
-  distribute::Cluster world_of_one;
+  distribute::SingleCommunicator world_of_one;
   Gradients g({4, 4});
   {
-    distribute::PackedAllReduce packed(world_of_one, g.list, 16, false, true);
+    distribute::PackedAllReduce packed(world_of_one, g.arena, g.sizes, 16, false, true);
     REQUIRE(packed.overlaps());
     packed.ready(1, 1);
     CHECK_THROWS_AS(packed.ready(1, 1), InternalError);
   }
   {
-    distribute::PackedAllReduce packed(world_of_one, g.list, 16, false, true);
+    distribute::PackedAllReduce packed(world_of_one, g.arena, g.sizes, 16, false, true);
     packed.ready(1, 1);
     CHECK_THROWS_AS(packed.finish(), InternalError);
     CHECK_THROWS_AS(packed.ready(2, 1), InternalError);
   }
+}
+
+TEST_CASE("a gradient arena that does not match its variables is a programming error") {
+  distribute::SingleCommunicator world_of_one;
+  std::vector<float> arena(10);
+  const std::vector<std::size_t> sizes = {4, 4};
+  CHECK_THROWS_AS(distribute::PackedAllReduce(world_of_one, arena, sizes, 0, false, false), InternalError);
 }

@@ -1,11 +1,16 @@
-// Roles of a multi-worker job: strategy.roles and TF_CONFIG against the MPI world.
+// Roles of a multi-worker job: strategy.roles and TF_CONFIG against the MPI world; the worker group
+// of a process that no MPI launcher started.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "config/experiment.hpp"
 #include "core/error.hpp"
 #include "distribute/roles.hpp"
+#include "distribute/single_communicator.hpp"
 
 using namespace dtrain;
 using distribute::Role;
@@ -97,4 +102,32 @@ TEST_CASE("TF_CONFIG gives the roles and must agree with the MPI world and with 
   CHECK(error_of({}, R"({"cluster": {"worker": ["a:1"]}})", 1, 0).find("no \"task\"") != std::string::npos);
   CHECK(error_of({}, R"({"cluster": {"worker": ["a:1"], "master": ["b:1"]}, "task": {"type": "worker", "index": 0}})", 2, 0)
             .find("task type 'master'") != std::string::npos);
+}
+
+TEST_CASE("a process not started by an MPI launcher is a worker group of one, without roles") {
+  distribute::SingleCommunicator alone;
+  distribute::WorkerGroup& workers = alone;
+  CHECK(workers.size() == 1);
+  CHECK(workers.rank() == 0);
+  CHECK(workers.world_size() == 1);
+  CHECK(workers.world_rank() == 0);
+  CHECK(std::string(workers.name()) == "single");
+  // Roles only exist in an MPI job: the experiment's and TF_CONFIG are not consulted here.
+  const std::string tf = tf_config(1, 2, 1, "evaluator", 0);
+  CHECK_FALSE(workers.assign_roles(written(1, -1, 1), tf.c_str()).has_value());
+  CHECK(workers.training_done());
+  // Every collective of a group of one leaves the values as they are.
+  std::vector<float> f = {1.5f, -2.0f};
+  std::vector<double> d = {0.25};
+  std::vector<std::int64_t> k = {7};
+  workers.all_reduce_sum(std::span<float>(f), "f");
+  workers.ring_all_reduce_sum(std::span<float>(f), "ring");
+  workers.reduce_sum_to(std::span<float>(f), 0, "to root");
+  workers.all_reduce_sum(std::span<double>(d), "d");
+  workers.all_reduce_sum(std::span<std::int64_t>(k), "k");
+  CHECK(f == std::vector<float>{1.5f, -2.0f});
+  CHECK(d == std::vector<double>{0.25});
+  CHECK(k == std::vector<std::int64_t>{7});
+  CHECK(workers.all_reduce_max(3, "max") == 3);
+  CHECK_THROWS_AS(workers.reduce_sum_to(std::span<float>(f), 1, "to root"), InternalError);
 }

@@ -4,14 +4,20 @@
 
 #include <hdf5.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
+#include "distribute/single_communicator.hpp"
+#include "distribute/strategy.hpp"
 #include "train/trainer.hpp"
 
 using namespace dtrain;
@@ -210,4 +216,147 @@ TEST_CASE("a replica that fails stops the others instead of leaving them in a co
   CHECK_THROWS_AS(t->train_steps(0, 3), InputError);
   // The strategy is usable again afterwards (the barrier was reset).
   CHECK_THROWS_AS(t->train_steps(0, 1), InputError);
+}
+
+namespace {
+
+config::StrategyConfig strategy_config(config::StrategyKind kind, int devices) {
+  config::StrategyConfig c;
+  c.kind = kind;
+  c.devices_auto = false;
+  for (int i = 0; i < devices; ++i) c.devices.push_back(fmt::format("cpu:{}", i));
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("central storage honours parameter_device: any replica may hold the one copy") {
+  const std::string sgd = "{kind: sgd, learning_rate: 0.05, momentum: 0.9}";
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    auto on_first = make_trainer(cnn_experiment(fmt::format("{{kind: central_storage, devices: {}}}", devices(n)), 32 / n, sgd));
+    auto on_last = make_trainer(cnn_experiment(
+        fmt::format("{{kind: central_storage, devices: {}, parameter_device: cpu:{}}}", devices(n), n - 1), 32 / n, sgd));
+    distribute::Strategy& s = on_last->strategy();
+    CHECK(s.primary_replica() == n - 1);
+    for (int r = 0; r < n; ++r) CHECK(s.holds_variables(r) == (r == n - 1));
+    CHECK(on_first->strategy().primary_replica() == 0);
+    CHECK(weights(*on_last) == weights(*on_first));
+    on_first->train_steps(0, 1);
+    on_last->train_steps(0, 1);
+    // The same update, summed in another order: ((x_d + x_0) + ...) instead of ((x_0 + x_1) + ...).
+    CHECK(rel_diff(weights(*on_last), weights(*on_first)) < 1e-6);
+    on_first->train_steps(0, 20);
+    on_last->train_steps(0, 20);
+    CHECK(rel_diff(weights(*on_last), weights(*on_first)) < 1e-5);
+    // One copy: every replica computes with the holder's values.
+    for (int r = 0; r < n; ++r) CHECK(weights(*on_last, r) == weights(*on_last, n - 1));
+  }
+}
+
+TEST_CASE("central storage: checkpoints hold the parameter device's copy and restore into it") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("dtrain_test_parameter_device_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string yaml =
+      cnn_experiment("{kind: central_storage, devices: [cpu:0, cpu:1], parameter_device: cpu:1}", 16, "{kind: adam}");
+  train::TrainerOptions opt;
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  opt.out = quiet;
+  opt.run_dir = dir.string();
+  train::Trainer trained(config::parse_experiment(yaml, "test.yaml", {"train.steps_per_epoch=3"}), opt);
+  trained.fit();
+  std::fclose(quiet);
+  const std::string ckpt = (dir / "checkpoints" / "ckpt-3.h5").string();
+  REQUIRE(std::filesystem::exists(ckpt));
+  auto mirrored = make_trainer(cnn_experiment("{kind: mirrored, devices: [cpu:0, cpu:1]}", 16, "{kind: adam}"));
+  mirrored->restore(ckpt);
+  CHECK(weights(*mirrored, 1) == weights(trained, 1));
+  auto again = make_trainer(yaml);
+  again->restore(ckpt);
+  CHECK(weights(*again, 0) == weights(trained, 1));
+  // The restored copy goes on exactly as the trained one would.
+  trained.train_steps(1, 2);
+  again->train_steps(1, 2);
+  CHECK(weights(*again) == weights(trained));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("central storage: a parameter_device that is not a replica's device is refused where it is written") {
+  const std::string given =
+      cnn_experiment("{kind: central_storage, devices: [cpu:0, cpu:1], parameter_device: cpu:2}", 16, "{kind: sgd}");
+  // The value's line:column (line 4 of the experiment: the strategy's flow map).
+  CHECK_THROWS_WITH_AS(make_trainer(given),
+                       doctest::Contains("test.yaml:4:78: strategy.parameter_device cpu:2 is not one of the replicas' "
+                                         "devices (cpu:0, cpu:1): on CPU devices the single copy of the variables lives "
+                                         "with the replica of that device; set parameter_device to one of them"),
+                       ConfigError);
+  // Left to its default cpu:0 with replicas elsewhere: the location is the strategy's kind.
+  const std::string by_default = cnn_experiment("{kind: central_storage, devices: [cpu:1, cpu:2]}", 16, "{kind: sgd}");
+  CHECK_THROWS_WITH_AS(make_trainer(by_default),
+                       doctest::Contains("test.yaml:4:18: strategy.parameter_device cpu:0 (the default) is not one of "
+                                         "the replicas' devices (cpu:1, cpu:2)"),
+                       ConfigError);
+  const std::string gpu =
+      cnn_experiment("{kind: central_storage, devices: [cpu:0], parameter_device: gpu:0}", 16, "{kind: sgd}");
+  CHECK_THROWS_WITH_AS(make_trainer(gpu), doctest::Contains("gpu:0 is not one of the replicas' devices (cpu:0)"),
+                       ConfigError);
+}
+
+TEST_CASE("replica contexts, and sums inside run() over every local replica in replica order") {
+  distribute::SingleCommunicator alone;
+  for (auto kind : {config::StrategyKind::mirrored, config::StrategyKind::central_storage,
+                    config::StrategyKind::multi_worker_mirrored}) {
+    CAPTURE(static_cast<int>(kind));
+    auto strategy = distribute::make_strategy(strategy_config(kind, 3), 3, alone);
+    REQUIRE(strategy->num_local_replicas() == 3);
+    CHECK_FALSE(strategy->schedules_steps());
+    CHECK(strategy->replica_device(2) == Device{Device::Kind::cpu, 2});
+    std::vector<std::vector<double>> seen(3);
+    std::vector<distribute::ReplicaContext> contexts(3);
+    // 1e17 + 1 loses the 1 unless the two large terms meet first: replica order, ((x0 + x1) + x2).
+    const double firsts[3] = {1e17, 1.0, -1e17};
+    strategy->run([&](const distribute::ReplicaContext& rc) {
+      const auto r = static_cast<std::size_t>(rc.replica_id);
+      contexts[r] = rc;
+      seen[r] = {firsts[r], double(rc.global_replica_id + 1)};
+      strategy->all_reduce_sum_in_replica(rc, std::span<double>(seen[r]), "test");
+      strategy->all_reduce_sum_in_replica(rc, std::span<double>(seen[r]).subspan(1), "again");
+    });
+    for (int r = 0; r < 3; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      CHECK(contexts[i].replica_id == r);
+      CHECK(contexts[i].global_replica_id == r);
+      CHECK(contexts[i].num_replicas_in_sync == 3);
+      CHECK(seen[i] == std::vector<double>{0.0, 18.0});
+    }
+    const std::vector<double> per_replica = {1.0, 2.0, 4.0};
+    CHECK(strategy->reduce_sum(per_replica) == 7.0);
+    CHECK(strategy->all_gather(5, "test") == std::vector<std::int64_t>{5});
+  }
+}
+
+TEST_CASE("make_strategy: the devices, and what the config says about replicas in sync and evaluation") {
+  distribute::SingleCommunicator alone;
+  config::StrategyConfig mirrored_auto;
+  mirrored_auto.kind = config::StrategyKind::mirrored;
+  CHECK(distribute::num_replicas_in_sync(mirrored_auto, 3, 1) == 3);
+  CHECK(distribute::make_strategy(mirrored_auto, 3, alone)->num_replicas_in_sync() == 3);
+  config::StrategyConfig mwm_auto;
+  mwm_auto.kind = config::StrategyKind::multi_worker_mirrored;
+  CHECK(distribute::num_replicas_in_sync(mwm_auto, 8, 4) == 4);
+  CHECK(distribute::num_replicas_in_sync(strategy_config(config::StrategyKind::multi_worker_mirrored, 2), 8, 3) == 6);
+  CHECK(distribute::num_replicas_in_sync(strategy_config(config::StrategyKind::central_storage, 2), 8, 3) == 2);
+  CHECK(distribute::num_replicas_in_sync(config::StrategyConfig{}, 8, 3) == 1);
+  CHECK(distribute::spans_workers(mwm_auto));
+  CHECK_FALSE(distribute::spans_workers(mirrored_auto));
+  CHECK(distribute::evaluation_strategy(1).kind == config::StrategyKind::default_strategy);
+  CHECK(distribute::evaluation_strategy(2).kind == config::StrategyKind::multi_worker_mirrored);
+  auto one = distribute::make_strategy(config::StrategyConfig{}, 4, alone);
+  CHECK(one->threads_per_replica() == 4);
+  CHECK(one->describe() == "strategy default | replicas 1 (cpu:0) | cross-device ops none");
+  CHECK(one->primary_replica() == 0);
+  CHECK(one->holds_variables(0));
+  CHECK_FALSE(one->overlaps_backward());
+  CHECK(one->take_cross_worker_seconds() == 0.0);
 }

@@ -1,0 +1,109 @@
+// MultiWorkerMirroredStrategy: mirrored over every worker process (MPI rank) and its local
+// replicas. Each step the local replicas sum their gradients (the ring, in shared memory), then
+// replica 0 sums them with every other worker's (PackedAllReduce: MPI_Allreduce or the ring over
+// point-to-point, in packs) and the other local replicas copy its sum. With one replica per worker,
+// at least two packs and communication.overlap, each pack's sum starts while backward computes the
+// earlier layers.
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "distribute/packed_all_reduce.hpp"
+#include "distribute/replicated_strategy.hpp"
+
+namespace dtrain::distribute {
+
+namespace {
+
+class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
+ public:
+  MultiWorkerMirroredStrategy(ReplicaLayout layout, int total_threads, Communicator& workers,
+                              const config::CommunicationConfig& communication, bool ring)
+      : ReplicatedStrategy(std::move(layout), total_threads, &workers),
+        ring_(ring),
+        bytes_per_pack_(communication.bytes_per_pack),
+        // Several local replicas first sum among themselves, after all of them finished backward.
+        overlap_requested_(communication.overlap && num_local_replicas() == 1 && this->workers() > 1) {}
+
+  std::string describe() const override {
+    return fmt::format("strategy {} | workers {} | replicas {} ({} per worker: {}) | communication {}{}{}{}", layout().kind,
+                       workers(), num_replicas_in_sync(), num_local_replicas(), device_list(layout().devices),
+                       workers() == 1 ? "none" : ring_ ? "ring" : "mpi",
+                       bytes_per_pack_ > 0 ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "",
+                       overlaps_backward() ? ", overlapping backward" : "",
+                       overlap_requested_ && collectives_in_backward()
+                           ? ", not overlapping backward (the model makes collectives during backward)"
+                           : "");
+  }
+
+  void set_collectives_in_backward(bool yes) override {
+    DTRAIN_CHECK(!reducer_, "set_collectives_in_backward() after the gradients were bound");
+    ReplicatedStrategy::set_collectives_in_backward(yes);
+  }
+
+  void bind_gradients(int replica, std::span<float> gradients, std::span<const std::size_t> sizes) override {
+    ReplicatedStrategy::bind_gradients(replica, gradients, sizes);
+    // Across workers, this process's replica 0 speaks for it.
+    if (replica == 0 && workers() > 1)
+      reducer_ = std::make_unique<PackedAllReduce>(worker_group(), gradients, sizes, bytes_per_pack_, ring_,
+                                                   overlap_requested_ && !collectives_in_backward());
+  }
+
+  void gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count) override {
+    if (replica.replica_id == 0 && overlaps_backward()) reducer_->ready(first, count);
+  }
+
+  bool overlaps_backward() const override { return reducer_ && reducer_->overlaps(); }
+
+  void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values, const char* what) override {
+    // The communication thread may be inside MPI now, and MPI is serialized.
+    DTRAIN_CHECK(!reducer_ || !reducer_->in_flight(),
+                 fmt::format("{}: a collective during backward while the gradient sums overlap it; the model must call "
+                             "set_collectives_in_backward(true) before its gradients are bound",
+                             what));
+    ReplicatedStrategy::all_reduce_sum_in_replica(replica, values, what);
+  }
+
+  void sum_gradients(const ReplicaContext& replica) override {
+    const bool several = num_local_replicas() > 1;
+    if (several) ReplicatedStrategy::sum_gradients(replica);
+    if (!reducer_) return;
+    // Replica 0 sums across workers (or waits for the packs already under way); the other local
+    // replicas then copy its sum.
+    if (replica.replica_id == 0) reducer_->finish();
+    if (several) local(replica).broadcast(gradients(replica.replica_id), 0, "gradients");
+  }
+
+  double take_cross_worker_seconds() override { return reducer_ ? reducer_->take_collective_seconds() : 0.0; }
+  double take_cross_worker_wait_seconds() override { return reducer_ ? reducer_->take_wait_seconds() : 0.0; }
+
+ private:
+  bool ring_;
+  std::int64_t bytes_per_pack_;
+  bool overlap_requested_;
+  std::unique_ptr<Reducer> reducer_;  // made with replica 0's gradients
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_multi_worker_mirrored_strategy(const config::StrategyConfig& config,
+                                                              std::vector<Device> devices, int total_threads,
+                                                              Communicator& workers) {
+  using config::CommunicationImplementation;
+  const auto impl = config.communication.implementation;
+  if (impl == CommunicationImplementation::nccl)
+    throw ConfigError(fmt::format(
+        "{}communication.implementation nccl needs GPU devices, and these workers' replicas are on {}; use ring or mpi "
+        "(auto picks one)",
+        config_location(config.communication.implementation_where, config.where), device_list(devices)));
+  workers.set_timeout(config.communication.timeout_seconds);
+  ReplicaLayout layout{"multi_worker_mirrored", std::move(devices), CrossDeviceOp::ring};
+  if (impl == CommunicationImplementation::auto_select && workers.size() > 1)
+    layout.choice_note = fmt::format(
+        "communication: auto chose mpi: {} CPU workers, and the MPI library's own MPI_Allreduce picks its algorithm "
+        "for the message size and process count",
+        workers.size());
+  return std::make_unique<MultiWorkerMirroredStrategy>(std::move(layout), total_threads, workers, config.communication,
+                                                       impl == CommunicationImplementation::ring);
+}
+
+}  // namespace dtrain::distribute

@@ -1,0 +1,51 @@
+// The threads a strategy runs its local replicas on: created once, one per replica when there
+// are several (each with its own OpenMP thread count, so a replica's oneDNN primitives use its
+// share of the cores), none when there is one (it runs on the calling thread).
+//
+// run(fn) publishes fn under a new generation; each thread runs it once with its replica's
+// context. A replica that throws breaks the collectives' barrier, so the others stop (with
+// BarrierBroken) instead of waiting for it; run() then resets the barrier and rethrows the first
+// error.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "distribute/barrier.hpp"
+#include "distribute/strategy.hpp"
+
+namespace dtrain::distribute {
+
+class ReplicaThreads {
+ public:
+  // contexts: one per local replica. collectives: the barrier the replicas meet at; it must
+  // outlive this object.
+  ReplicaThreads(std::vector<ReplicaContext> contexts, int threads_per_replica, Barrier& collectives);
+  ~ReplicaThreads();
+  ReplicaThreads(const ReplicaThreads&) = delete;
+  ReplicaThreads& operator=(const ReplicaThreads&) = delete;
+
+  void run(const Strategy::ReplicaFn& fn);
+
+ private:
+  void work(std::size_t replica);
+
+  std::vector<ReplicaContext> contexts_;
+  int threads_per_replica_;
+  Barrier& collectives_;
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable start_cv_, done_cv_;
+  const Strategy::ReplicaFn* task_ = nullptr;
+  std::uint64_t generation_ = 0;
+  int remaining_ = 0;
+  bool shutting_down_ = false;
+  std::exception_ptr first_error_;
+};
+
+}  // namespace dtrain::distribute

@@ -1,0 +1,89 @@
+#include "distribute/replicated_strategy.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace dtrain::distribute {
+
+std::string config_location(const config::SourceLocation& given, const config::SourceLocation& fallback) {
+  const config::SourceLocation& loc = given.line > 0 ? given : fallback;
+  if (loc.line > 0) return fmt::format("{}:{}:{}: ", loc.file, loc.line, loc.column);
+  return loc.file.empty() ? std::string() : loc.file + ": ";
+}
+
+std::string device_list(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.to_string();
+  return s;
+}
+
+ReplicatedStrategy::ReplicatedStrategy(ReplicaLayout layout, int total_threads, Communicator* workers)
+    : layout_(std::move(layout)),
+      threads_per_replica_(std::max(1, std::max(1, total_threads) / std::max(1, static_cast<int>(layout_.devices.size())))),
+      workers_(workers ? workers : &alone_),
+      group_(static_cast<int>(layout_.devices.size()), layout_.op),
+      gradients_(layout_.devices.size()),
+      threads_(contexts(), threads_per_replica_, group_.barrier()) {}
+
+std::vector<ReplicaContext> ReplicatedStrategy::contexts() const {
+  std::vector<ReplicaContext> out;
+  for (int r = 0; r < num_local_replicas(); ++r) out.push_back(replica_context(r));
+  return out;
+}
+
+std::string ReplicatedStrategy::describe() const {
+  return fmt::format("strategy {} | replicas {} ({}) | cross-device ops {}", layout_.kind, num_replicas_in_sync(),
+                     device_list(layout_.devices), num_local_replicas() > 1 ? group_.name() : "none");
+}
+
+Device ReplicatedStrategy::replica_device(int replica) const {
+  DTRAIN_CHECK(replica >= 0 && replica < num_local_replicas(),
+               fmt::format("replica {} is outside the strategy's [0, {})", replica, num_local_replicas()));
+  return layout_.devices[static_cast<std::size_t>(replica)];
+}
+
+double ReplicatedStrategy::reduce_sum(std::span<const double> per_replica) {
+  double sum = 0.0;
+  for (double v : per_replica) sum += v;  // replica order: deterministic
+  workers_->all_reduce_sum(std::span<double>(&sum, 1), "reduce over replicas");
+  return sum;
+}
+
+std::vector<std::int64_t> ReplicatedStrategy::all_gather(std::int64_t mine, const char* what) {
+  std::vector<std::int64_t> all(static_cast<std::size_t>(workers()), 0);
+  all[static_cast<std::size_t>(worker_index())] = mine;
+  workers_->all_reduce_sum(std::span<std::int64_t>(all), what);
+  return all;
+}
+
+void ReplicatedStrategy::bind_gradients(int replica, std::span<float> gradients, std::span<const std::size_t>) {
+  DTRAIN_CHECK(replica >= 0 && replica < num_local_replicas(),
+               fmt::format("bind_gradients: replica {} is outside [0, {})", replica, num_local_replicas()));
+  // Each replica writes only its own slot, so replicas may bind from their own threads.
+  gradients_[static_cast<std::size_t>(replica)] = gradients;
+}
+
+void ReplicatedStrategy::sum_gradients(const ReplicaContext& replica) {
+  local(replica).all_reduce_sum(gradients(replica.replica_id), "gradients");
+}
+
+bool ReplicatedStrategy::update(const ReplicaContext& replica, const std::function<void()>& apply) {
+  if (!holds_variables(replica.replica_id)) return false;
+  apply();
+  return true;
+}
+
+void ReplicatedStrategy::all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values,
+                                                   const char* what) {
+  ThreadCommunicator& here = local(replica);
+  here.all_reduce_sum(values, what);
+  if (workers() == 1) return;
+  // Across workers this process's replica 0 speaks for it; the others then copy its sum.
+  if (replica.replica_id == 0) workers_->all_reduce_sum(values, what);
+  here.broadcast(values, 0, what);
+}
+
+}  // namespace dtrain::distribute

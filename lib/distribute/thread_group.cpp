@@ -1,0 +1,216 @@
+#include "distribute/thread_group.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace dtrain::distribute {
+
+namespace {
+
+// dst[i] += src[i]: the one addition every sum of the group is made of.
+template <class T>
+void add_into(std::span<T> dst, std::span<T> src) {
+  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
+}
+
+template <class T>
+void copy_from(std::span<T> dst, std::span<T> src) {
+  std::copy(src.begin(), src.end(), dst.begin());
+}
+
+constexpr auto kAdd = [](auto dst, auto src) { add_into(dst, src); };
+
+int checked_size(int size) {
+  DTRAIN_CHECK(size >= 1, fmt::format("a thread group needs at least one replica, got {}", size));
+  return size;
+}
+
+}  // namespace
+
+const char* name_of(CrossDeviceOp op) {
+  switch (op) {
+    case CrossDeviceOp::reduction_to_one_device: return "reduction_to_one_device";
+    case CrossDeviceOp::hierarchical_copy: return "hierarchical_copy";
+    case CrossDeviceOp::ring: return "ring";
+  }
+  return "?";
+}
+
+CrossDeviceOp cross_device_op_named(const std::string& name) {
+  for (CrossDeviceOp op : {CrossDeviceOp::reduction_to_one_device, CrossDeviceOp::hierarchical_copy, CrossDeviceOp::ring})
+    if (name == name_of(op)) return op;
+  throw InternalError("unknown cross_device_ops '" + name +
+                      "'; expected reduction_to_one_device, hierarchical_copy or ring (the strategy must resolve 'auto' "
+                      "and reject 'nccl' on CPU before this)");
+}
+
+ThreadGroup::ThreadGroup(int size, CrossDeviceOp op)
+    : size_(checked_size(size)), op_(op), barrier_(size_) {
+  slots_.resize(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) endpoints_.push_back(std::unique_ptr<ThreadCommunicator>(new ThreadCommunicator(*this, r)));
+}
+
+ThreadCommunicator& ThreadGroup::endpoint(int replica) {
+  DTRAIN_CHECK(replica >= 0 && replica < size_,
+               fmt::format("replica {} is outside the thread group's [0, {})", replica, size_));
+  return *endpoints_[static_cast<std::size_t>(replica)];
+}
+
+void ThreadGroup::check_root(int root, const char* what) const {
+  DTRAIN_CHECK(root >= 0 && root < size_, fmt::format("{}: root {} is outside the thread group's [0, {})", what, root, size_));
+}
+
+template <class T>
+void ThreadGroup::enter(int replica, std::span<T> values, const char* what) {
+  slots_[static_cast<std::size_t>(replica)] = Slot{values.data(), values.size()};
+  barrier_.arrive_and_wait();
+  const Slot& first = slots_[0];
+  for (int r = 0; r < size_; ++r) {
+    const Slot& other = slots_[static_cast<std::size_t>(r)];
+    DTRAIN_CHECK(other.data != nullptr || other.count == 0,
+                 fmt::format("{} over the {} thread group: replica {}'s values are null but have {} elements", what,
+                             name(), r, other.count));
+    if (r == 0) continue;
+    DTRAIN_CHECK(other.count == first.count,
+                 fmt::format("{} over the {} thread group: replica {} gives {} values, replica 0 gives {}; every replica "
+                             "must give the same length",
+                             what, name(), r, other.count, first.count));
+    // The algorithms read one replica's values while writing another's: shared memory would make
+    // that a data race and a wrong sum.
+    DTRAIN_CHECK(first.count == 0 || other.data != first.data,
+                 fmt::format("{} over the {} thread group: replica {}'s values are the same memory as replica 0's", what,
+                             name(), r));
+  }
+}
+
+// Phases (a barrier after each): replica 0 combines; the others copy from it. The last barrier
+// keeps replica 0 from returning (and overwriting its values) while others still copy.
+template <class T, class Combine>
+void ThreadGroup::reduce_then_copy(int replica, std::span<T> values, const char* what, Combine combine) {
+  if (size_ == 1) return;
+  enter(replica, values, what);
+  if (replica == 0)
+    for (int r = 1; r < size_; ++r) combine(values, values_of<T>(r));
+  barrier_.arrive_and_wait();
+  if (replica != 0) copy_from(values, values_of<T>(0));
+  barrier_.arrive_and_wait();
+}
+
+// Phases, each ended by a barrier (skipped where the phase is empty for every replica):
+//   1. each leader (0 and h) adds its group's members into itself; the groups are disjoint;
+//   2. leader 0 adds leader h;
+//   3. leader h and the members of group 0 copy from leader 0;
+//   4. the members of group 1 copy from leader h (the last barrier also keeps the leaders from
+//      returning while a member still copies).
+void ThreadGroup::hierarchical_copy(int replica, std::span<float> values, const char* what) {
+  if (size_ == 1) return;
+  const int second_leader = (size_ + 1) / 2;
+  const bool in_first_group = replica < second_leader;
+  const int leader = in_first_group ? 0 : second_leader;
+  const int group_end = in_first_group ? second_leader : size_;
+  enter(replica, values, what);
+
+  if (replica == leader)
+    for (int r = leader + 1; r < group_end; ++r) kAdd(values, values_of<float>(r));
+  // Phases with nothing to do for any replica skip their barrier; the choice depends on N only,
+  // so every replica makes the same one.
+  const bool groups_have_members = size_ > 2;
+  const bool second_group_has_members = size_ - second_leader > 1;
+  if (groups_have_members) barrier_.arrive_and_wait();
+
+  if (replica == 0) kAdd(values, values_of<float>(second_leader));
+  barrier_.arrive_and_wait();
+
+  if (replica != 0 && (in_first_group || replica == second_leader))
+    copy_from(values, values_of<float>(0));
+  barrier_.arrive_and_wait();
+
+  if (!second_group_has_members) return;
+  if (!in_first_group && replica != second_leader)
+    copy_from(values, values_of<float>(second_leader));
+  barrier_.arrive_and_wait();
+}
+
+const char* ThreadCommunicator::name() const { return group_.name(); }
+
+int ThreadCommunicator::size() const { return group_.size(); }
+
+void ThreadCommunicator::all_reduce_sum(std::span<float> values, const char* what) {
+  switch (group_.op()) {
+    case CrossDeviceOp::reduction_to_one_device: group_.reduce_then_copy(replica_, values, what, kAdd); return;
+    case CrossDeviceOp::hierarchical_copy: group_.hierarchical_copy(replica_, values, what); return;
+    case CrossDeviceOp::ring: ring_all_reduce_sum(values, what); return;
+  }
+}
+
+void ThreadCommunicator::all_reduce_sum(std::span<double> values, const char* what) {
+  group_.reduce_then_copy(replica_, values, what, kAdd);
+}
+
+void ThreadCommunicator::all_reduce_sum(std::span<std::int64_t> values, const char* what) {
+  group_.reduce_then_copy(replica_, values, what, kAdd);
+}
+
+int ThreadCommunicator::all_reduce_max(int value, const char* what) {
+  group_.reduce_then_copy(replica_, std::span<int>(&value, 1), what, [](std::span<int> dst, std::span<int> src) {
+    dst[0] = std::max(dst[0], src[0]);
+  });
+  return value;
+}
+
+void ThreadCommunicator::reduce_sum_to(std::span<float> values, int root, const char* what) {
+  group_.check_root(root, what);
+  if (size() == 1) return;
+  group_.enter(replica_, values, what);
+  if (replica_ == root)
+    for (int r = 0; r < size(); ++r)
+      if (r != root) kAdd(values, group_.values_of<float>(r));
+  // The sources must stay untouched until the root has read them.
+  group_.barrier().arrive_and_wait();
+}
+
+template <class T>
+void ThreadCommunicator::broadcast_values(std::span<T> values, int root, const char* what) {
+  group_.check_root(root, what);
+  if (size() == 1) return;
+  group_.enter(replica_, values, what);
+  if (replica_ != root) copy_from(values, group_.values_of<T>(root));
+  group_.barrier().arrive_and_wait();
+}
+
+void ThreadCommunicator::broadcast(std::span<float> values, int root, const char* what) {
+  broadcast_values(values, root, what);
+}
+
+void ThreadCommunicator::broadcast(std::span<double> values, int root, const char* what) {
+  broadcast_values(values, root, what);
+}
+
+// Why no step reads memory another thread writes in that same step (N >= 2, indices mod N):
+//   reduce-scatter step s: replica r writes its own chunk r-s-1 and reads chunk r-s-1 of its left
+//     neighbour r-1. That neighbour writes its own chunk (r-1)-s-1 = r-s-2 != r-s-1, and r's own
+//     chunk r-s-1 is read by its right neighbour r+1 as chunk (r+1)-s-1 = r-s != r-s-1.
+//   all-gather step s: replica r writes its own chunk r-s and reads chunk r-s of r-1, which
+//     writes its own chunk r-1-s != r-s; r+1 reads r's chunk r+1-s != r-s.
+// A barrier ends every step (including the switch between the phases, where for N == 2 the chunks
+// would collide), and the last one keeps a replica from returning and overwriting its values
+// while its right neighbour still reads them.
+void ThreadCommunicator::open(std::span<float> values, const char* what) { group_.enter(replica_, values, what); }
+
+void ThreadCommunicator::exchange(std::span<float> values, RingChunk /*send: the right neighbour reads it*/,
+                                  RingChunk recv, bool accumulate, const char* /*what*/) {
+  const int left = (replica_ + size() - 1) % size();
+  std::span<float> mine = values.subspan(recv.begin, recv.size());
+  std::span<float> theirs = group_.values_of<float>(left).subspan(recv.begin, recv.size());
+  if (accumulate) {
+    add_into(mine, theirs);
+  } else {
+    copy_from(mine, theirs);
+  }
+  group_.barrier().arrive_and_wait();
+}
+
+}  // namespace dtrain::distribute

@@ -1,0 +1,119 @@
+// The replica threads of one process as a group that makes collectives together in shared memory
+// (tf.distribute's CrossDeviceOps). Each replica thread calls the collectives of its own endpoint,
+// group.endpoint(r), with its own values; every replica must call each collective, in the same
+// order, with values of the same length in memory of its own.
+//
+// Float sums run the group's cross-device op; each is deterministic (the order in which each
+// element's terms are added is fixed by the algorithm, never by thread timing), and they differ
+// from each other only in that order:
+//   reduction_to_one_device  replica 0 adds every other replica's values into its own in replica
+//                            order, then every replica copies the sum: ((x_0 + x_1) + x_2) + ...
+//   hierarchical_copy        two groups (the first ceil(N/2) replicas, and the rest): each group's
+//                            first replica sums its group in order, replica 0 adds the second
+//                            group's sum, and the result is copied back down through the leaders
+//                            (TensorFlow's hierarchical copy): (x_0 + ... + x_{h-1}) + (x_h + ...)
+//   ring                     the chunked ring of ring.hpp, each replica reading its left
+//                            neighbour's values: every replica thread adds and copies the same
+//                            share of the data.
+// Sums of doubles and int64s and the maximum use reduction_to_one_device's order whatever the op;
+// reduce_sum_to(root) adds ((x_root + x_0) + x_1) + ... over the other replicas in ascending
+// order, on root only.
+//
+// No collective allocates. A replica that fails makes the strategy break barrier(): every
+// replica waiting inside a collective then throws BarrierBroken, and the values' contents are
+// unspecified. That the replicas' values agree in length (and are not the same memory) is checked
+// by every replica at the start of each collective, so all of them throw an InternalError or none.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "distribute/barrier.hpp"
+#include "distribute/communicator.hpp"
+#include "distribute/ring.hpp"
+
+namespace dtrain::distribute {
+
+enum class CrossDeviceOp { reduction_to_one_device, hierarchical_copy, ring };
+const char* name_of(CrossDeviceOp op);
+// "reduction_to_one_device", "hierarchical_copy" or "ring"; anything else is an InternalError (the
+// strategy resolves "auto" and refuses "nccl" on CPU before this).
+CrossDeviceOp cross_device_op_named(const std::string& name);
+
+class ThreadGroup;
+
+// Replica r's endpoint in its thread group; only replica r's thread calls it.
+class ThreadCommunicator final : public Communicator, private RingTransport {
+ public:
+  const char* name() const override;
+  int rank() const override { return replica_; }
+  int size() const override;
+  void all_reduce_sum(std::span<float> values, const char* what) override;
+  void all_reduce_sum(std::span<double> values, const char* what) override;
+  void all_reduce_sum(std::span<std::int64_t> values, const char* what) override;
+  int all_reduce_max(int value, const char* what) override;
+  void reduce_sum_to(std::span<float> values, int root, const char* what) override;
+  // Every replica's values become root's.
+  void broadcast(std::span<float> values, int root, const char* what);
+  void broadcast(std::span<double> values, int root, const char* what);
+
+ private:
+  friend class ThreadGroup;
+  ThreadCommunicator(ThreadGroup& group, int replica) : group_(group), replica_(replica) {}
+  RingTransport& ring_transport() override { return *this; }
+  // The ring in shared memory: each step reads the left neighbour's published values, then waits
+  // at the barrier so that nobody writes what another still reads.
+  void open(std::span<float> values, const char* what) override;
+  void exchange(std::span<float> values, RingChunk send, RingChunk recv, bool accumulate, const char* what) override;
+  template <class T>
+  void broadcast_values(std::span<T> values, int root, const char* what);
+
+  ThreadGroup& group_;
+  int replica_;
+};
+
+class ThreadGroup {
+ public:
+  // size >= 1, else InternalError.
+  ThreadGroup(int size, CrossDeviceOp op);
+  ThreadGroup(const ThreadGroup&) = delete;
+  ThreadGroup& operator=(const ThreadGroup&) = delete;
+
+  int size() const { return size_; }
+  CrossDeviceOp op() const { return op_; }
+  const char* name() const { return name_of(op_); }
+  // InternalError outside [0, size()).
+  ThreadCommunicator& endpoint(int replica);
+  // The barrier the replicas meet at; the strategy breaks it when a replica fails.
+  Barrier& barrier() { return barrier_; }
+
+ private:
+  friend class ThreadCommunicator;
+  struct Slot {
+    void* data = nullptr;
+    std::size_t count = 0;
+  };
+  // The opening of every collective: publishes replica's values, waits until every replica has,
+  // then checks that they agree.
+  template <class T>
+  void enter(int replica, std::span<T> values, const char* what);
+  // Replica r's values of the collective under way (after enter).
+  template <class T>
+  std::span<T> values_of(int replica) const {
+    return {static_cast<T*>(slots_[static_cast<std::size_t>(replica)].data), slots_[static_cast<std::size_t>(replica)].count};
+  }
+  template <class T, class Combine>
+  void reduce_then_copy(int replica, std::span<T> values, const char* what, Combine combine);
+  void hierarchical_copy(int replica, std::span<float> values, const char* what);
+  void check_root(int root, const char* what) const;
+
+  int size_;
+  CrossDeviceOp op_;
+  Barrier barrier_;
+  std::vector<Slot> slots_;  // each replica writes only its own
+  std::vector<std::unique_ptr<ThreadCommunicator>> endpoints_;
+};
+
+}  // namespace dtrain::distribute
