@@ -82,6 +82,26 @@ case "$case_name" in
       same_weights "$run"
     done
     ;;
+  eval_bn_dropout)
+    # Evaluation runs in inference mode: no dropout, batch normalization by its moving statistics,
+    # which the checkpoint holds: dtrain eval prints the Test figures training printed, and a resume
+    # continues exactly (moving statistics and dropout masks included).
+    bn=experiments/fashion_mnist_bn_dropout.yaml
+    small_data=(--set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 --set data.shuffle_buffer=2000)
+    "$dtrain" run "$bn" "${small_data[@]}" "${common[@]}" --run-dir "$scratch/bn" >"$scratch/bn.out" \
+      || fail "training the bn/dropout experiment failed"
+    h5dump -n "$scratch/bn/checkpoints/ckpt-96.h5" | grep -q "/model/batch_normalization/moving_variance" \
+      || fail "the checkpoint holds no moving_variance"
+    "$dtrain" eval --checkpoint "$scratch/bn/checkpoints/ckpt-96.h5" >"$scratch/eval.out" || fail "eval failed"
+    want=$(grep '^Epoch 3' "$scratch/bn.out" | sed -E 's/.*(Test Loss: .*)$/\1/')
+    grep -qF "$want" "$scratch/eval.out" || fail "eval printed '$(grep Test "$scratch/eval.out")', training printed '$want'"
+    # Stopped after epoch 1 and resumed: the same final weights and statistics, bit for bit.
+    "$dtrain" run "$bn" "${small_data[@]}" "${common[@]}" --set train.epochs=1 --run-dir "$scratch/bn_part" >/dev/null \
+      || fail "the one-epoch run failed"
+    "$dtrain" resume "$scratch/bn_part" --set train.epochs=3 >"$scratch/bn_part.resume.out" || fail "resume failed"
+    h5diff "$scratch/bn/checkpoints/ckpt-96.h5" "$scratch/bn_part/checkpoints/ckpt-96.h5" /model /model \
+      || fail "the resumed run's weights and moving statistics differ from the uninterrupted run's"
+    ;;
   eval_matches_training)
     reference
     "$dtrain" eval --checkpoint "$scratch/ref/checkpoints/ckpt-96.h5" >"$scratch/eval.out" || fail "eval failed"

@@ -15,7 +15,8 @@ set_tests_properties(cli.train_small cli.validation_split cli.deterministic cli.
 
 # Checkpoints, eval and exact resume (tests/integration/checkpoint.sh CASE ...). They train, and
 # the kill/resume ones compare bits with a reference run: run them one at a time.
-set(DTRAIN_CHECKPOINT_CASES kill9_resume sigterm_resume sigint_resume eval_matches_training across_strategies
+set(DTRAIN_CHECKPOINT_CASES kill9_resume sigterm_resume sigint_resume eval_matches_training eval_bn_dropout
+    across_strategies
     truncated_checkpoint)
 foreach(case ${DTRAIN_CHECKPOINT_CASES})
   add_test(NAME checkpoint.${case}
@@ -26,7 +27,7 @@ foreach(case ${DTRAIN_CHECKPOINT_CASES})
 endforeach()
 
 # MultiWorkerMirrored over real mpirun with 2 and 4 ranks (tests/integration/multi_worker.sh).
-set(DTRAIN_MPI_CASES equivalence exact_eval sharding roles resume_other_world regularization overlap kill_rank watchdog)
+set(DTRAIN_MPI_CASES equivalence sync_batch_norm exact_eval sharding roles resume_other_world regularization overlap kill_rank watchdog)
 foreach(case ${DTRAIN_MPI_CASES})
   add_test(NAME mpi.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/multi_worker.sh ${case} $<TARGET_FILE:dtrain>

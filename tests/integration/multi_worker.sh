@@ -58,6 +58,27 @@ case "$case_name" in
       || fail "2 workers with per_replica input differ from 2 mirrored replicas"
     echo "ok: per_replica input over 2 workers matches 2 mirrored replicas"
     ;;
+  sync_batch_norm)
+    # Synchronized batch normalization sums its statistics over every replica of every worker, and
+    # dropout's masks follow the samples: 2 and 4 ranks compute the default strategy's steps on the
+    # global batch of 64, moving statistics included.
+    sed -e 's|synchronized: false|synchronized: true|' experiments/fashion_mnist_bn_dropout.yaml >"$scratch/bn.yaml"
+    grep -q "synchronized: true" "$scratch/bn.yaml" || fail "the experiment has no batch_normalization to synchronize"
+    steps=(--set train.epochs=1 --set train.steps_per_epoch=3 --set train.threads=1 --set train.progress=none
+           --set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 --set data.shuffle_buffer=2000)
+    "$dtrain" run "$scratch/bn.yaml" "${steps[@]}" --set data.batch_size_per_replica=64 --run-dir "$scratch/default" \
+      >/dev/null || fail "default run failed"
+    for spec in "2 mpi 32" "4 ring 16"; do
+      read -r n impl per <<<"$spec"
+      run="$scratch/mw_${n}"
+      mpi "$n" "$dtrain" run "$scratch/bn.yaml" "${steps[@]}" --set data.batch_size_per_replica="$per" \
+        --set "$(mwm "$impl")" --run-dir "$run" >"$run.out" 2>&1 || fail "mpirun -n $n failed: $(tail -5 "$run.out")"
+      grep -q "not overlapping backward" "$run.out" || fail "the header does not say the sums no longer overlap backward"
+      tools/compare_weights "$run/checkpoints/ckpt-3.h5" "$scratch/default/checkpoints/ckpt-3.h5" --rtol 1e-5 \
+        || fail "$n workers differ from the default strategy after 3 steps"
+      echo "ok: $n workers with synchronized batch normalization match the default strategy"
+    done
+    ;;
   sharding)
     # auto_shard over real shard files: each worker reads its own files, the test set is still
     # evaluated exactly once, and every world size gives the same Test Accuracy.

@@ -19,8 +19,13 @@
 #include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
 #include "train/trainer.hpp"
+#include "trainer_support.hpp"
 
 using namespace dtrain;
+using testing::devices;
+using testing::make_trainer;
+using testing::rel_diff;
+using testing::weights;
 
 namespace {
 
@@ -50,35 +55,6 @@ metrics: [sparse_categorical_accuracy]
 train: {{epochs: 1, threads: 1, progress: none}}
 )",
                      strategy, DTRAIN_SOURCE_DIR, per_replica, optimizer);
-}
-
-std::unique_ptr<train::Trainer> make_trainer(const std::string& yaml, std::vector<std::string> overrides = {}) {
-  train::TrainerOptions opt;
-  opt.out = nullptr;
-  return std::make_unique<train::Trainer>(config::parse_experiment(yaml, "test.yaml", overrides), opt);
-}
-
-std::vector<double> weights(train::Trainer& t, int replica = 0) {
-  std::vector<double> w;
-  for (const Variable* v : t.model(replica).variables())
-    for (float x : v->value.span<float>()) w.push_back(x);
-  return w;
-}
-
-double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
-std::string devices(int n) {
-  std::string s;
-  for (int i = 0; i < n; ++i) s += fmt::format("{}cpu:{}", i ? ", " : "", i);
-  return "[" + s + "]";
 }
 
 }  // namespace

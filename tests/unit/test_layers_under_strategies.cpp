@@ -1,0 +1,167 @@
+// The layers that depend on the step (dropout) or on the batch (batch normalization) under every
+// in-process strategy, through the real Trainer: with synchronized statistics, N replicas compute
+// what one computes on the global batch, masks included; without, each replica normalizes its own
+// batch and the mirrored copies stay identical. (Across MPI workers: tests/integration/
+// multi_worker.sh sync_batch_norm.)
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "train/trainer.hpp"
+#include "trainer_support.hpp"
+
+using namespace dtrain;
+using testing::devices;
+using testing::make_trainer;
+using testing::rel_diff;
+using testing::weights;
+
+namespace {
+
+// conv -> batch norm -> relu -> average pool -> dropout -> dense -> batch norm -> relu -> dropout
+// -> global average pool is not here (one spatial map); it is in test_layers.cpp's stack.
+std::string bn_dropout_experiment(const std::string& strategy, int per_replica, bool synchronized) {
+  return fmt::format(R"(
+name: bn_dropout
+seed: 11
+strategy: {}
+data:
+  source: hdf5
+  path: {}/data/fashion_mnist_small.h5
+  batch_size_per_replica: {}
+  shuffle_buffer: 2000
+  prefetch: false
+model:
+  input_shape: [28, 28, 1]
+  layers:
+    - conv2d: {{filters: 6, kernel_size: 3, strides: 2, use_bias: false}}
+    - batch_normalization: {{synchronized: {}}}
+    - activation: {{activation: relu}}
+    - average_pooling2d: {{pool_size: 2}}
+    - dropout: {{rate: 0.25}}
+    - flatten: {{}}
+    - dense: {{units: 16, use_bias: false}}
+    - batch_normalization: {{synchronized: {}, momentum: 0.9}}
+    - activation: {{activation: relu}}
+    - dropout: {{rate: 0.5}}
+    - dense: {{units: 10}}
+loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}
+optimizer: {{kind: adam, learning_rate: 0.003}}
+metrics: [sparse_categorical_accuracy]
+train: {{epochs: 1, threads: 1, progress: none}}
+)",
+                     strategy, DTRAIN_SOURCE_DIR, per_replica, synchronized, synchronized);
+}
+
+struct Candidate {
+  std::string strategy;
+  int replicas;
+};
+
+std::vector<Candidate> replicated_strategies() {
+  std::vector<Candidate> out;
+  for (int n : {2, 4}) {
+    for (const char* op : {"reduction_to_one_device", "hierarchical_copy", "ring"})
+      out.push_back({fmt::format("{{kind: mirrored, devices: {}, cross_device_ops: {}}}", devices(n), op), n});
+    out.push_back({fmt::format("{{kind: central_storage, devices: {}}}", devices(n)), n});
+  }
+  return out;
+}
+
+// A variable of replica 0's model by name.
+std::vector<double> variable(train::Trainer& t, const std::string& name) {
+  for (const Variable* v : t.model().variables())
+    if (v->name == name) {
+      auto s = v->value.span<float>();
+      return {s.begin(), s.end()};
+    }
+  FAIL("no variable " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("synchronized batch normalization and dropout: every strategy computes the default strategy's steps") {
+  const int global = 32;
+  auto reference = make_trainer(bn_dropout_experiment("{kind: default}", global, true));
+  const auto initial = weights(*reference);
+  reference->train_steps(0, 1);
+  const auto one_step = weights(*reference);
+  reference->train_steps(0, 19);
+  const auto twenty = weights(*reference);
+  CHECK(rel_diff(one_step, initial) > 1e-3);
+  // The moving statistics moved too (they are among the weights compared).
+  CHECK(variable(*reference, "batch_normalization/moving_mean") != std::vector<double>(6, 0.0));
+  const auto test = reference->evaluate_split("test");
+
+  for (const auto& c : replicated_strategies()) {
+    CAPTURE(c.strategy);
+    auto t = make_trainer(bn_dropout_experiment(c.strategy, global / c.replicas, true));
+    REQUIRE(t->strategy().num_replicas_in_sync() == c.replicas);
+    CHECK(weights(*t) == initial);
+    t->train_steps(0, 1);
+    CHECK(rel_diff(weights(*t), one_step) < 1e-5);
+    t->train_steps(0, 19);
+    CHECK(rel_diff(weights(*t), twenty) < 1e-4);
+    for (int r = 1; r < c.replicas; ++r) CHECK(weights(*t, r) == weights(*t, 0));
+    // Evaluation: moving statistics, no dropout, every test sample once.
+    const auto mine = t->evaluate_split("test");
+    CHECK(mine.samples == test.samples);
+    CHECK(mine.loss == doctest::Approx(test.loss).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("per-replica batch normalization: each replica its own statistics, mirrored copies identical") {
+  auto reference = make_trainer(bn_dropout_experiment("{kind: default}", 32, false));
+  reference->train_steps(0, 1);
+  for (const auto& c : replicated_strategies()) {
+    CAPTURE(c.strategy);
+    auto t = make_trainer(bn_dropout_experiment(c.strategy, 32 / c.replicas, false));
+    t->train_steps(0, 1);
+    // Normalizing by each replica's statistics is another computation than the global batch's ...
+    CHECK(rel_diff(weights(*t), weights(*reference)) > 1e-5);
+    // ... but the first layer's moving mean moves by the mean of the replicas' means, which for
+    // equal shares is the global batch's mean.
+    CHECK(rel_diff(variable(*t, "batch_normalization/moving_mean"),
+                   variable(*reference, "batch_normalization/moving_mean")) < 1e-5);
+    for (int r = 1; r < c.replicas; ++r) CHECK(weights(*t, r) == weights(*t, 0));
+  }
+}
+
+TEST_CASE("replicas without samples on a short last batch still join the synchronized statistics") {
+  // 66 samples, global batch 64: the second step has 2 samples, so of 4 replicas two get none and
+  // must still enter every collective; the moving statistics come from replica 0 alone.
+  const std::string common = R"(
+seed: 4
+data: {source: synthetic, shape: [6, 6, 1], classes: 4, train_size: 66, test_size: 8, global_batch_size: 64, shuffle_buffer: 66, prefetch: false}
+model:
+  input_shape: [6, 6, 1]
+  layers:
+    - conv2d: {filters: 3, kernel_size: 3, use_bias: false}
+    - batch_normalization: {synchronized: true}
+    - activation: {activation: relu}
+    - flatten: {}
+    - dropout: {rate: 0.2}
+    - dense: {units: 5, use_bias: false}
+    - batch_normalization: {synchronized: true, momentum: 0.5}
+    - dense: {units: 4}
+loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
+optimizer: {kind: sgd, learning_rate: 0.1}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, threads: 1, progress: none}
+)";
+  auto reference = make_trainer("name: ref\nstrategy: {kind: default}" + common);
+  CHECK(reference->train_steps(0, 2).size() == 2);
+  for (const char* strategy : {"{kind: mirrored, devices: [cpu:0, cpu:1, cpu:2, cpu:3]}",
+                               "{kind: central_storage, devices: [cpu:0, cpu:1, cpu:2, cpu:3]}"}) {
+    CAPTURE(strategy);
+    auto t = make_trainer(std::string("name: s\nstrategy: ") + strategy + common);
+    CHECK(t->train_steps(0, 2).size() == 2);
+    CHECK(rel_diff(weights(*t), weights(*reference)) < 1e-5);
+    CHECK(rel_diff(variable(*t, "batch_normalization_1/moving_variance"),
+                   variable(*reference, "batch_normalization_1/moving_variance")) < 1e-5);
+  }
+}

@@ -1,0 +1,51 @@
+// What the tests that train through the real Trainer share: building one from YAML text, reading
+// a replica's weights, and the norm-based relative difference the equivalence checks use.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "config/parse.hpp"
+#include "train/trainer.hpp"
+
+namespace dtrain::testing {
+
+inline std::unique_ptr<train::Trainer> make_trainer(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  train::TrainerOptions opt;
+  opt.out = nullptr;
+  return std::make_unique<train::Trainer>(config::parse_experiment(yaml, "test.yaml", overrides), opt);
+}
+
+// Every variable of replica `replica`'s model (moving statistics included), flattened.
+inline std::vector<double> weights(train::Trainer& t, int replica = 0) {
+  std::vector<double> w;
+  for (const Variable* v : t.model(replica).variables())
+    for (float x : v->value.span<float>()) w.push_back(x);
+  return w;
+}
+
+// ||a - b|| / ||b||: an element-wise relative test is meaningless for weights near zero.
+inline double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// "[cpu:0, cpu:1, ...]" for n replicas.
+inline std::string devices(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += fmt::format("{}cpu:{}", i ? ", " : "", i);
+  return "[" + s + "]";
+}
+
+}  // namespace dtrain::testing
