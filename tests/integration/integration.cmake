@@ -35,3 +35,6 @@ foreach(case ${DTRAIN_MPI_CASES})
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(mpi.${case} PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)
 endforeach()
+
+# The modules stay layered: no include from a lower module to a higher one (tools/check_layering).
+add_test(NAME layering COMMAND python3 ${PROJECT_SOURCE_DIR}/tools/check_layering)

@@ -24,17 +24,7 @@ namespace {
 // conv -> batch norm -> relu -> average pool -> dropout -> dense -> batch norm -> relu -> dropout
 // -> global average pool is not here (one spatial map); it is in test_layers.cpp's stack.
 std::string bn_dropout_experiment(const std::string& strategy, int per_replica, bool synchronized) {
-  return fmt::format(R"(
-name: bn_dropout
-seed: 11
-strategy: {}
-data:
-  source: hdf5
-  path: {}/data/fashion_mnist_small.h5
-  batch_size_per_replica: {}
-  shuffle_buffer: 2000
-  prefetch: false
-model:
+  return testing::small_data_experiment("bn_dropout", 11, strategy, per_replica) + fmt::format(R"(model:
   input_shape: [28, 28, 1]
   layers:
     - conv2d: {{filters: 6, kernel_size: 3, strides: 2, use_bias: false}}
@@ -53,22 +43,7 @@ optimizer: {{kind: adam, learning_rate: 0.003}}
 metrics: [sparse_categorical_accuracy]
 train: {{epochs: 1, threads: 1, progress: none}}
 )",
-                     strategy, DTRAIN_SOURCE_DIR, per_replica, synchronized, synchronized);
-}
-
-struct Candidate {
-  std::string strategy;
-  int replicas;
-};
-
-std::vector<Candidate> replicated_strategies() {
-  std::vector<Candidate> out;
-  for (int n : {2, 4}) {
-    for (const char* op : {"reduction_to_one_device", "hierarchical_copy", "ring"})
-      out.push_back({fmt::format("{{kind: mirrored, devices: {}, cross_device_ops: {}}}", devices(n), op), n});
-    out.push_back({fmt::format("{{kind: central_storage, devices: {}}}", devices(n)), n});
-  }
-  return out;
+                     synchronized, synchronized);
 }
 
 // A variable of replica 0's model by name.
@@ -97,7 +72,7 @@ TEST_CASE("synchronized batch normalization and dropout: every strategy computes
   CHECK(variable(*reference, "batch_normalization/moving_mean") != std::vector<double>(6, 0.0));
   const auto test = reference->evaluate_split("test");
 
-  for (const auto& c : replicated_strategies()) {
+  for (const auto& c : testing::replicated_strategies({2, 4})) {
     CAPTURE(c.strategy);
     auto t = make_trainer(bn_dropout_experiment(c.strategy, global / c.replicas, true));
     REQUIRE(t->strategy().num_replicas_in_sync() == c.replicas);
@@ -117,7 +92,7 @@ TEST_CASE("synchronized batch normalization and dropout: every strategy computes
 TEST_CASE("per-replica batch normalization: each replica its own statistics, mirrored copies identical") {
   auto reference = make_trainer(bn_dropout_experiment("{kind: default}", 32, false));
   reference->train_steps(0, 1);
-  for (const auto& c : replicated_strategies()) {
+  for (const auto& c : testing::replicated_strategies({2, 4})) {
     CAPTURE(c.strategy);
     auto t = make_trainer(bn_dropout_experiment(c.strategy, 32 / c.replicas, false));
     t->train_steps(0, 1);

@@ -31,17 +31,7 @@ namespace {
 
 // A small CNN on the Fashion-MNIST subset: conv and dense, relu, pooling, L2: every gradient path.
 std::string cnn_experiment(const std::string& strategy, int per_replica, const std::string& optimizer) {
-  return fmt::format(R"(
-name: equivalence
-seed: 5
-strategy: {}
-data:
-  source: hdf5
-  path: {}/data/fashion_mnist_small.h5
-  batch_size_per_replica: {}
-  shuffle_buffer: 2000
-  prefetch: false
-model:
+  return testing::small_data_experiment("equivalence", 5, strategy, per_replica) + fmt::format(R"(model:
   input_shape: [28, 28, 1]
   layers:
     - conv2d: {{filters: 4, kernel_size: 3, strides: 2, activation: relu}}
@@ -54,23 +44,15 @@ optimizer: {}
 metrics: [sparse_categorical_accuracy]
 train: {{epochs: 1, threads: 1, progress: none}}
 )",
-                     strategy, DTRAIN_SOURCE_DIR, per_replica, optimizer);
+                     optimizer);
 }
 
 }  // namespace
 
 TEST_CASE("every strategy and cross-device op matches the default strategy on the same global batch") {
   const int global = 32;
-  struct Candidate {
-    std::string strategy;
-    int replicas;
-  };
-  std::vector<Candidate> candidates = {{"{kind: one_device, device: cpu:0}", 1}};
-  for (int n : {1, 2, 4}) {
-    for (const char* op : {"reduction_to_one_device", "hierarchical_copy", "ring"})
-      candidates.push_back({fmt::format("{{kind: mirrored, devices: {}, cross_device_ops: {}}}", devices(n), op), n});
-    candidates.push_back({fmt::format("{{kind: central_storage, devices: {}}}", devices(n)), n});
-  }
+  std::vector<testing::StrategyCase> candidates = {{"{kind: one_device, device: cpu:0}", 1}};
+  for (auto& c : testing::replicated_strategies({1, 2, 4})) candidates.push_back(c);
   for (const std::string optimizer : {"{kind: sgd, learning_rate: 0.05, momentum: 0.9}", "{kind: adam, learning_rate: 0.002}"}) {
     CAPTURE(optimizer);
     // The same calls on every trainer: one step, then 49 more (the epoch restarted: same order).

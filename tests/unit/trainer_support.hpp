@@ -48,4 +48,39 @@ inline std::string devices(int n) {
   return "[" + s + "]";
 }
 
+// The head of an experiment on the Fashion-MNIST subset in data/: name, seed, strategy and the data
+// section (no shuffling differences, no prefetch thread); the model and the rest follow.
+inline std::string small_data_experiment(const std::string& name, int seed, const std::string& strategy,
+                                         int per_replica) {
+  return fmt::format(R"(
+name: {}
+seed: {}
+strategy: {}
+data:
+  source: hdf5
+  path: {}/data/fashion_mnist_small.h5
+  batch_size_per_replica: {}
+  shuffle_buffer: 2000
+  prefetch: false
+)",
+                     name, seed, strategy, DTRAIN_SOURCE_DIR, per_replica);
+}
+
+// A strategy spec and how many replicas it makes.
+struct StrategyCase {
+  std::string strategy;
+  int replicas;
+};
+
+// mirrored with every cross-device op, and central_storage, with each replica count.
+inline std::vector<StrategyCase> replicated_strategies(std::initializer_list<int> counts) {
+  std::vector<StrategyCase> out;
+  for (int n : counts) {
+    for (const char* op : {"reduction_to_one_device", "hierarchical_copy", "ring"})
+      out.push_back({fmt::format("{{kind: mirrored, devices: {}, cross_device_ops: {}}}", devices(n), op), n});
+    out.push_back({fmt::format("{{kind: central_storage, devices: {}}}", devices(n)), n});
+  }
+  return out;
+}
+
 }  // namespace dtrain::testing

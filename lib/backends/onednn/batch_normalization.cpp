@@ -11,7 +11,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backends/onednn/context.hpp"
+#include "backends/onednn/canonical_io.hpp"
 #include "core/error.hpp"
 #include "nn/batch_normalization.hpp"
 #include "nn/kernel.hpp"
@@ -20,7 +20,6 @@ namespace dtrain::backends::onednn {
 
 namespace {
 
-using dnnl::memory;
 
 class BatchNormalizationKernel final : public nn::LayerKernel {
  public:
@@ -41,19 +40,13 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
-    Plan& p = plans_.get(batch);
-    const memory::desc canonical = canonical_md(layer_.input_shape().with_batch(batch), DType::f32);
-    p.x = layout_for(ctx_, ctx_.wrap(io.src), canonical, p.x_in, false);
-    p.y = static_cast<float*>(io.dst.data);
-    p.dy = static_cast<float*>(io.diff_dst.data);
-    if (io.diff_src) p.dx = layout_for(ctx_, ctx_.wrap(io.diff_src), canonical, p.dx_out, true);
+    plans_.get(batch).bind(ctx_, batch, layer_.input_shape(), io);
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
-    Plan& p = plans_.get(batch);
-    p.x_in.run(ctx_);
-    ctx_.stream.wait();
-    const auto* x = static_cast<const float*>(p.x.get_data_handle());
+    CanonicalIO& p = plans_.get(batch);
+    p.load_input(ctx_);
+    const float* x = p.input();
     const std::int64_t rows = rows_of(batch);
     if (step.training()) {
       statistics(x, rows, step);
@@ -83,8 +76,8 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
-    Plan& p = plans_.get(batch);
-    const auto* x = static_cast<const float*>(p.x.get_data_handle());
+    CanonicalIO& p = plans_.get(batch);
+    const float* x = p.input();
     const std::int64_t rows = rows_of(batch), c = channels_;
     // Local sums of dy and dy * xhat: this replica's dbeta and dgamma.
     const float* mean = mean_.data();
@@ -97,7 +90,8 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     });
     if (layer_.gamma_index() >= 0) store(grad(static_cast<std::size_t>(layer_.gamma_index())), sums_.data() + c);
     if (layer_.beta_index() >= 0) store(grad(static_cast<std::size_t>(layer_.beta_index())), sums_.data());
-    if (!p.dx) return;
+    float* dx = p.input_gradient();
+    if (!dx) return;
     if (layer_.options().synchronized && step.cross_replica)
       step.cross_replica->all_reduce_sum(std::span<double>(sums_.data(), static_cast<std::size_t>(2 * c)),
                                          "batch normalization gradient sums");
@@ -111,14 +105,13 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     const float* a = scale_.data();
     const float* mean_dy = shift_.data();
     const double* mean_dy_xhat = sums_.data() + c;
-    float* dx = static_cast<float*>(p.dx.get_data_handle());
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t k = 0; k < c; ++k) {
         const float xhat = (x[r * c + k] - mean[k]) * inv_std[k];
         dx[r * c + k] = a[k] * (dy[r * c + k] - mean_dy[k] - xhat * static_cast<float>(mean_dy_xhat[k]));
       }
-    p.dx_out.run(ctx_);
+    p.store_input_gradient(ctx_);
   }
 
   // A replica without samples still makes the collectives of a synchronized layer.
@@ -135,12 +128,6 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   }
 
  private:
-  struct Plan {
-    memory x, dx;            // canonical input and gradient (scratch when the layer below is blocked)
-    Reorder x_in, dx_out;
-    float* y = nullptr;
-    float* dy = nullptr;
-  };
 
   static std::size_t idx(std::int64_t k) { return static_cast<std::size_t>(k); }
   std::int64_t rows_of(std::int64_t batch) const { return batch * (layer_.input_shape().numel() / channels_); }
@@ -215,7 +202,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   std::vector<float> mean_, inv_std_, scale_, shift_;
   std::vector<double> sums_, partials_, batch_mean_, batch_variance_;
   double count_ = 0.0;
-  nn::PlanCache<Plan> plans_;
+  nn::PlanCache<CanonicalIO> plans_;
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {

@@ -11,10 +11,10 @@ namespace {
 
 using dnnl::memory;
 
-class Conv2DKernel final : public nn::LayerKernel {
+class Conv2DKernel final : public WeightedOpKernel {
  public:
   Conv2DKernel(nn::Conv2D& layer, OnednnContext& ctx, DType compute)
-      : layer_(layer), ctx_(ctx), compute_(compute), act_(layer.options().activation) {}
+      : WeightedOpKernel(ctx, compute, layer.options().activation), layer_(layer) {}
 
   LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
     const auto& o = layer_.options();
@@ -40,38 +40,19 @@ class Conv2DKernel final : public nn::LayerKernel {
     auto bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
         dnnl::convolution_backward_weights::desc(algo, src, weights, bias, dst, strides, pad_before, pad_after),
         ctx_.engine, fwd_pd);
-
-    WeightedOpPlan& p = plans_.create(batch);
-    p.fwd_pd = fwd_pd;
-    p.bwd_data_pd = bwd_data_pd;
-    p.bwd_weights_pd = bwd_weights_pd;
-    p.fwd_prim = dnnl::convolution_forward(fwd_pd);
-    p.bwd_data_prim = dnnl::convolution_backward_data(bwd_data_pd);
-    p.bwd_weights_prim = dnnl::convolution_backward_weights(bwd_weights_pd);
-    return make_layout(out, compute_, fwd_pd.dst_desc());
+    return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd);
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     const auto& o = layer_.options();
     auto vars = layer_.variables();
-    bind_weighted_op(ctx_, wrap_io(ctx_, io),
-                     hwio_md(o.kernel_size[0], o.kernel_size[1], static_cast<int>(layer_.input_shape()[2]), o.filters),
-                     vars[nn::Conv2D::kKernel], o.use_bias ? &vars[nn::Conv2D::kBias] : nullptr, act_, plans_.get(batch));
-  }
-
-  void forward(std::int64_t batch, const nn::StepContext&) override {
-    forward_weighted_op(ctx_, act_, plans_.get(batch));
-  }
-  void backward(std::int64_t batch, const nn::StepContext&) override {
-    backward_weighted_op(ctx_, act_, plans_.get(batch));
+    bind_variables(batch, io,
+                   hwio_md(o.kernel_size[0], o.kernel_size[1], static_cast<int>(layer_.input_shape()[2]), o.filters),
+                   vars[nn::Conv2D::kKernel], o.use_bias ? &vars[nn::Conv2D::kBias] : nullptr);
   }
 
  private:
   nn::Conv2D& layer_;
-  OnednnContext& ctx_;
-  DType compute_;
-  ActivationFn act_;
-  nn::PlanCache<WeightedOpPlan> plans_;
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {

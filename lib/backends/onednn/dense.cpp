@@ -11,10 +11,10 @@ namespace {
 
 using dnnl::memory;
 
-class DenseKernel final : public nn::LayerKernel {
+class DenseKernel final : public WeightedOpKernel {
  public:
   DenseKernel(nn::Dense& layer, OnednnContext& ctx, DType compute)
-      : layer_(layer), ctx_(ctx), compute_(compute), act_(layer.options().activation) {}
+      : WeightedOpKernel(ctx, compute, layer.options().activation), layer_(layer) {}
 
   LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
     const auto& o = layer_.options();
@@ -32,37 +32,18 @@ class DenseKernel final : public nn::LayerKernel {
         dnnl::inner_product_backward_data::desc(src, weights, dst), ctx_.engine, fwd_pd);
     auto bwd_weights_pd = dnnl::inner_product_backward_weights::primitive_desc(
         dnnl::inner_product_backward_weights::desc(src, weights, bias, dst), ctx_.engine, fwd_pd);
-
-    WeightedOpPlan& p = plans_.create(batch);
-    p.fwd_pd = fwd_pd;
-    p.bwd_data_pd = bwd_data_pd;
-    p.bwd_weights_pd = bwd_weights_pd;
-    p.fwd_prim = dnnl::inner_product_forward(fwd_pd);
-    p.bwd_data_prim = dnnl::inner_product_backward_data(bwd_data_pd);
-    p.bwd_weights_prim = dnnl::inner_product_backward_weights(bwd_weights_pd);
-    return make_layout(out, compute_, fwd_pd.dst_desc());
+    return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd);
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     const auto& o = layer_.options();
     auto vars = layer_.variables();
-    bind_weighted_op(ctx_, wrap_io(ctx_, io), io_md(static_cast<int>(layer_.input_shape()[0]), o.units),
-                     vars[nn::Dense::kKernel], o.use_bias ? &vars[nn::Dense::kBias] : nullptr, act_, plans_.get(batch));
-  }
-
-  void forward(std::int64_t batch, const nn::StepContext&) override {
-    forward_weighted_op(ctx_, act_, plans_.get(batch));
-  }
-  void backward(std::int64_t batch, const nn::StepContext&) override {
-    backward_weighted_op(ctx_, act_, plans_.get(batch));
+    bind_variables(batch, io, io_md(static_cast<int>(layer_.input_shape()[0]), o.units), vars[nn::Dense::kKernel],
+                   o.use_bias ? &vars[nn::Dense::kBias] : nullptr);
   }
 
  private:
   nn::Dense& layer_;
-  OnednnContext& ctx_;
-  DType compute_;
-  ActivationFn act_;
-  nn::PlanCache<WeightedOpPlan> plans_;
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {

@@ -5,7 +5,7 @@
 //   x, y, dy, dx (N, ...) f32 canonical; mask (N, ...) uint8, kept from forward for backward
 #include <cstring>
 
-#include "backends/onednn/context.hpp"
+#include "backends/onednn/canonical_io.hpp"
 #include "core/error.hpp"
 #include "nn/dropout.hpp"
 #include "nn/kernel.hpp"
@@ -14,7 +14,6 @@ namespace dtrain::backends::onednn {
 
 namespace {
 
-using dnnl::memory;
 
 class DropoutKernel final : public nn::LayerKernel {
  public:
@@ -29,33 +28,23 @@ class DropoutKernel final : public nn::LayerKernel {
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
-    Plan& p = plans_.get(batch);
-    const memory::desc canonical = canonical_md(layer_.input_shape().with_batch(batch), DType::f32);
-    p.x = layout_for(ctx_, ctx_.wrap(io.src), canonical, p.x_in, false);
-    p.y = static_cast<float*>(io.dst.data);
-    p.dy = static_cast<float*>(io.diff_dst.data);
-    if (io.diff_src) {
-      const memory dx = layout_for(ctx_, ctx_.wrap(io.diff_src), canonical, p.dx_out, true);
-      p.dx = static_cast<float*>(dx.get_data_handle());
-      p.dx_mem = dx;
-    }
+    plans_.get(batch).io.bind(ctx_, batch, layer_.input_shape(), io);
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
     Plan& p = plans_.get(batch);
-    p.x_in.run(ctx_);
-    ctx_.stream.wait();
-    const auto* x = static_cast<const float*>(p.x.get_data_handle());
+    p.io.load_input(ctx_);
+    const float* x = p.io.input();
     const std::int64_t n = batch * layer_.output_shape().numel();
     if (!step.training() || layer_.rate() == 0.0) {
-      std::memcpy(p.y, x, static_cast<std::size_t>(n) * sizeof(float));
+      std::memcpy(p.io.y, x, static_cast<std::size_t>(n) * sizeof(float));
       return;
     }
     const std::int64_t elements = layer_.output_shape().numel();
     const float scale = static_cast<float>(1.0 / (1.0 - layer_.rate()));
     const auto layer = static_cast<std::uint32_t>(layer_.position());
     std::uint8_t* keep = p.mask.data();
-    float* y = p.y;
+    float* y = p.io.y;
     // Each sample's mask is its own counter range: samples split over threads draw the same bits.
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < batch; ++i) {
@@ -68,29 +57,25 @@ class DropoutKernel final : public nn::LayerKernel {
 
   void backward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
-    if (!p.dx) return;
+    float* dx = p.io.input_gradient();
+    if (!dx) return;
     const std::int64_t n = batch * layer_.output_shape().numel();
     if (layer_.rate() == 0.0) {
-      std::memcpy(p.dx, p.dy, static_cast<std::size_t>(n) * sizeof(float));
+      std::memcpy(dx, p.io.dy, static_cast<std::size_t>(n) * sizeof(float));
     } else {
       const float scale = static_cast<float>(1.0 / (1.0 - layer_.rate()));
       const std::uint8_t* keep = p.mask.data();
-      const float* dy = p.dy;
-      float* dx = p.dx;
+      const float* dy = p.io.dy;
 #pragma omp parallel for schedule(static)
       for (std::int64_t i = 0; i < n; ++i) dx[i] = dy[i] * scale * static_cast<float>(keep[i]);
     }
-    p.dx_out.run(ctx_);
+    p.io.store_input_gradient(ctx_);
   }
 
  private:
   struct Plan {
     std::vector<std::uint8_t> mask;
-    memory x, dx_mem;        // canonical input, canonical gradient (maybe scratch)
-    Reorder x_in, dx_out;    // from the layer below's layout, back into it
-    float* y = nullptr;
-    float* dy = nullptr;
-    float* dx = nullptr;
+    CanonicalIO io;
   };
   nn::Dropout& layer_;
   OnednnContext& ctx_;

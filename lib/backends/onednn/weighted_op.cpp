@@ -47,15 +47,35 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
   }
 }
 
-void forward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& p) {
-  p.src_in.run(ctx);
-  p.weights_in.run(ctx);
-  p.fwd.run(ctx);
-  act.forward(ctx, p.act);
+LayoutPtr WeightedOpKernel::keep(std::int64_t batch, const Shape& out, const dnnl::primitive_desc& fwd,
+                                 const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights) {
+  WeightedOpPlan& p = plans_.create(batch);
+  p.fwd_pd = fwd;
+  p.bwd_data_pd = bwd_data;
+  p.bwd_weights_pd = bwd_weights;
+  p.fwd_prim = dnnl::primitive(fwd);
+  p.bwd_data_prim = dnnl::primitive(bwd_data);
+  p.bwd_weights_prim = dnnl::primitive(bwd_weights);
+  return make_layout(out, compute_, fwd.dst_desc());
 }
 
-void backward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& p) {
-  act.backward(ctx, p.act);
+void WeightedOpKernel::bind_variables(std::int64_t batch, const nn::LayerIO& io, const memory::desc& kernel_md,
+                                      Variable& kernel, Variable* bias) {
+  bind_weighted_op(ctx_, wrap_io(ctx_, io), kernel_md, kernel, bias, act_, plans_.get(batch));
+}
+
+void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
+  WeightedOpPlan& p = plans_.get(batch);
+  p.src_in.run(ctx_);
+  p.weights_in.run(ctx_);
+  p.fwd.run(ctx_);
+  act_.forward(ctx_, p.act);
+}
+
+void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext&) {
+  WeightedOpPlan& p = plans_.get(batch);
+  OnednnContext& ctx = ctx_;
+  act_.backward(ctx, p.act);
   p.bw_src_in.run(ctx);
   p.bw_diff_dst_in.run(ctx);
   p.bwd_weights.run(ctx);

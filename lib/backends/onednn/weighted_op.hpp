@@ -35,7 +35,31 @@ struct WeightedOpPlan {
 // kernel_md: the Keras layout of the kernel variable (hwio_md / io_md). bias may be null.
 void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const dnnl::memory::desc& kernel_md, Variable& kernel,
                       Variable* bias, const ActivationFn& act, WeightedOpPlan& plan);
-void forward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& plan);
-void backward_weighted_op(OnednnContext& ctx, const ActivationFn& act, WeightedOpPlan& plan);
+
+// The kernel of a layer with a kernel, a bias and a fused activation (Conv2D, Dense): the layer's
+// kernel file creates the three primitive descriptors in plan() and says how its kernel variable
+// is laid out in bind(); the rest is shared.
+class WeightedOpKernel : public nn::LayerKernel {
+ public:
+  void forward(std::int64_t batch, const nn::StepContext&) override;
+  void backward(std::int64_t batch, const nn::StepContext&) override;
+
+ protected:
+  WeightedOpKernel(OnednnContext& ctx, DType compute, config::Activation activation)
+      : ctx_(ctx), compute_(compute), act_(activation) {}
+  // Keeps the primitive descriptors for `batch`, makes their primitives, and returns the layout of
+  // the output (`out`, the forward's dst).
+  LayoutPtr keep(std::int64_t batch, const Shape& out, const dnnl::primitive_desc& fwd,
+                 const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights);
+  void bind_variables(std::int64_t batch, const nn::LayerIO& io, const dnnl::memory::desc& kernel_md,
+                      Variable& kernel, Variable* bias);
+
+  OnednnContext& ctx_;
+  DType compute_;
+  ActivationFn act_;
+
+ private:
+  nn::PlanCache<WeightedOpPlan> plans_;
+};
 
 }  // namespace dtrain::backends::onednn
