@@ -616,6 +616,12 @@ const char* name_of(MetricKind kind) { return name_in(metric_kinds, kind); }
 const char* name_of(ProgressMode mode) { return name_in(progress_modes, mode); }
 const char* name_of(Precision precision) { return name_in(precisions, precision); }
 
+std::string location_prefix(const SourceLocation& given, const SourceLocation& fallback) {
+  const SourceLocation& loc = given.line > 0 ? given : fallback;
+  if (loc.line > 0) return fmt::format("{}:{}:{}: ", loc.file, loc.line, loc.column);
+  return loc.file.empty() ? std::string() : loc.file + ": ";
+}
+
 Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,
                             const std::vector<std::string>& overrides) {
   Node root = detail::load_tree(yaml_text, file_name);

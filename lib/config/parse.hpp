@@ -23,6 +23,10 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& fil
 // source locations).
 std::string to_yaml(const Experiment& experiment);
 
+// "file:line:col: " of `given`, or of `fallback` when `given` was not written in a file (a default
+// or --set); "file: " or "" without a line: the prefix of errors raised after parsing.
+std::string location_prefix(const SourceLocation& given, const SourceLocation& fallback);
+
 // Names used in YAML for the enums, for messages and reports elsewhere.
 const char* name_of(StrategyKind kind);
 const char* name_of(CrossDeviceOpsKind kind);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "config/parse.hpp"
 #include "distribute/replicated_strategy.hpp"
 
 namespace dtrain::distribute {
@@ -56,7 +57,7 @@ std::unique_ptr<Strategy> make_central_storage_strategy(const config::StrategyCo
     throw ConfigError(fmt::format(
         "{}strategy.parameter_device {}{} is not one of the replicas' devices ({}): on CPU devices the single copy of "
         "the variables lives with the replica of that device; set parameter_device to one of them",
-        config_location(config.parameter_device_where, config.where), config.parameter_device,
+        config::location_prefix(config.parameter_device_where, config.where), config.parameter_device,
         config.parameter_device_where.file.empty() ? " (the default)" : "", device_list(devices)));
   const int index = static_cast<int>(holder - devices.begin());
   return std::make_unique<CentralStorageStrategy>(

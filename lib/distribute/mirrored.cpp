@@ -18,7 +18,7 @@ std::unique_ptr<Strategy> make_mirrored_strategy(const config::StrategyConfig& c
       throw ConfigError(fmt::format(
           "{}cross_device_ops nccl needs GPU devices (gpu:N), and these replicas are on {}; use ring, "
           "hierarchical_copy or reduction_to_one_device (auto picks one)",
-          config_location(config.cross_device_ops_where, config.where), device_list(layout.devices)));
+          config::location_prefix(config.cross_device_ops_where, config.where), device_list(layout.devices)));
     case config::CrossDeviceOpsKind::auto_select:
       layout.op = CrossDeviceOp::ring;
       if (n > 1)

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "config/parse.hpp"
 #include "distribute/packed_all_reduce.hpp"
 #include "distribute/replicated_strategy.hpp"
 
@@ -94,7 +95,7 @@ std::unique_ptr<Strategy> make_multi_worker_mirrored_strategy(const config::Stra
     throw ConfigError(fmt::format(
         "{}communication.implementation nccl needs GPU devices, and these workers' replicas are on {}; use ring or mpi "
         "(auto picks one)",
-        config_location(config.communication.implementation_where, config.where), device_list(devices)));
+        config::location_prefix(config.communication.implementation_where, config.where), device_list(devices)));
   workers.set_timeout(config.communication.timeout_seconds);
   ReplicaLayout layout{"multi_worker_mirrored", std::move(devices), CrossDeviceOp::ring};
   if (impl == CommunicationImplementation::auto_select && workers.size() > 1)

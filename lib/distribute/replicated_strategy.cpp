@@ -8,12 +8,6 @@
 
 namespace dtrain::distribute {
 
-std::string config_location(const config::SourceLocation& given, const config::SourceLocation& fallback) {
-  const config::SourceLocation& loc = given.line > 0 ? given : fallback;
-  if (loc.line > 0) return fmt::format("{}:{}:{}: ", loc.file, loc.line, loc.column);
-  return loc.file.empty() ? std::string() : loc.file + ": ";
-}
-
 std::string device_list(const std::vector<Device>& devices) {
   std::string s;
   for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.to_string();

@@ -83,9 +83,6 @@ class ReplicatedStrategy : public Strategy {
   ReplicaThreads threads_;  // last: its threads use the members above
 };
 
-// "file:line:column: " of `given`, or of `fallback` when `given` was not written in a file
-// (line 0); "" when neither is known.
-std::string config_location(const config::SourceLocation& given, const config::SourceLocation& fallback);
 // "cpu:0, cpu:1"
 std::string device_list(const std::vector<Device>& devices);
 

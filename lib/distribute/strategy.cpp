@@ -73,11 +73,9 @@ config::StrategyConfig evaluation_strategy(int workers) {
 }
 
 std::unique_ptr<Strategy> make_strategy(const config::StrategyConfig& config, int total_threads, Communicator& workers) {
+  // Whether a backend of this build can run the devices is the trainer's question (it makes their
+  // contexts): a strategy only lays replicas out on them.
   std::vector<Device> devices = local_devices(config, total_threads);
-  for (const Device& d : devices)
-    if (d.kind == Device::Kind::gpu)
-      throw ConfigError(fmt::format("{}device {}: this build of dtrain has no CUDA backend; use cpu:N devices",
-                                    config_location(config.devices_where, config.where), d.to_string()));
   using config::StrategyKind;
   switch (config.kind) {
     case StrategyKind::default_strategy: return make_default_strategy(std::move(devices), total_threads);

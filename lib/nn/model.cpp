@@ -177,15 +177,6 @@ bool Sequential::synchronizes_replicas() const {
   return false;
 }
 
-void Sequential::share_variable_values(const Sequential& other) {
-  DTRAIN_CHECK(plans_.empty(), "share_variable_values() after the model was planned");
-  DTRAIN_CHECK(other.variables_.size() == variables_.size(), "models with different variables");
-  for (std::size_t i = 0; i < variables_.size(); ++i) {
-    DTRAIN_CHECK(other.variables_[i]->value.shape() == variables_[i]->value.shape(), "variable shapes differ");
-    variables_[i]->value = other.variables_[i]->value;
-  }
-}
-
 std::string Sequential::summary() const {
   std::size_t name_width = 24, kind_width = 16;
   for (const auto& layer : layers_) {

@@ -92,10 +92,6 @@ class Sequential {
   // Whether some layer sums over the replicas during training (synchronized batch normalization).
   bool synchronizes_replicas() const;
 
-  // Central storage: compute with `other`'s variable values (one shared copy) while keeping this
-  // model's own gradients and buffers. Only before this model's first forward().
-  void share_variable_values(const Sequential& other);
-
   // A Keras-like summary: one line per layer with its output shape and parameter count.
   std::string summary() const;
 

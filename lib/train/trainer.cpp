@@ -76,7 +76,11 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   model_options.compute = nn::compute_dtype(exp_.precision);
   for (int r = 0; r < replicas; ++r) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
-    rep.ctx = backends::make_context(strategy_->replica_device(r));
+    try {
+      rep.ctx = backends::make_context(strategy_->replica_device(r));
+    } catch (const ConfigError& e) {
+      throw ConfigError(config::location_prefix(exp_.strategy.devices_where, exp_.strategy.where) + e.what());
+    }
     backends::Numerics& numerics = rep.ctx->numerics();
     rep.loss = losses::make_loss(exp_.loss, numerics);
     for (auto kind : exp_.metrics) {

@@ -147,6 +147,18 @@ case "$case_name" in
     sed 's/reduction: none/reduction: auto/' experiments/fashion_mnist_central_storage.yaml >"$scratch/exp.yaml"
     expect_error 2 "exp\.yaml:[0-9]+:[0-9]+: loss.reduction 'auto' is refused under strategy 'central_storage'" -- run "$scratch/exp.yaml"
     ;;
+  gpu_refused)
+    # A gpu:N device is refused before any training, with what is missing: the CUDA backend's
+    # kernels when it was built, the backend itself otherwise; the YAML location comes first.
+    if "$dtrain" info | grep -q "^CUDA: built"; then
+      why="the CUDA backend of this build has no kernels yet: it lacks the layer kinds .*conv2d.*dense.*; use cpu:N devices"
+    else
+      why="this build of dtrain has no CUDA backend.*; use cpu:N devices"
+    fi
+    expect_error 2 "experiments/fashion_mnist_one_device.yaml:[0-9]+:[0-9]+: device gpu:0: $why" -- \
+      run experiments/fashion_mnist_one_device.yaml --set strategy.device=gpu:0 --run-dir "$scratch/run"
+    [ ! -e "$scratch/run/metrics.jsonl" ] || fail "a refused device still started training"
+    ;;
   nccl_on_cpu)
     expect_error 2 "nccl needs GPU devices.*ring, hierarchical_copy or reduction_to_one_device" -- run experiments/fashion_mnist_mirrored.yaml --set strategy.cross_device_ops=nccl --run-dir "$scratch/run"
     ;;

@@ -72,7 +72,9 @@ TEST_CASE("synchronized batch normalization and dropout: every strategy computes
   CHECK(variable(*reference, "batch_normalization/moving_mean") != std::vector<double>(6, 0.0));
   const auto test = reference->evaluate_split("test");
 
-  for (const auto& c : testing::replicated_strategies({2, 4})) {
+  std::vector<testing::StrategyCase> candidates = {{"{kind: one_device, device: cpu:0}", 1}};
+  for (auto& c : testing::replicated_strategies({2, 4})) candidates.push_back(c);
+  for (const auto& c : candidates) {
     CAPTURE(c.strategy);
     auto t = make_trainer(bn_dropout_experiment(c.strategy, global / c.replicas, true));
     REQUIRE(t->strategy().num_replicas_in_sync() == c.replicas);
