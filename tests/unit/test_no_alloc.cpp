@@ -18,7 +18,12 @@
 #include "core/rng.hpp"
 #include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
+#include "nn/activation.hpp"
+#include "nn/average_pooling2d.hpp"
+#include "nn/batch_normalization.hpp"
 #include "nn/conv2d.hpp"
+#include "nn/dropout.hpp"
+#include "nn/global_average_pooling2d.hpp"
 #include "nn/dense.hpp"
 #include "nn/max_pool2d.hpp"
 #include "nn/registry.hpp"
@@ -46,25 +51,14 @@ std::atomic<long> allocations{0};
 
 using namespace dtrain;
 
-TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
-  config::ModelConfig mc;
-  mc.input_shape = {28, 28, 1};
-  nn::Conv2DOptions c1, c2;
-  c1.filters = 8;
-  c1.activation = config::Activation::relu;
-  c2.filters = 16;
-  c2.activation = config::Activation::relu;
-  nn::DenseOptions d1, d2;
-  d1.units = 16;
-  d1.activation = config::Activation::relu;
-  d1.kernel_regularizer.l2 = 1e-4;
-  d2.units = 10;
-  mc.layers = {nn::layer_config("c1", c1),  nn::layer_config("p1", nn::MaxPool2DOptions{}),
-               nn::layer_config("c2", c2),  nn::layer_config("p2", nn::MaxPool2DOptions{}),
-               nn::layer_config("f", nn::FlattenOptions{}), nn::layer_config("d1", d1), nn::layer_config("d2", d2)};
+namespace {
+
+// Two warm-up steps, then five counted ones: the loss, regularization, optimizer and metric
+// allocate nothing at all; the model only oneDNN's per-call bookkeeping, the same every step.
+void check_steps_allocate_nothing(const config::ModelConfig& mc) {
   backends::Context& ctx = testing::cpu();
   nn::Sequential model(mc, 1, ctx);
-  const nn::StepContext training = testing::step_of(nn::Mode::training, 16);
+  nn::StepContext training = testing::step_of(nn::Mode::training, 16);
   config::LossConfig lc;
   lc.from_logits = true;
   lc.reduction = config::Reduction::none;
@@ -72,7 +66,6 @@ TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
   auto metric = metrics::make_metric(config::MetricKind::sparse_categorical_accuracy, lc, ctx.numerics());
   config::OptimizerConfig oc;
   auto optimizer = optim::make_optimizer(oc, ctx.numerics());
-
   Tensor x(Shape{16, 28, 28, 1}), y(Shape{16}, DType::i32);
   Rng rng(1, RngStream::test);
   for (auto& v : x.span<float>()) v = rng.uniform();
@@ -86,7 +79,9 @@ TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
     model.backward(training);
     model.add_regularization_gradient(1.0f);
     optimizer->apply_gradients(model.trainable_variables());
+    model.apply_updates();
     metric->update(y, logits);
+    ++training.global_step;
   };
   step();
   step();
@@ -105,7 +100,9 @@ TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
     const long after_backward = allocations;
     model.add_regularization_gradient(1.0f);
     optimizer->apply_gradients(model.trainable_variables());
+    model.apply_updates();
     metric->update(y, logits);
+    ++training.global_step;
     model_allocs.push_back(after_backward - after_loss + after_forward - before);
     CHECK(allocations.load() - after_backward == 0);  // regularization, optimizer, metric
     CHECK(after_loss - after_forward == 0);          // loss and its gradient
@@ -114,6 +111,45 @@ TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
   // oneDNN's per-call bookkeeping only: the same count each step, a handful per primitive run.
   for (long n : model_allocs) CHECK(n == model_allocs.front());
   CHECK(model_allocs.front() < 200);
+}
+
+}  // namespace
+
+TEST_CASE("a training step of the seed CNN allocates nothing after the first") {
+  config::ModelConfig mc;
+  mc.input_shape = {28, 28, 1};
+  nn::Conv2DOptions c1, c2;
+  c1.filters = 8;
+  c1.activation = config::Activation::relu;
+  c2.filters = 16;
+  c2.activation = config::Activation::relu;
+  nn::DenseOptions d1, d2;
+  d1.units = 16;
+  d1.activation = config::Activation::relu;
+  d1.kernel_regularizer.l2 = 1e-4;
+  d2.units = 10;
+  mc.layers = {nn::layer_config("c1", c1),  nn::layer_config("p1", nn::MaxPool2DOptions{}),
+               nn::layer_config("c2", c2),  nn::layer_config("p2", nn::MaxPool2DOptions{}),
+               nn::layer_config("f", nn::FlattenOptions{}), nn::layer_config("d1", d1), nn::layer_config("d2", d2)};
+  check_steps_allocate_nothing(mc);
+}
+
+TEST_CASE("so does a step with batch normalization, dropout and average pooling") {
+  config::ModelConfig mc;
+  mc.input_shape = {28, 28, 1};
+  nn::Conv2DOptions c;
+  c.filters = 8;
+  c.use_bias = false;
+  nn::DenseOptions d;
+  d.units = 10;
+  mc.layers = {nn::layer_config("c", c),
+               nn::layer_config("bn", nn::BatchNormalizationOptions{}),
+               nn::layer_config("relu", nn::ActivationOptions{config::Activation::relu}),
+               nn::layer_config("avg", nn::AveragePooling2DOptions{}),
+               nn::layer_config("drop", nn::DropoutOptions{0.3}),
+               nn::layer_config("gap", nn::GlobalAveragePooling2DOptions{}),
+               nn::layer_config("d", d)};
+  check_steps_allocate_nothing(mc);
 }
 
 TEST_CASE("a strategy's step allocates nothing after the first: run, gradient sums, in-replica sums, reduce") {
