@@ -95,12 +95,21 @@ case "$case_name" in
     "$dtrain" eval --checkpoint "$scratch/bn/checkpoints/ckpt-96.h5" >"$scratch/eval.out" || fail "eval failed"
     want=$(grep '^Epoch 3' "$scratch/bn.out" | sed -E 's/.*(Test Loss: .*)$/\1/')
     grep -qF "$want" "$scratch/eval.out" || fail "eval printed '$(grep Test "$scratch/eval.out")', training printed '$want'"
-    # Stopped after epoch 1 and resumed: the same final weights and statistics, bit for bit.
-    "$dtrain" run "$bn" "${small_data[@]}" "${common[@]}" --set train.epochs=1 --run-dir "$scratch/bn_part" >/dev/null \
-      || fail "the one-epoch run failed"
+    # Resumed after epoch 1, and from the middle of epoch 2 (step 50 of 96): the same final weights
+    # and moving statistics, bit for bit, so the dropout masks followed the samples and the step.
+    "$dtrain" run "$bn" "${small_data[@]}" "${common[@]}" --set train.epochs=1 --set checkpoint.every_steps=25 \
+      --set checkpoint.max_to_keep=5 --run-dir "$scratch/bn_part" >/dev/null || fail "the one-epoch run failed"
+    "$dtrain" run "$bn" "${small_data[@]}" "${common[@]}" --set checkpoint.every_steps=25 --set checkpoint.max_to_keep=5 \
+      --run-dir "$scratch/bn_steps" >/dev/null || fail "the run with step checkpoints failed"
+    [ -f "$scratch/bn_steps/checkpoints/ckpt-50.h5" ] || fail "no mid-epoch checkpoint ckpt-50.h5"
+    rm "$scratch/bn_steps/checkpoints/ckpt-75.h5" "$scratch/bn_steps/checkpoints/ckpt-96.h5"
     "$dtrain" resume "$scratch/bn_part" --set train.epochs=3 >"$scratch/bn_part.resume.out" || fail "resume failed"
-    h5diff "$scratch/bn/checkpoints/ckpt-96.h5" "$scratch/bn_part/checkpoints/ckpt-96.h5" /model /model \
-      || fail "the resumed run's weights and moving statistics differ from the uninterrupted run's"
+    "$dtrain" resume "$scratch/bn_steps" --checkpoint "$scratch/bn_steps/checkpoints/ckpt-50.h5" \
+      >"$scratch/bn_steps.resume.out" || fail "resume from the middle of epoch 2 failed"
+    for run in bn_part bn_steps; do
+      h5diff "$scratch/bn/checkpoints/ckpt-96.h5" "$scratch/$run/checkpoints/ckpt-96.h5" /model /model \
+        || fail "$run: the resumed run's weights and moving statistics differ from the uninterrupted run's"
+    done
     ;;
   eval_matches_training)
     reference
