@@ -15,6 +15,7 @@
 #include "distribute/worker_group.hpp"
 #include "signals.hpp"
 #include "train/evaluator.hpp"
+#include "train/run_dir.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
@@ -84,6 +85,15 @@ int run_command(const RunArgs& args) {
     train::TrainerOptions options;
     options.workers = workers.get();
     options.run_dir = args.run_dir.empty() ? "runs/" + exp.name : args.run_dir;
+    // The chief owns the run directory: it keeps an earlier run there, or replaces it on request.
+    if (workers->world_rank() == 0) {
+      const std::string checkpoints = train::checkpoint_dir_of(options.run_dir, exp.checkpoint);
+      if (args.overwrite) {
+        train::remove_earlier_run(options.run_dir, checkpoints);
+      } else {
+        train::refuse_to_overwrite(options.run_dir, checkpoints);
+      }
+    }
     options.out = stdout;
     options.out_is_tty = isatty(fileno(stdout)) != 0;
     options.stop_requested = &signals.requested();

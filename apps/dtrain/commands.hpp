@@ -36,6 +36,7 @@ struct RunArgs {
   std::string experiment;
   std::vector<std::string> overrides;
   std::string run_dir;  // empty = runs/<name>
+  bool overwrite = false;  // replace an earlier run in run_dir instead of refusing
 };
 int run_command(const RunArgs& args);
 

@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
   run->add_option("experiment", run_args.experiment, "Experiment YAML file")->required();
   run->add_option("--set", run_args.overrides, "Override a setting: --set train.epochs=3 (repeatable)");
   run->add_option("--run-dir", run_args.run_dir, "Directory for config.yaml and metrics.jsonl (default runs/<name>)");
+  run->add_flag("--overwrite", run_args.overwrite,
+                "Replace the run already in the run directory (without it, such a run is kept and dtrain refuses)");
 
   dtrain::app::ValidateArgs validate_args;
   auto* validate = app.add_subcommand("validate", "Check an experiment and print it fully resolved");

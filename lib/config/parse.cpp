@@ -338,7 +338,7 @@ DataConfig parse_data(const Node& node) {
   return out;
 }
 
-bool valid_layer_name(std::string_view name) {
+bool portable_name(std::string_view name) {
   // Layer names become parts of checkpoint dataset paths, so keep them to a portable alphabet.
   return !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
     return std::isalnum(c) != 0 || c == '_' || c == '-' || c == '.';
@@ -380,7 +380,7 @@ std::vector<LayerConfig> parse_layers(const Node& node, const std::string& path)
     layer.where = key_origin.location();
     if (const Node* name = options.find("name")) {
       layer.name = read_string(*name, child(options_path, "name"));
-      if (!valid_layer_name(layer.name))
+      if (!portable_name(layer.name))
         range_error(*name, child(options_path, "name"), "made of letters, digits, '_', '-' and '.'");
       const auto [previous, inserted] = explicit_names.emplace(layer.name, name->origin);
       if (!inserted)
@@ -563,7 +563,14 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
   out.source_file = file_name;
   if (const Node* name = s.find("name")) {
     out.name = read_string(*name, "name");
-    if (out.name.empty()) range_error(*name, "name", "a non-empty name");
+    // The name is the default run directory (runs/<name>): a path in it would write elsewhere.
+    const bool one_component = !out.name.empty() && out.name != "." && out.name != ".." &&
+                               std::none_of(out.name.begin(), out.name.end(), [](unsigned char c) {
+                                 return c == '/' || c == '\\' || std::iscntrl(c) != 0;
+                               });
+    if (!one_component)
+      range_error(*name, "name", "a name, not a path: no '/', not '.' or '..' (it names the run directory "
+                                 "runs/<name>; choose the directory itself with --run-dir)");
   }
   s.get("seed", out.seed, read_uint64);
   if (const Node* precision = s.find("precision")) {

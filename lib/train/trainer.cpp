@@ -15,6 +15,7 @@
 #include "config/parse.hpp"
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
+#include "train/run_dir.hpp"
 
 namespace dtrain::train {
 
@@ -140,10 +141,7 @@ void Trainer::write_run_files() {
   if (!cfg) throw IoError(fmt::format("cannot write into the run directory {}", opt_.run_dir));
 }
 
-std::string Trainer::checkpoint_dir() const {
-  if (!exp_.checkpoint.dir.empty()) return exp_.checkpoint.dir;
-  return opt_.run_dir.empty() ? std::string() : (fs::path(opt_.run_dir) / "checkpoints").string();
-}
+std::string Trainer::checkpoint_dir() const { return checkpoint_dir_of(opt_.run_dir, exp_.checkpoint); }
 
 std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum,
                                      std::int64_t samples) {

@@ -147,6 +147,37 @@ case "$case_name" in
     sed 's/reduction: none/reduction: auto/' experiments/fashion_mnist_central_storage.yaml >"$scratch/exp.yaml"
     expect_error 2 "exp\.yaml:[0-9]+:[0-9]+: loss.reduction 'auto' is refused under strategy 'central_storage'" -- run "$scratch/exp.yaml"
     ;;
+  rerun_refused)
+    # A second run into a run directory that holds a run keeps the first run's files byte for byte,
+    # whether the directory came from the name (runs/<name>) or from --run-dir; --overwrite
+    # replaces it on request.
+    cp "$small" "$scratch/exp.yaml"
+    sed -i 's|^name: .*|name: rerun_refused_test|; s|path: data/|path: '"$PWD"'/data/|' "$scratch/exp.yaml"
+    quick=(--set train.epochs=1 --set train.steps_per_epoch=3 --set train.progress=none)
+    (cd "$scratch" && "$dtrain" run exp.yaml "${quick[@]}" >/dev/null) || fail "first run failed"
+    [ -f "$scratch/runs/rerun_refused_test/checkpoints/ckpt-3.h5" ] || fail "the first run left no checkpoint"
+    sums() { (cd "$scratch/runs/rerun_refused_test" && find . -type f | sort | xargs sha256sum); }
+    sums >"$scratch/before"
+    scratch_saved=$scratch
+    scratch="$scratch_saved/second" && mkdir -p "$scratch"
+    (cd "$scratch_saved" && expect_error 2 "runs/rerun_refused_test already holds a run \(.*config.yaml.*\); a new run \
+would overwrite it: give another --run-dir to keep it, \`dtrain resume runs/rerun_refused_test\` to continue it, or \
+--overwrite to replace it" -- run exp.yaml "${quick[@]}" --set optimizer.learning_rate=0.01) || exit 1
+    scratch=$scratch_saved
+    sums | diff "$scratch/before" - || fail "the refused run changed the first run's files"
+    "$dtrain" run "$small" "${quick[@]}" --run-dir "$scratch/runs/rerun_refused_test" >"$scratch/third.out" 2>&1 \
+      && fail "a run into --run-dir holding a run was not refused"
+    sums | diff "$scratch/before" - || fail "the refused --run-dir run changed the first run's files"
+    "$dtrain" run "$small" "${quick[@]}" --set optimizer.learning_rate=0.01 --run-dir "$scratch/runs/rerun_refused_test" \
+      --overwrite >/dev/null || fail "--overwrite failed"
+    ! sums | diff -q "$scratch/before" - >/dev/null || fail "--overwrite left the first run's files as they were"
+    [ "$(wc -l <"$scratch/runs/rerun_refused_test/metrics.jsonl")" -eq 1 ] || fail "--overwrite appended to the old log"
+    # A name is not a path: it would put the run directory outside runs/.
+    sed 's|^name: .*|name: ../escape|' "$scratch/exp.yaml" >"$scratch/escape.yaml"
+    expect_error 2 "escape.yaml:[0-9]+:7: name: must be a name, not a path" -- validate "$scratch/escape.yaml"
+    expect_error 2 "^dtrain: error: --set name=\.\.: name: must be a name, not a path" -- \
+      validate "$scratch/exp.yaml" --set 'name=..'
+    ;;
   gpu_refused)
     # A gpu:N device is refused before any training, with what is missing: the CUDA backend's
     # kernels when it was built, the backend itself otherwise; the YAML location comes first.
