@@ -84,9 +84,20 @@ int run_command(const RunArgs& args) {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
     train::TrainerOptions options;
     options.workers = workers.get();
-    options.run_dir = args.run_dir.empty() ? "runs/" + exp.name : args.run_dir;
+    const bool chief = workers->world_rank() == 0;
+    options.run_dir = args.run_dir;
+    if (options.run_dir.empty()) {
+      // runs/<name>, or the next runs/<name>-N when it holds an earlier run: the chief looks, and
+      // every rank (the evaluator too) learns its choice before anyone writes.
+      const std::string base = "runs/" + exp.name;
+      const int mine = chief && !args.overwrite ? train::free_run_number(base) : 0;
+      const int number = workers->all_reduce_max(mine, "run directory");
+      options.run_dir = train::numbered_run_dir(base, number);
+      if (chief && number > 0)
+        fmt::print("{} holds an earlier run; this run writes into {}\n", base, options.run_dir);
+    }
     // The chief owns the run directory: it keeps an earlier run there, or replaces it on request.
-    if (workers->world_rank() == 0) {
+    if (chief) {
       const std::string checkpoints = train::checkpoint_dir_of(options.run_dir, exp.checkpoint);
       if (args.overwrite) {
         train::remove_earlier_run(options.run_dir, checkpoints);

@@ -36,6 +36,18 @@ std::vector<std::string> earlier_run_files(const std::string& run_dir, const std
   return found;
 }
 
+int free_run_number(const std::string& base) {
+  if (earlier_run_files(base, (fs::path(base) / "checkpoints").string()).empty()) return 0;
+  for (int n = 2;; ++n) {
+    const std::string candidate = numbered_run_dir(base, n);
+    if (earlier_run_files(candidate, (fs::path(candidate) / "checkpoints").string()).empty()) return n;
+  }
+}
+
+std::string numbered_run_dir(const std::string& base, int number) {
+  return number == 0 ? base : fmt::format("{}-{}", base, number);
+}
+
 void refuse_to_overwrite(const std::string& run_dir, const std::string& checkpoint_dir) {
   const std::vector<std::string> found = earlier_run_files(run_dir, checkpoint_dir);
   if (found.empty()) return;

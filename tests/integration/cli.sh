@@ -148,30 +148,30 @@ case "$case_name" in
     expect_error 2 "exp\.yaml:[0-9]+:[0-9]+: loss.reduction 'auto' is refused under strategy 'central_storage'" -- run "$scratch/exp.yaml"
     ;;
   rerun_refused)
-    # A second run into a run directory that holds a run keeps the first run's files byte for byte,
-    # whether the directory came from the name (runs/<name>) or from --run-dir; --overwrite
-    # replaces it on request.
+    # A second run never touches the first run's files: without --run-dir it goes to the next
+    # runs/<name>-N; into a --run-dir that holds a run it is refused; --overwrite replaces on request.
     cp "$small" "$scratch/exp.yaml"
     sed -i 's|^name: .*|name: rerun_refused_test|; s|path: data/|path: '"$PWD"'/data/|' "$scratch/exp.yaml"
     quick=(--set train.epochs=1 --set train.steps_per_epoch=3 --set train.progress=none)
+    first="$scratch/runs/rerun_refused_test"
     (cd "$scratch" && "$dtrain" run exp.yaml "${quick[@]}" >/dev/null) || fail "first run failed"
-    [ -f "$scratch/runs/rerun_refused_test/checkpoints/ckpt-3.h5" ] || fail "the first run left no checkpoint"
-    sums() { (cd "$scratch/runs/rerun_refused_test" && find . -type f | sort | xargs sha256sum); }
+    [ -f "$first/checkpoints/ckpt-3.h5" ] || fail "the first run left no checkpoint"
+    sums() { (cd "$first" && find . -type f | sort | xargs sha256sum); }
     sums >"$scratch/before"
-    scratch_saved=$scratch
-    scratch="$scratch_saved/second" && mkdir -p "$scratch"
-    (cd "$scratch_saved" && expect_error 2 "runs/rerun_refused_test already holds a run \(.*config.yaml.*\); a new run \
-would overwrite it: give another --run-dir to keep it, \`dtrain resume runs/rerun_refused_test\` to continue it, or \
---overwrite to replace it" -- run exp.yaml "${quick[@]}" --set optimizer.learning_rate=0.01) || exit 1
-    scratch=$scratch_saved
-    sums | diff "$scratch/before" - || fail "the refused run changed the first run's files"
-    "$dtrain" run "$small" "${quick[@]}" --run-dir "$scratch/runs/rerun_refused_test" >"$scratch/third.out" 2>&1 \
-      && fail "a run into --run-dir holding a run was not refused"
+    (cd "$scratch" && "$dtrain" run exp.yaml "${quick[@]}" --set optimizer.learning_rate=0.01 >"$scratch/second.out") \
+      || fail "second run failed"
+    grep -qx "runs/rerun_refused_test holds an earlier run; this run writes into runs/rerun_refused_test-2" \
+      "$scratch/second.out" || fail "the second run did not say where it wrote: $(head -2 "$scratch/second.out")"
+    [ -f "$first-2/checkpoints/ckpt-3.h5" ] || fail "the second run did not write runs/rerun_refused_test-2"
+    sums | diff "$scratch/before" - || fail "the second run changed the first run's files"
+    expect_error 2 "$first already holds a run \(.*config.yaml.*\); a new run would overwrite it: give another \
+--run-dir to keep it, \`dtrain resume $first\` to continue it, or --overwrite to replace it" -- \
+      run "$small" "${quick[@]}" --run-dir "$first"
     sums | diff "$scratch/before" - || fail "the refused --run-dir run changed the first run's files"
-    "$dtrain" run "$small" "${quick[@]}" --set optimizer.learning_rate=0.01 --run-dir "$scratch/runs/rerun_refused_test" \
-      --overwrite >/dev/null || fail "--overwrite failed"
+    "$dtrain" run "$small" "${quick[@]}" --set optimizer.learning_rate=0.01 --run-dir "$first" --overwrite >/dev/null \
+      || fail "--overwrite failed"
     ! sums | diff -q "$scratch/before" - >/dev/null || fail "--overwrite left the first run's files as they were"
-    [ "$(wc -l <"$scratch/runs/rerun_refused_test/metrics.jsonl")" -eq 1 ] || fail "--overwrite appended to the old log"
+    [ "$(wc -l <"$first/metrics.jsonl")" -eq 1 ] || fail "--overwrite appended to the old log"
     # A name is not a path: it would put the run directory outside runs/.
     sed 's|^name: .*|name: ../escape|' "$scratch/exp.yaml" >"$scratch/escape.yaml"
     expect_error 2 "escape.yaml:[0-9]+:7: name: must be a name, not a path" -- validate "$scratch/escape.yaml"
