@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/compute_thread.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 
@@ -109,6 +110,7 @@ const Batch* Pipeline::next() {
 }
 
 void Pipeline::worker_loop() {
+  flush_denormals();  // it scales the batches it converts
   for (;;) {
     std::int64_t step = 0;
     {

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/compute_thread.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::distribute {
@@ -78,6 +79,7 @@ void PackedAllReduce::sum_pack(std::size_t index) {
 }
 
 void PackedAllReduce::communicate() {
+  flush_denormals();  // the ring adds the packs here
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     // Packs go out strictly in plan order: every worker must enter the same collectives in the

@@ -1,6 +1,6 @@
 #include "distribute/replica_threads.hpp"
 
-#include <omp.h>
+#include "core/compute_thread.hpp"
 
 namespace dtrain::distribute {
 
@@ -22,7 +22,7 @@ ReplicaThreads::~ReplicaThreads() {
 
 void ReplicaThreads::work(std::size_t replica) {
   // OpenMP's thread count is per thread: this replica's oneDNN primitives use its share of cores.
-  omp_set_num_threads(threads_per_replica_);
+  prepare_compute_thread(threads_per_replica_);
   std::uint64_t seen = 0;
   for (;;) {
     const Strategy::ReplicaFn* task = nullptr;

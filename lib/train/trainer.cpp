@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "config/parse.hpp"
+#include "core/compute_thread.hpp"
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
 #include "train/run_dir.hpp"
@@ -66,7 +67,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     opt_.out_is_tty = false;
     opt_.run_dir.clear();
   }
-  omp_set_num_threads(strategy_->threads_per_replica());  // the calling thread is replica 0 when alone
+  prepare_compute_thread(strategy_->threads_per_replica());  // the calling thread is replica 0 when alone
   const int replicas = strategy_->num_local_replicas();
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
