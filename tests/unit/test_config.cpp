@@ -1,10 +1,13 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "config/layers.hpp"
 #include "config/parse.hpp"
+#include "config/schema.hpp"
 #include "core/error.hpp"
 #include "nn/batch_normalization.hpp"
 #include "nn/conv2d.hpp"
@@ -320,10 +323,16 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
         "t.yaml:5:11: unknown metric 'acuracy'; valid: sparse_categorical_accuracy, accuracy, "
         "categorical_accuracy; did you mean 'accuracy'?");
   const std::string layer_error = error_of("model:\n  input_shape: [4]\n  layers:\n    - dens: {units: 2}\n");
-  CHECK(layer_error ==
-        "t.yaml:4:7: unknown layer kind 'dens' in model.layers.0; known: activation, average_pooling2d, avg_pool2d, "
-        "batch_normalization, conv2d, dense, dropout, flatten, global_average_pooling2d, global_avg_pool2d, "
-        "max_pool2d, max_pooling2d, reshape; did you mean 'dense'?");
+  // Every registered kind and alias, sorted: the built-in ones, and any a program adds (this test
+  // binary registers a probe layer of its own).
+  const std::vector<std::string_view> known = layer_kind_names();
+  CHECK(std::is_sorted(known.begin(), known.end()));
+  for (std::string_view kind : {"activation", "average_pooling2d", "avg_pool2d", "batch_normalization", "conv2d", "dense",
+                                "dropout", "flatten", "global_average_pooling2d", "global_avg_pool2d", "max_pool2d",
+                                "max_pooling2d", "reshape"})
+    CHECK(std::find(known.begin(), known.end(), kind) != known.end());
+  CHECK(layer_error == "t.yaml:4:7: unknown layer kind 'dens' in model.layers.0; known: " + join(known) +
+                           "; did you mean 'dense'?");
   CHECK(contains(error_of("model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2, activation: rellu}\n"),
                  "t.yaml:4:37: unknown activation 'rellu'; valid: linear, relu, sigmoid, tanh, softmax; did you "
                  "mean 'relu'?"));
