@@ -41,6 +41,34 @@ inline double rel_diff(const std::vector<double>& a, const std::vector<double>& 
   return std::sqrt(num / den);
 }
 
+// The weights of a reference run: at the start, after one step, and after `more` steps after it
+// (the epoch replayed from its start each time: the same samples in the same order).
+struct Trajectory {
+  std::vector<double> initial, one_step, later;
+  int more = 0;
+};
+inline Trajectory trajectory_of(train::Trainer& reference, int more) {
+  Trajectory t;
+  t.more = more;
+  t.initial = weights(reference);
+  reference.train_steps(0, 1);
+  t.one_step = weights(reference);
+  reference.train_steps(0, more);
+  t.later = weights(reference);
+  CHECK(rel_diff(t.one_step, t.initial) > 1e-3);  // the steps really move the weights
+  return t;
+}
+// Trainer `t` takes the same steps: the same start, 1e-5 after one step, 1e-4 after the rest;
+// and its mirrored copies stay identical, bit for bit.
+inline void check_follows(train::Trainer& t, const Trajectory& reference) {
+  CHECK(weights(t) == reference.initial);
+  t.train_steps(0, 1);
+  CHECK(rel_diff(weights(t), reference.one_step) < 1e-5);
+  t.train_steps(0, reference.more);
+  CHECK(rel_diff(weights(t), reference.later) < 1e-4);
+  for (int r = 1; r < t.strategy().num_local_replicas(); ++r) CHECK(weights(t, r) == weights(t, 0));
+}
+
 // "[cpu:0, cpu:1, ...]" for n replicas.
 inline std::string devices(int n) {
   std::string s;
