@@ -155,7 +155,7 @@ std::string to_yaml(const Experiment& e) {
   for (const LayerConfig& layer : e.model.layers) {
     const LayerSchema* schema = find_layer_schema(layer.kind);
     if (!schema) throw InternalError(fmt::format("layer {} has kind '{}', which no layer file registered", layer.name, layer.kind));
-    out << YAML::BeginMap << YAML::Key << schema->kind.data() << YAML::Value << YAML::Flow << YAML::BeginMap
+    out << YAML::BeginMap << YAML::Key << std::string(schema->kind) << YAML::Value << YAML::Flow << YAML::BeginMap
         << YAML::Key << "name" << YAML::Value << layer.name;
     OptionsWriter writer(out);
     schema->write(layer.options, writer);

@@ -31,7 +31,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     inv_std_.resize(c);
     scale_.resize(c);
     shift_.resize(c);
-    sums_.resize(2 * c + 1);
+    sums_.resize(2 * c);
   }
 
   LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
@@ -93,8 +93,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     float* dx = p.input_gradient();
     if (!dx) return;
     if (layer_.options().synchronized && step.cross_replica)
-      step.cross_replica->all_reduce_sum(std::span<double>(sums_.data(), static_cast<std::size_t>(2 * c)),
-                                         "batch normalization gradient sums");
+      step.cross_replica->all_reduce_sum(sums_, "batch normalization gradient sums");
     // dx = gamma inv_std (dy - sum(dy) / count - xhat sum(dy xhat) / count)
     const float* gamma = layer_.gamma_index() >= 0 ? value(static_cast<std::size_t>(layer_.gamma_index())) : nullptr;
     for (std::int64_t k = 0; k < c; ++k) {
@@ -123,8 +122,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   void backward_without_samples(const nn::StepContext& step) override {
     if (!layer_.options().synchronized || !step.cross_replica) return;
     std::fill(sums_.begin(), sums_.end(), 0.0);
-    step.cross_replica->all_reduce_sum(std::span<double>(sums_.data(), static_cast<std::size_t>(2 * channels_)),
-                                       "batch normalization gradient sums");
+    step.cross_replica->all_reduce_sum(sums_, "batch normalization gradient sums");
   }
 
  private:
@@ -152,7 +150,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
       for (std::int64_t r = begin; r < end; ++r)
         for (std::int64_t k = 0; k < c; ++k) add(r, k, acc);
     }
-    std::fill(sums_.begin(), sums_.begin() + 2 * c, 0.0);
+    std::fill(sums_.begin(), sums_.end(), 0.0);
     for (int t = 0; t < threads; ++t)
       for (std::int64_t k = 0; k < 2 * c; ++k)
         sums_[idx(k)] += partials_[static_cast<std::size_t>(t) * static_cast<std::size_t>(2 * c) + idx(k)];
@@ -163,10 +161,12 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   void statistics(const float* x, std::int64_t rows, const nn::StepContext& step) {
     const std::int64_t c = channels_;
     const bool sync = layer_.options().synchronized && step.cross_replica;
+    // The sums of x, then the row count right after them: one collective of C + 1 values.
     channel_sums(rows, [&](std::int64_t r, std::int64_t k, double* acc) { acc[k] += x[r * c + k]; });
-    sums_[idx(2 * c)] = static_cast<double>(rows);
-    if (sync) step.cross_replica->all_reduce_sum(sums_, "batch normalization mean");
-    count_ = sums_[idx(2 * c)];
+    sums_[idx(c)] = static_cast<double>(rows);
+    if (sync)
+      step.cross_replica->all_reduce_sum(std::span<double>(sums_.data(), idx(c) + 1), "batch normalization mean");
+    count_ = sums_[idx(c)];
     batch_mean_.resize(idx(c));
     for (std::int64_t k = 0; k < c; ++k) batch_mean_[idx(k)] = count_ > 0 ? sums_[idx(k)] / count_ : 0.0;
     const double* m = batch_mean_.data();

@@ -74,17 +74,16 @@ void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
 
 void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext&) {
   WeightedOpPlan& p = plans_.get(batch);
-  OnednnContext& ctx = ctx_;
-  act_.backward(ctx, p.act);
-  p.bw_src_in.run(ctx);
-  p.bw_diff_dst_in.run(ctx);
-  p.bwd_weights.run(ctx);
-  p.dw_out.run(ctx);
+  act_.backward(ctx_, p.act);
+  p.bw_src_in.run(ctx_);
+  p.bw_diff_dst_in.run(ctx_);
+  p.bwd_weights.run(ctx_);
+  p.dw_out.run(ctx_);
   if (p.has_diff_src) {
-    p.bd_weights_in.run(ctx);
-    p.bd_diff_dst_in.run(ctx);
-    p.bwd_data.run(ctx);
-    p.bd_diff_src_out.run(ctx);
+    p.bd_weights_in.run(ctx_);
+    p.bd_diff_dst_in.run(ctx_);
+    p.bwd_data.run(ctx_);
+    p.bd_diff_src_out.run(ctx_);
   }
 }
 
