@@ -83,6 +83,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     } catch (const ConfigError& e) {
       throw ConfigError(config::location_prefix(exp_.strategy.devices_where, exp_.strategy.where) + e.what());
     }
+    nn::check_precision(exp_.precision, exp_.precision_where, *rep.ctx);
     backends::Numerics& numerics = rep.ctx->numerics();
     rep.loss = losses::make_loss(exp_.loss, numerics);
     for (auto kind : exp_.metrics) {
@@ -126,9 +127,11 @@ std::string Trainer::header_line() const {
   const int replicas = strategy_->num_local_replicas();
   const std::string threads = replicas > 1 ? fmt::format("{} ({} per replica)", threads_, strategy_->threads_per_replica())
                                            : fmt::format("{}", threads_);
-  return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | {}",
+  return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | {} | "
+                     "precision {}",
                      build_info::version, exp_.name, strategy_->describe(), global_batch_size(),
-                     replicas_[0].optimizer->learning_rate(), threads, replicas_[0].ctx->describe());
+                     replicas_[0].optimizer->learning_rate(), threads, replicas_[0].ctx->describe(),
+                     config::name_of(exp_.precision));
 }
 
 void Trainer::write_run_files() {
