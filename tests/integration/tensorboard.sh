@@ -22,6 +22,10 @@ case "$case_name" in
     # The default run writes none.
     "$dtrain" run "$small" --set train.epochs=1 --set train.steps_per_epoch=2 --run-dir "$scratch/plain" >/dev/null || fail "run failed"
     [ ! -e "$scratch/plain/tensorboard" ] || fail "tensorboard/ written without train.tensorboard"
+    # --overwrite replaces the old run's event files too (else TensorBoard would mix both runs).
+    "$dtrain" run "$small" --set train.epochs=1 --set train.steps_per_epoch=2 --set train.tensorboard=true \
+      --set train.log_every_steps=0 --run-dir "$scratch/run" --overwrite >/dev/null || fail "--overwrite run failed"
+    /usr/bin/python3 "$read_events" "$scratch/run" --files 1 || fail "event files after --overwrite"
     ;;
   resume)
     # A resumed run writes a file of its own; the first one stays as it was.
