@@ -2,7 +2,6 @@
 // back byte by byte, and the events parsed with the same generated protobuf classes TensorBoard's
 // schema gives. (tests/integration/tensorboard.sh reads a real run's files with Python's protobuf.)
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -11,33 +10,19 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
 #include <tensorflow/core/util/event.pb.h>
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
 #include "train/tensorboard.hpp"
 #include "train/tfrecord.hpp"
+#include "test_support.hpp"
 
 using namespace dtrain;
 using namespace dtrain::train;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("dtrain_test_tensorboard_{}_{}", ::getpid(), counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 std::string read_all(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -82,8 +67,8 @@ TEST_CASE("tensorboard: CRC-32C gives the standard check values, and the TFRecor
 }
 
 TEST_CASE("tensorboard: TFRecord framing, and a writer never opens an existing file") {
-  TempDir dir;
-  const fs::path path = dir.path / "records";
+  testing::ScratchDir dir("tensorboard");
+  const fs::path path = dir.path() / "records";
   {
     TFRecordWriter writer(path.string());
     writer.write("abc");
@@ -104,8 +89,8 @@ TEST_CASE("tensorboard: TFRecord framing, and a writer never opens an existing f
 }
 
 TEST_CASE("tensorboard: an event file starts with the file version, then the scalars at their steps") {
-  TempDir dir;
-  const fs::path logdir = dir.path / "tensorboard";
+  testing::ScratchDir dir("tensorboard");
+  const fs::path logdir = dir.path() / "tensorboard";
   std::string first, second;
   {
     EventFileWriter writer(logdir.string());
