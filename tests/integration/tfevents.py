@@ -79,11 +79,11 @@ def main():
     parser.add_argument("--learning-rate", type=float)
     args = parser.parse_args()
 
-    out = tempfile.mkdtemp(prefix="dtrain_tfevents_")
-    subprocess.run(["protoc", f"-I{PROTO}", f"--python_out={out}",
-                    "tensorflow/core/framework/summary.proto", "tensorflow/core/util/event.proto"], check=True)
-    sys.path.insert(0, out)
-    from tensorflow.core.util import event_pb2  # noqa: E402 (generated just now)
+    with tempfile.TemporaryDirectory(prefix="dtrain_tfevents_") as out:
+        subprocess.run(["protoc", f"-I{PROTO}", f"--python_out={out}",
+                        "tensorflow/core/framework/summary.proto", "tensorflow/core/util/event.proto"], check=True)
+        sys.path.insert(0, out)
+        from tensorflow.core.util import event_pb2  # generated just now; loaded before the directory goes
 
     files = sorted(glob.glob(os.path.join(args.run_dir, "tensorboard", "events.out.tfevents.*")))
     if len(files) != args.files:
