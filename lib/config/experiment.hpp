@@ -246,6 +246,8 @@ struct TrainConfig {
   std::int64_t steps_per_epoch = 0;  // 0 = the whole training set each epoch
   int threads = 0;                   // compute threads; 0 = all cores
   ProgressMode progress = ProgressMode::auto_detect;
+  bool tensorboard = false;              // event files in <run dir>/tensorboard/ (the chief's)
+  std::int64_t log_every_steps = 100;    // TensorBoard's step loss every N global steps; 0 = none
   bool operator==(const TrainConfig&) const = default;
 };
 

@@ -533,13 +533,16 @@ std::vector<MetricKind> parse_metrics(const Node& node) {
 }
 
 TrainConfig parse_train(const Node& node) {
-  static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress"};
+  static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress",
+                                              "tensorboard", "log_every_steps"};
   Section s(node, "train", keys);
   TrainConfig out;
   s.get_int("epochs", out.epochs, 1);
   s.get_int("steps_per_epoch", out.steps_per_epoch, 0);
   s.get_int("threads", out.threads, 0);
   s.get_enum("progress", out.progress, "progress mode", progress_modes);
+  s.get_bool("tensorboard", out.tensorboard);
+  s.get_int("log_every_steps", out.log_every_steps, 0);
   return out;
 }
 

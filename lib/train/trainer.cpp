@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
 #include "train/run_dir.hpp"
+#include "train/tensorboard.hpp"
 
 namespace dtrain::train {
 
@@ -360,6 +361,13 @@ CallbackList Trainer::make_callbacks() {
   callbacks.add(std::make_unique<StopOnRequest>(opt_.stop_requested, *strategy_));
   callbacks.add(std::make_unique<CheckpointSaver>(*this, exp_.checkpoint));
   if (!opt_.run_dir.empty()) callbacks.add(std::make_unique<MetricsLog>(opt_.run_dir, resume_.has_value()));
+  if (!opt_.run_dir.empty() && exp_.train.tensorboard) {
+    // The primary replica's optimizer holds the copy every replica computes with (central storage).
+    const auto* optimizer = replicas_[static_cast<std::size_t>(strategy_->primary_replica())].optimizer.get();
+    callbacks.add(std::make_unique<TensorBoardLogger>(
+        opt_.run_dir, exp_.train.log_every_steps, [optimizer] { return optimizer->learning_rate(); },
+        resume_ ? std::optional<std::int64_t>(resume_->global_step) : std::nullopt));
+  }
   using Mode = ProgressLogger::Mode;
   const auto progress = exp_.train.progress;
   const Mode mode = progress == config::ProgressMode::bar ||

@@ -38,3 +38,18 @@ endforeach()
 
 # The modules stay layered: no include from a lower module to a higher one (tools/check_layering).
 add_test(NAME layering COMMAND python3 ${PROJECT_SOURCE_DIR}/tools/check_layering)
+
+# Cases of tests/integration/SCRIPT.sh, each a CTest test SCRIPT.CASE run one at a time.
+function(dtrain_script_cases script)
+  foreach(case ${ARGN})
+    add_test(NAME ${script}.${case}
+             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/${script}.sh ${case} $<TARGET_FILE:dtrain>
+                     ${CMAKE_CURRENT_BINARY_DIR}/scratch/${script}_${case}
+             WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+    set_tests_properties(${script}.${case} PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE)
+  endforeach()
+endfunction()
+# train.tensorboard's event files read back with Python's protobuf, and tools/to_hdf5 from
+# generated images, CSV and NumPy files to a dtrain run.
+dtrain_script_cases(tensorboard events_match_metrics resume chief_only)
+dtrain_script_cases(to_hdf5 convert_and_train bad_inputs)
