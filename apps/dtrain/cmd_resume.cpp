@@ -92,7 +92,7 @@ int resume_command(const ResumeArgs& args) {
   options.run_dir =
       !args.run_dir.empty() ? args.run_dir : fs::path(candidates[first]).parent_path().parent_path().string();
   options.out = stdout;
-  options.out_is_tty = isatty(fileno(stdout)) != 0;
+  options.out_is_tty = train::progress_reaches_a_terminal(stdout);
   options.workers = workers.get();
   options.stop_requested = &signals.requested();
   return train_or_evaluate(*workers, exp, options, [&](train::Trainer& trainer) {

@@ -245,6 +245,7 @@ struct TrainConfig {
   std::int64_t steps_per_epoch = 0;  // 0 = the whole training set each epoch
   int threads = 0;                   // compute threads; 0 = all cores
   ProgressMode progress = ProgressMode::auto_detect;
+  bool plot = false;                 // the chief redraws <run dir>/curves.png after each epoch (gnuplot)
   bool operator==(const TrainConfig&) const = default;
 };
 

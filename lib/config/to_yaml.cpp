@@ -202,6 +202,7 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::Key << "steps_per_epoch" << YAML::Value << e.train.steps_per_epoch;
   out << YAML::Key << "threads" << YAML::Value << e.train.threads;
   out << YAML::Key << "progress" << YAML::Value << name_of(e.train.progress);
+  out << YAML::Key << "plot" << YAML::Value << e.train.plot;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
