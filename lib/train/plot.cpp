@@ -184,7 +184,7 @@ std::string gnuplot_script(const std::vector<RunCurves>& runs, const std::string
     s << "set title 'Accuracy'\nset ylabel 'accuracy (%)'\nset yrange [0<*:*<100]\nset key bottom right\n";
     s << legend_room(entries(runs, accuracy_series), false) << plot_command(runs, accuracy_series, several);
   }
-  s << "set title 'Training throughput'\nset ylabel 'samples/s'\nset yrange [0:*]\nset offsets 0, 0, 0, 0\n";
+  s << "set title 'Training throughput'\nset ylabel 'samples/s'\nset yrange [0:*]\nset offsets 0, 0, graph 0.1, 0\n";
   s << (several ? "set key bottom right\n" : "unset key\n");
   std::vector<std::string> throughput;
   for (std::size_t r = 0; r < runs.size(); ++r)
