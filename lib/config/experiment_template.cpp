@@ -40,16 +40,9 @@ struct Note {
   std::string after;
 };
 
+// "a | b | c": the names a key takes, as the comments list them.
 std::string joined(const std::vector<std::string_view>& names, std::string_view separator) {
-  std::string out;
-  for (std::string_view name : names) out += (out.empty() ? "" : std::string(separator)) + std::string(name);
-  return out;
-}
-
-std::string numbers(const std::vector<std::int64_t>& values) {
-  std::vector<std::string> text;
-  for (std::int64_t v : values) text.push_back(std::to_string(v));
-  return fmt::format("[{}]", fmt::join(text, ", "));
+  return fmt::format("{}", fmt::join(names, separator));
 }
 
 // One line per registered layer kind: its aliases and option keys.
@@ -114,7 +107,7 @@ std::vector<Note> notes() {
                "", ""});
   n.push_back({"data.source", "", "",
                fmt::format("shape: {}, classes: {}, train_size: {}, test_size: {}   # source: synthetic only",
-                           numbers(data.shape), data.classes, data.train_size, data.test_size)});
+                           fmt::format("[{}]", fmt::join(data.shape, ", ")), data.classes, data.train_size, data.test_size)});
   n.push_back({"data.path", "", "fashion_mnist, idx: a directory; hdf5: a file",
                "shards: [x-00000-of-00002.h5, x-00001-of-00002.h5]   # hdf5 only, instead of path: the data split "
                "into files (tools/make_shards)"});
