@@ -248,6 +248,7 @@ struct TrainConfig {
   ProgressMode progress = ProgressMode::auto_detect;
   bool tensorboard = false;              // event files in <run dir>/tensorboard/ (the chief's)
   std::int64_t log_every_steps = 100;    // TensorBoard's step loss every N global steps; 0 = none
+  bool plot = false;                 // the chief redraws <run dir>/curves.png after each epoch (gnuplot)
   bool operator==(const TrainConfig&) const = default;
 };
 

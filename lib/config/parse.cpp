@@ -534,7 +534,7 @@ std::vector<MetricKind> parse_metrics(const Node& node) {
 
 TrainConfig parse_train(const Node& node) {
   static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress",
-                                              "tensorboard", "log_every_steps"};
+                                              "tensorboard", "log_every_steps", "plot"};
   Section s(node, "train", keys);
   TrainConfig out;
   s.get_int("epochs", out.epochs, 1);
@@ -543,6 +543,7 @@ TrainConfig parse_train(const Node& node) {
   s.get_enum("progress", out.progress, "progress mode", progress_modes);
   s.get_bool("tensorboard", out.tensorboard);
   s.get_int("log_every_steps", out.log_every_steps, 0);
+  s.get_bool("plot", out.plot);
   return out;
 }
 
@@ -650,6 +651,28 @@ Experiment load_experiment(const std::string& path, const std::vector<std::strin
   text << file.rdbuf();
   if (file.bad()) throw ConfigError(fmt::format("{}: cannot read experiment file; check the path", path));
   return parse_experiment(text.str(), path, overrides);
+}
+
+// The tables above, by the key they name: what `dtrain init` lists beside each key.
+std::vector<std::string_view> choices_of(std::string_view key_path) {
+  std::vector<std::string_view> names;
+  auto from = [&](const auto& table) {
+    for (const auto& entry : table) names.push_back(entry.name);
+  };
+  if (key_path == "precision") from(precisions);
+  if (key_path == "strategy.kind") from(strategy_kinds);
+  if (key_path == "strategy.cross_device_ops") from(cross_device_ops_kinds);
+  if (key_path == "strategy.communication.implementation") from(communication_implementations);
+  if (key_path == "data.source") from(source_kinds);
+  if (key_path == "data.auto_shard") from(auto_shard_policies);
+  if (key_path == "data.distribute") from(distribute_modes);
+  if (key_path == "loss.kind") from(loss_kinds);
+  if (key_path == "loss.reduction") from(reductions);
+  if (key_path == "optimizer.kind") from(optimizer_kinds);
+  if (key_path == "optimizer.learning_rate.schedule") from(schedule_kinds);
+  if (key_path == "metrics") from(metric_kinds);
+  if (key_path == "train.progress") from(progress_modes);
+  return names;
 }
 
 }  // namespace dtrain::config

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/experiment.hpp"
@@ -43,5 +44,9 @@ const char* name_of(OptimizerKind kind);
 const char* name_of(MetricKind kind);
 const char* name_of(ProgressMode mode);
 const char* name_of(Precision precision);
+
+// The YAML names a key of the experiment takes ("strategy.kind": default, one_device, ...), from
+// the tables the parser reads them with; empty for a key that is not a choice of names.
+std::vector<std::string_view> choices_of(std::string_view key_path);
 
 }  // namespace dtrain::config

@@ -204,6 +204,7 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::Key << "progress" << YAML::Value << name_of(e.train.progress);
   out << YAML::Key << "tensorboard" << YAML::Value << e.train.tensorboard;
   out << YAML::Key << "log_every_steps" << YAML::Value << e.train.log_every_steps;
+  out << YAML::Key << "plot" << YAML::Value << e.train.plot;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;

@@ -375,6 +375,8 @@ CallbackList Trainer::make_callbacks() {
                         ? Mode::bar
                         : progress == config::ProgressMode::lines ? Mode::lines : Mode::none;
   callbacks.add(std::make_unique<ProgressLogger>(opt_.out, mode));
+  // After MetricsLog, which has then written the epoch the picture shows.
+  if (exp_.train.plot && !opt_.run_dir.empty()) callbacks.add(std::make_unique<PlotCurves>(opt_.run_dir));
   return callbacks;
 }
 
