@@ -76,7 +76,7 @@ std::vector<Note> notes() {
   std::vector<Note> n;
   n.push_back({"name", "", "names the run directory: runs/<name>", ""});
   n.push_back({"seed", "", "fixes every random draw: initialization, shuffles, dropout", ""});
-  n.push_back({"precision", "", "the dtype layers compute in", ""});
+  n.push_back({"precision", "", "the dtype conv and dense layers compute in; variables stay float32", ""});
   n.push_back({"strategy",
                "TODO(strategy): how the replicas are laid out, as tf.distribute's strategy. default and\n"
                "one_device: one replica; mirrored: replica threads, gradients all-reduced; central_storage:\n"
@@ -165,6 +165,8 @@ std::vector<Note> notes() {
   n.push_back({"train.threads", "", "compute threads; 0 = every core (shared with the other ranks on the node)", ""});
   n.push_back({"train.progress", "", "auto: a bar only on a person's terminal, never under mpirun", ""});
   n.push_back({"train.plot", "", "true: redraw <run dir>/curves.png after each epoch (needs gnuplot)", ""});
+  n.push_back({"train.tensorboard", "", "true: TensorBoard event files in <run dir>/tensorboard/ (the chief's)", ""});
+  n.push_back({"train.log_every_steps", "", "TensorBoard's train/step_loss every N global steps; 0 = none", ""});
   n.push_back({"checkpoint", "", "", ""});
   n.push_back({"checkpoint.every_epochs", "", "save after every N-th epoch; 0 = never by epoch", ""});
   n.push_back({"checkpoint.every_steps", "", "save after every N-th global step; 0 = never by step", ""});
