@@ -38,3 +38,13 @@ endforeach()
 
 # The modules stay layered: no include from a lower module to a higher one (tools/check_layering).
 add_test(NAME layering COMMAND python3 ${PROJECT_SOURCE_DIR}/tools/check_layering)
+
+# ParameterServerStrategy over real mpirun with 3 to 5 ranks (tests/integration/parameter_server.sh).
+set(DTRAIN_PS_CASES sync_equals_default async roles lost_worker lost_ps)
+foreach(case ${DTRAIN_PS_CASES})
+  add_test(NAME ps.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/parameter_server.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/ps_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(ps.${case} PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)
+endforeach()
