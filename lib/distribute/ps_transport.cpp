@@ -78,7 +78,7 @@ struct PsTransport::Impl {
   // A server's replies still travelling (a reply to a dead worker never completes: it stays here).
   struct Outgoing {
     MPI_Request request[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    std::int64_t header[2] = {0, 0};
+    std::int64_t header[3] = {0, 0, 0};
     std::vector<float> data;
   };
   std::list<Outgoing> outgoing;
@@ -142,11 +142,15 @@ struct PsTransport::Impl {
     }
     return header[0];
   }
-  void request(int to, std::int64_t kind, std::int64_t version) {
-    std::int64_t r[2] = {kind, version};
-    // Two integers: MPI sends them eagerly, so this returns at once even to a dead peer.
-    check(MPI_Send(r, 2, MPI_INT64_T, to, kRequestTag, comm), "MPI_Send");
+  // A few integers to `to`, without waiting: over TCP a send to a dead rank never completes (and
+  // a blocking one would hang the coordinator), so it stays in `outgoing`.
+  void post(int to, int tag, std::initializer_list<std::int64_t> values) {
+    reap();
+    Outgoing& o = outgoing.emplace_back();
+    std::copy(values.begin(), values.end(), o.header);
+    check(MPI_Isend(o.header, static_cast<int>(values.size()), MPI_INT64_T, to, tag, comm, &o.request[0]), "MPI_Isend");
   }
+  void request(int to, std::int64_t kind, std::int64_t version) { post(to, kRequestTag, {kind, version}); }
 };
 
 PsTransport::PsTransport(double timeout_seconds) : impl_(std::make_unique<Impl>()), timeout_(timeout_seconds) {
@@ -166,11 +170,11 @@ PsTransport::PsTransport(double timeout_seconds) : impl_(std::make_unique<Impl>(
 PsTransport::~PsTransport() = default;
 
 void PsTransport::send_order(int worker_rank, const StepOrder& order) {
-  const std::int64_t o[3] = {order.kind, order.global_step, order.epoch};
-  check(MPI_Send(o, 3, MPI_INT64_T, worker_rank, kOrderTag, impl_->comm), "MPI_Send");
+  impl_->post(worker_rank, kOrderTag, {order.kind, order.global_step, order.epoch});
 }
 
 std::optional<StepResultMessage> PsTransport::poll_result() {
+  impl_->reap();
   Poll poll(0.05);
   for (;;) {
     int flag = 0;
@@ -198,7 +202,7 @@ std::int64_t PsTransport::gather(int server_rank, std::vector<float>& state) {
   return iterations;
 }
 
-void PsTransport::stop_server(int server_rank) { impl_->request(server_rank, stop_request, 0); }
+void PsTransport::stop_server(int server_rank) { impl_->post(server_rank, kRequestTag, {stop_request, 0}); }
 
 StepOrder PsTransport::receive_order(double patience_seconds) {
   std::int64_t o[3] = {0, 0, 0};
@@ -213,7 +217,11 @@ StepOrder PsTransport::receive_order(double patience_seconds) {
 }
 
 void PsTransport::send_result(std::span<const double> payload) {
-  check(MPI_Send(payload.data(), count_of(payload.size()), MPI_DOUBLE, 0, kResultTag, impl_->comm), "MPI_Send");
+  MPI_Request req;
+  check(MPI_Isend(payload.data(), count_of(payload.size()), MPI_DOUBLE, 0, kResultTag, impl_->comm, &req), "MPI_Isend");
+  if (!wait_for(&req, 1, timeout_))
+    throw InternalError(fmt::format("rank {}: the coordinator (rank 0) did not take a step's result within {:g} s: it is "
+                                    "lost", rank_, timeout_));
 }
 
 std::int64_t PsTransport::pull(int server_rank, std::span<float> values) {
