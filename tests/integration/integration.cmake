@@ -40,7 +40,7 @@ endforeach()
 add_test(NAME layering COMMAND python3 ${PROJECT_SOURCE_DIR}/tools/check_layering)
 
 # ParameterServerStrategy over real mpirun with 3 to 5 ranks (tests/integration/parameter_server.sh).
-set(DTRAIN_PS_CASES sync_equals_default async roles lost_worker lost_ps)
+set(DTRAIN_PS_CASES sync_equals_default async roles sigterm lost_worker lost_ps)
 foreach(case ${DTRAIN_PS_CASES})
   add_test(NAME ps.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/parameter_server.sh ${case} $<TARGET_FILE:dtrain>
