@@ -27,7 +27,9 @@ class ParameterServerStrategy final : public ReplicatedStrategy {
   ParameterServerStrategy(const config::StrategyConfig& config, int total_threads);
 
   std::string describe() const override;
-  bool is_chief() const override { return role_ == Role::chief; }
+  // The coordinator prints and writes the run's files; an evaluator rank is alone on its side of
+  // the job and writes its own.
+  bool is_chief() const override { return role_ == Role::chief || role_ == Role::evaluator; }
   // Gradients go to the servers, which apply them: nothing is applied where they are computed.
   bool update(const ReplicaContext&, const std::function<void()>&) override { return false; }
   bool schedules_steps() const override { return role_ != Role::evaluator; }

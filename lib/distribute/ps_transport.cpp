@@ -5,6 +5,8 @@
 #include <chrono>
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <list>
 #include <string>
 #include <thread>
@@ -167,7 +169,12 @@ PsTransport::PsTransport(double timeout_seconds) : impl_(std::make_unique<Impl>(
 
 // The communicator is not freed: freeing is collective, and a lost rank would never take part.
 // MPI_Finalize releases it (and the replies to a lost worker that never completed).
-PsTransport::~PsTransport() = default;
+PsTransport::~PsTransport() {
+  if (!peer_lost_) return;
+  // Training has ended and everything is written; MPI_Finalize would hang on the dead rank.
+  std::fflush(nullptr);
+  std::_Exit(0);
+}
 
 void PsTransport::send_order(int worker_rank, const StepOrder& order) {
   impl_->post(worker_rank, kOrderTag, {order.kind, order.global_step, order.epoch});
@@ -202,7 +209,9 @@ std::int64_t PsTransport::gather(int server_rank, std::vector<float>& state) {
   return iterations;
 }
 
-void PsTransport::stop_server(int server_rank) { impl_->post(server_rank, kRequestTag, {stop_request, 0}); }
+void PsTransport::stop_server(int server_rank) {
+  impl_->post(server_rank, kRequestTag, {stop_request, peer_lost_ ? 1 : 0});
+}
 
 StepOrder PsTransport::receive_order(double patience_seconds) {
   std::int64_t o[3] = {0, 0, 0};
@@ -212,6 +221,10 @@ StepOrder PsTransport::receive_order(double patience_seconds) {
     MPI_Cancel(&req);
     throw InternalError(fmt::format("rank {}: no order from the coordinator (rank 0) for {:g} s: it is lost", rank_,
                                     patience_seconds));
+  }
+  if (o[0] == StepOrder::stop_after_loss) {
+    peer_lost_ = true;
+    o[0] = StepOrder::stop;
   }
   return StepOrder{o[0], o[1], o[2]};
 }
@@ -289,6 +302,7 @@ void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_flo
         break;
       }
       case stop_request: {
+        if (r[1] != 0) peer_lost_ = true;
         // The chief's last message; replies still travelling to live ranks finish first (those
         // to a lost worker never do).
         Poll drain(std::min(timeout_, 2.0));

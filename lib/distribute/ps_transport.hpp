@@ -34,7 +34,7 @@ struct ServerLost : std::runtime_error {
 };
 
 struct StepOrder {
-  enum Kind : std::int64_t { step = 0, stop = 1 };
+  enum Kind : std::int64_t { step = 0, stop = 1, stop_after_loss = 2 };
   std::int64_t kind = step;
   std::int64_t global_step = 0;
   std::int64_t epoch = 0;
@@ -59,6 +59,13 @@ class PsTransport {
   ~PsTransport();
   PsTransport(const PsTransport&) = delete;
   PsTransport& operator=(const PsTransport&) = delete;
+
+  // A rank of the job died (a lost worker survived). MPI_Finalize would then wait forever for it
+  // (OpenMPI 4.1.4 under --enable-recovery fences over every rank, the dead one too: measured), so
+  // this process ends when the transport goes, without finalizing. The coordinator marks it and
+  // passes it on with its stop messages.
+  void mark_peer_lost() { peer_lost_ = true; }
+  bool peer_lost() const { return peer_lost_; }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -94,6 +101,7 @@ class PsTransport {
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
   double timeout_ = 60.0;
+  bool peer_lost_ = false;
 };
 
 }  // namespace dtrain::distribute

@@ -300,7 +300,10 @@ struct StopEveryone {
   ~StopEveryone() {
     try {
       for (int w = 0; w < ps.plan().workers; ++w)
-        ps.transport().send_order(ps.worker_rank(w), distribute::StepOrder{distribute::StepOrder::stop, 0, 0});
+        ps.transport().send_order(ps.worker_rank(w),
+                                  distribute::StepOrder{ps.transport().peer_lost() ? distribute::StepOrder::stop_after_loss
+                                                                                   : distribute::StepOrder::stop,
+                                                        0, 0});
       for (int s = 0; s < ps.plan().ps; ++s) ps.transport().stop_server(ps.server_rank(s));
     } catch (const std::exception&) {
       // The job is failing already: the error on its way out says why.
@@ -391,6 +394,7 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
               std::chrono::duration<double>(Clock::now() - last_heard[i]).count() <= timeout)
             continue;
           lost[i] = true;
+          transport.mark_peer_lost();
           const std::string note = fmt::format("worker rank {} was lost at epoch {}, step {} (no answer for {:g} s)",
                                                ps.worker_rank(w), state.epoch + 1, state.step, timeout);
           fmt::print(stderr, "dtrain: warning: {}; its {} unfinished step(s) go to the other workers\n", note,
