@@ -100,6 +100,14 @@ EOS
     grep -q "strategy.roles (1 chief, 2 workers, 2 parameter servers) name 5 ranks, but mpirun started 3" "$scratch/bad.out" \
       || fail "no clear roles error: $(head -3 "$scratch/bad.out")"
     echo "ok: TF_CONFIG ps tasks give the roles; a disagreeing world is refused (exit 2)"
+    # An evaluator rank (last) evaluates each checkpoint: the chief's Test figures of that epoch.
+    mpi 4 "$dtrain" run "$small" "${common[@]}" --set train.epochs=2 --set train.steps_per_epoch=3 \
+      --set "strategy={kind: parameter_server, roles: {chief: 1, ps: 1, worker: 1, evaluator: 1}}" --run-dir "$scratch/ev" \
+      >"$scratch/ev.out" 2>&1 || fail "run with an evaluator failed: $(tail -5 "$scratch/ev.out")"
+    chief=$(sed -nE 's/^Epoch 2, .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/ev.out")
+    evaluator=$(sed -nE 's/^Evaluator: ckpt-6.h5 .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/ev.out")
+    [ -n "$chief" ] && [ "$chief" = "$evaluator" ] || fail "evaluator '$evaluator' differs from the chief's epoch 2 '$chief'"
+    echo "ok: the evaluator rank reports the chief's Test figures ($evaluator)"
     ;;
   lost_worker)
     # kill -9 of a worker mid-run under --enable-recovery: the coordinator notices it after the
