@@ -30,6 +30,7 @@ std::string location_prefix(const SourceLocation& given, const SourceLocation& f
 
 // Names used in YAML for the enums, for messages and reports elsewhere.
 const char* name_of(StrategyKind kind);
+const char* name_of(PartitionerKind kind);
 const char* name_of(CrossDeviceOpsKind kind);
 const char* name_of(CommunicationImplementation implementation);
 const char* name_of(AutoShardPolicy policy);

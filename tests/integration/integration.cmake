@@ -63,3 +63,5 @@ foreach(case ${DTRAIN_UX_CASES})
   set_tests_properties(ux.${case} PROPERTIES TIMEOUT 300)
 endforeach()
 set_tests_properties(ux.mpi_log ux.init_strategies PROPERTIES RUN_SERIAL TRUE)
+# ParameterServerStrategy over real mpirun with 3 to 5 ranks (tests/integration/parameter_server.sh).
+dtrain_script_cases(parameter_server sync_equals_default async roles sigterm lost_worker lost_ps)
