@@ -29,7 +29,8 @@ enum ExitCode : int {
   kBadInput = 2,       // bad experiment, bad --set, missing or malformed data or checkpoint
   kIoError = 3,        // could not write the run directory or a checkpoint
   kInterrupted = 4,    // stopped by SIGINT/SIGTERM after saving a checkpoint; `dtrain resume` goes on
-  kCollectiveTimeout = 5,  // a collective between workers did not complete in time (the job is aborted)
+  kCollectiveTimeout = 5,  // a collective between workers did not complete in time, or another process of
+                           // the job (parameter server, coordinator, every worker) stopped answering
 };
 
 struct RunArgs {

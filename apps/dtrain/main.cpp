@@ -43,6 +43,7 @@ int exit_code_for(const std::exception& error) {
       case dtrain::ErrorKind::input: return kBadInput;
       case dtrain::ErrorKind::io: return kIoError;
       case dtrain::ErrorKind::internal: return kInternalError;
+      case dtrain::ErrorKind::peer_lost: return kCollectiveTimeout;
     }
   }
   return kInternalError;

@@ -81,7 +81,8 @@ std::vector<Note> notes() {
                "TODO(strategy): how the replicas are laid out, as tf.distribute's strategy. default and\n"
                "one_device: one replica; mirrored: replica threads, gradients all-reduced; central_storage:\n"
                "one copy of the variables, compute replicated; multi_worker_mirrored: one worker per MPI rank\n"
-               "(mpirun -n 2 dtrain run FILE). `dtrain init --strategy KIND` writes another kind's keys.",
+               "(mpirun -n 2 dtrain run FILE); parameter_server: a coordinator, asynchronous workers and\n"
+               "parameter-server ranks (mpirun -n 1+W+P). `dtrain init --strategy KIND` writes another kind's keys.",
                "", ""});
   n.push_back({"strategy.kind", "", "", ""});
   n.push_back({"strategy.device", "", "the one device: cpu:N", ""});
@@ -100,6 +101,11 @@ std::vector<Note> notes() {
                              "adds a rank that evaluates each checkpoint",
                              roles.chief, roles.evaluator)});
   }
+  n.push_back({"strategy.roles", "", "the ranks in rank order: chief, workers, parameter servers, evaluator", ""});
+  n.push_back({"strategy.variable_partitioner", "",
+               "none | fixed_shards {num_shards} | min_size {min_shard_bytes, max_shards} | max_size "
+               "{max_shard_bytes}: variables cut along axis 0 over the servers",
+               ""});
   n.push_back({"data",
                "TODO(dataset): your data. fashion_mnist and idx read a directory of MNIST-style IDX files\n"
                "(optionally .gz); hdf5 reads one file with groups /train and /test holding x (images, channels\n"
@@ -250,21 +256,23 @@ std::string experiment_template(const TemplateOptions& options) {
   if (std::find(kinds.begin(), kinds.end(), options.strategy) == kinds.end())
     throw ConfigError(fmt::format("unknown strategy kind '{}'; valid: {}", options.strategy, joined(kinds, ", ")));
   // Only what differs from the defaults; to_yaml writes every other key with its default value.
+  // A parameter-server job needs its cluster spelt out: 1 chief, 2 workers, 2 servers.
+  const bool parameter_server = options.strategy == "parameter_server";
   const std::string skeleton = fmt::format(
       "name: '{}'\n"
-      "strategy: {{kind: {}}}\n"
+      "strategy: {{kind: {}{}}}\n"
       "data: {{source: fashion_mnist, path: /usr/share/datasets/fashion-mnist}}\n"
       "model:\n  input_shape: [28, 28, 1]\n  layers:{}\n"
       "loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}\n"
       "metrics: [sparse_categorical_accuracy]\n",
-      options.name, options.strategy, layers);
+      options.name, options.strategy, parameter_server ? ", roles: {chief: 1, worker: 2, ps: 2}" : "", layers);
   const Experiment experiment = parse_experiment(skeleton, "dtrain init");
   std::string out = fmt::format(
       "# A dtrain experiment (strategy {}, model {}) written by `dtrain init`: every key with its\n"
       "# default value, the values a key takes beside it, and TODOs where a custom training loop\n"
       "# needs your choices. `dtrain validate FILE` checks it; {}dtrain run FILE` trains it.\n\n",
       options.strategy, options.model,
-      options.strategy == "multi_worker_mirrored" ? "`mpirun -n 2 " : "`");
+      options.strategy == "multi_worker_mirrored" ? "`mpirun -n 2 " : parameter_server ? "`mpirun -n 5 " : "`");
   return out + annotate(to_yaml(experiment));
 }
 

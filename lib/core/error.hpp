@@ -12,6 +12,7 @@ enum class ErrorKind {
   input,     // a data file is missing, truncated or malformed (exit 2)
   io,        // writing run outputs failed (exit 3)
   internal,  // a broken invariant inside dtrain: a bug (exit 1)
+  peer_lost, // another process of the job stopped answering within its timeout (exit 5)
 };
 
 class Error : public std::runtime_error {
@@ -31,6 +32,11 @@ struct InputError : Error {
 };
 struct IoError : Error {
   explicit IoError(const std::string& message) : Error(ErrorKind::io, message) {}
+};
+// A worker, parameter server or coordinator that stopped answering: the job cannot go on, and
+// `dtrain resume` continues from the last checkpoint.
+struct PeerLostError : Error {
+  explicit PeerLostError(const std::string& message) : Error(ErrorKind::peer_lost, message) {}
 };
 struct InternalError : Error {
   explicit InternalError(const std::string& message) : Error(ErrorKind::internal, message) {}

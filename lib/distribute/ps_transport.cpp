@@ -219,7 +219,7 @@ StepOrder PsTransport::receive_order(double patience_seconds) {
   check(MPI_Irecv(o, 3, MPI_INT64_T, 0, kOrderTag, impl_->comm, &req), "MPI_Irecv");
   if (!wait_for(&req, 1, patience_seconds)) {
     MPI_Cancel(&req);
-    throw InternalError(fmt::format("rank {}: no order from the coordinator (rank 0) for {:g} s: it is lost", rank_,
+    throw PeerLostError(fmt::format("rank {}: no order from the coordinator (rank 0) for {:g} s: it is lost", rank_,
                                     patience_seconds));
   }
   if (o[0] == StepOrder::stop_after_loss) {
@@ -233,7 +233,7 @@ void PsTransport::send_result(std::span<const double> payload) {
   MPI_Request req;
   check(MPI_Isend(payload.data(), count_of(payload.size()), MPI_DOUBLE, 0, kResultTag, impl_->comm, &req), "MPI_Isend");
   if (!wait_for(&req, 1, timeout_))
-    throw InternalError(fmt::format("rank {}: the coordinator (rank 0) did not take a step's result within {:g} s: it is "
+    throw PeerLostError(fmt::format("rank {}: the coordinator (rank 0) did not take a step's result within {:g} s: it is "
                                     "lost", rank_, timeout_));
 }
 
@@ -266,7 +266,7 @@ void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_flo
       check(MPI_Iprobe(MPI_ANY_SOURCE, kRequestTag, impl_->comm, &flag, &status), "MPI_Iprobe");
       if (flag) break;
       if (idle.expired())
-        throw InternalError(fmt::format("parameter server rank {}: no request for {:g} s: the coordinator is lost", rank_,
+        throw PeerLostError(fmt::format("parameter server rank {}: no request for {:g} s: the coordinator is lost", rank_,
                                         patience_seconds));
       idle.pause();
     }

@@ -25,11 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
+
 namespace dtrain::distribute {
 
 // A parameter server did not answer in time: the job cannot go on without its variables.
-struct ServerLost : std::runtime_error {
-  ServerLost(int rank, const std::string& what) : std::runtime_error(what), server_rank(rank) {}
+struct ServerLost : PeerLostError {
+  ServerLost(int rank, const std::string& what) : PeerLostError(what), server_rank(rank) {}
   int server_rank;
 };
 

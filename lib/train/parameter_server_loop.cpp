@@ -405,14 +405,14 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
           in_flight[i].clear();
         }
         if (std::all_of(lost.begin(), lost.end(), [](bool l) { return l; }))
-          throw InternalError(fmt::format("every worker is lost ({}); continue with dtrain resume", lost_notes.back()));
+          throw PeerLostError(fmt::format("every worker is lost ({}); continue with dtrain resume", lost_notes.back()));
         continue;
       }
       const auto i = static_cast<std::size_t>(got->worker_rank - ps.worker_rank(0));
       if (i >= lost.size() || lost[i]) continue;  // a lost worker's late answer: its step ran elsewhere
       const std::vector<double>& r = got->payload;
       if (r.at(0) == kServerLost)
-        throw InternalError(fmt::format("parameter server rank {} is lost: worker rank {} got no answer from it within {:g} "
+        throw PeerLostError(fmt::format("parameter server rank {} is lost: worker rank {} got no answer from it within {:g} "
                                         "s; the job cannot go on without its variables; continue with dtrain resume",
                                         static_cast<int>(r.at(1)), got->worker_rank, transport.server_timeout()));
       const auto k = static_cast<std::int64_t>(r[0]) - base + first;

@@ -39,7 +39,7 @@ case "$case_name" in
     # Each strategy's template validates as written, and trains a step on the small data.
     one_step=(--set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 --set train.epochs=1
               --set train.steps_per_epoch=1 --set train.threads=1)
-    for kind in default one_device mirrored central_storage multi_worker_mirrored; do
+    for kind in default one_device mirrored central_storage multi_worker_mirrored parameter_server; do
       file="$scratch/$kind.yaml"
       "$dtrain" init --strategy "$kind" -o "$file" >/dev/null || fail "init --strategy $kind failed"
       grep -q "kind: $kind" "$file" || fail "$kind: no strategy kind in $file"
@@ -47,9 +47,12 @@ case "$case_name" in
         grep -q "# TODO($todo)" "$file" || fail "$kind: no TODO($todo) in $file"
       done
       "$dtrain" validate "$file" >"$scratch/$kind.validate" || fail "$kind: validate failed"
-      if [ "$kind" = multi_worker_mirrored ]; then
-        mpirun -n 2 --oversubscribe "$dtrain" run "$file" "${one_step[@]}" --run-dir "$scratch/run_$kind" \
-          >"$scratch/$kind.out" 2>&1 || fail "$kind: mpirun -n 2 failed: $(tail -5 "$scratch/$kind.out")"
+      if [ "$kind" = multi_worker_mirrored ] || [ "$kind" = parameter_server ]; then
+        n=2
+        [ "$kind" = parameter_server ] && n=5
+        grep -q "mpirun -n $n dtrain run FILE" "$file" || fail "$kind: the header does not say mpirun -n $n"
+        mpirun -n $n --oversubscribe "$dtrain" run "$file" "${one_step[@]}" --run-dir "$scratch/run_$kind" \
+          >"$scratch/$kind.out" 2>&1 || fail "$kind: mpirun -n $n failed: $(tail -5 "$scratch/$kind.out")"
       else
         "$dtrain" run "$file" "${one_step[@]}" --run-dir "$scratch/run_$kind" >"$scratch/$kind.out" 2>&1 \
           || fail "$kind: run failed: $(tail -5 "$scratch/$kind.out")"

@@ -80,7 +80,7 @@ TEST_CASE("init: every strategy's template parses back to itself, with every key
 
 TEST_CASE("init: the choices beside a key come from the parser's tables") {
   const std::string text = config::experiment_template({});
-  CHECK(contains(text, "default | one_device | mirrored | central_storage | multi_worker_mirrored"));
+  CHECK(contains(text, "default | one_device | mirrored | central_storage | multi_worker_mirrored | parameter_server"));
   CHECK(contains(text, "none | sum | sum_over_batch_size | auto"));
   CHECK(contains(text, "auto | bar | lines | none"));
   // The layer registry's kinds and options.
@@ -90,7 +90,7 @@ TEST_CASE("init: the choices beside a key come from the parser's tables") {
   bad.model = "resnet";
   CHECK_THROWS_AS(config::experiment_template(bad), ConfigError);
   bad = {};
-  bad.strategy = "parameter_server";
+  bad.strategy = "tpu";
   CHECK_THROWS_AS(config::experiment_template(bad), ConfigError);
 }
 
