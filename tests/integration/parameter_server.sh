@@ -171,7 +171,8 @@ EOS
     # SIGTERM to every rank (what Slurm's scancel does): the coordinator lets the steps in flight
     # finish, saves where it stands and exits 4; the run resumes (here under multi_worker_mirrored).
     run="$scratch/term"
-    mpi 4 "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 --set "$(ps 1 2 "{kind: none}")" --run-dir "$run" \
+    # Epochs enough that the signal lands inside epoch 2 on a fast machine too.
+    mpi 4 "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 --set "$(ps 1 2 "{kind: none}")" --run-dir "$run" \
       >"$run.out" 2>"$run.err" &
     job=$!
     wait_for_line "$run.out" "^Epoch 1"
@@ -182,7 +183,7 @@ EOS
     rc=$?
     [ "$rc" -eq 4 ] || fail "exit $rc, wanted 4: $(grep -v '^\[' "$run.err" | tail -5)"
     grep -q "dtrain: stopped at epoch 2, step [0-9]* of it; checkpoint .*ckpt-[0-9]*.h5" "$run.err" || fail "no stop message: $(cat "$run.err")"
-    mpi 2 "$dtrain" resume "$run" --set "strategy={kind: multi_worker_mirrored}" >"$run.resume" 2>&1 \
+    mpi 2 "$dtrain" resume "$run" --set "strategy={kind: multi_worker_mirrored}" --set train.epochs=3 >"$run.resume" 2>&1 \
       || fail "resume under multi_worker_mirrored failed: $(tail -5 "$run.resume")"
     grep -q "^Epoch 3" "$run.resume" || fail "no epoch 3 after resume: $(tail -3 "$run.resume")"
     echo "ok: SIGTERM stops the parameter-server run with exit 4 at $(grep -o 'epoch 2, step [0-9]*' "$run.err"); multi_worker_mirrored resumes it"

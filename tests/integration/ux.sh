@@ -72,7 +72,7 @@ case "$case_name" in
     [ "$(cat "$scratch/e.yaml")" = "# mine" ] || fail "the existing file was changed"
     "$dtrain" init -o "$scratch/e.yaml" --force >/dev/null || fail "--force failed"
     grep -q '^name: e' "$scratch/e.yaml" || fail "--force did not replace the file"
-    "$dtrain" init --strategy parameter_server >/dev/null 2>&1
+    "$dtrain" init --strategy tpu >/dev/null 2>&1
     [ $? -eq 2 ] || fail "an unknown strategy is not exit 2"
     ;;
   plot)
