@@ -23,6 +23,7 @@ Examples:
   dtrain resume runs/fashion_mnist
   dtrain resume runs/fashion_mnist --set train.epochs=15
   dtrain info
+  dtrain bench experiments/fashion_mnist.yaml --steps 100 --json
 
 Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data/checkpoint,
 3 cannot write outputs, 4 stopped by SIGINT/SIGTERM after saving a checkpoint (dtrain resume goes on),
@@ -82,6 +83,15 @@ int main(int argc, char** argv) {
 
   auto* info = app.add_subcommand("info", "Versions, CPU ISA, threads and which backends are available");
 
+  dtrain::app::BenchArgs bench_args;
+  auto* bench = app.add_subcommand(
+      "bench", "Time an experiment's training steps: per layer, per phase, samples/s and GFLOP/s against the GEMM peak");
+  bench->add_option("experiment", bench_args.experiment, "Experiment YAML file")->required();
+  bench->add_option("--set", bench_args.overrides, "Override a setting (repeatable)");
+  bench->add_option("--steps", bench_args.steps, "Timed training steps")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bench_args.warmup, "Untimed steps before them")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bench->add_flag("--json", bench_args.json, "Print one JSON object (schema dtrain.bench/1) instead of the table");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -101,6 +111,7 @@ int main(int argc, char** argv) {
     if (*eval) return dtrain::app::eval_command(eval_args);
     if (*resume) return dtrain::app::resume_command(resume_args);
     if (*info) return dtrain::app::info_command();
+    if (*bench) return dtrain::app::bench_command(bench_args);
   } catch (const dtrain::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: {}\n", e.what());

@@ -1,6 +1,7 @@
 #include "nn/model.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -9,6 +10,20 @@
 #include "nn/registry.hpp"
 
 namespace dtrain::nn {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the time since `since` to `into` once the context has finished the layer's work.
+Clock::time_point lap(backends::Context& ctx, double& into, Clock::time_point since) {
+  ctx.synchronize();
+  const auto now = Clock::now();
+  into += std::chrono::duration<double>(now - since).count();
+  return now;
+}
+
+}  // namespace
 
 DType compute_dtype(config::Precision precision) {
   switch (precision) {
@@ -116,7 +131,15 @@ const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
   Plan& p = plan_for(batch);
   // Kernels only read through the input; the const_cast does not write.
   ctx_.set_address(p.input, const_cast<void*>(x.raw()));
-  for (auto& kernel : kernels_) kernel->forward(batch, step);
+  if (times_) {
+    auto t = Clock::now();
+    for (std::size_t i = 0; i < kernels_.size(); ++i) {
+      kernels_[i]->forward(batch, step);
+      t = lap(ctx_, times_->forward[i], t);
+    }
+  } else {
+    for (auto& kernel : kernels_) kernel->forward(batch, step);
+  }
   if (p.output_out) p.output_out->run();
   ctx_.synchronize();
   current_ = &p;
@@ -132,14 +155,17 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
   DTRAIN_CHECK(current_ != nullptr, "backward() before forward()");
   Plan& p = *current_;
   if (p.grad_in) p.grad_in->run();
+  auto t = times_ ? Clock::now() : Clock::time_point{};
   for (std::size_t i = layers_.size(); i-- > 0;) {
     Layer& layer = *layers_[i];
     kernels_[i]->backward(p.batch, step);
-    if (layer.variables().empty()) continue;
-    if (options.regularization_scale != 0.0f || options.gradients_ready) ctx_.synchronize();  // the grads are written
-    if (options.regularization_scale != 0.0f)
-      layer.add_regularization_gradient(ctx_.numerics(), options.regularization_scale);
-    if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());
+    if (!layer.variables().empty()) {
+      if (options.regularization_scale != 0.0f || options.gradients_ready) ctx_.synchronize();  // the grads are written
+      if (options.regularization_scale != 0.0f)
+        layer.add_regularization_gradient(ctx_.numerics(), options.regularization_scale);
+      if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());
+    }
+    if (times_) t = lap(ctx_, times_->backward[i], t);
   }
   ctx_.synchronize();
 }
@@ -175,6 +201,13 @@ bool Sequential::synchronizes_replicas() const {
   for (const auto& layer : layers_)
     if (layer->synchronizes_replicas()) return true;
   return false;
+}
+
+void Sequential::time_layers(LayerTimes* times) {
+  times_ = times;
+  if (!times_) return;
+  times_->forward.resize(layers_.size(), 0.0);
+  times_->backward.resize(layers_.size(), 0.0);
 }
 
 std::string Sequential::summary() const {

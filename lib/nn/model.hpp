@@ -46,6 +46,14 @@ struct BackwardOptions {
   const std::function<void(std::size_t first, std::size_t count)>* gradients_ready = nullptr;
 };
 
+// Seconds each layer's kernel took, added up while attached to a model (dtrain bench): forward[i]
+// and backward[i] for layer i (backward includes handing its gradients over). The model then
+// synchronizes its context after every layer to read the clock; with none attached it reads no
+// clock at all.
+struct LayerTimes {
+  std::vector<double> forward, backward;
+};
+
 // The compute dtype of a precision policy.
 DType compute_dtype(config::Precision precision);
 
@@ -92,6 +100,9 @@ class Sequential {
   // Whether some layer sums over the replicas during training (synchronized batch normalization).
   bool synchronizes_replicas() const;
 
+  // Attaches `times` (sized to the layers here) or, with null, detaches it.
+  void time_layers(LayerTimes* times);
+
   // A Keras-like summary: one line per layer with its output shape and parameter count.
   std::string summary() const;
 
@@ -118,6 +129,7 @@ class Sequential {
   std::vector<std::size_t> gradient_sizes_;
   std::map<std::int64_t, Plan> plans_;
   Plan* current_ = nullptr;
+  LayerTimes* times_ = nullptr;
 };
 
 }  // namespace dtrain::nn

@@ -38,3 +38,12 @@ endforeach()
 
 # The modules stay layered: no include from a lower module to a higher one (tools/check_layering).
 add_test(NAME layering COMMAND python3 ${PROJECT_SOURCE_DIR}/tools/check_layering)
+
+# dtrain bench: the table and the JSON, in one process and under mpirun -n 2 (tests/integration/bench.sh).
+foreach(case table_and_json bad_args mpi)
+  add_test(NAME bench.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/bench.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/bench_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(bench.${case} PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)
+endforeach()
