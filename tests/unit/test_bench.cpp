@@ -110,3 +110,16 @@ TEST_CASE("the GEMM peak in each compute dtype, or why there is none") {
   CHECK_FALSE(i32.available);
   CHECK_FALSE(i32.why_not.empty());
 }
+
+TEST_CASE("under mirrored replicas replica 0's thread times the phases, read after the step") {
+  auto trainer = testing::make_trainer(kExperiment, {"strategy={kind: mirrored, devices: [cpu:0, cpu:1]}", "train.threads=2"});
+  train::StepProfile profile;
+  trainer->set_profile(&profile);
+  trainer->train_steps(0, 2);
+  trainer->set_profile(nullptr);
+  CHECK(profile.steps == 2);
+  CHECK(profile.samples == 8);
+  CHECK(profile.seconds[static_cast<std::size_t>(train::Phase::reduction)] > 0.0);
+  CHECK(sum(profile.seconds) <= profile.step_seconds);
+  CHECK(profile.layers.backward.size() == 4);
+}
