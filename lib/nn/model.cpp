@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -22,6 +23,26 @@ Clock::time_point lap(backends::Context& ctx, double& into, Clock::time_point si
   into += std::chrono::duration<double>(now - since).count();
   return now;
 }
+
+// What a kernel's BackwardMarks::weights_done() does while the layers are timed.
+class LayerMarks final : public BackwardMarks {
+ public:
+  LayerMarks(backends::Context& ctx, LayerTimes& times) : ctx_(ctx), times_(times) {}
+  void begin(std::size_t layer, Clock::time_point start) {
+    layer_ = layer;
+    start_ = start;
+  }
+  void weights_done() override {
+    lap(ctx_, times_.backward_weights[layer_], start_);
+    times_.split[layer_] = 1;
+  }
+
+ private:
+  backends::Context& ctx_;
+  LayerTimes& times_;
+  std::size_t layer_ = 0;
+  Clock::time_point start_;
+};
 
 }  // namespace
 
@@ -156,9 +177,18 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
   Plan& p = *current_;
   if (p.grad_in) p.grad_in->run();
   auto t = times_ ? Clock::now() : Clock::time_point{};
+  // Timed, the kernels get a step context that carries the mark between their two gradients.
+  std::optional<LayerMarks> marks;
+  std::optional<StepContext> marked;
+  if (times_) {
+    marks.emplace(ctx_, *times_);
+    marked.emplace(step);
+    marked->backward_marks = &*marks;
+  }
   for (std::size_t i = layers_.size(); i-- > 0;) {
     Layer& layer = *layers_[i];
-    kernels_[i]->backward(p.batch, step);
+    if (marks) marks->begin(i, t);
+    kernels_[i]->backward(p.batch, marked ? *marked : step);
     if (!layer.variables().empty()) {
       if (options.regularization_scale != 0.0f || options.gradients_ready) ctx_.synchronize();  // the grads are written
       if (options.regularization_scale != 0.0f)
@@ -208,6 +238,8 @@ void Sequential::time_layers(LayerTimes* times) {
   if (!times_) return;
   times_->forward.resize(layers_.size(), 0.0);
   times_->backward.resize(layers_.size(), 0.0);
+  times_->backward_weights.resize(layers_.size(), 0.0);
+  times_->split.resize(layers_.size(), 0);
 }
 
 std::string Sequential::summary() const {

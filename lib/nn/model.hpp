@@ -49,9 +49,11 @@ struct BackwardOptions {
 // Seconds each layer's kernel took, added up while attached to a model (dtrain bench): forward[i]
 // and backward[i] for layer i (backward includes handing its gradients over). The model then
 // synchronizes its context after every layer to read the clock; with none attached it reads no
-// clock at all.
+// clock at all. A kernel that marks the end of its weights' gradients (nn::BackwardMarks) has
+// backward_weights[i], the part of backward[i] before the mark, and split[i] set.
 struct LayerTimes {
-  std::vector<double> forward, backward;
+  std::vector<double> forward, backward, backward_weights;
+  std::vector<char> split;
 };
 
 // The compute dtype of a precision policy.

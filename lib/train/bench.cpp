@@ -89,6 +89,9 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   for (double s : profile.seconds) mine.push_back(1e3 * s / steps);
   for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.forward[i] / steps);
   for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.backward[i] / steps);
+  for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.backward_weights[i] / steps);
+  for (std::size_t i = 0; i < layers; ++i)
+    mine.push_back(1e3 * (profile.layers.backward[i] - profile.layers.backward_weights[i]) / steps);
   mine.push_back(r.peak.available ? r.peak.gflops : 0.0);
   const std::size_t k = mine.size();
   const auto workers = static_cast<std::size_t>(strategy.workers());
@@ -125,6 +128,11 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.kind = std::string(layer.kind());
     l.forward_ms = figure(1 + kPhases + i);
     l.backward_ms = figure(1 + kPhases + layers + i);
+    l.split = profile.layers.split[i] != 0;
+    if (l.split) {
+      l.backward_weights_ms = figure(1 + kPhases + 2 * layers + i);
+      l.backward_data_ms = figure(1 + kPhases + 3 * layers + i);
+    }
     l.flops = layer.flops_per_sample();
     l.backward_data = i > 0;  // training never needs d(loss)/d(input)
     const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
@@ -157,15 +165,17 @@ std::string bench_table(const BenchReport& r) {
     kind_width = std::max(kind_width, l.kind.size() + 2);
   }
   const int w = many ? 17 : 13;
-  out += fmt::format("\n{:<{}}{:<{}}{:>{}}{:>{}}{:>12}{:>12}{:>12}{:>12}\n", "layer", name_width, "kind", kind_width,
-                     "forward ms", w, "backward ms", w, "fwd MFLOP", "bwd MFLOP", "fwd GFLOP/s", "bwd GFLOP/s");
+  out += fmt::format("\n{:<{}}{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12}{:>12}{:>12}{:>12}\n", "layer", name_width, "kind",
+                     kind_width, "forward ms", w, "backward ms", w, "weights ms", w, "input ms", w, "fwd MFLOP",
+                     "bwd MFLOP", "fwd GFLOP/s", "bwd GFLOP/s");
   Spread fwd_total, bwd_total;
   double fwd_flops = 0.0, bwd_flops = 0.0;
   for (const LayerBench& l : r.layers) {
     const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
-    out += fmt::format("{:<{}}{:<{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}{:>12.1f}{:>12.1f}\n", l.name, name_width, l.kind,
-                       kind_width, ms(l.forward_ms), w, ms(l.backward_ms), w, l.flops.forward * 1e-6, backward * 1e-6,
-                       l.forward_gflops, l.backward_gflops);
+    out += fmt::format("{:<{}}{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}{:>12.1f}{:>12.1f}\n", l.name, name_width,
+                       l.kind, kind_width, ms(l.forward_ms), w, ms(l.backward_ms), w,
+                       l.split ? ms(l.backward_weights_ms) : "-", w, l.split ? ms(l.backward_data_ms) : "-", w,
+                       l.flops.forward * 1e-6, backward * 1e-6, l.forward_gflops, l.backward_gflops);
     fwd_total.mean += l.forward_ms.mean;
     fwd_total.max += l.forward_ms.max;
     bwd_total.mean += l.backward_ms.mean;
@@ -173,9 +183,10 @@ std::string bench_table(const BenchReport& r) {
     fwd_flops += l.flops.forward;
     bwd_flops += backward;
   }
-  out += fmt::format("{:<{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}\n", "all layers", name_width + kind_width, ms(fwd_total), w,
-                     ms(bwd_total), w, fwd_flops * 1e-6, bwd_flops * 1e-6);
-  out += "(MFLOP per sample; backward = the gradients of the weights and, after the first layer, of the input)\n";
+  out += fmt::format("{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}\n", "all layers", name_width + kind_width,
+                     ms(fwd_total), w, ms(bwd_total), w, "", w, "", w, fwd_flops * 1e-6, bwd_flops * 1e-6);
+  out += "(backward = the gradients of the weights and, after the first layer, of the input; split into the two where\n"
+         " the kernel marks the boundary, '-' where it computes them as one; MFLOP per sample)\n";
 
   out += fmt::format("\n{:<14}{:>{}}{:>10}\n", "step phase", "ms/step", w, "share");
   auto share = [&](double v) { return fmt::format("{:.1f} %", 100.0 * v / r.step_ms.mean); };
@@ -214,10 +225,11 @@ std::string bench_json(const BenchReport& r) {
   for (std::size_t i = 0; i < r.layers.size(); ++i) {
     const LayerBench& l = r.layers[i];
     out += fmt::format(
-        "{}{{\"name\": {}, \"kind\": {}, \"forward_ms\": {}, \"backward_ms\": {}, \"flops_per_sample\": {{\"forward\": {}, "
-        "\"backward_data\": {}, \"backward_weights\": {}}}, \"backward_computes_data\": {}, \"forward_gflops\": {}, "
-        "\"backward_gflops\": {}}}",
+        "{}{{\"name\": {}, \"kind\": {}, \"forward_ms\": {}, \"backward_ms\": {}, \"backward_weights_ms\": {}, "
+        "\"backward_data_ms\": {}, \"flops_per_sample\": {{\"forward\": {}, \"backward_data\": {}, \"backward_weights\": {}}}, "
+        "\"backward_computes_data\": {}, \"forward_gflops\": {}, \"backward_gflops\": {}}}",
         i ? ", " : "", json_string(l.name), json_string(l.kind), json_spread(l.forward_ms), json_spread(l.backward_ms),
+        l.split ? json_spread(l.backward_weights_ms) : "null", l.split ? json_spread(l.backward_data_ms) : "null",
         num(l.flops.forward), num(l.flops.backward_data), num(l.flops.backward_weights), l.backward_data ? "true" : "false",
         num(l.forward_gflops), num(l.backward_gflops));
   }

@@ -30,6 +30,10 @@ struct Spread {
 struct LayerBench {
   std::string name, kind;
   Spread forward_ms, backward_ms;  // per step
+  // Where the kernel marks the end of its weights' gradients (nn::BackwardMarks): backward_ms
+  // split into the weights' part (with a fused activation's backward) and the input's.
+  bool split = false;
+  Spread backward_weights_ms, backward_data_ms;
   nn::Flops flops;                 // per sample
   // Whether backward computes the gradient with respect to the input (every layer but the first).
   bool backward_data = true;

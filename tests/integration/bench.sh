@@ -59,6 +59,8 @@ assert names == ["conv2d", "max_pooling2d", "conv2d_1", "max_pooling2d_1", "flat
 for l in r["layers"]:
     for k in ("forward_ms", "backward_ms"):
         assert 0 <= l[k]["mean"] <= l[k]["max"], (l["name"], k, l[k])
+    for k in ("backward_weights_ms", "backward_data_ms"):
+        assert l[k] is None or 0 <= l[k]["mean"] <= l[k]["max"], (l["name"], k, l[k])
     assert set(l["flops_per_sample"]) == {"forward", "backward_data", "backward_weights"}, l
 assert r["layers"][0]["flops_per_sample"]["forward"] == 432640, r["layers"][0]
 assert r["layers"][0]["backward_computes_data"] is False and r["layers"][2]["backward_computes_data"] is True

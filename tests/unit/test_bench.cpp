@@ -2,10 +2,16 @@
 // its figures, and the GEMM peak in each compute dtype.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 
 #include "backends/gemm_peak.hpp"
+#include "backends/onednn/context.hpp"
+#include "nn/kernel.hpp"
+#include "nn/registry.hpp"
 #include "test_support.hpp"
 #include "train/bench.hpp"
 #include "trainer_support.hpp"
@@ -31,6 +37,56 @@ optimizer: {kind: sgd, learning_rate: 0.1}
 metrics: [sparse_categorical_accuracy]
 train: {epochs: 1, threads: 1}
 )";
+
+// The identity, whose backward takes 2 ms for its "weights" and then 1 ms for its input, and marks
+// the boundary as a kernel with both gradients does (nn::BackwardMarks).
+struct SplitProbeOptions {
+  static constexpr std::string_view kind = "split_probe";
+  bool operator==(const SplitProbeOptions&) const = default;
+};
+
+class SplitProbe final : public nn::Layer {
+ public:
+  using Options = SplitProbeOptions;
+  SplitProbe(std::string name, const Options&) : Layer(std::move(name)) {}
+  std::string_view kind() const override { return Options::kind; }
+  void reference_forward(const nn::ReferenceForward& io, const nn::StepContext&) const override {
+    std::copy(io.x.begin(), io.x.end(), io.y.begin());
+  }
+  void reference_backward(const nn::ReferenceBackward& io, const nn::StepContext&) const override {
+    std::copy(io.dy.begin(), io.dy.end(), io.dx.begin());
+  }
+
+ private:
+  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
+};
+
+class SplitProbeKernel final : public nn::LayerKernel {
+ public:
+  backends::LayoutPtr plan(std::int64_t, const backends::LayoutPtr& src) override { return src; }
+  void bind(std::int64_t, const nn::LayerIO& io) override { io_ = io; }
+  void forward(std::int64_t, const nn::StepContext&) override {
+    std::memcpy(io_.dst.data, io_.src.data, io_.src.layout->bytes());
+  }
+  void backward(std::int64_t, const nn::StepContext& step) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (step.backward_marks) step.backward_marks->weights_done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::memcpy(io_.diff_src.data, io_.diff_dst.data, io_.dst.layout->bytes());
+  }
+
+ private:
+  nn::LayerIO io_;
+};
+
+config::LayerOptions parse_probe(const config::Section&) { return SplitProbeOptions{}; }
+void write_probe(const config::LayerOptions&, config::OptionsWriter&) {}
+std::unique_ptr<nn::LayerKernel> make_probe_kernel(nn::Layer&, backends::Context&, DType) {
+  return std::make_unique<SplitProbeKernel>();
+}
+const nn::LayerRegistration<SplitProbe> split_probe_layer({.kind = "split_probe", .aliases = {}, .auto_name = "split_probe",
+                                                           .keys = {}, .parse = &parse_probe, .write = &write_probe});
+const nn::KernelRegistration split_probe_kernel(backends::onednn::kName, "split_probe", &make_probe_kernel);
 
 double sum(const std::array<double, train::kPhases>& a) { return std::accumulate(a.begin(), a.end(), 0.0); }
 
@@ -122,4 +178,29 @@ TEST_CASE("under mirrored replicas replica 0's thread times the phases, read aft
   CHECK(profile.seconds[static_cast<std::size_t>(train::Phase::reduction)] > 0.0);
   CHECK(sum(profile.seconds) <= profile.step_seconds);
   CHECK(profile.layers.backward.size() == 4);
+}
+
+TEST_CASE("a kernel that marks the end of its weights' gradients gets its backward split in two") {
+  std::string yaml = kExperiment;
+  const std::string dense = "    - dense: {units: 3}\n";
+  REQUIRE(yaml.find(dense) != std::string::npos);
+  yaml.replace(yaml.find(dense), dense.size(), "    - dense: {units: 6}\n    - split_probe: {}\n" + dense);
+  auto trainer = testing::make_trainer(yaml);
+  train::BenchOptions options;
+  options.warmup = 1;
+  options.steps = 2;
+  const train::BenchReport r = train::run_bench(*trainer, options);
+  REQUIRE(r.layers.size() == 6);
+  const train::LayerBench& probe = r.layers[4];
+  CHECK(probe.kind == "split_probe");
+  REQUIRE(probe.split);
+  CHECK(probe.backward_weights_ms.mean >= 2.0);
+  CHECK(probe.backward_data_ms.mean >= 1.0);
+  CHECK(probe.backward_weights_ms.mean + probe.backward_data_ms.mean == doctest::Approx(probe.backward_ms.mean));
+  CHECK_FALSE(r.layers[1].split);  // pooling and flatten have no weights' gradients to mark
+  CHECK_FALSE(r.layers[2].split);
+  const std::string json = train::bench_json(r);
+  CHECK(json.find("\"kind\": \"split_probe\", \"forward_ms\"") != std::string::npos);
+  CHECK(json.find("\"backward_weights_ms\": null") != std::string::npos);
+  CHECK(json.find("\"backward_weights_ms\": {\"mean\": ") != std::string::npos);
 }
