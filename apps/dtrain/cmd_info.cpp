@@ -30,6 +30,8 @@ int info_command() {
   // What each backend of this build says about itself: oneDNN's version and the CPU ISA it runs.
   fmt::print("cpu backend {}: {} (CPU ISA as oneDNN dispatches)\n", backends::backend_for(Device::Kind::cpu),
              backends::make_context(Device{})->describe());
+  const std::string no_bf16 = backends::make_context(Device{})->cannot_compute_in(DType::bf16);
+  fmt::print("precision mixed_bfloat16: {}\n", no_bf16.empty() ? "available (bfloat16 in hardware)" : "not available: " + no_bf16);
   fmt::print("threads: {} available (train.threads: 0 uses them all), OpenMP max {}\n", train::resolve_threads(0),
              omp_get_max_threads());
   fmt::print("MPI: {}\n", mpi);

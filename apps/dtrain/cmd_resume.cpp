@@ -25,7 +25,8 @@ namespace {
 // The overrides a resumed run may take without leaving the path of the run it continues.
 bool keeps_results(const std::string& override_text) {
   const std::string key = override_text.substr(0, override_text.find('='));
-  return key == "train.epochs" || key == "train.progress";
+  return key == "train.epochs" || key == "train.progress" || key == "train.tensorboard" ||
+         key == "train.log_every_steps";
 }
 
 // Calls `use` on candidates[from], candidates[from + 1], ... (newest first) until one reads

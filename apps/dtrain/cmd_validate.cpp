@@ -12,6 +12,7 @@ int validate_command(const ValidateArgs& args) {
   // Building the model checks what YAML alone cannot: that the layers fit the input shape. Its
   // kernels are made on the CPU backend, which has one for every layer kind.
   const auto ctx = backends::make_context(Device{});
+  nn::check_precision(exp.precision, exp.precision_where, *ctx);
   nn::Sequential model(exp.model, exp.seed, *ctx, nn::ModelOptions{nn::compute_dtype(exp.precision), false});
   fmt::print("# {}: valid\n{}", args.experiment, config::to_yaml(exp));
   fmt::print("# model\n");

@@ -77,6 +77,9 @@ class Context {
   virtual Numerics& numerics() = 0;
   // "oneDNN 2.6.3 isa avx2": what the run header says about the backend.
   virtual std::string describe() const = 0;
+  // Empty when this device's kernels compute in `compute` (the dtype of a precision policy); else
+  // why not, in words for the user ("this CPU has no bfloat16 instructions (isa avx2)").
+  virtual std::string cannot_compute_in(DType compute) const = 0;
 };
 
 // The context for `device`, from the backend registered for its kind. ConfigError, saying what is missing, when no backend in this build can run it.

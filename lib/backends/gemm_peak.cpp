@@ -26,9 +26,12 @@ void register_gemm_peak(std::string_view backend, GemmPeakProbe probe) {
 }
 
 GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads) {
+  GemmPeak none;
+  // A CPU without bfloat16 instructions has no bf16 peak, as it has no bf16 training.
+  none.why_not = ctx.cannot_compute_in(dtype);
+  if (!none.why_not.empty()) return none;
   for (const auto& [name, probe] : probes())
     if (name == ctx.backend()) return probe(ctx, dtype, threads);
-  GemmPeak none;
   none.why_not = fmt::format("the {} backend cannot measure its GEMM peak", ctx.backend());
   return none;
 }

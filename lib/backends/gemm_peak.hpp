@@ -21,7 +21,8 @@ struct GemmPeak {
   std::string what;       // "oneDNN matmul f32 x f32 -> f32"
 };
 
-// Measures on `ctx`'s device with `threads` compute threads, for a fraction of a second.
+// Measures on `ctx`'s device with `threads` compute threads, for a fraction of a second; called
+// only for a dtype the device computes in (Context::cannot_compute_in).
 using GemmPeakProbe = GemmPeak (*)(Context& ctx, DType dtype, int threads);
 // Called by a backend's folder before main.
 void register_gemm_peak(std::string_view backend, GemmPeakProbe probe);

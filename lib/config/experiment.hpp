@@ -167,8 +167,9 @@ struct Regularizer {
 };
 
 // Keras' mixed-precision policy names. The variables are float32 whatever the policy; the policy
-// is the dtype the layers compute in.
-enum class Precision { float32 };
+// is the dtype the layers compute in. mixed_bfloat16: convolutions and dense layers compute in
+// bfloat16 (float32 master weights, gradients, loss, softmax, metrics and optimizer).
+enum class Precision { float32, mixed_bfloat16 };
 
 // One entry of model.layers. The options' type belongs to the layer file of `kind` (nn/<kind>.hpp),
 // which also registered how they are read and written (config/layers.hpp).
@@ -245,6 +246,8 @@ struct TrainConfig {
   std::int64_t steps_per_epoch = 0;  // 0 = the whole training set each epoch
   int threads = 0;                   // compute threads; 0 = all cores
   ProgressMode progress = ProgressMode::auto_detect;
+  bool tensorboard = false;              // event files in <run dir>/tensorboard/ (the chief's)
+  std::int64_t log_every_steps = 100;    // TensorBoard's step loss every N global steps; 0 = none
   bool operator==(const TrainConfig&) const = default;
 };
 
@@ -261,6 +264,7 @@ struct Experiment {
   std::string name = "experiment";
   std::uint64_t seed = 42;
   Precision precision = Precision::float32;
+  SourceLocation precision_where;  // line 0 when left out
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

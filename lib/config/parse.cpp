@@ -81,9 +81,8 @@ constexpr Named<CommunicationImplementation> communication_implementations[] = {
 // tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
 constexpr std::string_view planned_strategies[] = {"parameter_server"};
 
-constexpr Named<Precision> precisions[] = {{"float32", Precision::float32}};
-// Keras policies that later versions add.
-constexpr std::string_view planned_precisions[] = {"mixed_bfloat16"};
+constexpr Named<Precision> precisions[] = {{"float32", Precision::float32},
+                                           {"mixed_bfloat16", Precision::mixed_bfloat16}};
 
 
 
@@ -534,13 +533,16 @@ std::vector<MetricKind> parse_metrics(const Node& node) {
 }
 
 TrainConfig parse_train(const Node& node) {
-  static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress"};
+  static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress",
+                                              "tensorboard", "log_every_steps"};
   Section s(node, "train", keys);
   TrainConfig out;
   s.get_int("epochs", out.epochs, 1);
   s.get_int("steps_per_epoch", out.steps_per_epoch, 0);
   s.get_int("threads", out.threads, 0);
   s.get_enum("progress", out.progress, "progress mode", progress_modes);
+  s.get_bool("tensorboard", out.tensorboard);
+  s.get_int("log_every_steps", out.log_every_steps, 0);
   return out;
 }
 
@@ -574,12 +576,8 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
   }
   s.get("seed", out.seed, read_uint64);
   if (const Node* precision = s.find("precision")) {
-    if (precision->is_scalar() && std::find(std::begin(planned_precisions), std::end(planned_precisions),
-                                            precision->scalar) != std::end(planned_precisions))
-      fail(precision->origin, fmt::format("precision '{}' is not available in this version of dtrain (available: "
-                                          "float32)",
-                                          precision->scalar));
     out.precision = read_enum(*precision, "precision", "precision policy", precisions);
+    out.precision_where = precision->origin.location();
   }
   Node empty;  // an absent section reads as one with every key left out
   empty.origin = Origin{file_name, 0, 0};

@@ -36,7 +36,8 @@ void register_kernel(std::string_view backend, std::string_view layer_kind, Kern
 }
 
 std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, backends::Context& ctx,
-                                                       DType compute) {
+                                                       std::span<const DType> compute) {
+  DTRAIN_CHECK(compute.size() == layers.size(), "one compute dtype per layer");
   std::vector<std::string_view> missing;
   for (const Layer* layer : layers)
     if (!find(ctx.backend(), layer->kind()) &&
@@ -47,7 +48,8 @@ std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> l
                                   "uses; run it on another device",
                                   ctx.device().to_string(), ctx.backend(), config::join(missing)));
   std::vector<std::unique_ptr<LayerKernel>> out;
-  for (Layer* layer : layers) out.push_back(find(ctx.backend(), layer->kind())(*layer, ctx, compute));
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    out.push_back(find(ctx.backend(), layers[i]->kind())(*layers[i], ctx, compute[i]));
   return out;
 }
 

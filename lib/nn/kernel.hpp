@@ -51,10 +51,10 @@ using KernelFactory = std::unique_ptr<LayerKernel> (*)(Layer& layer, backends::C
 
 // Called by a backend's kernel file before main (see KernelRegistration).
 void register_kernel(std::string_view backend, std::string_view layer_kind, KernelFactory factory);
-// The kernels of `layers` on `ctx`; ConfigError naming every layer kind the backend has no kernel
-// for.
+// The kernels of `layers` on `ctx`, layer i computing in compute[i]; ConfigError naming every
+// layer kind the backend has no kernel for.
 std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, backends::Context& ctx,
-                                                       DType compute);
+                                                       std::span<const DType> compute);
 // The registered layer kinds `backend` has no kernel for (what a backend still lacks).
 std::vector<std::string_view> kinds_without_kernel(std::string_view backend);
 

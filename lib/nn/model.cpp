@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "config/parse.hpp"
 #include "core/rng.hpp"
 #include "nn/registry.hpp"
 
@@ -49,8 +50,16 @@ class LayerMarks final : public BackwardMarks {
 DType compute_dtype(config::Precision precision) {
   switch (precision) {
     case config::Precision::float32: return DType::f32;
+    case config::Precision::mixed_bfloat16: return DType::bf16;
   }
   throw InternalError("unknown precision policy");
+}
+
+void check_precision(config::Precision precision, const config::SourceLocation& where, const backends::Context& ctx) {
+  const std::string why = ctx.cannot_compute_in(compute_dtype(precision));
+  if (why.empty()) return;
+  throw ConfigError(fmt::format("{}precision {} cannot run on {}: {}; use precision: float32", config::location_prefix(where, {}),
+                                config::name_of(precision), ctx.device().to_string(), why));
 }
 
 Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, backends::Context& ctx,
@@ -85,7 +94,9 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
 
   std::vector<Layer*> layers;
   for (auto& layer : layers_) layers.push_back(layer.get());
-  kernels_ = make_kernels(layers, ctx_, options_.compute);
+  std::vector<DType> compute(layers.size(), options_.compute);
+  compute.back() = DType::f32;
+  kernels_ = make_kernels(layers, ctx_, compute);
 }
 
 std::int64_t Sequential::num_parameters() const {

@@ -29,7 +29,10 @@
 namespace dtrain::nn {
 
 struct ModelOptions {
-  // The dtype the layers compute in (config::Precision); the variables stay f32.
+  // The dtype the layers compute in (config::Precision); the variables stay f32. The last layer
+  // computes in f32 whatever this says (Keras' advice for mixed precision: the model's outputs,
+  // a softmax on them and the loss in float32), and layers a backend computes in plain loops
+  // (dropout, batch normalization on the CPU) may compute in f32 too.
   DType compute = DType::f32;
   // Also compute d(loss)/d(input) (tests and tools; training does not need it).
   bool input_gradient = false;
@@ -58,6 +61,9 @@ struct LayerTimes {
 
 // The compute dtype of a precision policy.
 DType compute_dtype(config::Precision precision);
+// ConfigError at `where` (the experiment's precision key) when `ctx`'s device cannot compute in
+// the policy's dtype, saying why and what to choose instead.
+void check_precision(config::Precision precision, const config::SourceLocation& where, const backends::Context& ctx);
 
 class Sequential {
  public:

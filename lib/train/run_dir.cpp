@@ -23,6 +23,15 @@ std::vector<std::string> earlier_run_files(const std::string& run_dir, const std
   if (!run_dir.empty())
     for (const char* name : {"config.yaml", "metrics.jsonl", "evaluator.jsonl"})
       if (fs::exists(fs::path(run_dir) / name, ec)) found.push_back((fs::path(run_dir) / name).string());
+  // TensorBoard's event files: an --overwrite that left them would show the old run's scalars
+  // among the new run's.
+  if (!run_dir.empty() && fs::is_directory(fs::path(run_dir) / "tensorboard", ec)) {
+    std::vector<std::string> events;
+    for (const auto& entry : fs::directory_iterator(fs::path(run_dir) / "tensorboard", ec))
+      if (entry.path().filename().string().starts_with("events.out.tfevents.")) events.push_back(entry.path().string());
+    std::sort(events.begin(), events.end());
+    found.insert(found.end(), events.begin(), events.end());
+  }
   if (!checkpoint_dir.empty() && fs::is_directory(checkpoint_dir, ec)) {
     std::vector<std::string> checkpoints;
     for (const auto& entry : fs::directory_iterator(checkpoint_dir, ec)) {

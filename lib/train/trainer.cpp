@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
 #include "train/run_dir.hpp"
+#include "train/tensorboard.hpp"
 
 namespace dtrain::train {
 
@@ -83,6 +84,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     } catch (const ConfigError& e) {
       throw ConfigError(config::location_prefix(exp_.strategy.devices_where, exp_.strategy.where) + e.what());
     }
+    nn::check_precision(exp_.precision, exp_.precision_where, *rep.ctx);
     backends::Numerics& numerics = rep.ctx->numerics();
     rep.loss = losses::make_loss(exp_.loss, numerics);
     for (auto kind : exp_.metrics) {
@@ -126,9 +128,11 @@ std::string Trainer::header_line() const {
   const int replicas = strategy_->num_local_replicas();
   const std::string threads = replicas > 1 ? fmt::format("{} ({} per replica)", threads_, strategy_->threads_per_replica())
                                            : fmt::format("{}", threads_);
-  return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | {}",
+  return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | {} | "
+                     "precision {}",
                      build_info::version, exp_.name, strategy_->describe(), global_batch_size(),
-                     replicas_[0].optimizer->learning_rate(), threads, replicas_[0].ctx->describe());
+                     replicas_[0].optimizer->learning_rate(), threads, replicas_[0].ctx->describe(),
+                     config::name_of(exp_.precision));
 }
 
 void Trainer::write_run_files() {
@@ -365,6 +369,13 @@ CallbackList Trainer::make_callbacks() {
   callbacks.add(std::make_unique<StopOnRequest>(opt_.stop_requested, *strategy_));
   callbacks.add(std::make_unique<CheckpointSaver>(*this, exp_.checkpoint));
   if (!opt_.run_dir.empty()) callbacks.add(std::make_unique<MetricsLog>(opt_.run_dir, resume_.has_value()));
+  if (!opt_.run_dir.empty() && exp_.train.tensorboard) {
+    // The primary replica's optimizer holds the copy every replica computes with (central storage).
+    const auto* optimizer = replicas_[static_cast<std::size_t>(strategy_->primary_replica())].optimizer.get();
+    callbacks.add(std::make_unique<TensorBoardLogger>(
+        opt_.run_dir, exp_.train.log_every_steps, [optimizer] { return optimizer->learning_rate(); },
+        resume_ ? std::optional<std::int64_t>(resume_->global_step) : std::nullopt));
+  }
   using Mode = ProgressLogger::Mode;
   const auto progress = exp_.train.progress;
   const Mode mode = progress == config::ProgressMode::bar ||

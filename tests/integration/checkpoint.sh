@@ -138,6 +138,28 @@ case "$case_name" in
     grep -q '| strategy mirrored | replicas 2' "$scratch/d.resume" || fail "resume did not use the mirrored strategy"
     grep -q '^Epoch 2' "$scratch/d.resume" || fail "no epoch 2 after resume"
     ;;
+  bf16_resume)
+    # mixed_bfloat16: exact resume (bit-identical weights and optimizer state), eval prints what
+    # training printed, and the float32 checkpoints restore under float32 too.
+    "$dtrain" info | grep -q "^precision mixed_bfloat16: available" || { echo "SKIP: this CPU has no bfloat16"; exit 77; }
+    common+=(--set precision=mixed_bfloat16)
+    reference
+    grep -q '| precision mixed_bfloat16$' "$scratch/ref.out" || fail "the header does not name the precision"
+    "$dtrain" run "$small" "${common[@]}" --set train.epochs=1 --run-dir "$scratch/part" >/dev/null || fail "one-epoch run failed"
+    "$dtrain" resume "$scratch/part" --set train.epochs=3 >"$scratch/part.resume.out" || fail "resume failed"
+    same_weights "$scratch/part"
+    h5dump -d /model/conv2d/kernel -H "$scratch/ref/checkpoints/ckpt-96.h5" | grep -q H5T_IEEE_F32LE \
+      || fail "the checkpoint's variables are not float32"
+    "$dtrain" eval --checkpoint "$scratch/ref/checkpoints/ckpt-96.h5" >"$scratch/eval.out" || fail "eval failed"
+    want=$(grep '^Epoch 3' "$scratch/ref.out" | sed -E 's/.*(Test Loss: .*)$/\1/')
+    grep -qF "$want" "$scratch/eval.out" || fail "eval printed '$(grep Test "$scratch/eval.out")', training printed '$want'"
+    "$dtrain" eval --checkpoint "$scratch/ref/checkpoints/ckpt-96.h5" --set precision=float32 >"$scratch/eval32.out" \
+      || fail "eval under float32 failed"
+    grep -q 'Test Accuracy' "$scratch/eval32.out" || fail "eval under float32 printed no test figures"
+    "$dtrain" resume "$scratch/part" --set precision=float32 --set train.epochs=4 >"$scratch/f32.resume.out" 2>&1 \
+      || fail "resume under float32 failed: $(tail -3 "$scratch/f32.resume.out")"
+    grep -q '^Epoch 4' "$scratch/f32.resume.out" || fail "no epoch 4 under float32"
+    ;;
   truncated_checkpoint)
     reference
     newest="$scratch/ref/checkpoints/ckpt-96.h5"

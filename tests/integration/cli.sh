@@ -190,6 +190,18 @@ case "$case_name" in
       run experiments/fashion_mnist_one_device.yaml --set strategy.device=gpu:0 --run-dir "$scratch/run"
     [ ! -e "$scratch/run/metrics.jsonl" ] || fail "a refused device still started training"
     ;;
+  bf16_refused)
+    # A CPU without bfloat16 instructions, played by capping oneDNN's ISA: mixed_bfloat16 stops at
+    # start with exit 2 at the precision key, and dtrain info says why.
+    printf 'precision: mixed_bfloat16\n' >"$scratch/bf16.yaml"
+    grep -v '^precision:' experiments/fashion_mnist_small.yaml >>"$scratch/bf16.yaml"
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE "$dtrain" info | grep -q "^precision mixed_bfloat16: not available: this CPU has no bfloat16" \
+      || fail "dtrain info does not say that mixed_bfloat16 is unavailable"
+    why="precision mixed_bfloat16 cannot run on cpu:0: this CPU has no bfloat16 instructions .*; use precision: float32"
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE expect_error 2 "$scratch/bf16.yaml:1:12: $why" -- validate "$scratch/bf16.yaml"
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE expect_error 2 "$scratch/bf16.yaml:1:12: $why" -- run "$scratch/bf16.yaml" --run-dir "$scratch/run"
+    [ ! -e "$scratch/run/metrics.jsonl" ] || fail "a refused precision still started training"
+    ;;
   nccl_on_cpu)
     expect_error 2 "nccl needs GPU devices.*ring, hierarchical_copy or reduction_to_one_device" -- run experiments/fashion_mnist_mirrored.yaml --set strategy.cross_device_ops=nccl --run-dir "$scratch/run"
     ;;

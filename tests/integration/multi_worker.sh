@@ -58,6 +58,25 @@ case "$case_name" in
       || fail "2 workers with per_replica input differ from 2 mirrored replicas"
     echo "ok: per_replica input over 2 workers matches 2 mirrored replicas"
     ;;
+  mixed_bfloat16)
+    # mixed_bfloat16 over 2 and 4 ranks computes the default strategy's bf16 steps on the same
+    # global batch, to bfloat16's precision (smaller per-worker batches round in other blocks).
+    "$dtrain" info | grep -q "^precision mixed_bfloat16: available" || { echo "SKIP: this CPU has no bfloat16"; exit 77; }
+    steps=(--set train.epochs=1 --set train.steps_per_epoch=3 --set train.threads=1 --set train.progress=none
+           --set precision=mixed_bfloat16)
+    "$dtrain" run "$small" "${steps[@]}" --set data.batch_size_per_replica=64 --run-dir "$scratch/default" >/dev/null \
+      || fail "default run failed"
+    for spec in "2 mpi 32" "4 ring 16"; do
+      read -r n impl per <<<"$spec"
+      run="$scratch/mw_${n}"
+      mpi "$n" "$dtrain" run "$small" "${steps[@]}" --set data.batch_size_per_replica="$per" --set "$(mwm "$impl")" \
+        --run-dir "$run" >"$run.out" 2>&1 || fail "mpirun -n $n failed: $(tail -5 "$run.out")"
+      grep -q "| precision mixed_bfloat16$" "$run.out" || fail "header: $(head -1 "$run.out")"
+      tools/compare_weights "$run/checkpoints/ckpt-3.h5" "$scratch/default/checkpoints/ckpt-3.h5" --rtol 1e-3 \
+        || fail "$n workers differ from the default strategy by more than 1e-3 after 3 bf16 steps"
+      echo "ok: $n workers in mixed_bfloat16 match the default strategy"
+    done
+    ;;
   sync_batch_norm)
     # Synchronized batch normalization sums its statistics over every replica of every worker, and
     # dropout's masks follow the samples: 2 and 4 ranks compute the default strategy's steps on the

@@ -54,6 +54,7 @@ Experiment without_locations(Experiment e) {
   e.strategy.parameter_device_where = {};
   e.strategy.communication.implementation_where = {};
   e.strategy.roles.where = {};
+  e.precision_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -214,15 +215,15 @@ TEST_CASE("config: the layer kinds registered by nn/ read, write and refuse thei
         "e.yaml:4:38: model.layers.0.average_pooling2d.pool_size: must be >= 1, got '0'");
 }
 
-TEST_CASE("config: precision is a Keras policy name; mixed_bfloat16 is not in this version") {
+TEST_CASE("config: precision is a Keras policy name, located for the errors that come later") {
   CHECK(parse_experiment("precision: float32\n" + minimal, "p.yaml").precision == Precision::float32);
   CHECK(parse_experiment(minimal, "p.yaml").precision == Precision::float32);
-  CHECK_THROWS_WITH_AS(parse_experiment("precision: mixed_bfloat16\n" + minimal, "p.yaml"),
-                       "p.yaml:1:12: precision 'mixed_bfloat16' is not available in this version of dtrain "
-                       "(available: float32)",
-                       ConfigError);
+  const Experiment bf16 = parse_experiment("precision: mixed_bfloat16\n" + minimal, "p.yaml");
+  CHECK(bf16.precision == Precision::mixed_bfloat16);
+  CHECK(bf16.precision_where == SourceLocation{"p.yaml", 1, 12});
   CHECK_THROWS_WITH_AS(parse_experiment("precision: float16\n" + minimal, "p.yaml"),
-                       "p.yaml:1:12: unknown precision policy 'float16'; valid: float32; did you mean 'float32'?",
+                       "p.yaml:1:12: unknown precision policy 'float16'; valid: float32, mixed_bfloat16; did you mean "
+                       "'float32'?",
                        ConfigError);
 }
 
@@ -312,7 +313,8 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
   CHECK(error_of(minimal + "train:\n  epoch: 3\n") ==
         "t.yaml:6:3: unknown key 'epoch' in train; did you mean 'epochs'?");
   CHECK(error_of(minimal + "train:\n  zzzzzz: 3\n") ==
-        "t.yaml:6:3: unknown key 'zzzzzz' in train; valid keys: epochs, steps_per_epoch, threads, progress");
+        "t.yaml:6:3: unknown key 'zzzzzz' in train; valid keys: epochs, steps_per_epoch, threads, progress, "
+        "tensorboard, log_every_steps");
   CHECK(error_of(minimal + "optimiser: {kind: sgd}\n") ==
         "t.yaml:5:1: unknown key 'optimiser' at top level; did you mean 'optimizer'?");
   CHECK(error_of(minimal + "optimizer: {kind: adamw}\n") ==

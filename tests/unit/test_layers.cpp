@@ -68,16 +68,26 @@ struct Case {
   std::vector<L> layers;
   std::int64_t batch;
   nn::Mode mode = nn::Mode::training;
+  DType compute = DType::f32;
+  double gradient_tolerance = 0;  // 0: the compute dtype's (tolerance())
 };
 
-// Runs one case: the backend vs the oracle (1e-5 relative) for outputs, every gradient and dx;
-// then a finite-difference check of the oracle in double.
+// bfloat16 keeps 8 significant bits: one rounding is 2^-9 relative, and a layer rounds its
+// inputs, its weights and its output. f32 kernels agree with the oracle to float's precision.
+double tolerance(DType compute) { return compute == DType::bf16 ? 2e-2 : 1e-5; }
+
+// Runs one case: the backend vs the oracle (to the compute dtype's precision) for outputs, every
+// gradient and dx; then a finite-difference check of the oracle in double (f32 cases: the
+// oracle does not depend on the dtype the backend computes in).
 void check_case(const Case& c) {
   CAPTURE(c.label);
+  CAPTURE(dtype_name(c.compute));
+  const double tol = tolerance(c.compute);
+  const double grad_tol = c.gradient_tolerance > 0 ? c.gradient_tolerance : tol;
   config::ModelConfig mc;
   mc.input_shape = c.input.to_vector();
   for (std::size_t i = 0; i < c.layers.size(); ++i) mc.layers.push_back(named(c.layers[i], fmt::format("l{}", i)));
-  nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{DType::f32, /*input_gradient=*/true});
+  nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{c.compute, /*input_gradient=*/true});
   const nn::StepContext step = testing::step_of(c.mode, c.batch);
   Rng rng(11, RngStream::test);
 
@@ -97,7 +107,7 @@ void check_case(const Case& c) {
 
   const Tensor& y = model.forward(x, step);
   const Vec<double>& y_ref = ref.forward(xd);
-  CHECK(rel_err(to_double(y), y_ref) < 1e-5);
+  CHECK(rel_err(to_double(y), y_ref) < tol);
   if (c.mode == nn::Mode::inference) return;  // backward is a training step's
 
   Tensor& dy = model.output_gradient();
@@ -106,14 +116,15 @@ void check_case(const Case& c) {
   model.backward(step);
   std::vector<std::vector<Vec<double>>> dvars;
   const Vec<double> dx_ref = ref.backward(dyd, dvars);
-  CHECK(rel_err(to_double(model.input_gradient()), dx_ref) < 1e-5);
+  CHECK(rel_err(to_double(model.input_gradient()), dx_ref) < grad_tol);
   for (std::size_t l = 0; l < model.num_layers(); ++l) {
     auto vars = model.layer(l).variables();
     for (std::size_t k = 0; k < vars.size(); ++k) {
       CAPTURE(vars[k].name);
-      CHECK(rel_err(to_double(vars[k].grad), dvars[l][k]) < 1e-5);
+      CHECK(rel_err(to_double(vars[k].grad), dvars[l][k]) < grad_tol);
     }
   }
+  if (c.compute != DType::f32) return;
 
   // Finite differences on the reference, in double: L = sum(dy * y), perturbing the input and
   // every variable in place.
@@ -445,4 +456,92 @@ TEST_CASE("backward hands each layer's final gradients over, last layer first, r
       CHECK(at_hand_over[v][i] == want[i]);
     }
   }
+}
+
+namespace {
+
+bool cpu_has_bf16() { return testing::cpu().cannot_compute_in(DType::bf16).empty(); }
+
+// Under mixed_bfloat16 a model's last layer computes in f32, so each case ends in a linear
+// Activation and the layers under test compute in bf16.
+Case in_bf16(Case c, double gradient_tolerance = 0) {
+  c.compute = DType::bf16;
+  c.gradient_tolerance = gradient_tolerance;
+  c.layers.push_back(nn::ActivationOptions{Activation::linear});
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("mixed_bfloat16: every layer kind against the reference, to bfloat16's precision") {
+  if (!cpu_has_bf16()) {
+    MESSAGE("this CPU has no bfloat16 instructions: the bf16 kernels are not checked here");
+    return;
+  }
+  const nn::ActivationOptions relu{Activation::relu}, softmax{Activation::softmax};
+  check_case(in_bf16({"conv 3x3 same relu", Shape{8, 8, 3}, {conv(16, 3, 1, Padding::same, Activation::relu)}, 4}));
+  check_case(in_bf16({"conv 3x3 stride 2 valid tanh, no bias", Shape{9, 9, 4},
+                      {conv(8, 3, 2, Padding::valid, Activation::tanh, false)}, 3}));
+  check_case(in_bf16({"dense sigmoid", Shape{20}, {dense(16, Activation::sigmoid)}, 5}));
+  check_case(in_bf16({"dense softmax (a softmax computes in f32)", Shape{20}, {dense(10, Activation::softmax)}, 5}));
+  check_case(in_bf16({"activation layers, softmax converts to f32", Shape{8},
+                      {dense(6, Activation::linear), relu, softmax}, 3}));
+  // A deep stack of smooth layers: rounding errors add up layer by layer but stay bfloat16-sized.
+  check_case(in_bf16({"smooth stack: conv tanh, avg pool, conv sigmoid, avg pool, dense tanh, dense",
+                      Shape{12, 12, 2},
+                      {conv(8, 3, 1, Padding::same, Activation::tanh), avg_pool(2, 2, Padding::valid),
+                       conv(8, 3, 1, Padding::valid, Activation::sigmoid), avg_pool(2, 2, Padding::valid),
+                       nn::FlattenOptions{}, dense(16, Activation::tanh), dense(5, Activation::linear)},
+                      3},
+                     3e-2));
+  // With relu, max pooling and batch statistics, a rounding that flips a relu's sign, the argmax
+  // of a pooling window (bfloat16 makes near-ties exact ties) or a normalised value sends that
+  // element's whole gradient elsewhere: the gradients of the early layers of a deep stack then
+  // differ by several percent (measured: up to 12 %). Forward outputs still agree to 2e-2; a
+  // wrong layout or weight order would be off by 100 %.
+  check_case(in_bf16({"seed cnn",
+                      Shape{28, 28, 1},
+                      {conv(32, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                       conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                       nn::FlattenOptions{}, dense(64, Activation::relu), dense(10, Activation::linear)},
+                      4},
+                     0.2));
+  check_case(in_bf16({"conv, bn, relu, avg pool, dropout, global pool, dense",
+                      Shape{10, 10, 1},
+                      {conv(8, 3, 1, Padding::same, Activation::linear, false), batch_norm(), relu,
+                       avg_pool(2, 2, Padding::valid), nn::DropoutOptions{0.25}, nn::GlobalAveragePooling2DOptions{},
+                       dense(3, Activation::linear)},
+                      4},
+                     0.2));
+  check_case(in_bf16({"inference", Shape{6, 6, 2},
+                      {conv(8, 3, 1, Padding::valid, Activation::relu), batch_norm(), nn::DropoutOptions{0.5},
+                       nn::FlattenOptions{}, dense(4, Activation::linear)},
+                      2, nn::Mode::inference}));
+}
+
+TEST_CASE("mixed_bfloat16 really computes in bfloat16, with float32 variables and gradients") {
+  if (!cpu_has_bf16()) {
+    MESSAGE("this CPU has no bfloat16 instructions: skipped");
+    return;
+  }
+  config::ModelConfig mc = conv_flatten_dense({8, 8, 3}, 16, 5);
+  nn::Sequential f32(mc, 3, testing::cpu(), nn::ModelOptions{DType::f32, false});
+  nn::Sequential bf16(mc, 3, testing::cpu(), nn::ModelOptions{DType::bf16, false});
+  for (std::size_t l = 0; l < f32.num_layers(); ++l)
+    for (const Variable& v : bf16.layer(l).variables()) CHECK(v.value.dtype() == DType::f32);
+  Tensor x(Shape{4, 8, 8, 3});
+  Rng rng(5, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const nn::StepContext step = testing::step_of(nn::Mode::training, 4);
+  const Vec<double> y32 = to_double(f32.forward(x, step));
+  const Vec<double> y16 = to_double(bf16.forward(x, step));
+  // The conv rounds to bfloat16: far more than float32's rounding, far less than a wrong result.
+  CHECK(rel_err(y16, y32) > 1e-4);
+  CHECK(rel_err(y16, y32) < 2e-2);
+  for (auto& v : bf16.output_gradient().span<float>()) v = 1.0f;
+  bf16.backward(step);
+  double sum = 0;
+  for (float g : bf16.gradient_arena()) sum += std::abs(g);
+  CHECK(std::isfinite(sum));
+  CHECK(sum > 0);
 }

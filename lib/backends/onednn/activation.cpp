@@ -1,5 +1,6 @@
 // The Activation layer on oneDNN (nn/activation.hpp has the semantics): same shape, same layout
-// as the layer below produced.
+// and dtype as the layer below produced, except that it converts a bf16 input to f32 when it
+// computes in f32 (the model's last layer) or is a softmax (which wants float32).
 #include "backends/onednn/activation_fn.hpp"
 #include "backends/onednn/context.hpp"
 #include "nn/activation.hpp"
@@ -9,28 +10,34 @@ namespace dtrain::backends::onednn {
 
 namespace {
 
+using config::Activation;
+
 class ActivationKernel final : public nn::LayerKernel {
  public:
-  ActivationKernel(nn::ActivationLayer& layer, OnednnContext& ctx) : ctx_(ctx), act_(layer.activation()) {}
+  ActivationKernel(nn::ActivationLayer& layer, OnednnContext& ctx, DType compute)
+      : layer_(layer), ctx_(ctx), compute_(compute), act_(layer.activation()) {}
 
   LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override {
     plans_.create(batch);
-    return src;
+    const bool to_f32 = src->dtype() != DType::f32 && (compute_ == DType::f32 || act_.kind() == Activation::softmax);
+    if (!to_f32) return src;
+    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), DType::f32);
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     Plan& p = plans_.get(batch);
     const dnnl::memory src = ctx_.wrap(io.src), dst = ctx_.wrap(io.dst), diff_dst = ctx_.wrap(io.diff_dst);
+    const bool converts = src.get_desc().data_type() != dst.get_desc().data_type();
+    if (converts || !act_.is_eltwise()) p.copy_in.bind(src, dst);
     if (act_.is_eltwise()) {
-      // Out of place: y = f(x) with the same forward algorithm the fused post-op uses, so the
-      // backward (computed from y) is the same code as for Conv2D/Dense activations.
+      // y = f(x) with the same forward algorithm the fused post-op uses, so the backward
+      // (computed from y) is the same code as for Conv2D/Dense activations. Out of place, or in
+      // place on y after the conversion.
+      const dnnl::memory& x = converts ? dst : src;
       auto pd = dnnl::eltwise_forward::primitive_desc(
-          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, act_.dst_algorithm(), src.get_desc(), 0.0f,
-                                      0.0f),
+          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, act_.dst_algorithm(), x.get_desc(), 0.0f, 0.0f),
           ctx_.engine);
-      p.fwd = {dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}};
-    } else {
-      p.copy_in.bind(src, dst);
+      p.fwd = {dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, dst}}};
     }
     act_.bind(ctx_, dst, diff_dst, p.act);
     p.has_diff_src = static_cast<bool>(io.diff_src);
@@ -39,10 +46,10 @@ class ActivationKernel final : public nn::LayerKernel {
 
   void forward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
+    p.copy_in.run(ctx_);
     if (act_.is_eltwise()) {
       p.fwd.run(ctx_);
     } else {
-      p.copy_in.run(ctx_);
       act_.forward(ctx_, p.act);
     }
   }
@@ -56,17 +63,19 @@ class ActivationKernel final : public nn::LayerKernel {
  private:
   struct Plan {
     BoundPrimitive fwd;        // eltwise kinds; softmax runs inside act
-    Reorder copy_in, copy_out;  // linear and softmax: x -> y, grad -> diff_src
+    Reorder copy_in, copy_out;  // linear, softmax and conversions: x -> y, grad -> diff_src
     ActivationFn::Plan act;
     bool has_diff_src = false;
   };
+  nn::ActivationLayer& layer_;
   OnednnContext& ctx_;
+  DType compute_;
   ActivationFn act_;
   nn::PlanCache<Plan> plans_;
 };
 
-std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
-  return std::make_unique<ActivationKernel>(static_cast<nn::ActivationLayer&>(layer), OnednnContext::of(ctx));
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
+  return std::make_unique<ActivationKernel>(static_cast<nn::ActivationLayer&>(layer), OnednnContext::of(ctx), compute);
 }
 
 const nn::KernelRegistration registered(kName, nn::ActivationLayer::Options::kind, &make);

@@ -8,8 +8,8 @@ namespace dtrain::backends::onednn {
 
 namespace {
 
-std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
-  return std::make_unique<Pool2DKernel>(static_cast<nn::AveragePooling2D&>(layer), OnednnContext::of(ctx), compute,
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
+  return std::make_unique<Pool2DKernel>(static_cast<nn::AveragePooling2D&>(layer), OnednnContext::of(ctx),
                                         dnnl::algorithm::pooling_avg_exclude_padding);
 }
 

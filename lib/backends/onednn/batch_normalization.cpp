@@ -23,9 +23,9 @@ namespace {
 
 class BatchNormalizationKernel final : public nn::LayerKernel {
  public:
-  BatchNormalizationKernel(nn::BatchNormalization& layer, OnednnContext& ctx, DType compute)
+  // f32 under every precision policy, as Keras keeps batch statistics in float32.
+  BatchNormalizationKernel(nn::BatchNormalization& layer, OnednnContext& ctx)
       : layer_(layer), ctx_(ctx), channels_(layer.channels()) {
-    DTRAIN_CHECK(compute == DType::f32, "the CPU batch normalization kernel computes in f32");
     const auto c = static_cast<std::size_t>(channels_);
     mean_.resize(c);
     inv_std_.resize(c);
@@ -205,9 +205,9 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   nn::PlanCache<CanonicalIO> plans_;
 };
 
-std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
-  return std::make_unique<BatchNormalizationKernel>(static_cast<nn::BatchNormalization&>(layer), OnednnContext::of(ctx),
-                                                    compute);
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
+  return std::make_unique<BatchNormalizationKernel>(static_cast<nn::BatchNormalization&>(layer),
+                                                    OnednnContext::of(ctx));
 }
 
 const nn::KernelRegistration registered(kName, nn::BatchNormalization::Options::kind, &make);

@@ -11,7 +11,8 @@
 namespace dtrain::backends::onednn {
 
 struct CanonicalIO {
-  // input: the layer's per-example input shape; the memories are f32.
+  // input: the layer's per-example input shape; the memories are f32 (a bf16 input is converted
+  // by the reorder in, the gradient back by the reorder out).
   void bind(OnednnContext& ctx, std::int64_t batch, const Shape& input, const nn::LayerIO& io);
   // Before reading input(): the reorder from the layer below, when there is one.
   void load_input(OnednnContext& ctx);

@@ -63,6 +63,17 @@ memory::data_type to_dnnl(DType dtype) {
   throw InternalError("unknown dtype");
 }
 
+DType dtype_of(const memory::desc& md) {
+  switch (md.data_type()) {
+    case memory::data_type::f32: return DType::f32;
+    case memory::data_type::bf16: return DType::bf16;
+    case memory::data_type::u8: return DType::u8;
+    case memory::data_type::s32: return DType::i32;
+    default: break;
+  }
+  throw InternalError("a oneDNN memory of a dtype dtrain does not use");
+}
+
 bool OnednnLayout::same_as(const Layout& other) const {
   const auto* o = dynamic_cast<const OnednnLayout*>(&other);
   return o && o->md_ == md_;
@@ -190,6 +201,25 @@ std::string effective_isa() {
     case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
     default: return "unknown";
+  }
+}
+
+bool cpu_has_bf16() {
+  // cpu_isa values are bit sets: an ISA includes every bit of the ones it extends.
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;
+}
+
+std::string OnednnContext::cannot_compute_in(DType compute) const {
+  switch (compute) {
+    case DType::f32: return {};
+    case DType::bf16:
+      if (cpu_has_bf16()) return {};
+      return fmt::format("this CPU has no bfloat16 instructions (oneDNN dispatches to isa {}; bfloat16 needs "
+                         "avx512_core_bf16 or avx512_core_amx)",
+                         effective_isa());
+    default: return fmt::format("the CPU backend does not compute in {}", dtype_name(compute));
   }
 }
 

@@ -52,6 +52,8 @@ dnnl::memory::desc any_md(const Shape& shape, DType dtype);
 dnnl::memory::desc hwio_md(int kh, int kw, int in, int out);
 // Keras dense kernel (in, out) as a oneDNN inner-product weights descriptor (io physical order), f32.
 dnnl::memory::desc io_md(int in, int out);
+// The dtype of a descriptor's elements.
+DType dtype_of(const dnnl::memory::desc& md);
 // The descriptor of a layout this backend made.
 const dnnl::memory::desc& md_of(const LayoutPtr& layout);
 LayoutPtr make_layout(const Shape& shape, DType dtype, const dnnl::memory::desc& md);
@@ -73,6 +75,7 @@ class OnednnContext final : public Context {
   void synchronize() override { stream.wait(); }
   Numerics& numerics() override { return *numerics_; }
   std::string describe() const override;
+  std::string cannot_compute_in(DType compute) const override;
 
   // A oneDNN memory over `m` (no copy).
   dnnl::memory wrap(const Memory& m) const;
@@ -120,6 +123,9 @@ dnnl::memory layout_for(const OnednnContext& ctx, const dnnl::memory& user, cons
 
 // The ISA oneDNN dispatches to on this machine, as oneDNN names it ("avx512_core_amx", ...).
 std::string effective_isa();
+// Whether oneDNN runs bfloat16 convolutions and inner products in hardware here (AVX512-BF16 or
+// AMX); honours ONEDNN_MAX_CPU_ISA, which is how a test plays a CPU without them.
+bool cpu_has_bf16();
 // oneDNN's version "2.6.3".
 std::string dnnl_version();
 

@@ -2,6 +2,8 @@
 //   x (N, H, W, C)            oneDNN src     (N, C, H, W), any layout
 //   kernel (KH, KW, C, F)     oneDNN weights (F, C, KH, KW); the variable stays Keras HWIO
 //   y (N, OH, OW, F)          oneDNN dst     (N, F, OH, OW), any layout; activation fused
+// src, weights, dst and their gradients in the compute dtype (f32 or bf16); bias and the kernel's
+// gradient always f32.
 #include "backends/onednn/weighted_op.hpp"
 #include "nn/conv2d.hpp"
 
@@ -38,7 +40,8 @@ class Conv2DKernel final : public WeightedOpKernel {
         dnnl::convolution_backward_data::desc(algo, src, weights, dst, strides, pad_before, pad_after), ctx_.engine,
         fwd_pd);
     auto bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(algo, src, weights, bias, dst, strides, pad_before, pad_after),
+        dnnl::convolution_backward_weights::desc(algo, src, diff_weights_md(weights), bias, dst, strides, pad_before,
+                                                 pad_after),
         ctx_.engine, fwd_pd);
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd);
   }

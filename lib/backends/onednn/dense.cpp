@@ -2,6 +2,8 @@
 //   x (N, I)             oneDNN src (N, I), any layout
 //   kernel (I, O)        oneDNN weights (O, I); the variable stays Keras (in, out), physical order io
 //   y (N, O)             activation fused
+// src, weights, dst and their gradients in the compute dtype (f32 or bf16); bias and the kernel's
+// gradient always f32.
 #include "backends/onednn/weighted_op.hpp"
 #include "nn/dense.hpp"
 
@@ -31,7 +33,7 @@ class DenseKernel final : public WeightedOpKernel {
     auto bwd_data_pd = dnnl::inner_product_backward_data::primitive_desc(
         dnnl::inner_product_backward_data::desc(src, weights, dst), ctx_.engine, fwd_pd);
     auto bwd_weights_pd = dnnl::inner_product_backward_weights::primitive_desc(
-        dnnl::inner_product_backward_weights::desc(src, weights, bias, dst), ctx_.engine, fwd_pd);
+        dnnl::inner_product_backward_weights::desc(src, diff_weights_md(weights), bias, dst), ctx_.engine, fwd_pd);
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd);
   }
 

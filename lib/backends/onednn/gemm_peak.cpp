@@ -21,13 +21,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using dnnl::memory;
 
-// bfloat16 is native from AVX512-BF16 on (AMX included); below that oneDNN would emulate it far
-// slower than f32, which is no peak to compare with.
-bool has_bf16_instructions() {
-  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
-}
-
 // Small values everywhere: no subnormal products, no overflow.
 void fill(const memory& m, DType dtype) {
   const std::size_t bytes = m.get_desc().get_size();
@@ -71,11 +64,6 @@ GemmPeak measure(Context& context, DType dtype, int threads) {
   GemmPeak peak;
   if (dtype != DType::f32 && dtype != DType::bf16) {
     peak.why_not = "no GEMM peak for this dtype";
-    return peak;
-  }
-  if (dtype == DType::bf16 && !has_bf16_instructions()) {
-    peak.why_not = fmt::format("this CPU has no bfloat16 instructions (oneDNN isa {}; AVX512-BF16 or AMX needed)",
-                               effective_isa());
     return peak;
   }
   OnednnContext& ctx = OnednnContext::of(context);

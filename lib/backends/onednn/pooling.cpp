@@ -14,13 +14,13 @@ LayoutPtr Pool2DKernel::plan(std::int64_t batch, const LayoutPtr& src) {
   const memory::desc& src_md = md_of(src);
   Plan& p = plans_.create(batch);
   p.fwd_pd = dnnl::pooling_forward::primitive_desc(
-      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, algorithm_, src_md, any_md(out, compute_), strides,
-                                  kernel, pad_before, pad_after),
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, algorithm_, src_md, any_md(out, dtype_of(src_md)),
+                                  strides, kernel, pad_before, pad_after),
       ctx_.engine);
   p.bwd_pd = dnnl::pooling_backward::primitive_desc(
       dnnl::pooling_backward::desc(algorithm_, src_md, p.fwd_pd.dst_desc(), strides, kernel, pad_before, pad_after),
       ctx_.engine, p.fwd_pd);
-  return make_layout(out, compute_, p.fwd_pd.dst_desc());
+  return make_layout(out, dtype_of(src_md), p.fwd_pd.dst_desc());
 }
 
 void Pool2DKernel::bind(std::int64_t batch, const nn::LayerIO& io) {

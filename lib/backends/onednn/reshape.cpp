@@ -11,18 +11,18 @@ namespace {
 
 class ReshapeKernel final : public nn::LayerKernel {
  public:
-  ReshapeKernel(nn::Layer& layer, OnednnContext& ctx, DType compute) : layer_(layer), ctx_(ctx), compute_(compute) {}
+  ReshapeKernel(nn::Layer& layer, OnednnContext& ctx) : layer_(layer), ctx_(ctx) {}
 
-  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
-    plans_.create(batch);
-    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), compute_);
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override {
+    plans_.create(batch).dtype = src->dtype();
+    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), src->dtype());
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     Plan& p = plans_.get(batch);
     // The output buffer seen as the input shape in canonical order: reordering into it is the
     // whole reshape.
-    const dnnl::memory::desc in_canonical = canonical_md(layer_.input_shape().with_batch(batch), compute_);
+    const dnnl::memory::desc in_canonical = canonical_md(layer_.input_shape().with_batch(batch), p.dtype);
     p.fwd.bind(ctx_.wrap(io.src), ctx_.wrap(in_canonical, io.dst.data));
     if (io.diff_src) p.bwd.bind(ctx_.wrap(in_canonical, io.diff_dst.data), ctx_.wrap(io.diff_src));
   }
@@ -33,15 +33,15 @@ class ReshapeKernel final : public nn::LayerKernel {
  private:
   struct Plan {
     Reorder fwd, bwd;
+    DType dtype = DType::f32;  // the input's: reshaping moves values, it needs no dtype of its own
   };
   nn::Layer& layer_;
   OnednnContext& ctx_;
-  DType compute_;
   nn::PlanCache<Plan> plans_;
 };
 
-std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
-  return std::make_unique<ReshapeKernel>(layer, OnednnContext::of(ctx), compute);
+std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
+  return std::make_unique<ReshapeKernel>(layer, OnednnContext::of(ctx));
 }
 
 const nn::KernelRegistration reshape_registered(kName, nn::Reshape::Options::kind, &make);

@@ -45,8 +45,14 @@ class WeightedOpKernel : public nn::LayerKernel {
   void backward(std::int64_t batch, const nn::StepContext&) override;
 
  protected:
+  // A layer with a softmax computes in f32 whatever the policy (a softmax wants float32).
   WeightedOpKernel(OnednnContext& ctx, DType compute, config::Activation activation)
-      : ctx_(ctx), compute_(compute), act_(activation) {}
+      : ctx_(ctx), compute_(activation == config::Activation::softmax ? DType::f32 : compute), act_(activation) {}
+  // The descriptor oneDNN fills the kernel's gradient in: f32 whatever the compute dtype, so
+  // bfloat16 layers hand float32 gradients to the cross-replica sum and the optimizer.
+  static dnnl::memory::desc diff_weights_md(const dnnl::memory::desc& weights) {
+    return dnnl::memory::desc(weights.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
+  }
   // Keeps the primitive descriptors for `batch`, makes their primitives, and returns the layout of
   // the output (`out`, the forward's dst).
   LayoutPtr keep(std::int64_t batch, const Shape& out, const dnnl::primitive_desc& fwd,
