@@ -88,6 +88,13 @@ case "$case_name" in
       --set data.batch_size_per_replica=32 --json >"$scratch/mirrored" || fail "bench under mirrored failed"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["replicas_in_sync"] == 2 and r["replica_batch"] == 32, r' \
       "$scratch/mirrored" || fail "mirrored JSON"
+    # mixed_bfloat16: the peak is a bf16 matmul's (where the CPU has bfloat16; otherwise run stops at the key).
+    if "$dtrain" bench "$small" --steps 3 --warmup 1 --set precision=mixed_bfloat16 --json >"$scratch/bf16" 2>"$scratch/bf16.err"; then
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r["gemm_peak"]; assert r["compute_dtype"] == "bf16" and p["dtype"] == "bf16" and p["available"] and "bf16 x bf16" in p["what"], r' \
+        "$scratch/bf16" || fail "bf16 JSON"
+    else
+      grep -q "no bfloat16 instructions" "$scratch/bf16.err" || fail "mixed_bfloat16 bench failed: $(cat "$scratch/bf16.err")"
+    fi
     ;;
   bad_args)
     "$dtrain" bench "$small" --steps 0 >"$scratch/out" 2>"$scratch/err"
