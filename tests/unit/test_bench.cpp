@@ -45,21 +45,7 @@ struct SplitProbeOptions {
   bool operator==(const SplitProbeOptions&) const = default;
 };
 
-class SplitProbe final : public nn::Layer {
- public:
-  using Options = SplitProbeOptions;
-  SplitProbe(std::string name, const Options&) : Layer(std::move(name)) {}
-  std::string_view kind() const override { return Options::kind; }
-  void reference_forward(const nn::ReferenceForward& io, const nn::StepContext&) const override {
-    std::copy(io.x.begin(), io.x.end(), io.y.begin());
-  }
-  void reference_backward(const nn::ReferenceBackward& io, const nn::StepContext&) const override {
-    std::copy(io.dy.begin(), io.dy.end(), io.dx.begin());
-  }
-
- private:
-  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
-};
+using SplitProbe = testing::IdentityLayer<SplitProbeOptions>;
 
 class SplitProbeKernel final : public nn::LayerKernel {
  public:
