@@ -32,6 +32,10 @@ int bench_command(const BenchArgs& args) {
     options.workers = workers.get();
     options.out = stdout;
     train::Trainer trainer(std::move(exp), options);
+    if (trainer.strategy().schedules_steps())
+      throw ConfigError(fmt::format("{}: dtrain bench times the synchronous training step, and this strategy schedules "
+                                    "its own steps; bench it under multi_worker_mirrored or a local strategy",
+                                    trainer.experiment().source_file));
     const bool chief = trainer.strategy().is_chief();
     if (chief && !args.json) {
       // Before the steps, so that a long bench shows at once what it measures.
