@@ -26,7 +26,7 @@ namespace {
 bool keeps_results(const std::string& override_text) {
   const std::string key = override_text.substr(0, override_text.find('='));
   return key == "train.epochs" || key == "train.progress" || key == "train.tensorboard" ||
-         key == "train.log_every_steps";
+         key == "train.log_every_steps" || key == "train.plot";
 }
 
 // Calls `use` on candidates[from], candidates[from + 1], ... (newest first) until one reads
@@ -93,7 +93,7 @@ int resume_command(const ResumeArgs& args) {
   options.run_dir =
       !args.run_dir.empty() ? args.run_dir : fs::path(candidates[first]).parent_path().parent_path().string();
   options.out = stdout;
-  options.out_is_tty = isatty(fileno(stdout)) != 0;
+  options.out_is_tty = train::progress_reaches_a_terminal(stdout);
   options.workers = workers.get();
   options.stop_requested = &signals.requested();
   return train_or_evaluate(*workers, exp, options, [&](train::Trainer& trainer) {

@@ -106,7 +106,7 @@ int run_command(const RunArgs& args) {
       }
     }
     options.out = stdout;
-    options.out_is_tty = isatty(fileno(stdout)) != 0;
+    options.out_is_tty = train::progress_reaches_a_terminal(stdout);
     options.stop_requested = &signals.requested();
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
   });

@@ -63,6 +63,19 @@ int resume_command(const ResumeArgs& args);
 
 int info_command();
 
+struct InitArgs {
+  std::string strategy = "default";
+  std::string model = "cnn";
+  std::string output;  // empty = stdout
+  bool force = false;  // replace an existing output file
+};
+int init_command(const InitArgs& args);
+
+struct PlotArgs {
+  std::vector<std::string> run_dirs;
+  std::string output;  // empty = RUN_DIR/curves.png for one run, curves.png for several
+};
+int plot_command(const PlotArgs& args);
 struct BenchArgs {
   std::string experiment;
   std::vector<std::string> overrides;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "config/parse.hpp"
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
 
@@ -23,6 +24,8 @@ Examples:
   dtrain resume runs/fashion_mnist
   dtrain resume runs/fashion_mnist --set train.epochs=15
   dtrain info
+  dtrain init --strategy mirrored -o my_experiment.yaml
+  dtrain plot runs/fashion_mnist runs/fashion_mnist-2 -o curves.png
   dtrain bench experiments/fashion_mnist.yaml --steps 100 --json
 
 Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data/checkpoint,
@@ -83,6 +86,20 @@ int main(int argc, char** argv) {
 
   auto* info = app.add_subcommand("info", "Versions, CPU ISA, threads and which backends are available");
 
+  dtrain::app::InitArgs init_args;
+  std::vector<std::string> strategy_kinds;
+  for (std::string_view kind : dtrain::config::choices_of("strategy.kind")) strategy_kinds.emplace_back(kind);
+  auto* init = app.add_subcommand("init", "Write a complete, commented experiment to start from");
+  init->add_option("--strategy", init_args.strategy, "Strategy kind")
+      ->check(CLI::IsMember(strategy_kinds));
+  init->add_option("--model", init_args.model, "cnn (the seed CNN) or mlp")->check(CLI::IsMember({"cnn", "mlp"}));
+  init->add_option("-o,--output", init_args.output, "Write to FILE instead of stdout (never over an existing file)");
+  init->add_flag("--force", init_args.force, "Replace an existing -o FILE");
+
+  dtrain::app::PlotArgs plot_args;
+  auto* plot = app.add_subcommand("plot", "Draw the loss, accuracy and samples/s per epoch of runs into a PNG");
+  plot->add_option("run_dirs", plot_args.run_dirs, "Run directories (each with metrics.jsonl)")->required();
+  plot->add_option("-o,--output", plot_args.output, "PNG file (default RUN_DIR/curves.png, or curves.png for several)");
   dtrain::app::BenchArgs bench_args;
   auto* bench = app.add_subcommand(
       "bench", "Time an experiment's training steps: per layer, per phase, samples/s and GFLOP/s against the GEMM peak");
@@ -111,6 +128,8 @@ int main(int argc, char** argv) {
     if (*eval) return dtrain::app::eval_command(eval_args);
     if (*resume) return dtrain::app::resume_command(resume_args);
     if (*info) return dtrain::app::info_command();
+    if (*init) return dtrain::app::init_command(init_args);
+    if (*plot) return dtrain::app::plot_command(plot_args);
     if (*bench) return dtrain::app::bench_command(bench_args);
   } catch (const dtrain::Error& e) {
     std::fflush(stdout);

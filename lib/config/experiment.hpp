@@ -24,8 +24,8 @@ struct SourceLocation {
 };
 
 // ---------------------------------------------------------------- strategy
-// The tf.distribute strategies. All but multi_worker_mirrored run in one process; parameter_server
-// is still refused by name ("not available in this version").
+// The tf.distribute strategies. All but multi_worker_mirrored and parameter_server run in one
+// process.
 enum class StrategyKind {
   default_strategy,  // no distribution: one replica on the default device, any loss reduction
   one_device,        // one replica, placed on `device`
@@ -34,6 +34,10 @@ enum class StrategyKind {
   // One worker process per MPI rank, each with one replica per device in `devices`; variables are
   // mirrored on every replica of every worker and gradients all-reduced across all of them.
   multi_worker_mirrored,
+  // tf.distribute.experimental.ParameterServerStrategy: a coordinator (the chief) dispatches steps
+  // to worker ranks, which read the variables from parameter-server ranks and push gradients that
+  // each server applies as they arrive (asynchronous training).
+  parameter_server,
 };
 
 // How MirroredStrategy sums values across its replicas (tf.distribute.CrossDeviceOps).
@@ -79,8 +83,24 @@ struct RolesConfig {
   int chief = 1;      // 0 or 1; without one, worker 0 does the chief's duties (as in TensorFlow)
   int worker = -1;    // -1: every rank the chief and the evaluator leave
   int evaluator = 0;  // 0 or 1
+  int ps = 0;         // parameter_server: the parameter-server ranks (after the workers in rank order)
+  // Set by the parser for strategy kind parameter_server (not written): TF_CONFIG may name "ps"
+  // tasks, and there must be at least one.
+  bool parameter_servers = false;
   SourceLocation where;  // the roles section (line 0 when left out)
   bool operator==(const RolesConfig&) const = default;
+};
+
+// parameter_server: how each variable is cut into shards along its first axis
+// (tf.distribute.experimental.partitioners). none: every variable whole, spread over the servers.
+enum class PartitionerKind { none, fixed_shards, min_size, max_size };
+struct VariablePartitionerConfig {
+  PartitionerKind kind = PartitionerKind::none;
+  int num_shards = 1;                         // fixed_shards
+  std::int64_t min_shard_bytes = 256 << 10;   // min_size
+  std::int64_t max_shard_bytes = 0;           // max_size (required there)
+  int max_shards = 0;                         // min_size, max_size; 0 = TF's default (1 for min_size, none for max_size)
+  bool operator==(const VariablePartitionerConfig&) const = default;
 };
 
 struct StrategyConfig {
@@ -98,7 +118,8 @@ struct StrategyConfig {
   std::string parameter_device = "cpu:0";  // central_storage: where the single copy of the variables lives
   CrossDeviceOpsKind cross_device_ops = CrossDeviceOpsKind::auto_select;  // mirrored
   CommunicationConfig communication;                                      // multi_worker_mirrored
-  RolesConfig roles;                                                      // multi_worker_mirrored
+  RolesConfig roles;                                                      // multi_worker_mirrored, parameter_server
+  VariablePartitionerConfig variable_partitioner;                         // parameter_server
   // For errors raised after parsing (a device the machine lacks, a reduction the devices cannot
   // do): the `kind` value (or the section, or the file when absent), and the values of
   // device/devices, cross_device_ops and parameter_device (line 0 when left to their defaults).
@@ -248,6 +269,7 @@ struct TrainConfig {
   ProgressMode progress = ProgressMode::auto_detect;
   bool tensorboard = false;              // event files in <run dir>/tensorboard/ (the chief's)
   std::int64_t log_every_steps = 100;    // TensorBoard's step loss every N global steps; 0 = none
+  bool plot = false;                 // the chief redraws <run dir>/curves.png after each epoch (gnuplot)
   bool operator==(const TrainConfig&) const = default;
 };
 

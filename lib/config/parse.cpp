@@ -65,7 +65,12 @@ constexpr Named<StrategyKind> strategy_kinds[] = {{"default", StrategyKind::defa
                                                   {"one_device", StrategyKind::one_device},
                                                   {"mirrored", StrategyKind::mirrored},
                                                   {"central_storage", StrategyKind::central_storage},
-                                                  {"multi_worker_mirrored", StrategyKind::multi_worker_mirrored}};
+                                                  {"multi_worker_mirrored", StrategyKind::multi_worker_mirrored},
+                                                  {"parameter_server", StrategyKind::parameter_server}};
+constexpr Named<PartitionerKind> partitioner_kinds[] = {{"none", PartitionerKind::none},
+                                                        {"fixed_shards", PartitionerKind::fixed_shards},
+                                                        {"min_size", PartitionerKind::min_size},
+                                                        {"max_size", PartitionerKind::max_size}};
 constexpr Named<CrossDeviceOpsKind> cross_device_ops_kinds[] = {
     {"auto", CrossDeviceOpsKind::auto_select},
     {"reduction_to_one_device", CrossDeviceOpsKind::reduction_to_one_device},
@@ -79,7 +84,7 @@ constexpr Named<CommunicationImplementation> communication_implementations[] = {
     {"nccl", CommunicationImplementation::nccl}};
 
 // tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
-constexpr std::string_view planned_strategies[] = {"parameter_server"};
+constexpr std::string_view planned_strategies[] = {"tpu"};
 
 constexpr Named<Precision> precisions[] = {{"float32", Precision::float32},
                                            {"mixed_bfloat16", Precision::mixed_bfloat16}};
@@ -163,7 +168,7 @@ CommunicationConfig parse_communication(const Node& node, const std::string& pat
 }
 
 RolesConfig parse_roles(const Node& node, const std::string& path) {
-  static constexpr std::string_view keys[] = {"chief", "worker", "evaluator"};
+  static constexpr std::string_view keys[] = {"chief", "worker", "evaluator", "ps"};
   Section s(node, path, keys);
   RolesConfig out;
   out.where = node.origin.location();
@@ -174,12 +179,32 @@ RolesConfig parse_roles(const Node& node, const std::string& path) {
       if (*value < 0 || *value > 1) range_error(*n, s.path(key), "0 or 1");
     }
   s.get_int("worker", out.worker, 0);
+  s.get_int("ps", out.ps, 0);
+  return out;
+}
+
+VariablePartitionerConfig parse_partitioner(const Node& node, const std::string& path) {
+  static constexpr std::string_view keys[] = {"kind", "num_shards", "min_shard_bytes", "max_shard_bytes", "max_shards"};
+  Section s(node, path, keys);
+  VariablePartitionerConfig out;
+  s.get_enum("kind", out.kind, "variable partitioner", partitioner_kinds);
+  const char* chosen = name_in(partitioner_kinds, out.kind);
+  const bool fixed = out.kind == PartitionerKind::fixed_shards, min_size = out.kind == PartitionerKind::min_size,
+             max_size = out.kind == PartitionerKind::max_size;
+  s.only_for("num_shards", fixed, "partitioner fixed_shards", chosen);
+  s.only_for("min_shard_bytes", min_size, "partitioner min_size", chosen);
+  s.only_for("max_shard_bytes", max_size, "partitioner max_size", chosen);
+  s.only_for("max_shards", min_size || max_size, "partitioners min_size, max_size", chosen);
+  if (fixed) out.num_shards = s.require_int("num_shards", 1);
+  s.get_int("min_shard_bytes", out.min_shard_bytes, 1);
+  if (max_size) out.max_shard_bytes = s.require_int("max_shard_bytes", 1);
+  s.get_int("max_shards", out.max_shards, 1);
   return out;
 }
 
 StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
   static constexpr std::string_view keys[] = {"kind",          "device",           "devices", "parameter_device",
-                                              "cross_device_ops", "communication", "roles"};
+                                              "cross_device_ops", "communication", "roles", "variable_partitioner"};
   Section s(node, "strategy", keys);
   StrategyConfig out;
   out.where = key_origin.location();
@@ -197,14 +222,17 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
   const char* chosen = name_of(out.kind);
   const bool one_device = out.kind == StrategyKind::one_device, mirrored = out.kind == StrategyKind::mirrored,
              central_storage = out.kind == StrategyKind::central_storage,
-             multi_worker = out.kind == StrategyKind::multi_worker_mirrored;
+             multi_worker = out.kind == StrategyKind::multi_worker_mirrored,
+             parameter_server = out.kind == StrategyKind::parameter_server;
   s.only_for("device", one_device, "strategy kind one_device", chosen);
   s.only_for("devices", mirrored || central_storage || multi_worker,
              "strategy kinds mirrored, central_storage, multi_worker_mirrored", chosen);
   s.only_for("parameter_device", central_storage, "strategy kind central_storage", chosen);
   s.only_for("cross_device_ops", mirrored, "strategy kind mirrored", chosen);
-  s.only_for("communication", multi_worker, "strategy kind multi_worker_mirrored", chosen);
-  s.only_for("roles", multi_worker, "strategy kind multi_worker_mirrored", chosen);
+  s.only_for("communication", multi_worker || parameter_server, "strategy kinds multi_worker_mirrored, parameter_server",
+             chosen);
+  s.only_for("roles", multi_worker || parameter_server, "strategy kinds multi_worker_mirrored, parameter_server", chosen);
+  s.only_for("variable_partitioner", parameter_server, "strategy kind parameter_server", chosen);
 
   if (const Node* device = s.find("device")) {
     out.device = read_device(*device, s.path("device"));
@@ -224,6 +252,16 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
   }
   s.get("communication", out.communication, parse_communication);
   s.get("roles", out.roles, parse_roles);
+  s.get("variable_partitioner", out.variable_partitioner, parse_partitioner);
+  out.roles.parameter_servers = parameter_server;
+  if (const Node* roles = s.find("roles")) {
+    // TF_CONFIG may still give the servers when the roles are left out (resolve_roles checks).
+    if (parameter_server && out.roles.ps < 1)
+      fail(roles->origin, "strategy.roles.ps: parameter_server needs at least one parameter server; write ps: 1 or more");
+    if (!parameter_server && out.roles.ps > 0)
+      fail(roles->origin, fmt::format("strategy.roles.ps: strategy kind {} has no parameter servers; remove ps, or use "
+                                      "kind parameter_server", chosen));
+  }
   return out;
 }
 
@@ -534,7 +572,7 @@ std::vector<MetricKind> parse_metrics(const Node& node) {
 
 TrainConfig parse_train(const Node& node) {
   static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress",
-                                              "tensorboard", "log_every_steps"};
+                                              "tensorboard", "log_every_steps", "plot"};
   Section s(node, "train", keys);
   TrainConfig out;
   s.get_int("epochs", out.epochs, 1);
@@ -543,6 +581,7 @@ TrainConfig parse_train(const Node& node) {
   s.get_enum("progress", out.progress, "progress mode", progress_modes);
   s.get_bool("tensorboard", out.tensorboard);
   s.get_int("log_every_steps", out.log_every_steps, 0);
+  s.get_bool("plot", out.plot);
   return out;
 }
 
@@ -604,6 +643,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
 }  // namespace
 
 const char* name_of(StrategyKind kind) { return name_in(strategy_kinds, kind); }
+const char* name_of(PartitionerKind kind) { return name_in(partitioner_kinds, kind); }
 const char* name_of(CrossDeviceOpsKind kind) { return name_in(cross_device_ops_kinds, kind); }
 const char* name_of(SourceKind kind) { return name_in(source_kinds, kind); }
 const char* name_of(DistributeMode mode) { return name_in(distribute_modes, mode); }
@@ -650,6 +690,28 @@ Experiment load_experiment(const std::string& path, const std::vector<std::strin
   text << file.rdbuf();
   if (file.bad()) throw ConfigError(fmt::format("{}: cannot read experiment file; check the path", path));
   return parse_experiment(text.str(), path, overrides);
+}
+
+// The tables above, by the key they name: what `dtrain init` lists beside each key.
+std::vector<std::string_view> choices_of(std::string_view key_path) {
+  std::vector<std::string_view> names;
+  auto from = [&](const auto& table) {
+    for (const auto& entry : table) names.push_back(entry.name);
+  };
+  if (key_path == "precision") from(precisions);
+  if (key_path == "strategy.kind") from(strategy_kinds);
+  if (key_path == "strategy.cross_device_ops") from(cross_device_ops_kinds);
+  if (key_path == "strategy.communication.implementation") from(communication_implementations);
+  if (key_path == "data.source") from(source_kinds);
+  if (key_path == "data.auto_shard") from(auto_shard_policies);
+  if (key_path == "data.distribute") from(distribute_modes);
+  if (key_path == "loss.kind") from(loss_kinds);
+  if (key_path == "loss.reduction") from(reductions);
+  if (key_path == "optimizer.kind") from(optimizer_kinds);
+  if (key_path == "optimizer.learning_rate.schedule") from(schedule_kinds);
+  if (key_path == "metrics") from(metric_kinds);
+  if (key_path == "train.progress") from(progress_modes);
+  return names;
 }
 
 }  // namespace dtrain::config

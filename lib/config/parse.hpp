@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/experiment.hpp"
@@ -29,6 +30,7 @@ std::string location_prefix(const SourceLocation& given, const SourceLocation& f
 
 // Names used in YAML for the enums, for messages and reports elsewhere.
 const char* name_of(StrategyKind kind);
+const char* name_of(PartitionerKind kind);
 const char* name_of(CrossDeviceOpsKind kind);
 const char* name_of(CommunicationImplementation implementation);
 const char* name_of(AutoShardPolicy policy);
@@ -43,5 +45,9 @@ const char* name_of(OptimizerKind kind);
 const char* name_of(MetricKind kind);
 const char* name_of(ProgressMode mode);
 const char* name_of(Precision precision);
+
+// The YAML names a key of the experiment takes ("strategy.kind": default, one_device, ...), from
+// the tables the parser reads them with; empty for a key that is not a choice of names.
+std::vector<std::string_view> choices_of(std::string_view key_path);
 
 }  // namespace dtrain::config

@@ -98,6 +98,29 @@ void strategy(YAML::Emitter& out, const StrategyConfig& s) {
       out << YAML::EndMap;
       break;
     }
+    case StrategyKind::parameter_server: {
+      const RolesConfig& r = s.roles;
+      out << YAML::Key << "communication" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "timeout_seconds" << YAML::Value << number(s.communication.timeout_seconds);
+      out << YAML::EndMap;
+      if (r.ps > 0) {  // left out: from TF_CONFIG
+        out << YAML::Key << "roles" << YAML::Value << YAML::Flow << YAML::BeginMap;
+        out << YAML::Key << "chief" << YAML::Value << r.chief;
+        out << YAML::Key << "ps" << YAML::Value << r.ps;
+        if (r.worker >= 0) out << YAML::Key << "worker" << YAML::Value << r.worker;
+        out << YAML::Key << "evaluator" << YAML::Value << r.evaluator;
+        out << YAML::EndMap;
+      }
+      const VariablePartitionerConfig& p = s.variable_partitioner;
+      out << YAML::Key << "variable_partitioner" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "kind" << YAML::Value << name_of(p.kind);
+      if (p.kind == PartitionerKind::fixed_shards) out << YAML::Key << "num_shards" << YAML::Value << p.num_shards;
+      if (p.kind == PartitionerKind::min_size) out << YAML::Key << "min_shard_bytes" << YAML::Value << p.min_shard_bytes;
+      if (p.kind == PartitionerKind::max_size) out << YAML::Key << "max_shard_bytes" << YAML::Value << p.max_shard_bytes;
+      if (p.max_shards > 0) out << YAML::Key << "max_shards" << YAML::Value << p.max_shards;
+      out << YAML::EndMap;
+      break;
+    }
   }
   out << YAML::EndMap;
 }
@@ -204,6 +227,7 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::Key << "progress" << YAML::Value << name_of(e.train.progress);
   out << YAML::Key << "tensorboard" << YAML::Value << e.train.tensorboard;
   out << YAML::Key << "log_every_steps" << YAML::Value << e.train.log_every_steps;
+  out << YAML::Key << "plot" << YAML::Value << e.train.plot;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;

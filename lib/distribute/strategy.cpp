@@ -7,6 +7,7 @@
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
+#include "distribute/parameter_server.hpp"
 #include "distribute/replicated_strategy.hpp"
 
 namespace dtrain::distribute {
@@ -18,7 +19,8 @@ std::vector<Device> local_devices(const config::StrategyConfig& config, int tota
   using config::StrategyKind;
   std::vector<Device> devices;
   switch (config.kind) {
-    case StrategyKind::default_strategy: return {Device{}};
+    case StrategyKind::default_strategy:
+    case StrategyKind::parameter_server: return {Device{}};
     case StrategyKind::one_device: return {parse_device(config.device)};
     case StrategyKind::multi_worker_mirrored:
       if (config.devices_auto) return {Device{}};  // one CPU replica per worker process
@@ -59,10 +61,11 @@ ReplicaContext Strategy::replica_context(int replica) const {
 }
 
 bool spans_workers(const config::StrategyConfig& config) {
-  return config.kind == config::StrategyKind::multi_worker_mirrored;
+  return config.kind == config::StrategyKind::multi_worker_mirrored || config.kind == config::StrategyKind::parameter_server;
 }
 
 int num_replicas_in_sync(const config::StrategyConfig& config, int total_threads, int workers) {
+  if (config.kind == config::StrategyKind::parameter_server) return 1;  // each step is one worker's batch
   return static_cast<int>(local_devices(config, total_threads).size()) * (spans_workers(config) ? std::max(1, workers) : 1);
 }
 
@@ -84,6 +87,7 @@ std::unique_ptr<Strategy> make_strategy(const config::StrategyConfig& config, in
     case StrategyKind::central_storage: return make_central_storage_strategy(config, std::move(devices), total_threads);
     case StrategyKind::multi_worker_mirrored:
       return make_multi_worker_mirrored_strategy(config, std::move(devices), total_threads, workers);
+    case StrategyKind::parameter_server: return make_parameter_server_strategy(config, total_threads);
   }
   throw InternalError(fmt::format("make_strategy: strategy kind {} has no implementation", static_cast<int>(config.kind)));
 }

@@ -15,6 +15,9 @@
 //                     gradients are summed locally, then across workers (ring or MPI_Allreduce,
 //                     in packs of communication.bytes_per_pack; with one replica per worker each
 //                     pack's sum overlaps the rest of backward: PackedAllReduce)
+//   parameter_server  a coordinator rank schedules steps on worker ranks, which read the variables
+//                     from parameter-server ranks and push gradients that the servers apply
+//                     asynchronously (parameter_server.hpp)
 //
 // Replica threads are created once and live as long as the strategy; the cores are divided among
 // them (threads_per_replica) so there are never more compute threads than cores.
@@ -59,7 +62,7 @@ class Strategy {
   virtual int worker_index() const = 0;
   int num_replicas_in_sync() const { return num_local_replicas() * workers(); }
   // Only the chief prints and writes files.
-  bool is_chief() const { return worker_index() == 0; }
+  virtual bool is_chief() const { return worker_index() == 0; }
   virtual Device replica_device(int replica) const = 0;
   // Compute threads of each local replica (the cores divided among them).
   virtual int threads_per_replica() const = 0;
@@ -126,8 +129,8 @@ class Strategy {
   virtual double take_cross_worker_wait_seconds() = 0;
 
   // A strategy that runs its own training loop (a parameter-server coordinator dispatching steps
-  // to workers) says so here; the trainer's loop then is not the one that runs steps. None does
-  // yet.
+  // to workers) says so here; the trainer's loop then is not the one that runs steps
+  // (parameter_server.hpp).
   virtual bool schedules_steps() const { return false; }
 };
 

@@ -1,12 +1,17 @@
 #include "train/callbacks.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "train/plot.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::train {
@@ -49,6 +54,18 @@ void MetricsLog::on_epoch_end(LoopState&, const EpochLog& log) {
   if (!jsonl) throw IoError(fmt::format("cannot append to {}", path()));
 }
 
+bool progress_reaches_a_terminal(bool is_tty, const std::function<const char*(const char*)>& env) {
+  if (!is_tty) return false;
+  for (const char* launcher_variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (env(launcher_variable) != nullptr) return false;
+  const char* term = env("TERM");
+  return term != nullptr && *term != '\0' && std::string_view(term) != "dumb";
+}
+
+bool progress_reaches_a_terminal(std::FILE* out) {
+  return progress_reaches_a_terminal(isatty(fileno(out)) != 0, [](const char* name) { return std::getenv(name); });
+}
+
 void ProgressLogger::on_epoch_begin(LoopState& s) { bar_.emplace(out_, s.steps, mode_ == Mode::bar); }
 
 void ProgressLogger::on_train_batch_end(LoopState& s) {
@@ -61,6 +78,18 @@ void ProgressLogger::on_train_batch_end(LoopState& s) {
 void ProgressLogger::finish() {
   if (bar_) bar_->finish();
   bar_.reset();
+}
+
+void PlotCurves::on_epoch_end(LoopState&, const EpochLog&) {
+  if (failed_) return;
+  const std::string png = (fs::path(run_dir_) / "curves.png").string();
+  try {
+    plot_curves({read_run_curves(run_dir_)}, png);
+  } catch (const std::exception& e) {
+    failed_ = true;
+    std::fflush(stdout);
+    fmt::print(stderr, "dtrain: warning: train.plot: {}; training goes on without {}\n", e.what(), png);
+  }
 }
 
 }  // namespace dtrain::train

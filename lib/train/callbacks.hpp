@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -113,6 +114,16 @@ class MetricsLog final : public Callback {
   bool resumed_;
 };
 
+// Whether `train.progress: auto` draws a bar on `out`: only when the output reaches a person's
+// terminal. isatty alone is not enough: OpenMPI's mpirun hands every rank a pseudo-terminal of its
+// own whatever mpirun's own output is (a file, a batch system's log), and a rank cannot see
+// mpirun's output. So under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK in the
+// environment) auto never draws a bar, nor on a terminal that cannot redraw (TERM unset or
+// "dumb"); `progress: bar` still forces one. `env` is getenv, or a table in tests.
+bool progress_reaches_a_terminal(bool is_tty, const std::function<const char*(const char*)>& env);
+// The same for a stream of this process, with isatty and the real environment.
+bool progress_reaches_a_terminal(std::FILE* out);
+
 // Keras' progress: a bar redrawn in place on a terminal, or a line every tenth of an epoch.
 class ProgressLogger final : public Callback {
  public:
@@ -128,6 +139,19 @@ class ProgressLogger final : public Callback {
   std::FILE* out_;
   Mode mode_;
   std::optional<ProgressBar> bar_;
+};
+
+// train.plot: redraws <run dir>/curves.png from metrics.jsonl after each epoch (the chief only: it
+// alone has the run directory). A picture is never worth a run: a failure is one warning on
+// stderr, and the run goes on without plotting.
+class PlotCurves final : public Callback {
+ public:
+  explicit PlotCurves(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+  void on_epoch_end(LoopState&, const EpochLog&) override;
+
+ private:
+  std::string run_dir_;
+  bool failed_ = false;
 };
 
 }  // namespace dtrain::train

@@ -22,6 +22,8 @@ std::string throughput_line(const EpochLog& log) {
   std::string s = fmt::format("  train {:.1f} samples/s ({} steps, {:.2f} s), eval {:.2f} s",
                               log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0,
                               log.steps, log.train_seconds, eval_seconds);
+  if (log.staleness_mean >= 0)
+    s += fmt::format(", staleness mean {:.2f} max {} updates", log.staleness_mean, log.staleness_max);
   if (log.steps <= 0 || log.allreduce_seconds < 0) return s;
   const double steps = static_cast<double>(log.steps);
   if (log.allreduce_wait_seconds >= 0) {
@@ -48,6 +50,8 @@ std::string epoch_json(const EpochLog& log) {
   if (log.allreduce_seconds >= 0) s += fmt::format(R"(, "allreduce_seconds": {:.4f})", log.allreduce_seconds);
   if (log.allreduce_wait_seconds >= 0)
     s += fmt::format(R"(, "allreduce_wait_seconds": {:.4f})", log.allreduce_wait_seconds);
+  if (log.staleness_mean >= 0)
+    s += fmt::format(R"(, "staleness_mean": {:.4f}, "staleness_max": {})", log.staleness_mean, log.staleness_max);
   s += fmt::format(R"(, "train_samples": {}, "train_seconds": {:.4f}, "train_samples_per_s": {:.2f}}})", log.samples,
                    log.train_seconds, log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0);
   return s;

@@ -16,6 +16,7 @@
 #include "core/compute_thread.hpp"
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
+#include "train/parameter_server_loop.hpp"
 #include "train/run_dir.hpp"
 #include "train/tensorboard.hpp"
 
@@ -383,6 +384,8 @@ CallbackList Trainer::make_callbacks() {
                         ? Mode::bar
                         : progress == config::ProgressMode::lines ? Mode::lines : Mode::none;
   callbacks.add(std::make_unique<ProgressLogger>(opt_.out, mode));
+  // After MetricsLog, which has then written the epoch the picture shows.
+  if (exp_.train.plot && !opt_.run_dir.empty()) callbacks.add(std::make_unique<PlotCurves>(opt_.run_dir));
   return callbacks;
 }
 
@@ -462,6 +465,7 @@ std::vector<EpochLog> Trainer::fit() {
   if (!shards_.note.empty()) fmt::print(opt_.out, "{}\n", shards_.note);
   if (!shards_.warning.empty() && strategy_->is_chief()) fmt::print(stderr, "{}\n", shards_.warning);
   std::fflush(opt_.out);
+  if (strategy_->schedules_steps()) return ParameterServerLoop(*this).fit();
 
   auto input = make_iterator(splits_.train, true);
   LoopState state;

@@ -104,6 +104,8 @@ class Trainer {
   std::string save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum, std::int64_t samples);
 
  private:
+  // Runs fit() under ParameterServerStrategy (train/parameter_server_loop.hpp).
+  friend class ParameterServerLoop;
   struct Replica {
     std::unique_ptr<backends::Context> ctx;  // the replica's device, made by its backend
     std::unique_ptr<losses::Loss> loss;

@@ -53,5 +53,17 @@ endfunction()
 # generated images, CSV and NumPy files to a dtrain run.
 dtrain_script_cases(tensorboard events_match_metrics resume chief_only)
 dtrain_script_cases(to_hdf5 convert_and_train bad_inputs)
+# Logs under mpirun, dtrain init, dtrain plot and train.plot (tests/integration/ux.sh).
+set(DTRAIN_UX_CASES mpi_log bar_on_terminal init_strategies init_overwrite plot plot_errors train_plot)
+foreach(case ${DTRAIN_UX_CASES})
+  add_test(NAME ux.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/ux.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/ux_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(ux.${case} PROPERTIES TIMEOUT 300)
+endforeach()
+set_tests_properties(ux.mpi_log ux.init_strategies PROPERTIES RUN_SERIAL TRUE)
+# ParameterServerStrategy over real mpirun with 3 to 5 ranks (tests/integration/parameter_server.sh).
+dtrain_script_cases(parameter_server sync_equals_default async roles sigterm lost_worker lost_ps)
 # dtrain bench: the table and the JSON, in one process and under mpirun -n 2.
 dtrain_script_cases(bench table_and_json bad_args mpi)

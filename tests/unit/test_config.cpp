@@ -314,7 +314,7 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
         "t.yaml:6:3: unknown key 'epoch' in train; did you mean 'epochs'?");
   CHECK(error_of(minimal + "train:\n  zzzzzz: 3\n") ==
         "t.yaml:6:3: unknown key 'zzzzzz' in train; valid keys: epochs, steps_per_epoch, threads, progress, "
-        "tensorboard, log_every_steps");
+        "tensorboard, log_every_steps, plot");
   CHECK(error_of(minimal + "optimiser: {kind: sgd}\n") ==
         "t.yaml:5:1: unknown key 'optimiser' at top level; did you mean 'optimizer'?");
   CHECK(error_of(minimal + "optimizer: {kind: adamw}\n") ==
@@ -345,15 +345,14 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
 }
 
 TEST_CASE("config: strategies of later versions are named as not available") {
-  CHECK(error_of(minimal + "strategy: {kind: parameter_server}\n") ==
-        "t.yaml:5:18: strategy kind 'parameter_server' is not available in this version of dtrain (available: "
-        "default, one_device, mirrored, central_storage, multi_worker_mirrored)");
-  CHECK(error_of(minimal, {"strategy.kind=parameter_server"}) ==
-        "--set strategy.kind=parameter_server: strategy kind 'parameter_server' is not available in this version of "
-        "dtrain (available: default, one_device, mirrored, central_storage, multi_worker_mirrored)");
+  const std::string available = "default, one_device, mirrored, central_storage, multi_worker_mirrored, parameter_server";
+  CHECK(error_of(minimal + "strategy: {kind: tpu}\n") ==
+        "t.yaml:5:18: strategy kind 'tpu' is not available in this version of dtrain (available: " + available + ")");
+  CHECK(error_of(minimal, {"strategy.kind=tpu"}) ==
+        "--set strategy.kind=tpu: strategy kind 'tpu' is not available in this version of dtrain (available: " +
+            available + ")");
   CHECK(error_of(minimal + "strategy: {kind: defualt}\n") ==
-        "t.yaml:5:18: unknown strategy kind 'defualt'; valid: default, one_device, mirrored, central_storage, "
-        "multi_worker_mirrored; did you mean 'default'?");
+        "t.yaml:5:18: unknown strategy kind 'defualt'; valid: " + available + "; did you mean 'default'?");
   CHECK(contains(error_of(minimal + "strategy: {kind: multi_worker_mirored}\n"),
                  "did you mean 'multi_worker_mirrored'?"));
   CHECK(contains(error_of(minimal + "strategy: {kind: mirored}\n"), "did you mean 'mirrored'?"));
@@ -882,11 +881,11 @@ TEST_CASE("config: multi_worker_mirrored defaults, communication options and rou
 
 TEST_CASE("config: bad multi_worker_mirrored settings are refused where they are written") {
   CHECK(error_of(with_strategy("{kind: mirrored, communication: {implementation: ring}}")) ==
-        "t.yaml:5:28: strategy.communication: applies only to strategy kind multi_worker_mirrored, not to mirrored; "
-        "remove it or change the kind");
+        "t.yaml:5:28: strategy.communication: applies only to strategy kinds multi_worker_mirrored, parameter_server, not "
+        "to mirrored; remove it or change the kind");
   CHECK(contains(error_of(with_strategy("{communication: {}}")),
-                 "t.yaml:5:12: strategy.communication: applies only to strategy kind multi_worker_mirrored, not to "
-                 "default"));
+                 "t.yaml:5:12: strategy.communication: applies only to strategy kinds multi_worker_mirrored, "
+                 "parameter_server, not to default"));
   CHECK(error_of(with_strategy("{kind: multi_worker_mirrored, cross_device_ops: ring}")) ==
         "t.yaml:5:41: strategy.cross_device_ops: applies only to strategy kind mirrored, not to "
         "multi_worker_mirrored; remove it or change the kind");
@@ -958,9 +957,10 @@ TEST_CASE("config: strategy.roles") {
 
   CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, roles: {evaluator: 2}}")),
                  "strategy.roles.evaluator: must be 0 or 1, got '2'"));
-  CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, roles: {ps: 1}}")), "unknown key 'ps' in strategy.roles"));
+  CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, roles: {ps: 1}}")),
+                 "strategy.roles.ps: strategy kind multi_worker_mirrored has no parameter servers"));
   CHECK(contains(error_of(with_strategy("{kind: mirrored, roles: {evaluator: 1}}")),
-                 "strategy.roles: applies only to strategy kind multi_worker_mirrored"));
+                 "strategy.roles: applies only to strategy kinds multi_worker_mirrored, parameter_server"));
 }
 
 TEST_CASE("config: data.auto_shard and data.shards") {

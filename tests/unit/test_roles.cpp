@@ -89,7 +89,7 @@ TEST_CASE("TF_CONFIG gives the roles and must agree with the MPI world and with 
         "TF_CONFIG describes 4 tasks (1 chief, 3 workers, 0 evaluator) but mpirun started 2 ranks; start mpirun -n 4, or "
         "fix TF_CONFIG");
   CHECK(error_of({}, tf_config(1, 2, 0, "worker", 0).c_str(), 3, 2) ==
-        "TF_CONFIG says this process is worker 0, which is rank 1 in dtrain's order (chief, workers, evaluator), but "
+        "TF_CONFIG says this process is worker 0, which is rank 1 in dtrain's order (chief, workers, ps, evaluator), but "
         "mpirun started it as rank 2; give each rank the TF_CONFIG of its task (for example from OMPI_COMM_WORLD_RANK)");
   CHECK(error_of({}, tf_config(1, 2, 0, "worker", 5).c_str(), 3, 2).find("task {type: worker, index: 5} is not in its "
                                                                          "cluster") != std::string::npos);

@@ -1,0 +1,271 @@
+#include "config/experiment_template.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "config/layers.hpp"
+#include "config/parse.hpp"
+#include "config/schema.hpp"
+#include "core/error.hpp"
+
+namespace dtrain::config {
+
+namespace {
+
+// The seed CNN of the tf.distribute tutorial, and a plain MLP for a first try on any flat data.
+constexpr std::string_view cnn_layers = R"(
+    - conv2d: {filters: 32, kernel_size: 3, activation: relu}
+    - max_pool2d: {pool_size: 2}
+    - conv2d: {filters: 64, kernel_size: 3, activation: relu}
+    - max_pool2d: {pool_size: 2}
+    - flatten: {}
+    - dense: {units: 64, activation: relu}
+    - dense: {units: 10})";
+constexpr std::string_view mlp_layers = R"(
+    - flatten: {}
+    - dense: {units: 128, activation: relu}
+    - dense: {units: 10})";
+
+// What the template says about one key: comment lines above it, a comment beside it (the
+// parser's choices for the key are appended), and commented-out lines below it (keys that belong
+// to another kind, or left out by default).
+struct Note {
+  std::string path;
+  std::string above;
+  std::string beside;
+  std::string after;
+};
+
+// "a | b | c": the names a key takes, as the comments list them.
+std::string joined(const std::vector<std::string_view>& names, std::string_view separator) {
+  return fmt::format("{}", fmt::join(names, separator));
+}
+
+// One line per registered layer kind: its aliases and option keys.
+std::string layer_catalogue() {
+  std::vector<const LayerSchema*> schemas;
+  for (std::string_view name : layer_kind_names()) {
+    const LayerSchema* schema = find_layer_schema(name);
+    if (schema && std::find(schemas.begin(), schemas.end(), schema) == schemas.end()) schemas.push_back(schema);
+  }
+  std::sort(schemas.begin(), schemas.end(), [](const auto* a, const auto* b) { return a->kind < b->kind; });
+  std::string out;
+  for (const LayerSchema* schema : schemas) {
+    std::string line = fmt::format("  {}", schema->kind);
+    if (!schema->aliases.empty()) line += fmt::format(" (or {})", joined(schema->aliases, ", "));
+    line += ": " + (schema->keys.empty() ? std::string("no options") : joined(schema->keys, ", "));
+    out += line + "\n";
+  }
+  std::vector<std::string_view> activations, paddings;
+  for (const auto& a : activation_names) activations.push_back(a.name);
+  for (const auto& p : padding_names) paddings.push_back(p.name);
+  out += fmt::format("where activation is {}, padding is {}; every layer also takes name: (left out:\n"
+                     "Keras' automatic name, conv2d, conv2d_1, ...)",
+                     joined(activations, " | "), joined(paddings, " | "));
+  return out;
+}
+
+std::vector<Note> notes() {
+  const DataConfig data;
+  const OptimizerConfig optimizer;
+  const RolesConfig roles;
+  std::vector<Note> n;
+  n.push_back({"name", "", "names the run directory: runs/<name>", ""});
+  n.push_back({"seed", "", "fixes every random draw: initialization, shuffles, dropout", ""});
+  n.push_back({"precision", "", "the dtype conv and dense layers compute in; variables stay float32", ""});
+  n.push_back({"strategy",
+               "TODO(strategy): how the replicas are laid out, as tf.distribute's strategy. default and\n"
+               "one_device: one replica; mirrored: replica threads, gradients all-reduced; central_storage:\n"
+               "one copy of the variables, compute replicated; multi_worker_mirrored: one worker per MPI rank\n"
+               "(mpirun -n 2 dtrain run FILE). `dtrain init --strategy KIND` writes another kind's keys.",
+               "", ""});
+  n.push_back({"strategy.kind", "", "", ""});
+  n.push_back({"strategy.device", "", "the one device: cpu:N", ""});
+  n.push_back({"strategy.devices", "", "auto: one CPU replica per core (per rank across workers), or [cpu:0, cpu:1]", ""});
+  n.push_back({"strategy.cross_device_ops", "", "how the replicas' gradients are summed; auto says what it chose", ""});
+  n.push_back({"strategy.parameter_device", "", "where the one copy of the variables lives: one of devices", ""});
+  {
+    std::vector<std::string_view> implementations = choices_of("strategy.communication.implementation");
+    n.push_back({"strategy.communication",
+                 fmt::format("implementation: {}; bytes_per_pack: gradients per all-reduce, 0 = one pack;\n"
+                             "overlap: start a pack's all-reduce while backward computes the earlier layers;\n"
+                             "timeout_seconds: a collective that takes longer aborts the job (exit 5)",
+                             joined(implementations, " | ")),
+                 "",
+                 fmt::format("roles: {{chief: {}, evaluator: {}}}   # worker left out: every other rank; evaluator: 1 "
+                             "adds a rank that evaluates each checkpoint",
+                             roles.chief, roles.evaluator)});
+  }
+  n.push_back({"data",
+               "TODO(dataset): your data. fashion_mnist and idx read a directory of MNIST-style IDX files\n"
+               "(optionally .gz); hdf5 reads one file with groups /train and /test holding x (images, channels\n"
+               "last) and y (labels); synthetic makes random images; tensors repeats one example.",
+               "", ""});
+  n.push_back({"data.source", "", "",
+               fmt::format("shape: {}, classes: {}, train_size: {}, test_size: {}   # source: synthetic only",
+                           fmt::format("[{}]", fmt::join(data.shape, ", ")), data.classes, data.train_size, data.test_size)});
+  n.push_back({"data.path", "", "fashion_mnist, idx: a directory; hdf5: a file",
+               "shards: [x-00000-of-00002.h5, x-00001-of-00002.h5]   # hdf5 only, instead of path: the data split "
+               "into files (tools/make_shards)"});
+  n.push_back({"data.shards", "", "hdf5: the data split into files, one or more per worker", ""});
+  n.push_back({"data.batch_size_per_replica", "", "the global batch is this times the replicas in sync",
+               "global_batch_size: 128   # instead of batch_size_per_replica: split as evenly as possible over the "
+               "replicas"});
+  n.push_back({"data.global_batch_size", "", "split as evenly as possible over the replicas", ""});
+  n.push_back({"data.shuffle_buffer", "", "0 = no shuffle; >= the training set = a full shuffle", ""});
+  n.push_back({"data.drop_remainder", "", "drop each epoch's short last batch", ""});
+  n.push_back({"data.distribute", "", "per_replica = distribute_datasets_from_function, one pipeline per replica", ""});
+  n.push_back({"data.auto_shard", "", "how MPI workers split the input (tf.data's AutoShardPolicy)", ""});
+  n.push_back({"data.validation_split", "", "the last fraction of the training set held out as validation, [0, 1)", ""});
+  n.push_back({"data.eval_batch_size", "", "0 = the global batch", ""});
+  n.push_back({"data.prefetch", "", "prepare the next batch while the step runs", ""});
+  n.push_back({"model",
+               "TODO(model): your model, a Keras Sequential: the input shape (channels last, no batch axis)\n"
+               "and the layers in order. The last layer gives the logits. Layer kinds and their options:\n" +
+                   layer_catalogue(),
+               "", ""});
+  n.push_back({"model.input_shape", "", "channels last, without the batch dimension", ""});
+  n.push_back({"loss", "", "", ""});
+  n.push_back({"loss.kind", "", "", ""});
+  n.push_back({"loss.from_logits", "", "true: the model ends without a softmax", ""});
+  n.push_back({"loss.reduction",
+               "TODO(loss reduction): none (or sum) under any strategy: dtrain divides the summed per-example\n"
+               "losses by the GLOBAL batch, as tf.nn.compute_average_loss does. auto and sum_over_batch_size\n"
+               "average over one replica's share, so they are refused under every strategy but default.",
+               "", ""});
+  n.push_back({"optimizer", "", "", ""});
+  n.push_back({"optimizer.kind", "", "Keras (3) formulas and defaults",
+               fmt::format("sgd takes momentum: {}, nesterov: {}; adam beta_1: {}, beta_2: {}, epsilon: {}; rmsprop "
+                           "rho: {}, momentum: {}, epsilon: {}, centered: {}",
+                           yaml_number(optimizer.momentum), optimizer.nesterov, yaml_number(optimizer.beta_1),
+                           yaml_number(optimizer.beta_2), yaml_number(optimizer.epsilon), yaml_number(optimizer.rho),
+                           yaml_number(optimizer.momentum), yaml_number(optimizer.epsilon), optimizer.centered)});
+  n.push_back({"optimizer.learning_rate", "",
+               fmt::format("a number, or {{schedule: {}, ...}}", joined(choices_of("optimizer.learning_rate.schedule"), " | ")),
+               "learning_rate: {schedule: exponential_decay, initial_learning_rate: 0.001, decay_steps: 1000, "
+               "decay_rate: 0.96, staircase: false}"});
+  n.push_back({"optimizer.beta_1", "", "decay of the gradient's running mean", ""});
+  n.push_back({"optimizer.beta_2", "", "decay of the squared gradient's running mean", ""});
+  n.push_back({"optimizer.epsilon", "", "added to the denominator for stability", ""});
+  n.push_back({"optimizer.momentum", "", "0 = plain gradient descent", ""});
+  n.push_back({"optimizer.nesterov", "", "Nesterov momentum", ""});
+  n.push_back({"optimizer.rho", "", "decay of the squared gradient's running mean", ""});
+  n.push_back({"optimizer.centered", "", "divide by the gradient's variance instead of its second moment", ""});
+  n.push_back({"metrics",
+               "TODO(metrics): the first metric is printed as Accuracy (train) and Test Accuracy; the loss is\n"
+               "always reported.",
+               "", ""});
+  n.push_back({"train", "", "", ""});
+  n.push_back({"train.epochs", "TODO(epochs): how many passes over the training set.", "", ""});
+  n.push_back({"train.steps_per_epoch", "", "0 = the whole training set each epoch", ""});
+  n.push_back({"train.threads", "", "compute threads; 0 = every core (shared with the other ranks on the node)", ""});
+  n.push_back({"train.progress", "", "auto: a bar only on a person's terminal, never under mpirun", ""});
+  n.push_back({"train.plot", "", "true: redraw <run dir>/curves.png after each epoch (needs gnuplot)", ""});
+  n.push_back({"train.tensorboard", "", "true: TensorBoard event files in <run dir>/tensorboard/ (the chief's)", ""});
+  n.push_back({"train.log_every_steps", "", "TensorBoard's train/step_loss every N global steps; 0 = none", ""});
+  n.push_back({"checkpoint", "", "", ""});
+  n.push_back({"checkpoint.every_epochs", "", "save after every N-th epoch; 0 = never by epoch", ""});
+  n.push_back({"checkpoint.every_steps", "", "save after every N-th global step; 0 = never by step", ""});
+  n.push_back({"checkpoint.max_to_keep", "", "the newest N checkpoints are kept",
+               "dir: runs/<name>/checkpoints   # where checkpoints go; left out: <run dir>/checkpoints"});
+  n.push_back({"checkpoint.dir", "", "", ""});
+  return n;
+}
+
+// Writes `text`'s lines as comments at `indent`.
+void comment_lines(std::string& out, std::size_t indent, const std::string& text) {
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    out += std::string(indent, ' ') + "# " + text.substr(start, end - start) + "\n";
+    start = end + 1;
+  }
+}
+
+// Adds the notes to to_yaml's block-style text, following each line's key path by indentation.
+std::string annotate(const std::string& yaml) {
+  const std::vector<Note> all = notes();
+  std::vector<std::pair<std::size_t, std::string>> open;  // (indent, key) of the enclosing maps
+  std::string out;
+  std::size_t start = 0;
+  bool first = true;
+  bool previous_top_scalar = false;
+  while (start < yaml.size()) {
+    std::size_t end = yaml.find('\n', start);
+    if (end == std::string::npos) end = yaml.size();
+    const std::string line = yaml.substr(start, end - start);
+    start = end + 1;
+    const std::size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos || line.compare(indent, 2, "- ") == 0) {
+      out += line + "\n";  // a layer of model.layers: its options are all written out already
+      continue;
+    }
+    const std::string key = line.substr(indent, line.find(':', indent) - indent);
+    while (!open.empty() && open.back().first >= indent) open.pop_back();
+    std::string path;
+    for (const auto& [unused, k] : open) path += k + ".";
+    path += key;
+    if (line.back() == ':') open.emplace_back(indent, key);
+
+    // A blank line before each section; name, seed and precision stay together.
+    const bool top_scalar = indent == 0 && line.back() != ':';
+    if (indent == 0 && !first && !(top_scalar && previous_top_scalar)) out += "\n";
+    first = false;
+    previous_top_scalar = top_scalar;
+    std::string beside;
+    std::string after;
+    for (const Note& note : all) {
+      if (note.path != path) continue;
+      comment_lines(out, indent, note.above);
+      if (!note.beside.empty()) beside = note.beside;
+      if (!note.after.empty()) after += note.after + "\n";
+    }
+    const std::vector<std::string_view> choices = choices_of(path);
+    if (!choices.empty()) beside = joined(choices, " | ") + (beside.empty() ? "" : "; " + beside);
+    if (beside.empty()) {
+      out += line + "\n";
+    } else {
+      constexpr std::size_t comment_column = 34;
+      out += line + std::string(line.size() < comment_column ? comment_column - line.size() : 2, ' ') + "# " + beside +
+             "\n";
+    }
+    comment_lines(out, indent, after);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string experiment_template(const TemplateOptions& options) {
+  std::string_view layers;
+  if (options.model == "cnn") layers = cnn_layers;
+  if (options.model == "mlp") layers = mlp_layers;
+  if (layers.empty()) throw ConfigError(fmt::format("unknown model '{}'; valid: cnn, mlp", options.model));
+  const std::vector<std::string_view> kinds = choices_of("strategy.kind");
+  if (std::find(kinds.begin(), kinds.end(), options.strategy) == kinds.end())
+    throw ConfigError(fmt::format("unknown strategy kind '{}'; valid: {}", options.strategy, joined(kinds, ", ")));
+  // Only what differs from the defaults; to_yaml writes every other key with its default value.
+  const std::string skeleton = fmt::format(
+      "name: '{}'\n"
+      "strategy: {{kind: {}}}\n"
+      "data: {{source: fashion_mnist, path: /usr/share/datasets/fashion-mnist}}\n"
+      "model:\n  input_shape: [28, 28, 1]\n  layers:{}\n"
+      "loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}\n"
+      "metrics: [sparse_categorical_accuracy]\n",
+      options.name, options.strategy, layers);
+  const Experiment experiment = parse_experiment(skeleton, "dtrain init");
+  std::string out = fmt::format(
+      "# A dtrain experiment (strategy {}, model {}) written by `dtrain init`: every key with its\n"
+      "# default value, the values a key takes beside it, and TODOs where a custom training loop\n"
+      "# needs your choices. `dtrain validate FILE` checks it; {}dtrain run FILE` trains it.\n\n",
+      options.strategy, options.model,
+      options.strategy == "multi_worker_mirrored" ? "`mpirun -n 2 " : "`");
+  return out + annotate(to_yaml(experiment));
+}
+
+}  // namespace dtrain::config

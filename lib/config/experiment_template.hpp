@@ -1,0 +1,25 @@
+// What `dtrain init` writes: a complete experiment a new user edits instead of copying one and
+// reading the README for its keys.
+//
+// The keys and their defaults are not kept here: a skeleton (strategy, model) is parsed like any
+// experiment and written back with to_yaml, so every key the parser knows appears with the value
+// it takes when left out. The choices beside a key come from the parser's own tables
+// (choices_of), the layer kinds and their options from the layer registry. What this file adds
+// is prose: a comment per key, and the custom-training-loop template's TODOs where a user fills
+// in their own (strategy, dataset, model, loss reduction, metrics, epochs).
+#pragma once
+
+#include <string>
+
+namespace dtrain::config {
+
+struct TemplateOptions {
+  std::string strategy = "default";  // a strategy kind's YAML name
+  std::string model = "cnn";         // cnn (the seed CNN) or mlp (Flatten, Dense 128, Dense 10)
+  std::string name = "my_experiment";
+};
+
+// The commented experiment; ConfigError for an unknown strategy or model.
+std::string experiment_template(const TemplateOptions& options);
+
+}  // namespace dtrain::config

@@ -1,0 +1,320 @@
+#include "distribute/ps_transport.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <list>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace dtrain::distribute {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kOrderTag = 7201;
+constexpr int kResultTag = 7202;
+constexpr int kRequestTag = 7203;
+constexpr int kPushDataTag = 7204;
+constexpr int kReplyTag = 7205;
+constexpr int kValuesTag = 7206;
+
+enum RequestKind : std::int64_t { pull_request = 0, push_request = 1, gather_request = 2, stop_request = 3 };
+
+void check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw InternalError(fmt::format("{} failed: {}; the parameter-server job cannot go on", call, std::string(text, len)));
+}
+
+int count_of(std::size_t n) {
+  DTRAIN_CHECK(n <= static_cast<std::size_t>(INT_MAX), fmt::format("{} floats are more than one MPI message carries", n));
+  return static_cast<int>(n);
+}
+
+// Polls, first yielding (a reply is usually close), then sleeping: ranks share few cores.
+class Poll {
+ public:
+  explicit Poll(double seconds) : start_(Clock::now()), limit_(seconds) {}
+  bool expired() const { return std::chrono::duration<double>(Clock::now() - start_).count() > limit_; }
+  void pause() const {
+    if (Clock::now() - start_ < std::chrono::milliseconds(2)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+ private:
+  Clock::time_point start_;
+  double limit_;
+};
+
+// Waits for the requests; false (leaving them pending) when the time runs out first.
+bool wait_for(MPI_Request* requests, int count, double seconds) {
+  Poll poll(seconds);
+  for (;;) {
+    int done = 0;
+    check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) return true;
+    if (poll.expired()) return false;
+    poll.pause();
+  }
+}
+
+}  // namespace
+
+struct PsTransport::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  // A server's replies still travelling (a reply to a dead worker never completes: it stays here).
+  struct Outgoing {
+    MPI_Request request[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::int64_t header[3] = {0, 0, 0};
+    std::vector<float> data;
+  };
+  std::list<Outgoing> outgoing;
+
+  void reap() {
+    for (auto it = outgoing.begin(); it != outgoing.end();) {
+      int done = 0;
+      check(MPI_Testall(2, it->request, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+      it = done ? outgoing.erase(it) : std::next(it);
+    }
+  }
+  void reply(int to, std::int64_t a, std::int64_t b, std::vector<float>* data) {
+    Outgoing& o = outgoing.emplace_back();
+    o.header[0] = a;
+    o.header[1] = b;
+    check(MPI_Isend(o.header, 2, MPI_INT64_T, to, kReplyTag, comm, &o.request[0]), "MPI_Isend");
+    if (data) {
+      o.data.swap(*data);
+      check(MPI_Isend(o.data.data(), count_of(o.data.size()), MPI_FLOAT, to, kValuesTag, comm, &o.request[1]),
+            "MPI_Isend");
+    }
+  }
+  // A request's reply: the header, then (values != null) the floats, of a size known or probed.
+  std::int64_t await_reply(int from, std::int64_t* second, std::span<float> values, std::vector<float>* sized,
+                           double seconds, const char* what) {
+    std::int64_t header[2] = {0, 0};
+    MPI_Request req;
+    check(MPI_Irecv(header, 2, MPI_INT64_T, from, kReplyTag, comm, &req), "MPI_Irecv");
+    if (!wait_for(&req, 1, seconds)) {
+      MPI_Cancel(&req);
+      throw ServerLost(from, fmt::format("parameter server rank {} did not answer a {} within {:g} s: it is lost, and "
+                                         "the job cannot go on without its variables; continue with dtrain resume",
+                                         from, what, seconds));
+    }
+    if (second) *second = header[1];
+    if (sized) {
+      Poll poll(seconds);
+      MPI_Status status;
+      for (;;) {
+        int flag = 0;
+        check(MPI_Iprobe(from, kValuesTag, comm, &flag, &status), "MPI_Iprobe");
+        if (flag) break;
+        if (poll.expired())
+          throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s; continue with "
+                                             "dtrain resume", from, what, seconds));
+        poll.pause();
+      }
+      int n = 0;
+      check(MPI_Get_count(&status, MPI_FLOAT, &n), "MPI_Get_count");
+      sized->resize(static_cast<std::size_t>(n));
+      values = *sized;
+    }
+    if (!values.empty() || sized) {
+      MPI_Request vreq;
+      check(MPI_Irecv(values.data(), count_of(values.size()), MPI_FLOAT, from, kValuesTag, comm, &vreq), "MPI_Irecv");
+      if (!wait_for(&vreq, 1, seconds)) {
+        MPI_Cancel(&vreq);
+        throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s; continue with "
+                                           "dtrain resume", from, what, seconds));
+      }
+    }
+    return header[0];
+  }
+  // A few integers to `to`, without waiting: over TCP a send to a dead rank never completes (and
+  // a blocking one would hang the coordinator), so it stays in `outgoing`.
+  void post(int to, int tag, std::initializer_list<std::int64_t> values) {
+    reap();
+    Outgoing& o = outgoing.emplace_back();
+    std::copy(values.begin(), values.end(), o.header);
+    check(MPI_Isend(o.header, static_cast<int>(values.size()), MPI_INT64_T, to, tag, comm, &o.request[0]), "MPI_Isend");
+  }
+  void request(int to, std::int64_t kind, std::int64_t version) { post(to, kRequestTag, {kind, version}); }
+};
+
+PsTransport::PsTransport(double timeout_seconds) : impl_(std::make_unique<Impl>()), timeout_(timeout_seconds) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    throw ConfigError("strategy kind parameter_server runs as an MPI job: start it with mpirun -n (1 + ps + workers)");
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->comm), "MPI_Comm_dup");
+  // Errors come back as codes: a lost worker must not take the coordinator with it.
+  check(MPI_Comm_set_errhandler(impl_->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check(MPI_Comm_rank(impl_->comm, &rank_), "MPI_Comm_rank");
+  check(MPI_Comm_size(impl_->comm, &size_), "MPI_Comm_size");
+}
+
+// The communicator is not freed: freeing is collective, and a lost rank would never take part.
+// MPI_Finalize releases it (and the replies to a lost worker that never completed).
+PsTransport::~PsTransport() {
+  if (!peer_lost_) return;
+  // Training has ended and everything is written; MPI_Finalize would hang on the dead rank.
+  std::fflush(nullptr);
+  std::_Exit(0);
+}
+
+void PsTransport::send_order(int worker_rank, const StepOrder& order) {
+  impl_->post(worker_rank, kOrderTag, {order.kind, order.global_step, order.epoch});
+}
+
+std::optional<StepResultMessage> PsTransport::poll_result() {
+  impl_->reap();
+  Poll poll(0.05);
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    check(MPI_Iprobe(MPI_ANY_SOURCE, kResultTag, impl_->comm, &flag, &status), "MPI_Iprobe");
+    if (flag) {
+      int n = 0;
+      check(MPI_Get_count(&status, MPI_DOUBLE, &n), "MPI_Get_count");
+      StepResultMessage m;
+      m.worker_rank = status.MPI_SOURCE;
+      m.payload.resize(static_cast<std::size_t>(n));
+      check(MPI_Recv(m.payload.data(), n, MPI_DOUBLE, status.MPI_SOURCE, kResultTag, impl_->comm, MPI_STATUS_IGNORE),
+            "MPI_Recv");
+      return m;
+    }
+    if (poll.expired()) return std::nullopt;
+    poll.pause();
+  }
+}
+
+std::int64_t PsTransport::gather(int server_rank, std::vector<float>& state) {
+  impl_->request(server_rank, gather_request, 0);
+  std::int64_t iterations = 0;
+  impl_->await_reply(server_rank, &iterations, {}, &state, timeout_, "gather");
+  return iterations;
+}
+
+void PsTransport::stop_server(int server_rank) {
+  impl_->post(server_rank, kRequestTag, {stop_request, peer_lost_ ? 1 : 0});
+}
+
+StepOrder PsTransport::receive_order(double patience_seconds) {
+  std::int64_t o[3] = {0, 0, 0};
+  MPI_Request req;
+  check(MPI_Irecv(o, 3, MPI_INT64_T, 0, kOrderTag, impl_->comm, &req), "MPI_Irecv");
+  if (!wait_for(&req, 1, patience_seconds)) {
+    MPI_Cancel(&req);
+    throw InternalError(fmt::format("rank {}: no order from the coordinator (rank 0) for {:g} s: it is lost", rank_,
+                                    patience_seconds));
+  }
+  if (o[0] == StepOrder::stop_after_loss) {
+    peer_lost_ = true;
+    o[0] = StepOrder::stop;
+  }
+  return StepOrder{o[0], o[1], o[2]};
+}
+
+void PsTransport::send_result(std::span<const double> payload) {
+  MPI_Request req;
+  check(MPI_Isend(payload.data(), count_of(payload.size()), MPI_DOUBLE, 0, kResultTag, impl_->comm, &req), "MPI_Isend");
+  if (!wait_for(&req, 1, timeout_))
+    throw InternalError(fmt::format("rank {}: the coordinator (rank 0) did not take a step's result within {:g} s: it is "
+                                    "lost", rank_, timeout_));
+}
+
+std::int64_t PsTransport::pull(int server_rank, std::span<float> values) {
+  impl_->request(server_rank, pull_request, 0);
+  return impl_->await_reply(server_rank, nullptr, values, nullptr, server_timeout(), "pull");
+}
+
+std::int64_t PsTransport::push(int server_rank, std::int64_t read_version, std::span<const float> gradients) {
+  impl_->request(server_rank, push_request, read_version);
+  MPI_Request req;
+  check(MPI_Isend(gradients.data(), count_of(gradients.size()), MPI_FLOAT, server_rank, kPushDataTag, impl_->comm, &req),
+        "MPI_Isend");
+  std::int64_t staleness = 0;
+  impl_->await_reply(server_rank, &staleness, {}, nullptr, server_timeout(), "push");
+  // The server answers only once it has the gradients, so the send has completed.
+  check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+  return staleness;
+}
+
+void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_floats, double patience_seconds) {
+  std::vector<float> gradients(gradient_floats);
+  std::int64_t version = 0;
+  for (;;) {
+    Poll idle(patience_seconds);
+    MPI_Status status;
+    for (;;) {
+      impl_->reap();
+      int flag = 0;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, kRequestTag, impl_->comm, &flag, &status), "MPI_Iprobe");
+      if (flag) break;
+      if (idle.expired())
+        throw InternalError(fmt::format("parameter server rank {}: no request for {:g} s: the coordinator is lost", rank_,
+                                        patience_seconds));
+      idle.pause();
+    }
+    std::int64_t r[2] = {0, 0};
+    const int from = status.MPI_SOURCE;
+    check(MPI_Recv(r, 2, MPI_INT64_T, from, kRequestTag, impl_->comm, MPI_STATUS_IGNORE), "MPI_Recv");
+    switch (r[0]) {
+      case pull_request: {
+        std::vector<float> values;
+        handlers.values(values);
+        impl_->reply(from, version, 0, &values);
+        break;
+      }
+      case push_request: {
+        MPI_Request req;
+        check(MPI_Irecv(gradients.data(), count_of(gradients.size()), MPI_FLOAT, from, kPushDataTag, impl_->comm, &req),
+              "MPI_Irecv");
+        // A worker that died while sending: drop its push and go on serving the others.
+        if (!wait_for(&req, 1, timeout_)) {
+          MPI_Cancel(&req);
+          MPI_Request_free(&req);
+          break;
+        }
+        handlers.apply(gradients);
+        impl_->reply(from, version + 1, version - r[1], nullptr);
+        ++version;
+        break;
+      }
+      case gather_request: {
+        std::vector<float> state;
+        const std::int64_t iterations = handlers.state(state);
+        impl_->reply(from, version, iterations, &state);
+        break;
+      }
+      case stop_request: {
+        if (r[1] != 0) peer_lost_ = true;
+        // The chief's last message; replies still travelling to live ranks finish first (those
+        // to a lost worker never do).
+        Poll drain(std::min(timeout_, 2.0));
+        while (!impl_->outgoing.empty() && !drain.expired()) {
+          impl_->reap();
+          drain.pause();
+        }
+        return;
+      }
+      default: throw InternalError(fmt::format("parameter server rank {}: unknown request {} from rank {}", rank_, r[0], from));
+    }
+  }
+}
+
+}  // namespace dtrain::distribute

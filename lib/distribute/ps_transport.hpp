@@ -1,0 +1,107 @@
+// The messages of ParameterServerStrategy: MPI point-to-point on a duplicate of MPI_COMM_WORLD of
+// its own, so they never meet the collectives of the rest of the job. World ranks: the chief
+// (coordinator) 0, then the workers, then the parameter servers (roles.hpp).
+//
+//   chief -> worker   an order: run global step g of epoch e, or stop
+//   worker -> chief   a step's result (loss, samples, staleness, metric state), as doubles
+//   worker -> server  pull (the server's shards, and its version: updates applied so far), or
+//                     push (gradients read at a version; the server applies them at once and
+//                     answers how many updates landed in between: the staleness)
+//   chief -> server   gather (values, optimizer slots, iterations), or stop
+//
+// Nothing waits without a limit on one peer: every wait polls (giving the core away, for
+// oversubscribed ranks) until `timeout_seconds`, and a peer that does not answer by then is named
+// in the exception. A server never blocks on a worker: replies are sent without waiting, and a
+// push whose data does not arrive in time is dropped. This is what lets the coordinator survive a
+// worker that dies (under mpirun --enable-recovery, where the other ranks keep running).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtrain::distribute {
+
+// A parameter server did not answer in time: the job cannot go on without its variables.
+struct ServerLost : std::runtime_error {
+  ServerLost(int rank, const std::string& what) : std::runtime_error(what), server_rank(rank) {}
+  int server_rank;
+};
+
+struct StepOrder {
+  enum Kind : std::int64_t { step = 0, stop = 1, stop_after_loss = 2 };
+  std::int64_t kind = step;
+  std::int64_t global_step = 0;
+  std::int64_t epoch = 0;
+};
+
+struct StepResultMessage {
+  int worker_rank = 0;
+  std::vector<double> payload;
+};
+
+// What a server does with requests (the training layer owns the variables and the optimizer).
+struct ServerHandlers {
+  std::function<void(std::vector<float>& out)> values;  // its shards, in shard order
+  std::function<void(std::span<const float> gradients)> apply;
+  std::function<std::int64_t(std::vector<float>& out)> state;  // values then slots; returns iterations
+};
+
+class PsTransport {
+ public:
+  // Collective over MPI_COMM_WORLD: every rank of the job (the evaluator too) makes it once.
+  explicit PsTransport(double timeout_seconds);
+  ~PsTransport();
+  PsTransport(const PsTransport&) = delete;
+  PsTransport& operator=(const PsTransport&) = delete;
+
+  // A rank of the job died (a lost worker survived). MPI_Finalize would then wait forever for it
+  // (OpenMPI 4.1.4 under --enable-recovery fences over every rank, the dead one too: measured), so
+  // this process ends when the transport goes, without finalizing. The coordinator marks it and
+  // passes it on with its stop messages.
+  void mark_peer_lost() { peer_lost_ = true; }
+  bool peer_lost() const { return peer_lost_; }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  double timeout_seconds() const { return timeout_; }
+  // How long a worker waits for a server: half the coordinator's patience with a worker, so that
+  // a worker stuck on a lost server reports it before the coordinator gives up on the worker.
+  double server_timeout() const { return timeout_ / 2; }
+
+  // ---- coordinator
+  void send_order(int worker_rank, const StepOrder& order);
+  // A result that has arrived, else nullopt after a short wait.
+  std::optional<StepResultMessage> poll_result();
+  // The server's values and optimizer state; returns its iterations.
+  std::int64_t gather(int server_rank, std::vector<float>& state);
+  void stop_server(int server_rank);
+
+  // ---- worker
+  // The next order from the chief; waits up to `patience_seconds` (InternalError after).
+  StepOrder receive_order(double patience_seconds);
+  void send_result(std::span<const double> payload);
+  // Returns the server's version; `values` must have the size of its shards. ServerLost when the
+  // server does not answer within server_timeout().
+  std::int64_t pull(int server_rank, std::span<float> values);
+  // Returns the staleness: updates the server applied between `read_version` and this one.
+  std::int64_t push(int server_rank, std::int64_t read_version, std::span<const float> gradients);
+
+  // ---- server: answers requests until the chief says stop. `gradient_floats` is the size of a
+  // push. InternalError when no request at all came for `patience_seconds` (the chief is gone).
+  void serve(const ServerHandlers& handlers, std::size_t gradient_floats, double patience_seconds);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1;
+  double timeout_ = 60.0;
+  bool peer_lost_ = false;
+};
+
+}  // namespace dtrain::distribute

@@ -1,0 +1,481 @@
+#include "train/parameter_server_loop.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "distribute/parameter_server.hpp"
+#include "train/trainer.hpp"
+
+namespace dtrain::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using distribute::ParameterServerStrategy;
+
+// Where the model's variables live: their shards, and each server's in the order it packs them.
+struct Layout {
+  std::vector<distribute::Shard> shards;
+  std::vector<std::vector<std::size_t>> on_server;  // indices into shards
+  std::vector<std::size_t> server_floats;
+  std::vector<int> trainable_index;  // per variable: its index among the trainable ones, or -1
+};
+
+Layout layout_of(const std::vector<Variable*>& vars, const ParameterServerStrategy& ps) {
+  Layout l;
+  std::vector<Shape> shapes;
+  int trained = 0;
+  for (const Variable* v : vars) {
+    shapes.push_back(v->value.shape());
+    l.trainable_index.push_back(v->trainable ? trained++ : -1);
+  }
+  const int servers = ps.plan().ps;
+  l.shards = distribute::place_shards(ps.partitioner(), shapes, servers);
+  l.on_server.resize(static_cast<std::size_t>(servers));
+  l.server_floats.assign(static_cast<std::size_t>(servers), 0);
+  for (std::size_t i = 0; i < l.shards.size(); ++i) {
+    const auto s = static_cast<std::size_t>(l.shards[i].server);
+    l.on_server[s].push_back(i);
+    l.server_floats[s] += static_cast<std::size_t>(l.shards[i].size);
+  }
+  return l;
+}
+
+// A shard's floats within its variable.
+float* slice(Tensor& t, const distribute::Shard& s) { return t.data<float>() + s.offset; }
+const float* slice(const Tensor& t, const distribute::Shard& s) { return t.data<float>() + s.offset; }
+
+// How long a worker or a server waits for the coordinator's next message before it decides the
+// coordinator is lost: the coordinator may be evaluating or writing a checkpoint meanwhile.
+double patience(const ParameterServerStrategy& ps) { return 10.0 * ps.timeout_seconds(); }
+
+// The result of a step, as a worker sends it: global step, loss, samples, staleness, then each
+// metric's counts and sums.
+constexpr std::size_t kResultHead = 4;
+// In place of a global step: the worker lost the server named next.
+constexpr double kServerLost = -1.0;
+
+}  // namespace
+
+std::vector<EpochLog> ParameterServerLoop::fit() {
+  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t_.strategy_);
+  switch (ps.role()) {
+    case distribute::Role::chief: return coordinate();
+    case distribute::Role::worker: work(); return {};
+    case distribute::Role::ps: serve(); return {};
+    case distribute::Role::evaluator: break;
+  }
+  throw InternalError("an evaluator rank does not train");
+}
+
+// ------------------------------------------------------------------------------------- server
+
+void ParameterServerLoop::serve() {
+  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t_.strategy_);
+  Trainer::Replica& rep = t_.replicas_[0];
+  const std::vector<Variable*>& vars = rep.model->variables();
+  const Layout layout = layout_of(vars, ps);
+  const auto me = static_cast<std::size_t>(ps.transport().rank() - ps.server_rank(0));
+  const std::vector<std::size_t>& mine = layout.on_server[me];
+
+  // This server's shards start from the model as this rank built or restored it (every rank built
+  // it from the same seed, or restored the same checkpoint), optimizer slots included.
+  std::vector<Variable> parts(mine.size());
+  std::vector<Variable*> trained;
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const distribute::Shard& s = layout.shards[mine[i]];
+    const Variable& whole = *vars[s.variable];
+    parts[i].name = fmt::format("{}/part_{}", whole.name, s.part);
+    parts[i].value = Tensor(s.shape);
+    parts[i].grad = Tensor(s.shape);
+    parts[i].trainable = whole.trainable;
+    std::copy_n(slice(whole.value, s), s.size, parts[i].value.data<float>());
+    if (whole.trainable) trained.push_back(&parts[i]);
+  }
+  auto optimizer = optim::make_optimizer(t_.exp_.optimizer, rep.ctx->numerics());
+  const std::size_t slots = optimizer->slot_names().size();
+  if (!trained.empty()) optimizer->build(trained);
+  if (rep.optimizer->built()) {
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const distribute::Shard& s = layout.shards[mine[i]];
+      const int ti = layout.trainable_index[s.variable];
+      if (ti < 0) continue;
+      for (std::size_t k = 0; k < slots; ++k)
+        std::copy_n(slice(rep.optimizer->slot(static_cast<std::size_t>(ti), k), s), s.size, optimizer->slot(j, k).data<float>());
+      ++j;
+    }
+  }
+  optimizer->set_iterations(rep.optimizer->iterations());
+
+  distribute::ServerHandlers handlers;
+  handlers.values = [&](std::vector<float>& out) {
+    out.clear();
+    for (const Variable& p : parts) out.insert(out.end(), p.value.span<float>().begin(), p.value.span<float>().end());
+  };
+  handlers.apply = [&](std::span<const float> pushed) {
+    std::size_t at = 0;
+    for (Variable& p : parts) {
+      const auto n = static_cast<std::size_t>(p.value.numel());
+      if (p.trainable) {
+        std::copy_n(pushed.data() + at, n, p.grad.data<float>());
+      } else {
+        // Moving statistics: the worker's change to the value it read (assign_add on the server).
+        float* w = p.value.data<float>();
+        for (std::size_t e = 0; e < n; ++e) w[e] += pushed[at + e];
+      }
+      at += n;
+    }
+    if (trained.empty()) {
+      optimizer->set_iterations(optimizer->iterations() + 1);
+    } else {
+      optimizer->apply_gradients(trained);
+    }
+  };
+  handlers.state = [&](std::vector<float>& out) {
+    handlers.values(out);
+    for (std::size_t j = 0; j < trained.size(); ++j)
+      for (std::size_t k = 0; k < slots; ++k) {
+        const auto slot = optimizer->slot(j, k).span<float>();
+        out.insert(out.end(), slot.begin(), slot.end());
+      }
+    return optimizer->iterations();
+  };
+  ps.transport().serve(handlers, layout.server_floats[me], patience(ps));
+}
+
+// ------------------------------------------------------------------------------------- worker
+
+void ParameterServerLoop::work() {
+  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t_.strategy_);
+  distribute::PsTransport& transport = ps.transport();
+  Trainer::Replica& rep = t_.replicas_[0];
+  const std::vector<Variable*>& vars = rep.model->variables();
+  const Layout layout = layout_of(vars, ps);
+  const int servers = ps.plan().ps;
+
+  // This worker's input, sharded over the workers as multi_worker_mirrored's auto_shard does; each
+  // step is one global batch of it (the function a worker runs has one replica).
+  try {
+    t_.shards_ = data::plan_shards(t_.exp_.data, ps.plan().workers, ps.worker_number());
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: {}", t_.exp_.source_file, e.what()));
+  }
+  if (t_.shards_.policy == config::AutoShardPolicy::file)
+    t_.splits_ = data::load_splits(t_.exp_.data, t_.exp_.seed, t_.shards_.files);
+  auto input = t_.make_iterator(t_.splits_.train, true);
+
+  std::vector<std::vector<float>> values(static_cast<std::size_t>(servers)), pushed(values.size());
+  for (std::size_t s = 0; s < values.size(); ++s) {
+    values[s].resize(layout.server_floats[s]);
+    pushed[s].resize(layout.server_floats[s]);
+  }
+  std::vector<std::int64_t> versions(values.size());
+  std::vector<std::vector<float>> read(vars.size());  // the non-trainable values as read
+  std::vector<double> result;
+  // One step: read the variables, compute on `batches`, push; returns the staleness.
+  auto exchange = [&](const std::vector<data::ReplicaBatch>& batches, std::int64_t global_step) {
+    std::int64_t staleness = 0;
+    // Read the current variables from every server.
+    for (std::size_t s = 0; s < values.size(); ++s) {
+      versions[s] = transport.pull(ps.server_rank(static_cast<int>(s)), values[s]);
+      std::size_t at = 0;
+      for (std::size_t idx : layout.on_server[s]) {
+        const distribute::Shard& sh = layout.shards[idx];
+        std::copy_n(values[s].data() + at, sh.size, slice(vars[sh.variable]->value, sh));
+        at += static_cast<std::size_t>(sh.size);
+      }
+    }
+    for (std::size_t v = 0; v < vars.size(); ++v)
+      if (!vars[v]->trainable) read[v].assign(vars[v]->value.span<float>().begin(), vars[v]->value.span<float>().end());
+
+    // One step on this worker's batch: the trainer's own replica step (the strategy applies nothing).
+    t_.step_batches_ = &batches;
+    t_.step_samples_ = input->global_samples();
+    t_.global_step_ = global_step;
+    for (auto& m : rep.train_metrics) m->reset();
+    t_.strategy_->set_step(global_step);
+    t_.strategy_->run(t_.train_fn_);
+    rep.model->apply_updates();  // the moving statistics' new values: their change is pushed
+    t_.step_batches_ = nullptr;
+
+    for (std::size_t s = 0; s < values.size(); ++s) {
+      std::size_t at = 0;
+      for (std::size_t idx : layout.on_server[s]) {
+        const distribute::Shard& sh = layout.shards[idx];
+        const Variable& v = *vars[sh.variable];
+        float* out = pushed[s].data() + at;
+        if (v.trainable) {
+          std::copy_n(slice(v.grad, sh), sh.size, out);
+        } else {
+          const float* now = slice(v.value, sh);
+          const float* before = read[sh.variable].data() + sh.offset;
+          for (std::int64_t e = 0; e < sh.size; ++e) out[e] = now[e] - before[e];
+        }
+        at += static_cast<std::size_t>(sh.size);
+      }
+      staleness = std::max(staleness, transport.push(ps.server_rank(static_cast<int>(s)), versions[s], pushed[s]));
+    }
+    return staleness;
+  };
+  std::int64_t epoch = -1;
+  for (;;) {
+    const distribute::StepOrder order = transport.receive_order(patience(ps));
+    if (order.kind == distribute::StepOrder::stop) return;
+    if (order.epoch != epoch) {
+      epoch = order.epoch;
+      input->start_epoch(epoch);
+    }
+    const std::vector<data::ReplicaBatch>* batches = input->next();
+    if (!batches) {
+      // More steps than this worker's share holds: it goes through its share again.
+      input->start_epoch(epoch);
+      batches = input->next();
+    }
+    DTRAIN_CHECK(batches != nullptr, "a worker's input share has no batch");
+
+    std::int64_t staleness = 0;
+    try {
+      staleness = exchange(*batches, order.global_step);
+    } catch (const distribute::ServerLost& lost) {
+      // Tell the coordinator first, so that it ends the job naming the server, not this worker.
+      const double report[2] = {kServerLost, static_cast<double>(lost.server_rank)};
+      transport.send_result(report);
+      throw;
+    }
+    result.assign({static_cast<double>(order.global_step), t_.replica_losses_[0], static_cast<double>(t_.step_samples_),
+                   static_cast<double>(staleness)});
+    for (const auto& m : rep.train_metrics) {
+      const metrics::MetricState st = m->state();
+      for (std::int64_t c : st.counts) result.push_back(static_cast<double>(c));
+      result.insert(result.end(), st.sums.begin(), st.sums.end());
+    }
+    transport.send_result(result);
+  }
+}
+
+// -------------------------------------------------------------------------------- coordinator
+
+namespace {
+
+// The servers' variables and optimizer state into the chief's model and optimizer (what
+// evaluation and checkpoints read).
+void gather(ParameterServerStrategy& ps, const Layout& layout, nn::Sequential& model, optim::Optimizer& optimizer) {
+  const std::vector<Variable*>& vars = model.variables();
+  optimizer.build(model.trainable_variables());
+  const std::size_t slots = optimizer.slot_names().size();
+  std::vector<float> state;
+  std::int64_t iterations = 0;
+  for (std::size_t s = 0; s < layout.on_server.size(); ++s) {
+    iterations = std::max(iterations, ps.transport().gather(ps.server_rank(static_cast<int>(s)), state));
+    std::size_t at = 0;
+    for (std::size_t idx : layout.on_server[s]) {
+      const distribute::Shard& sh = layout.shards[idx];
+      std::copy_n(state.data() + at, sh.size, slice(vars[sh.variable]->value, sh));
+      at += static_cast<std::size_t>(sh.size);
+    }
+    for (std::size_t idx : layout.on_server[s]) {
+      const distribute::Shard& sh = layout.shards[idx];
+      const int ti = layout.trainable_index[sh.variable];
+      if (ti < 0) continue;
+      for (std::size_t k = 0; k < slots; ++k) {
+        std::copy_n(state.data() + at, sh.size, slice(optimizer.slot(static_cast<std::size_t>(ti), k), sh));
+        at += static_cast<std::size_t>(sh.size);
+      }
+    }
+    DTRAIN_CHECK(at == state.size(), fmt::format("parameter server {} sent {} floats of state, not {}",
+                                                 ps.server_rank(static_cast<int>(s)), state.size(), at));
+  }
+  optimizer.set_iterations(iterations);
+}
+
+// Stops every worker and server when the coordinator leaves, however it leaves.
+struct StopEveryone {
+  ParameterServerStrategy& ps;
+  ~StopEveryone() {
+    try {
+      for (int w = 0; w < ps.plan().workers; ++w)
+        ps.transport().send_order(ps.worker_rank(w),
+                                  distribute::StepOrder{ps.transport().peer_lost() ? distribute::StepOrder::stop_after_loss
+                                                                                   : distribute::StepOrder::stop,
+                                                        0, 0});
+      for (int s = 0; s < ps.plan().ps; ++s) ps.transport().stop_server(ps.server_rank(s));
+    } catch (const std::exception&) {
+      // The job is failing already: the error on its way out says why.
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<EpochLog> ParameterServerLoop::coordinate() {
+  Trainer& t = t_;
+  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t.strategy_);
+  distribute::PsTransport& transport = ps.transport();
+  StopEveryone stop_everyone{ps};
+  Trainer::Replica& rep = t.replicas_[0];
+  std::vector<std::string> names;
+  for (const Variable* v : rep.model->variables()) names.push_back(v->name);
+  const Layout layout = layout_of(rep.model->variables(), ps);
+  fmt::print(t.opt_.out, "variables on the parameter servers (ranks {}..{}): {}\n", ps.server_rank(0),
+             ps.server_rank(ps.plan().ps - 1), distribute::describe_placement(layout.shards, names));
+  std::fflush(t.opt_.out);
+
+  // steps_per_epoch as the trainer's own loop counts it, over the whole training split.
+  auto input = t.make_iterator(t.splits_.train, true);
+  LoopState state;
+  state.steps = input->steps_per_epoch();
+  if (t.exp_.train.steps_per_epoch > 0) state.steps = std::min(state.steps, t.exp_.train.steps_per_epoch);
+  if (state.steps == 0)
+    throw ConfigError(fmt::format("{}: an epoch has no steps: {} training samples, global batch {} with drop_remainder",
+                                  t.exp_.source_file, t.splits_.train.size(), input->global_batch_size()));
+  // The callbacks see a stop request only where no step is in flight (a checkpoint then holds
+  // exactly the steps it says): the loop passes the request on when it has drained.
+  std::atomic<int> stop_seen{0};
+  const std::atomic<int>* stop_requested = t.opt_.stop_requested;
+  t.opt_.stop_requested = &stop_seen;
+  CallbackList callbacks = t.make_callbacks();
+  t.opt_.stop_requested = stop_requested;
+  auto asked_to_stop = [&] { return stop_requested && stop_requested->load() != 0; };
+
+  const int workers = ps.plan().workers;
+  const double timeout = transport.timeout_seconds();
+  std::vector<bool> lost(static_cast<std::size_t>(workers), false);
+  std::vector<std::deque<std::int64_t>> in_flight(lost.size());
+  std::vector<Clock::time_point> last_heard(lost.size(), Clock::now());
+  std::vector<std::string> lost_notes;
+  const std::int64_t every_steps = t.exp_.checkpoint.every_steps;
+
+  callbacks.on_train_begin(state);
+  std::vector<EpochLog> history;
+  for (state.epoch = t.resume_ ? static_cast<int>(t.resume_->epoch) : 0; state.epoch < t.exp_.train.epochs; ++state.epoch) {
+    t.begin_epoch(state, *input);
+    callbacks.on_epoch_begin(state);
+    const auto t0 = Clock::now();
+    const std::int64_t first = state.step, base = t.global_step_;
+    std::deque<std::int64_t> pending;  // steps of this epoch not yet scheduled, or given back by a lost worker
+    for (std::int64_t k = first; k < state.steps; ++k) pending.push_back(k);
+    // The steps to finish before the next point where nothing is in flight: the next
+    // checkpoint.every_steps boundary, or the epoch's end.
+    auto next_boundary = [&](std::int64_t done) {
+      if (every_steps <= 0) return state.steps;
+      const std::int64_t global_done = base + (done - first);
+      return std::min(state.steps, first + (global_done / every_steps + 1) * every_steps - base);
+    };
+    std::int64_t boundary = next_boundary(state.step), scheduled_end = first;
+    bool stopping = false;
+    double staleness_sum = 0.0;
+    std::int64_t staleness_max = 0, staleness_count = 0;
+    while (state.step < state.steps) {
+      for (int w = 0; w < workers; ++w) {
+        const auto i = static_cast<std::size_t>(w);
+        while (!lost[i] && in_flight[i].size() < static_cast<std::size_t>(kInFlightPerWorker) && !pending.empty() &&
+               pending.front() < boundary) {
+          const std::int64_t k = pending.front();
+          pending.pop_front();
+          if (in_flight[i].empty()) last_heard[i] = Clock::now();
+          transport.send_order(ps.worker_rank(w), distribute::StepOrder{distribute::StepOrder::step, base + (k - first),
+                                                                        state.epoch});
+          in_flight[i].push_back(k);
+          scheduled_end = std::max(scheduled_end, k + 1);
+        }
+      }
+      const std::optional<distribute::StepResultMessage> got = transport.poll_result();
+      if (!got) {
+        // A worker that has not answered for the timeout is lost: its unfinished steps go back.
+        for (int w = 0; w < workers; ++w) {
+          const auto i = static_cast<std::size_t>(w);
+          if (lost[i] || in_flight[i].empty() ||
+              std::chrono::duration<double>(Clock::now() - last_heard[i]).count() <= timeout)
+            continue;
+          lost[i] = true;
+          transport.mark_peer_lost();
+          const std::string note = fmt::format("worker rank {} was lost at epoch {}, step {} (no answer for {:g} s)",
+                                               ps.worker_rank(w), state.epoch + 1, state.step, timeout);
+          fmt::print(stderr, "dtrain: warning: {}; its {} unfinished step(s) go to the other workers\n", note,
+                     in_flight[i].size());
+          lost_notes.push_back(note);
+          pending.insert(pending.begin(), in_flight[i].begin(), in_flight[i].end());
+          std::sort(pending.begin(), pending.end());
+          in_flight[i].clear();
+        }
+        if (std::all_of(lost.begin(), lost.end(), [](bool l) { return l; }))
+          throw InternalError(fmt::format("every worker is lost ({}); continue with dtrain resume", lost_notes.back()));
+        continue;
+      }
+      const auto i = static_cast<std::size_t>(got->worker_rank - ps.worker_rank(0));
+      if (i >= lost.size() || lost[i]) continue;  // a lost worker's late answer: its step ran elsewhere
+      const std::vector<double>& r = got->payload;
+      if (r.at(0) == kServerLost)
+        throw InternalError(fmt::format("parameter server rank {} is lost: worker rank {} got no answer from it within {:g} "
+                                        "s; the job cannot go on without its variables; continue with dtrain resume",
+                                        static_cast<int>(r.at(1)), got->worker_rank, transport.server_timeout()));
+      const auto k = static_cast<std::int64_t>(r[0]) - base + first;
+      const auto pos = std::find(in_flight[i].begin(), in_flight[i].end(), k);
+      DTRAIN_CHECK(pos != in_flight[i].end(), fmt::format("worker rank {} reported step {}, which it was not given",
+                                                          got->worker_rank, static_cast<std::int64_t>(r[0])));
+      in_flight[i].erase(pos);
+      last_heard[i] = Clock::now();
+
+      state.loss_sum += r[1];
+      state.samples += static_cast<std::int64_t>(r[2]);
+      const auto staleness = static_cast<std::int64_t>(r[3]);
+      staleness_sum += static_cast<double>(staleness);
+      staleness_max = std::max(staleness_max, staleness);
+      ++staleness_count;
+      std::size_t at = kResultHead;
+      for (auto& m : rep.train_metrics) {
+        metrics::MetricState st = m->state();
+        for (auto& c : st.counts) c = static_cast<std::int64_t>(r.at(at++));
+        for (auto& v : st.sums) v = r.at(at++);
+        m->merge(st);
+      }
+      ++state.step;
+      t.global_step_ = base + (state.step - first);
+      state.global_step = t.global_step_;
+
+      if (!stopping && asked_to_stop()) {
+        // Finish what is in flight (and what a lost worker left), schedule nothing new.
+        stopping = true;
+        boundary = scheduled_end;
+      }
+      const bool drained = state.step == boundary &&
+                           std::all_of(in_flight.begin(), in_flight.end(), [](const auto& f) { return f.empty(); });
+      if (drained) {
+        // join(): every update is in; a checkpoint may be written now.
+        gather(ps, layout, *rep.model, *rep.optimizer);
+        if (stopping) stop_seen = 1;
+        boundary = next_boundary(state.step);
+      }
+      callbacks.on_train_batch_end(state);
+      if (state.stop_training) {
+        callbacks.on_train_end(state);
+        throw Interrupted{state.checkpoint, state.epoch, state.step};
+      }
+    }
+    EpochLog log = t.end_epoch(state, std::chrono::duration<double>(Clock::now() - t0).count());
+    log.staleness_mean = staleness_count > 0 ? staleness_sum / static_cast<double>(staleness_count) : 0.0;
+    log.staleness_max = staleness_max;
+    fmt::print(t.opt_.out, "{}\n{}\n", epoch_line(log), throughput_line(log));
+    std::fflush(t.opt_.out);
+    if (asked_to_stop()) stop_seen = 1;  // asked during the evaluation: the epoch is complete
+    callbacks.on_epoch_end(state, log);
+    history.push_back(log);
+    if (state.stop_training) {
+      callbacks.on_train_end(state);
+      throw Interrupted{state.checkpoint, state.epoch + 1, 0};
+    }
+  }
+  callbacks.on_train_end(state);
+  t.resume_.reset();
+  for (const std::string& note : lost_notes)
+    fmt::print(stderr, "dtrain: warning: {}; training finished on the other workers\n", note);
+  return history;
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# What a user sees around a run: logs under mpirun, `dtrain init`, `dtrain plot` and train.plot.
+#   tests/integration/ux.sh CASE DTRAIN_BINARY SCRATCH_DIR
+set -uo pipefail
+case_name=$1
+dtrain=$2
+scratch=$3
+rm -rf "$scratch" && mkdir -p "$scratch"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+
+fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+small=experiments/fashion_mnist_small.yaml
+short=(--set train.epochs=2 --set train.steps_per_epoch=3 --set train.threads=1)
+# A PNG file: the 8-byte signature, then a non-empty picture.
+is_png() { [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
+
+case "$case_name" in
+  mpi_log)
+    # OpenMPI gives each rank a pseudo-terminal even when mpirun writes into a file: progress
+    # auto must still draw no bar there. TERM is set as on a user's machine, or auto would not
+    # draw a bar for a reason other than the launcher.
+    TERM=xterm mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${short[@]}" \
+      --set 'strategy={kind: multi_worker_mirrored}' --set train.progress=auto --run-dir "$scratch/run" \
+      >"$scratch/log" 2>"$scratch/err" || fail "mpirun failed: $(tail -5 "$scratch/err")"
+    cat "$scratch/log"
+    [ "$(grep -c 'Epoch' "$scratch/log")" -eq 2 ] || fail "wanted 2 epoch lines"
+    grep 'Epoch' "$scratch/log" | grep -Ev '^Epoch [0-9]+, Loss: ' && fail "an epoch line does not start its own line"
+    if grep -q $'\r' "$scratch/log" || grep -q $'\x1b' "$scratch/log"; then fail "carriage return or escape code in the log"; fi
+    ;;
+  bar_on_terminal)
+    # The other side of the rule: one process on a real terminal (script(1) gives it one) draws a bar.
+    TERM=xterm script -qec "'$dtrain' run '$small' --set train.epochs=1 --set train.steps_per_epoch=20 --set train.threads=1 --run-dir '$scratch/run'" \
+      "$scratch/typescript" >/dev/null </dev/null || fail "run on a terminal failed"
+    grep -q $'\r' "$scratch/typescript" || fail "no progress bar on a terminal: $(cat -v "$scratch/typescript" | head -5)"
+    grep -aq '20/20 \[' "$scratch/typescript" || fail "the bar did not reach 20/20"
+    ;;
+  init_strategies)
+    # Each strategy's template validates as written, and trains a step on the small data.
+    one_step=(--set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 --set train.epochs=1
+              --set train.steps_per_epoch=1 --set train.threads=1)
+    for kind in default one_device mirrored central_storage multi_worker_mirrored; do
+      file="$scratch/$kind.yaml"
+      "$dtrain" init --strategy "$kind" -o "$file" >/dev/null || fail "init --strategy $kind failed"
+      grep -q "kind: $kind" "$file" || fail "$kind: no strategy kind in $file"
+      for todo in strategy dataset model 'loss reduction' metrics epochs; do
+        grep -q "# TODO($todo)" "$file" || fail "$kind: no TODO($todo) in $file"
+      done
+      "$dtrain" validate "$file" >"$scratch/$kind.validate" || fail "$kind: validate failed"
+      if [ "$kind" = multi_worker_mirrored ]; then
+        mpirun -n 2 --oversubscribe "$dtrain" run "$file" "${one_step[@]}" --run-dir "$scratch/run_$kind" \
+          >"$scratch/$kind.out" 2>&1 || fail "$kind: mpirun -n 2 failed: $(tail -5 "$scratch/$kind.out")"
+      else
+        "$dtrain" run "$file" "${one_step[@]}" --run-dir "$scratch/run_$kind" >"$scratch/$kind.out" 2>&1 \
+          || fail "$kind: run failed: $(tail -5 "$scratch/$kind.out")"
+      fi
+      grep -q '^Epoch 1, Loss: ' "$scratch/$kind.out" || fail "$kind: no epoch line: $(cat "$scratch/$kind.out")"
+    done
+    "$dtrain" init --model mlp >"$scratch/mlp.yaml" || fail "init --model mlp failed"
+    "$dtrain" validate "$scratch/mlp.yaml" >/dev/null || fail "the mlp template does not validate"
+    ;;
+  init_overwrite)
+    "$dtrain" init -o "$scratch/e.yaml" >/dev/null || fail "first init failed"
+    echo "# mine" >"$scratch/e.yaml"
+    "$dtrain" init -o "$scratch/e.yaml" >/dev/null 2>"$scratch/err"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "exit $rc over an existing file, wanted 2"
+    grep -q 'e.yaml exists.*--force' "$scratch/err" || fail "message: $(cat "$scratch/err")"
+    [ "$(cat "$scratch/e.yaml")" = "# mine" ] || fail "the existing file was changed"
+    "$dtrain" init -o "$scratch/e.yaml" --force >/dev/null || fail "--force failed"
+    grep -q '^name: e' "$scratch/e.yaml" || fail "--force did not replace the file"
+    "$dtrain" init --strategy parameter_server >/dev/null 2>&1
+    [ $? -eq 2 ] || fail "an unknown strategy is not exit 2"
+    ;;
+  plot)
+    "$dtrain" run "$small" "${short[@]}" --set train.progress=none --run-dir "$scratch/a" >/dev/null || fail "run a failed"
+    "$dtrain" run "$small" "${short[@]}" --set train.progress=none --set data.validation_split=0.2 \
+      --set optimizer.learning_rate=0.003 --run-dir "$scratch/b" >/dev/null || fail "run b failed"
+    "$dtrain" plot "$scratch/a" -o "$scratch/one.png" || fail "plot of one run failed"
+    is_png "$scratch/one.png" || fail "one.png is not a PNG"
+    "$dtrain" plot "$scratch/a" "$scratch/b" -o "$scratch/two.png" || fail "plot of two runs failed"
+    is_png "$scratch/two.png" || fail "two.png is not a PNG"
+    "$dtrain" plot "$scratch/a" >/dev/null || fail "plot without -o failed"
+    is_png "$scratch/a/curves.png" || fail "no RUN_DIR/curves.png by default"
+    ls "$scratch" "$scratch/a" | grep -q partial && fail "a temporary file was left behind"
+    ;;
+  plot_errors)
+    mkdir -p "$scratch/empty"
+    "$dtrain" plot "$scratch/empty" -o "$scratch/x.png" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "exit $rc for a directory without metrics.jsonl, wanted 2"
+    grep -q "$scratch/empty: no metrics.jsonl" "$scratch/err" || fail "message: $(cat "$scratch/err")"
+    mkdir -p "$scratch/run" "$scratch/nobin"
+    echo '{"epoch": 1, "global_step": 3, "loss": 2.1, "train_samples_per_s": 100.0}' >"$scratch/run/metrics.jsonl"
+    PATH="$scratch/nobin" "$dtrain" plot "$scratch/run" -o "$scratch/x.png" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "exit $rc without gnuplot, wanted 2"
+    grep -q 'gnuplot is not installed; run tools/setup' "$scratch/err" || fail "message: $(cat "$scratch/err")"
+    [ -e "$scratch/x.png" ] && fail "a picture was written without gnuplot"
+    ;;
+  train_plot)
+    "$dtrain" run "$small" "${short[@]}" --set train.progress=none --set train.plot=true --run-dir "$scratch/run" \
+      >/dev/null || fail "run with train.plot failed"
+    is_png "$scratch/run/curves.png" || fail "no curves.png after the run"
+    # Without gnuplot the run still succeeds, with one warning.
+    PATH="$scratch/nobin" "$dtrain" run "$small" "${short[@]}" --set train.progress=none --set train.plot=true \
+      --run-dir "$scratch/run2" >"$scratch/out" 2>"$scratch/err" || fail "a plot failure failed the run"
+    [ "$(grep -c 'warning: train.plot' "$scratch/err")" -eq 1 ] || fail "wanted one warning: $(cat "$scratch/err")"
+    [ "$(grep -c '^Epoch' "$scratch/out")" -eq 2 ] || fail "the run did not finish its epochs"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "ok [$case_name]"

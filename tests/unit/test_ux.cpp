@@ -1,0 +1,138 @@
+// What surrounds a run for its user: when progress: auto draws a bar, the experiment `dtrain init`
+// writes, and the curves `dtrain plot` reads and draws.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "config/experiment_template.hpp"
+#include "config/parse.hpp"
+#include "core/error.hpp"
+#include "train/callbacks.hpp"
+#include "train/plot.hpp"
+
+using namespace dtrain;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// getenv over a table.
+auto environment(std::map<std::string, std::string> table) {
+  return [table = std::move(table)](const char* name) -> const char* {
+    const auto found = table.find(name);
+    return found == table.end() ? nullptr : found->second.c_str();
+  };
+}
+
+}  // namespace
+
+TEST_CASE("progress: auto draws a bar only on a person's terminal, never through an MPI launcher") {
+  using train::progress_reaches_a_terminal;
+  CHECK(progress_reaches_a_terminal(true, environment({{"TERM", "xterm-256color"}})));
+  CHECK_FALSE(progress_reaches_a_terminal(false, environment({{"TERM", "xterm"}})));
+  CHECK_FALSE(progress_reaches_a_terminal(true, environment({})));
+  CHECK_FALSE(progress_reaches_a_terminal(true, environment({{"TERM", "dumb"}})));
+  CHECK_FALSE(progress_reaches_a_terminal(true, environment({{"TERM", ""}})));
+  // OpenMPI gives each rank a pseudo-terminal whatever mpirun's own output is.
+  CHECK_FALSE(progress_reaches_a_terminal(true, environment({{"TERM", "xterm"}, {"OMPI_COMM_WORLD_SIZE", "2"}})));
+  CHECK_FALSE(progress_reaches_a_terminal(true, environment({{"TERM", "xterm"}, {"PMIX_RANK", "0"}})));
+  CHECK_FALSE(progress_reaches_a_terminal(true, environment({{"TERM", "xterm"}, {"PMI_RANK", "0"}})));
+}
+
+TEST_CASE("init: every strategy's template parses back to itself, with every key commented and the TODOs") {
+  for (std::string_view kind : config::choices_of("strategy.kind")) {
+    CAPTURE(kind);
+    config::TemplateOptions options;
+    options.strategy = std::string(kind);
+    const std::string text = config::experiment_template(options);
+    const config::Experiment e = config::parse_experiment(text, "init.yaml");
+    CHECK(config::name_of(e.strategy.kind) == kind);
+    CHECK(e.loss.reduction == config::Reduction::none);
+    CHECK(e.model.layers.size() == 7);
+    for (const char* todo : {"strategy", "dataset", "model", "loss reduction", "metrics", "epochs"})
+      CHECK(contains(text, fmt::format("# TODO({}):", todo)));
+    // Every key is explained beside it or in the comment lines just above it; layers carry their
+    // options written out. A key added to to_yaml without a note fails here.
+    std::istringstream lines(text);
+    std::string line, previous;
+    while (std::getline(lines, line)) {
+      const auto first = line.find_first_not_of(' ');
+      const bool key = first != std::string::npos && line[first] != '#' && line.compare(first, 2, "- ") != 0;
+      if (key && !contains(line, "#")) {
+        const bool commented_above = previous.find_first_not_of(' ') != std::string::npos &&
+                                     previous[previous.find_first_not_of(' ')] == '#';
+        const bool section = line.back() == ':';
+        CHECK_MESSAGE((commented_above || section), "no comment for: " << line);
+      }
+      previous = line;
+    }
+  }
+  config::TemplateOptions mlp;
+  mlp.model = "mlp";
+  CHECK(config::parse_experiment(config::experiment_template(mlp), "init.yaml").model.layers.size() == 3);
+}
+
+TEST_CASE("init: the choices beside a key come from the parser's tables") {
+  const std::string text = config::experiment_template({});
+  CHECK(contains(text, "default | one_device | mirrored | central_storage | multi_worker_mirrored"));
+  CHECK(contains(text, "none | sum | sum_over_batch_size | auto"));
+  CHECK(contains(text, "auto | bar | lines | none"));
+  // The layer registry's kinds and options.
+  CHECK(contains(text, "#   conv2d: filters, kernel_size, strides, padding, activation"));
+  CHECK(contains(text, "#   max_pool2d (or max_pooling2d): pool_size"));
+  config::TemplateOptions bad;
+  bad.model = "resnet";
+  CHECK_THROWS_AS(config::experiment_template(bad), ConfigError);
+  bad = {};
+  bad.strategy = "parameter_server";
+  CHECK_THROWS_AS(config::experiment_template(bad), ConfigError);
+}
+
+TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record winning") {
+  const auto dir = std::filesystem::temp_directory_path() / "dtrain_test_ux_plot";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  CHECK_THROWS_AS(train::read_run_curves(dir.string()), InputError);
+  {
+    std::ofstream out(dir / "metrics.jsonl");
+    out << R"({"epoch": 1, "global_step": 3, "loss": 2.5, "accuracy": 0.25, "test_loss": 2.25, "test_accuracy": 0.5, "test_samples": 500, "train_samples": 192, "train_seconds": 0.5, "train_samples_per_s": 384.00})"
+        << "\n"
+        << R"({"epoch": 2, "global_step": 6, "loss": 2.0, "accuracy": 0.5, "val_loss": 1.75, "val_accuracy": 0.625, "val_samples": 8, "train_samples": 192, "train_seconds": 0.5, "train_samples_per_s": 384.00})"
+        << "\n"
+        << R"({"epoch": 2, "global_step": 6, "loss": 1.5, "train_samples": 192, "train_seconds": 0.5, "train_samples_per_s": 400.00})"
+        << "\n";
+  }
+  const train::RunCurves run = train::read_run_curves(dir.string());
+  CHECK(run.label == "dtrain_test_ux_plot");
+  REQUIRE(run.epochs.size() == 2);
+  CHECK(run.epochs[0].loss == 2.5);
+  CHECK(*run.epochs[0].accuracy == 0.25);
+  CHECK(*run.epochs[0].test_loss == 2.25);
+  CHECK(*run.epochs[0].test_accuracy == 0.5);
+  CHECK_FALSE(run.epochs[0].val_loss.has_value());
+  CHECK(run.epochs[1].loss == 1.5);  // the later record of epoch 2
+  CHECK(*run.epochs[1].samples_per_s == 400.0);
+  CHECK_FALSE(run.epochs[1].accuracy.has_value());
+
+  // The picture names its series: one run by split, several by run and split.
+  const std::string one = train::gnuplot_script({run}, "x.png");
+  CHECK(contains(one, "title 'train'"));
+  CHECK(contains(one, "title 'test'"));
+  CHECK_FALSE(contains(one, "title 'validation'"));  // no record has validation figures now
+  CHECK(contains(one, "set ylabel 'accuracy (%)'"));
+  CHECK(contains(one, "1 2.5 25 NaN NaN 2.25 50 384\n"));
+  train::RunCurves other = run;
+  other.label = "it's";
+  const std::string two = train::gnuplot_script({run, other}, "x.png");
+  CHECK(contains(two, "title 'dtrain_test_ux_plot train'"));
+  CHECK(contains(two, "title 'it''s test'"));  // gnuplot's quoting
+  std::ofstream(dir / "metrics.jsonl") << "not json\n";
+  CHECK_THROWS_AS(train::read_run_curves(dir.string()), InputError);
+  std::filesystem::remove_all(dir);
+}
