@@ -77,6 +77,14 @@ struct PlotArgs {
   std::string output;  // empty = RUN_DIR/curves.png for one run, curves.png for several
 };
 int plot_command(const PlotArgs& args);
+struct BenchArgs {
+  std::string experiment;
+  std::vector<std::string> overrides;
+  long long steps = 50;   // timed training steps
+  long long warmup = 10;  // untimed steps before them
+  bool json = false;      // one JSON object instead of the table
+};
+int bench_command(const BenchArgs& args);
 
 // The exit code for an exception escaping a subcommand (main() uses it too).
 int exit_code_for(const std::exception& error);

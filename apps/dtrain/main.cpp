@@ -26,6 +26,7 @@ Examples:
   dtrain info
   dtrain init --strategy mirrored -o my_experiment.yaml
   dtrain plot runs/fashion_mnist runs/fashion_mnist-2 -o curves.png
+  dtrain bench experiments/fashion_mnist.yaml --steps 100 --json
 
 Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input data/checkpoint,
 3 cannot write outputs, 4 stopped by SIGINT/SIGTERM after saving a checkpoint (dtrain resume goes on),
@@ -100,6 +101,14 @@ int main(int argc, char** argv) {
   auto* plot = app.add_subcommand("plot", "Draw the loss, accuracy and samples/s per epoch of runs into a PNG");
   plot->add_option("run_dirs", plot_args.run_dirs, "Run directories (each with metrics.jsonl)")->required();
   plot->add_option("-o,--output", plot_args.output, "PNG file (default RUN_DIR/curves.png, or curves.png for several)");
+  dtrain::app::BenchArgs bench_args;
+  auto* bench = app.add_subcommand(
+      "bench", "Time an experiment's training steps: per layer, per phase, samples/s and GFLOP/s against the GEMM peak");
+  bench->add_option("experiment", bench_args.experiment, "Experiment YAML file")->required();
+  bench->add_option("--set", bench_args.overrides, "Override a setting (repeatable)");
+  bench->add_option("--steps", bench_args.steps, "Timed training steps")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bench_args.warmup, "Untimed steps before them")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bench->add_flag("--json", bench_args.json, "Print one JSON object (schema dtrain.bench/1) instead of the table");
 
   try {
     app.parse(argc, argv);
@@ -122,6 +131,7 @@ int main(int argc, char** argv) {
     if (*info) return dtrain::app::info_command();
     if (*init) return dtrain::app::init_command(init_args);
     if (*plot) return dtrain::app::plot_command(plot_args);
+    if (*bench) return dtrain::app::bench_command(bench_args);
   } catch (const dtrain::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: {}\n", e.what());

@@ -23,6 +23,7 @@ class ActivationLayer final : public Layer {
   config::Activation activation() const { return opt_.activation; }
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
+  Flops flops_per_sample() const override;
 
  private:
   Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }

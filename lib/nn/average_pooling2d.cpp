@@ -31,4 +31,10 @@ void AveragePooling2D::reference_backward(const ReferenceBackward& io, const Ste
   reference::average_pool2d_backward(io.dy.data(), io.dx.data(), dims(io.batch));
 }
 
+Flops AveragePooling2D::flops_per_sample() const {
+  // An add per window element each way.
+  const double work = static_cast<double>(output_shape().numel()) * params().pool_size[0] * params().pool_size[1];
+  return {.forward = work, .backward_data = work};
+}
+
 }  // namespace dtrain::nn

@@ -23,6 +23,7 @@ class AveragePooling2D final : public Pool2DLayer {
   std::string_view kind() const override { return Options::kind; }
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
+  Flops flops_per_sample() const override;
 };
 
 }  // namespace dtrain::nn

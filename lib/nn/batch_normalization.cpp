@@ -106,4 +106,11 @@ void BatchNormalization::reference_backward(const ReferenceBackward& io, const S
   }
 }
 
+Flops BatchNormalization::flops_per_sample() const {
+  // Training: the statistics (3 per element), normalize (2) and scale and shift (2); backward
+  // about the same through the statistics, and 2 per element for the gradients of gamma and beta.
+  const double n = static_cast<double>(input_shape().numel());
+  return {.forward = 7.0 * n, .backward_data = 7.0 * n, .backward_weights = 2.0 * n};
+}
+
 }  // namespace dtrain::nn

@@ -52,6 +52,7 @@ class BatchNormalization final : public Layer {
   bool synchronizes_replicas() const override { return opt_.synchronized; }
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
+  Flops flops_per_sample() const override;
 
  private:
   Shape build_layer(const Shape& input_shape, Rng& init_rng) override;

@@ -95,4 +95,12 @@ void Conv2D::reference_backward(const ReferenceBackward& io, const StepContext&)
                              io.dvariables[kKernel].data(), dbias, dims_of(*this, io.batch));
 }
 
+Flops Conv2D::flops_per_sample() const {
+  // Each output element is a dot product over a KH x KW x C window.
+  const Shape& out = output_shape();
+  const double outputs = static_cast<double>(out.numel());
+  const double window = static_cast<double>(opt_.kernel_size[0]) * opt_.kernel_size[1] * input_shape()[2];
+  return weighted_layer_flops(outputs * window, outputs, opt_.use_bias, opt_.activation != config::Activation::linear);
+}
+
 }  // namespace dtrain::nn

@@ -71,4 +71,9 @@ void Dense::reference_backward(const ReferenceBackward& io, const StepContext&) 
                             io.dvariables[kKernel].data(), dbias, io.batch, input_shape()[0], std::int64_t{opt_.units});
 }
 
+Flops Dense::flops_per_sample() const {
+  const double in = static_cast<double>(input_shape().numel()), units = opt_.units;
+  return weighted_layer_flops(in * units, units, opt_.use_bias, opt_.activation != config::Activation::linear);
+}
+
 }  // namespace dtrain::nn

@@ -34,6 +34,7 @@ class Dense final : public Layer {
   void add_regularization_gradient(backends::Numerics& numerics, float scale) override;
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
+  Flops flops_per_sample() const override;
 
  private:
   Shape build_layer(const Shape& input_shape, Rng& init_rng) override;

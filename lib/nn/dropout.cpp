@@ -62,4 +62,10 @@ void Dropout::reference_backward(const ReferenceBackward& io, const StepContext&
                               opt_.rate);
 }
 
+Flops Dropout::flops_per_sample() const {
+  // A multiply per element each way (drawing the mask is not counted).
+  const double n = static_cast<double>(input_shape().numel());
+  return {.forward = n, .backward_data = n};
+}
+
 }  // namespace dtrain::nn

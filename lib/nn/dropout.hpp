@@ -40,6 +40,7 @@ class Dropout final : public Layer {
   void masks(const StepContext& step, std::int64_t batch, std::uint8_t* keep) const;
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
+  Flops flops_per_sample() const override;
 
  private:
   Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }

@@ -40,4 +40,9 @@ void GlobalAveragePooling2D::reference_backward(const ReferenceBackward& io, con
   reference::global_average_pool2d_backward(io.dy.data(), io.dx.data(), io.batch, in[0], in[1], in[2]);
 }
 
+Flops GlobalAveragePooling2D::flops_per_sample() const {
+  const double n = static_cast<double>(input_shape().numel());
+  return {.forward = n, .backward_data = n};
+}
+
 }  // namespace dtrain::nn

@@ -21,6 +21,7 @@ class GlobalAveragePooling2D final : public Layer {
   std::string_view kind() const override { return Options::kind; }
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
+  Flops flops_per_sample() const override;
 
  private:
   Shape build_layer(const Shape& input_shape, Rng&) override;

@@ -2,6 +2,13 @@
 
 namespace dtrain::nn {
 
+Flops weighted_layer_flops(double multiply_adds, double outputs, bool bias, bool nonlinear_activation) {
+  const double elementwise = nonlinear_activation ? outputs : 0.0;
+  return {.forward = 2.0 * multiply_adds + (bias ? outputs : 0.0) + elementwise,
+          .backward_data = 2.0 * multiply_adds + elementwise,
+          .backward_weights = 2.0 * multiply_adds + (bias ? outputs : 0.0)};
+}
+
 Shape Layer::build(std::size_t position, const Shape& input_shape, Rng& init_rng) {
   position_ = position;
   input_shape_ = input_shape;

@@ -49,6 +49,21 @@ struct ReferenceBackward {
   std::span<std::vector<double>> dvariables;
 };
 
+// Floating-point operations per sample of one training step, a multiply-add counted as two (as
+// GEMM peaks are counted). Conv2D and Dense: 2 x multiply-adds for forward, for the gradient with
+// respect to the input (backward_data) and for the gradients of the weights (backward_weights),
+// plus one per output element for a bias and one for a fused non-linear activation. Layers without
+// weights count one operation per element they touch (a pooling window's compares or adds per
+// output, a relu per element) and have no backward_weights. What `dtrain bench` divides its
+// timings by; approximate for the layers that only move memory.
+struct Flops {
+  double forward = 0.0, backward_data = 0.0, backward_weights = 0.0;
+  double backward() const { return backward_data + backward_weights; }
+};
+
+// Conv2D's and Dense's count: `multiply_adds` per sample, `outputs` output elements per sample.
+Flops weighted_layer_flops(double multiply_adds, double outputs, bool bias, bool nonlinear_activation);
+
 class Layer {
  public:
   explicit Layer(std::string name) : name_(std::move(name)) {}
@@ -80,6 +95,8 @@ class Layer {
   // Whether training steps sum statistics over the replicas (StepContext::cross_replica) during
   // forward and backward.
   virtual bool synchronizes_replicas() const { return false; }
+  // Per sample, after build() (see Flops); zero for a layer that does not count its work.
+  virtual Flops flops_per_sample() const { return {}; }
 
   // The oracle: plain loops in double, obviously correct, what every backend's kernel is tested
   // against (and what is itself checked against finite differences).

@@ -30,4 +30,10 @@ void MaxPool2D::reference_backward(const ReferenceBackward& io, const StepContex
   reference::max_pool2d_backward(io.x.data(), io.dy.data(), io.dx.data(), dims(io.batch));
 }
 
+Flops MaxPool2D::flops_per_sample() const {
+  // A compare per window element; backward routes each output's gradient to one input.
+  const double outputs = static_cast<double>(output_shape().numel());
+  return {.forward = outputs * params().pool_size[0] * params().pool_size[1], .backward_data = outputs};
+}
+
 }  // namespace dtrain::nn

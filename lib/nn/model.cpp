@@ -1,6 +1,8 @@
 #include "nn/model.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -10,6 +12,40 @@
 #include "nn/registry.hpp"
 
 namespace dtrain::nn {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the time since `since` to `into` once the context has finished the layer's work.
+Clock::time_point lap(backends::Context& ctx, double& into, Clock::time_point since) {
+  ctx.synchronize();
+  const auto now = Clock::now();
+  into += std::chrono::duration<double>(now - since).count();
+  return now;
+}
+
+// What a kernel's BackwardMarks::weights_done() does while the layers are timed.
+class LayerMarks final : public BackwardMarks {
+ public:
+  LayerMarks(backends::Context& ctx, LayerTimes& times) : ctx_(ctx), times_(times) {}
+  void begin(std::size_t layer, Clock::time_point start) {
+    layer_ = layer;
+    start_ = start;
+  }
+  void weights_done() override {
+    lap(ctx_, times_.backward_weights[layer_], start_);
+    times_.split[layer_] = 1;
+  }
+
+ private:
+  backends::Context& ctx_;
+  LayerTimes& times_;
+  std::size_t layer_ = 0;
+  Clock::time_point start_;
+};
+
+}  // namespace
 
 DType compute_dtype(config::Precision precision) {
   switch (precision) {
@@ -127,7 +163,15 @@ const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
   Plan& p = plan_for(batch);
   // Kernels only read through the input; the const_cast does not write.
   ctx_.set_address(p.input, const_cast<void*>(x.raw()));
-  for (auto& kernel : kernels_) kernel->forward(batch, step);
+  if (times_) {
+    auto t = Clock::now();
+    for (std::size_t i = 0; i < kernels_.size(); ++i) {
+      kernels_[i]->forward(batch, step);
+      t = lap(ctx_, times_->forward[i], t);
+    }
+  } else {
+    for (auto& kernel : kernels_) kernel->forward(batch, step);
+  }
   if (p.output_out) p.output_out->run();
   ctx_.synchronize();
   current_ = &p;
@@ -143,14 +187,26 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
   DTRAIN_CHECK(current_ != nullptr, "backward() before forward()");
   Plan& p = *current_;
   if (p.grad_in) p.grad_in->run();
+  auto t = times_ ? Clock::now() : Clock::time_point{};
+  // Timed, the kernels get a step context that carries the mark between their two gradients.
+  std::optional<LayerMarks> marks;
+  std::optional<StepContext> marked;
+  if (times_) {
+    marks.emplace(ctx_, *times_);
+    marked.emplace(step);
+    marked->backward_marks = &*marks;
+  }
   for (std::size_t i = layers_.size(); i-- > 0;) {
     Layer& layer = *layers_[i];
-    kernels_[i]->backward(p.batch, step);
-    if (layer.variables().empty()) continue;
-    if (options.regularization_scale != 0.0f || options.gradients_ready) ctx_.synchronize();  // the grads are written
-    if (options.regularization_scale != 0.0f)
-      layer.add_regularization_gradient(ctx_.numerics(), options.regularization_scale);
-    if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());
+    if (marks) marks->begin(i, t);
+    kernels_[i]->backward(p.batch, marked ? *marked : step);
+    if (!layer.variables().empty()) {
+      if (options.regularization_scale != 0.0f || options.gradients_ready) ctx_.synchronize();  // the grads are written
+      if (options.regularization_scale != 0.0f)
+        layer.add_regularization_gradient(ctx_.numerics(), options.regularization_scale);
+      if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());
+    }
+    if (times_) t = lap(ctx_, times_->backward[i], t);
   }
   ctx_.synchronize();
 }
@@ -186,6 +242,15 @@ bool Sequential::synchronizes_replicas() const {
   for (const auto& layer : layers_)
     if (layer->synchronizes_replicas()) return true;
   return false;
+}
+
+void Sequential::time_layers(LayerTimes* times) {
+  times_ = times;
+  if (!times_) return;
+  times_->forward.resize(layers_.size(), 0.0);
+  times_->backward.resize(layers_.size(), 0.0);
+  times_->backward_weights.resize(layers_.size(), 0.0);
+  times_->split.resize(layers_.size(), 0);
 }
 
 std::string Sequential::summary() const {

@@ -49,6 +49,16 @@ struct BackwardOptions {
   const std::function<void(std::size_t first, std::size_t count)>* gradients_ready = nullptr;
 };
 
+// Seconds each layer's kernel took, added up while attached to a model (dtrain bench): forward[i]
+// and backward[i] for layer i (backward includes handing its gradients over). The model then
+// synchronizes its context after every layer to read the clock; with none attached it reads no
+// clock at all. A kernel that marks the end of its weights' gradients (nn::BackwardMarks) has
+// backward_weights[i], the part of backward[i] before the mark, and split[i] set.
+struct LayerTimes {
+  std::vector<double> forward, backward, backward_weights;
+  std::vector<char> split;
+};
+
 // The compute dtype of a precision policy.
 DType compute_dtype(config::Precision precision);
 // ConfigError at `where` (the experiment's precision key) when `ctx`'s device cannot compute in
@@ -98,6 +108,9 @@ class Sequential {
   // Whether some layer sums over the replicas during training (synchronized batch normalization).
   bool synchronizes_replicas() const;
 
+  // Attaches `times` (sized to the layers here) or, with null, detaches it.
+  void time_layers(LayerTimes* times);
+
   // A Keras-like summary: one line per layer with its output shape and parameter count.
   std::string summary() const;
 
@@ -124,6 +137,7 @@ class Sequential {
   std::vector<std::size_t> gradient_sizes_;
   std::map<std::int64_t, Plan> plans_;
   Plan* current_ = nullptr;
+  LayerTimes* times_ = nullptr;
 };
 
 }  // namespace dtrain::nn

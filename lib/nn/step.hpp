@@ -21,6 +21,15 @@ class CrossReplica {
   virtual void all_reduce_sum(std::span<double> values, const char* what) = 0;
 };
 
+// dtrain bench's mark inside a layer's backward: a kernel that computes the gradients of its
+// weights and then the gradient of its input calls weights_done() between the two, so that the
+// bench can split the layer's backward time. Null except while a bench times the layers.
+class BackwardMarks {
+ public:
+  virtual ~BackwardMarks() = default;
+  virtual void weights_done() = 0;
+};
+
 struct StepContext {
   Mode mode = Mode::inference;
   // Key of every per-step random stream: Rng streams are fixed by (seed, step, sample).
@@ -37,6 +46,8 @@ struct StepContext {
   std::span<const std::int64_t> sample_ids;
   // The other replicas; null when this replica is alone (then a sum is its own values).
   CrossReplica* cross_replica = nullptr;
+  // See BackwardMarks.
+  BackwardMarks* backward_marks = nullptr;
 
   bool training() const { return mode == Mode::training; }
 };

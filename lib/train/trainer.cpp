@@ -264,9 +264,11 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   const float replicas = static_cast<float>(rc.num_replicas_in_sync);
   const bool overlap = strategy_->overlaps_backward();
   const nn::StepContext step = step_context(rc, nn::Mode::training, batch);
+  PhaseClock phases(rc.replica_id == 0 ? profile_ : nullptr);
   double data_loss = 0.0;
   if (batch.size > 0) {
     const Tensor& logits = rep.model->forward(batch.x, step);
+    phases.mark(Phase::forward);
     rep.per_example.resize(static_cast<std::size_t>(batch.size));
     rep.loss->per_example(logits, batch.y, rep.per_example);
     // Divide by the samples of the whole step (all replicas), never by this replica's share.
@@ -275,9 +277,11 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
                        : losses::reduce_loss(rep.per_example, config::Reduction::sum);
     rep.loss->gradient(logits, batch.y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
                        rep.model->output_gradient());
+    phases.mark(Phase::loss);
     // Each replica adds 1/R of the regularization gradient: summed over replicas, it is added once.
     // The per-layer hand-over only when the strategy sums across workers while backward runs.
     rep.model->backward(step, nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr});
+    phases.mark(Phase::backward);
     for (auto& m : rep.train_metrics) m->update(batch.y, logits);
   } else {
     // No samples for this replica on a short last batch: it still adds its share of the
@@ -285,13 +289,17 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
     rep.model->step_without_samples(step);
     rep.model->add_regularization_gradient(1.0f / replicas);
     if (overlap) rep.gradients_ready(0, rep.model->variables().size());
+    phases.mark(Phase::backward);
   }
   const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
+  phases.mark(Phase::loss);  // the metrics' updates and the regularization loss
   strategy_->sum_gradients(rc);
+  phases.mark(Phase::reduction);
   strategy_->update(rc, [&rep] {
     rep.optimizer->apply_gradients(rep.model->trainable_variables());
     rep.model->apply_updates();
   });
+  phases.mark(Phase::optimizer);
   replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
 }
 
@@ -382,15 +390,29 @@ CallbackList Trainer::make_callbacks() {
 }
 
 double Trainer::train_step(data::DistributedIterator& input) {
+  const auto started = profile_ ? Clock::now() : Clock::time_point{};
+  if (profile_) profile_->begin_step();
+  PhaseClock phases(profile_);
   step_batches_ = input.next();
+  phases.mark(Phase::data);
   DTRAIN_CHECK(step_batches_ != nullptr, "the input ended before steps_per_epoch");
   step_samples_ = input.global_samples();
   strategy_->set_step(global_step_);
   strategy_->run(train_fn_);
+  phases.skip();  // replica 0 timed the phases inside run()
   const double loss = strategy_->reduce_sum(replica_losses_);
+  phases.mark(Phase::reduction);
   ++global_step_;
   step_batches_ = nullptr;
+  if (profile_)
+    profile_->end_step(std::chrono::duration<double>(Clock::now() - started).count(), step_samples_,
+                       step_samples_ == global_batch_size());
   return loss;
+}
+
+void Trainer::set_profile(StepProfile* profile) {
+  profile_ = profile;
+  replicas_[0].model->time_layers(profile ? &profile->step_layers() : nullptr);
 }
 
 std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps) {

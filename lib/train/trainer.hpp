@@ -39,6 +39,7 @@
 #include "optim/optimizer.hpp"
 #include "train/callbacks.hpp"
 #include "train/report.hpp"
+#include "train/step_profile.hpp"
 
 namespace dtrain::train {
 
@@ -82,6 +83,10 @@ class Trainer {
   EvalResult evaluate(const data::Dataset& split);
   // The same on a split by name: "test", "validation" or "train".
   EvalResult evaluate_split(const std::string& name);
+
+  // Attaches a profile that the training steps fill from now on (dtrain bench), or detaches it
+  // (null). Steps without one read no clock.
+  void set_profile(StepProfile* profile);
 
   distribute::Strategy& strategy() { return *strategy_; }
   // Replica r's model; with mirrored variables every replica holds the same values.
@@ -153,6 +158,7 @@ class Trainer {
   std::vector<double> replica_losses_;
   // Built once: std::function from a capturing lambda may allocate.
   std::function<void(const distribute::ReplicaContext&)> train_fn_, eval_fn_;
+  StepProfile* profile_ = nullptr;  // set_profile()
 };
 
 }  // namespace dtrain::train

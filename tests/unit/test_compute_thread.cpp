@@ -19,6 +19,7 @@
 #include "core/compute_thread.hpp"
 #include "nn/kernel.hpp"
 #include "nn/registry.hpp"
+#include "test_support.hpp"
 #include "trainer_support.hpp"
 
 using namespace dtrain;
@@ -51,22 +52,8 @@ struct ProbeOptions {
   bool operator==(const ProbeOptions&) const = default;
 };
 
-// The identity, recording the floating-point environment as it goes.
-class Probe final : public nn::Layer {
- public:
-  using Options = ProbeOptions;
-  Probe(std::string name, const Options&) : Layer(std::move(name)) {}
-  std::string_view kind() const override { return Options::kind; }
-  void reference_forward(const nn::ReferenceForward& io, const nn::StepContext&) const override {
-    std::copy(io.x.begin(), io.x.end(), io.y.begin());
-  }
-  void reference_backward(const nn::ReferenceBackward& io, const nn::StepContext&) const override {
-    std::copy(io.dy.begin(), io.dy.end(), io.dx.begin());
-  }
-
- private:
-  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
-};
+// The identity, recording the floating-point environment as it goes (its kernel does).
+using Probe = testing::IdentityLayer<ProbeOptions>;
 
 class ProbeKernel final : public nn::LayerKernel {
  public:

@@ -3,11 +3,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
 
 #include "backends/context.hpp"
+#include "nn/layer.hpp"
 #include "nn/step.hpp"
 
 namespace dtrain::testing {
@@ -18,6 +20,25 @@ inline backends::Context& cpu() {
   return *ctx;
 }
 inline backends::Numerics& cpu_numerics() { return cpu().numerics(); }
+
+// A layer that passes its input through, for a test that registers a probe kernel of its own under
+// OptionsT::kind (what the kernel records is the test's point).
+template <class OptionsT>
+class IdentityLayer final : public nn::Layer {
+ public:
+  using Options = OptionsT;
+  IdentityLayer(std::string name, const Options&) : Layer(std::move(name)) {}
+  std::string_view kind() const override { return Options::kind; }
+  void reference_forward(const nn::ReferenceForward& io, const nn::StepContext&) const override {
+    std::copy(io.x.begin(), io.x.end(), io.y.begin());
+  }
+  void reference_backward(const nn::ReferenceBackward& io, const nn::StepContext&) const override {
+    std::copy(io.dy.begin(), io.dy.end(), io.dx.begin());
+  }
+
+ private:
+  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
+};
 
 // A training (or inference) step of one replica alone.
 inline nn::StepContext step_of(nn::Mode mode, std::int64_t samples = 0) {

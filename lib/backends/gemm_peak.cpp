@@ -1,0 +1,39 @@
+#include "backends/gemm_peak.hpp"
+
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace dtrain::backends {
+
+namespace {
+
+// Filled by the backends' registrations before main, read-only afterwards.
+std::vector<std::pair<std::string_view, GemmPeakProbe>>& probes() {
+  static std::vector<std::pair<std::string_view, GemmPeakProbe>> registered;
+  return registered;
+}
+
+}  // namespace
+
+void register_gemm_peak(std::string_view backend, GemmPeakProbe probe) {
+  for (const auto& [name, _] : probes())
+    DTRAIN_CHECK(name != backend, fmt::format("two GEMM peak probes registered for the {} backend", backend));
+  probes().emplace_back(backend, probe);
+}
+
+GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads) {
+  GemmPeak none;
+  // A CPU without bfloat16 instructions has no bf16 peak, as it has no bf16 training.
+  none.why_not = ctx.cannot_compute_in(dtype);
+  if (!none.why_not.empty()) return none;
+  for (const auto& [name, probe] : probes())
+    if (name == ctx.backend()) return probe(ctx, dtype, threads);
+  none.why_not = fmt::format("the {} backend cannot measure its GEMM peak", ctx.backend());
+  return none;
+}
+
+}  // namespace dtrain::backends

@@ -1,0 +1,36 @@
+// The rate a backend's matrix multiply reaches on its device: what `dtrain bench` compares the
+// FLOP rate training achieves with. Each backend registers how it measures it (a matmul in the
+// compute dtype of the precision policy), in its own folder, as it registers its context.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "backends/context.hpp"
+#include "core/tensor.hpp"
+
+namespace dtrain::backends {
+
+struct GemmPeak {
+  // False when the device cannot multiply in the dtype asked for (why_not says why, for the user).
+  bool available = false;
+  std::string why_not;
+  double gflops = 0.0;    // the best rate of the sizes tried, 2 m n k FLOPs per multiply
+  std::int64_t size = 0;  // the m = n = k that reached it
+  std::string what;       // "oneDNN matmul f32 x f32 -> f32"
+};
+
+// Measures on `ctx`'s device with `threads` compute threads, for a fraction of a second; called
+// only for a dtype the device computes in (Context::cannot_compute_in).
+using GemmPeakProbe = GemmPeak (*)(Context& ctx, DType dtype, int threads);
+// Called by a backend's folder before main.
+void register_gemm_peak(std::string_view backend, GemmPeakProbe probe);
+// The peak of `ctx`'s backend; not available (saying so) when it registered no probe.
+GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads);
+
+struct GemmPeakRegistration {
+  GemmPeakRegistration(std::string_view backend, GemmPeakProbe probe) { register_gemm_peak(backend, probe); }
+};
+
+}  // namespace dtrain::backends

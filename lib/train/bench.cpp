@@ -1,0 +1,249 @@
+#include "train/bench.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "nn/model.hpp"
+
+namespace dtrain::train {
+
+namespace {
+
+// Runs `steps` training steps from the start of epoch `epoch` on, into the next epochs. With a
+// profile attached, goes on until it has kept `steps` (short batches are left out).
+void run_steps(Trainer& trainer, std::int64_t& epoch, std::int64_t steps, const StepProfile* profile) {
+  std::int64_t done = 0;
+  while ((profile ? profile->steps : done) < steps) {
+    const std::int64_t kept = profile ? profile->steps : 0;
+    const std::int64_t want = steps - (profile ? profile->steps : done);
+    const std::size_t ran = trainer.train_steps(epoch++, want).size();
+    done += static_cast<std::int64_t>(ran);
+    if (ran == 0 || (profile && profile->steps == kept))
+      throw ConfigError(fmt::format("{}: an epoch has no step of a full global batch ({}) to time; use a smaller batch",
+                                    trainer.experiment().source_file, trainer.global_batch_size()));
+  }
+}
+
+Spread spread(std::span<const double> per_worker) {
+  Spread s;
+  for (double v : per_worker) s.mean += v;
+  s.mean /= static_cast<double>(per_worker.size());
+  s.max = *std::max_element(per_worker.begin(), per_worker.end());
+  return s;
+}
+
+double gflops_of(double flops_per_sample, double samples, double milliseconds) {
+  return milliseconds > 0.0 ? flops_per_sample * samples / (milliseconds * 1e-3) * 1e-9 : 0.0;
+}
+
+// JSON numbers: finite, or null.
+std::string num(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+std::string json_spread(const Spread& s) { return fmt::format("{{\"mean\": {}, \"max\": {}}}", num(s.mean), num(s.max)); }
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
+  if (options.steps < 1) throw ConfigError("dtrain bench: --steps must be at least 1");
+  if (options.warmup < 0) throw ConfigError("dtrain bench: --warmup must not be negative");
+  distribute::Strategy& strategy = trainer.strategy();
+  const config::Experiment& exp = trainer.experiment();
+  std::int64_t epoch = 0;
+  run_steps(trainer, epoch, options.warmup, nullptr);
+  StepProfile profile;
+  trainer.set_profile(&profile);
+  run_steps(trainer, epoch, options.steps, &profile);
+  trainer.set_profile(nullptr);
+
+  // Every worker measures its cores' GEMM peak at the same time, as they trained together.
+  BenchReport r;
+  r.threads = resolve_threads(exp.train.threads);
+  const DType dtype = nn::compute_dtype(exp.precision);
+  r.compute_dtype = dtype_name(dtype);
+  strategy.all_reduce_max(0, "bench: start of the GEMM peak");
+  r.peak = backends::measure_gemm_peak(trainer.model(0).context(), dtype, r.threads);
+
+  // This worker's figures (per step, in ms), then every worker's.
+  nn::Sequential& model = trainer.model(0);
+  const std::size_t layers = model.num_layers();
+  const double steps = static_cast<double>(profile.steps);
+  std::vector<double> mine;
+  mine.push_back(1e3 * profile.step_seconds / steps);
+  for (double s : profile.seconds) mine.push_back(1e3 * s / steps);
+  for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.forward[i] / steps);
+  for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.backward[i] / steps);
+  for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.backward_weights[i] / steps);
+  for (std::size_t i = 0; i < layers; ++i)
+    mine.push_back(1e3 * (profile.layers.backward[i] - profile.layers.backward_weights[i]) / steps);
+  mine.push_back(r.peak.available ? r.peak.gflops : 0.0);
+  const std::size_t k = mine.size();
+  const auto workers = static_cast<std::size_t>(strategy.workers());
+  std::vector<double> all(k * workers, 0.0);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(k * static_cast<std::size_t>(strategy.worker_index())));
+  strategy.all_reduce_sum(std::span<double>(all), "bench figures");
+  auto figure = [&](std::size_t index) {
+    std::vector<double> column(workers);
+    for (std::size_t w = 0; w < workers; ++w) column[w] = all[w * k + index];
+    return spread(column);
+  };
+
+  r.header = trainer.header_line();
+  r.workers = strategy.workers();
+  r.replicas_in_sync = strategy.num_replicas_in_sync();
+  r.global_batch = profile.samples / profile.steps;
+  r.replica_batch = r.global_batch / r.replicas_in_sync;
+  r.warmup_steps = options.warmup;
+  r.steps = profile.steps;
+  r.steps_left_out = profile.steps_left_out;
+  r.step_ms = figure(0);
+  std::vector<double> sums(workers, 0.0);
+  for (std::size_t p = 0; p < kPhases; ++p) {
+    r.phase_ms[p] = figure(1 + p);
+    for (std::size_t w = 0; w < workers; ++w) sums[w] += all[w * k + 1 + p];
+  }
+  r.phase_sum_ms = spread(sums);
+  // Per replica: the layers of replica 0 computed its share of the global batch.
+  const double replica_samples = static_cast<double>(r.global_batch) / r.replicas_in_sync;
+  for (std::size_t i = 0; i < layers; ++i) {
+    const nn::Layer& layer = model.layer(i);
+    LayerBench l;
+    l.name = layer.name();
+    l.kind = std::string(layer.kind());
+    l.forward_ms = figure(1 + kPhases + i);
+    l.backward_ms = figure(1 + kPhases + layers + i);
+    l.split = profile.layers.split[i] != 0;
+    if (l.split) {
+      l.backward_weights_ms = figure(1 + kPhases + 2 * layers + i);
+      l.backward_data_ms = figure(1 + kPhases + 3 * layers + i);
+    }
+    l.flops = layer.flops_per_sample();
+    l.backward_data = i > 0;  // training never needs d(loss)/d(input)
+    const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+    l.forward_gflops = gflops_of(l.flops.forward, replica_samples, l.forward_ms.mean);
+    l.backward_gflops = gflops_of(backward, replica_samples, l.backward_ms.mean);
+    r.flops_per_sample += l.flops.forward + backward;
+    r.layers.push_back(std::move(l));
+  }
+  r.samples_per_s = static_cast<double>(r.global_batch) / (r.step_ms.mean * 1e-3);
+  r.gflops = r.flops_per_sample * r.samples_per_s * 1e-9;
+  r.peak_gflops = figure(k - 1);
+  if (r.peak.available) {
+    r.peak_gflops_total = r.peak_gflops.mean * r.workers;
+    r.peak_fraction = r.gflops / r.peak_gflops_total;
+  }
+  return r;
+}
+
+std::string bench_table(const BenchReport& r) {
+  const bool many = r.workers > 1;
+  // One worker: the figure; several: mean/max over the workers.
+  auto ms = [many](const Spread& s) { return many ? fmt::format("{:.3f}/{:.3f}", s.mean, s.max) : fmt::format("{:.3f}", s.mean); };
+  std::string out = fmt::format("timed {} steps after {} warm-up steps: global batch {} ({} per replica), compute {}{}{}\n",
+                     r.steps, r.warmup_steps, r.global_batch, r.replica_batch, r.compute_dtype,
+                     r.steps_left_out ? fmt::format(", {} short last batch(es) run but not timed", r.steps_left_out) : "",
+                     many ? fmt::format("; times are mean/max over {} workers", r.workers) : "");
+  std::size_t name_width = 12, kind_width = 10;
+  for (const LayerBench& l : r.layers) {
+    name_width = std::max(name_width, l.name.size() + 2);
+    kind_width = std::max(kind_width, l.kind.size() + 2);
+  }
+  const int w = many ? 17 : 13;
+  out += fmt::format("\n{:<{}}{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12}{:>12}{:>12}{:>12}\n", "layer", name_width, "kind",
+                     kind_width, "forward ms", w, "backward ms", w, "weights ms", w, "input ms", w, "fwd MFLOP",
+                     "bwd MFLOP", "fwd GFLOP/s", "bwd GFLOP/s");
+  Spread fwd_total, bwd_total;
+  double fwd_flops = 0.0, bwd_flops = 0.0;
+  for (const LayerBench& l : r.layers) {
+    const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+    out += fmt::format("{:<{}}{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}{:>12.1f}{:>12.1f}\n", l.name, name_width,
+                       l.kind, kind_width, ms(l.forward_ms), w, ms(l.backward_ms), w,
+                       l.split ? ms(l.backward_weights_ms) : "-", w, l.split ? ms(l.backward_data_ms) : "-", w,
+                       l.flops.forward * 1e-6, backward * 1e-6, l.forward_gflops, l.backward_gflops);
+    fwd_total.mean += l.forward_ms.mean;
+    fwd_total.max += l.forward_ms.max;
+    bwd_total.mean += l.backward_ms.mean;
+    bwd_total.max += l.backward_ms.max;
+    fwd_flops += l.flops.forward;
+    bwd_flops += backward;
+  }
+  out += fmt::format("{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}\n", "all layers", name_width + kind_width,
+                     ms(fwd_total), w, ms(bwd_total), w, "", w, "", w, fwd_flops * 1e-6, bwd_flops * 1e-6);
+  out += "(backward = the gradients of the weights and, after the first layer, of the input; split into the two where\n"
+         " the kernel marks the boundary, '-' where it computes them as one; MFLOP per sample)\n";
+
+  out += fmt::format("\n{:<14}{:>{}}{:>10}\n", "step phase", "ms/step", w, "share");
+  auto share = [&](double v) { return fmt::format("{:.1f} %", 100.0 * v / r.step_ms.mean); };
+  for (std::size_t p = 0; p < kPhases; ++p)
+    out += fmt::format("{:<14}{:>{}}{:>10}\n", phase_name(static_cast<Phase>(p)), ms(r.phase_ms[p]), w,
+                       share(r.phase_ms[p].mean));
+  out += fmt::format("{:<14}{:>{}}{:>10}\n", "sum of phases", ms(r.phase_sum_ms), w, share(r.phase_sum_ms.mean));
+  out += fmt::format("{:<14}{:>{}}{:>10}\n", "step (wall)", ms(r.step_ms), w, share(r.step_ms.mean));
+
+  out += fmt::format("\nthroughput: {:.1f} samples/s x {:.3f} MFLOP/sample = {:.2f} GFLOP/s\n", r.samples_per_s,
+                     r.flops_per_sample * 1e-6, r.gflops);
+  if (!r.peak.available) {
+    out += fmt::format("GEMM peak ({}): not available: {}\n", r.compute_dtype, r.peak.why_not);
+  } else {
+    const std::string per_worker =
+        many ? fmt::format("{:.1f} (max {:.1f}) GFLOP/s per worker x {} workers = {:.1f} GFLOP/s", r.peak_gflops.mean,
+                           r.peak_gflops.max, r.workers, r.peak_gflops_total)
+             : fmt::format("{:.1f} GFLOP/s", r.peak_gflops_total);
+    out += fmt::format("GEMM peak: {} at {}^3 on {} thread{} per worker: {}; training reaches {:.1f} % of it\n",
+                       r.peak.what, r.peak.size, r.threads, r.threads == 1 ? "" : "s", per_worker,
+                       100.0 * r.peak_fraction);
+  }
+  return out;
+}
+
+std::string bench_json(const BenchReport& r) {
+  std::string out = "{\"schema\": \"dtrain.bench/1\"";
+  out += fmt::format(", \"header\": {}, \"compute_dtype\": {}", json_string(r.header), json_string(r.compute_dtype));
+  out += fmt::format(", \"workers\": {}, \"replicas_in_sync\": {}, \"threads\": {}", r.workers, r.replicas_in_sync, r.threads);
+  out += fmt::format(", \"global_batch\": {}, \"replica_batch\": {}, \"warmup_steps\": {}, \"steps\": {}, \"steps_left_out\": {}",
+                     r.global_batch, r.replica_batch, r.warmup_steps, r.steps, r.steps_left_out);
+  out += fmt::format(", \"step_ms\": {}, \"phases_ms\": {{", json_spread(r.step_ms));
+  for (std::size_t p = 0; p < kPhases; ++p)
+    out += fmt::format("{}\"{}\": {}", p ? ", " : "", phase_name(static_cast<Phase>(p)), json_spread(r.phase_ms[p]));
+  out += fmt::format("}}, \"phase_sum_ms\": {}, \"layers\": [", json_spread(r.phase_sum_ms));
+  for (std::size_t i = 0; i < r.layers.size(); ++i) {
+    const LayerBench& l = r.layers[i];
+    out += fmt::format(
+        "{}{{\"name\": {}, \"kind\": {}, \"forward_ms\": {}, \"backward_ms\": {}, \"backward_weights_ms\": {}, "
+        "\"backward_data_ms\": {}, \"flops_per_sample\": {{\"forward\": {}, \"backward_data\": {}, \"backward_weights\": {}}}, "
+        "\"backward_computes_data\": {}, \"forward_gflops\": {}, \"backward_gflops\": {}}}",
+        i ? ", " : "", json_string(l.name), json_string(l.kind), json_spread(l.forward_ms), json_spread(l.backward_ms),
+        l.split ? json_spread(l.backward_weights_ms) : "null", l.split ? json_spread(l.backward_data_ms) : "null",
+        num(l.flops.forward), num(l.flops.backward_data), num(l.flops.backward_weights), l.backward_data ? "true" : "false",
+        num(l.forward_gflops), num(l.backward_gflops));
+  }
+  out += fmt::format("], \"samples_per_s\": {}, \"flops_per_sample\": {}, \"gflops\": {}", num(r.samples_per_s),
+                     num(r.flops_per_sample), num(r.gflops));
+  out += fmt::format(", \"gemm_peak\": {{\"dtype\": {}, \"available\": {}", json_string(r.compute_dtype),
+                     r.peak.available ? "true" : "false");
+  if (r.peak.available)
+    out += fmt::format(", \"what\": {}, \"size\": {}, \"gflops_per_worker\": {}, \"gflops\": {}, \"fraction\": {}",
+                       json_string(r.peak.what), r.peak.size, json_spread(r.peak_gflops), num(r.peak_gflops_total),
+                       num(r.peak_fraction));
+  else
+    out += fmt::format(", \"why_not\": {}", json_string(r.peak.why_not));
+  return out + "}}\n";
+}
+
+}  // namespace dtrain::train

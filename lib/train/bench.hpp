@@ -1,0 +1,69 @@
+// `dtrain bench` (like `caffe time`): an experiment's training steps, timed. The trainer is built
+// exactly as `dtrain run` builds it (model, strategy, input pipeline); warm-up steps create the
+// primitives and fill the caches, then the timed steps run with a StepProfile attached. Each
+// worker measures its own steps, layers and GEMM peak (all at the same time); every worker then
+// holds every worker's figures, as mean and max.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/gemm_peak.hpp"
+#include "nn/layer.hpp"
+#include "train/step_profile.hpp"
+#include "train/trainer.hpp"
+
+namespace dtrain::train {
+
+struct BenchOptions {
+  std::int64_t warmup = 10;  // steps before timing
+  std::int64_t steps = 50;   // timed steps (an epoch's short last batch is run but not counted)
+};
+
+// A per-worker figure over the workers.
+struct Spread {
+  double mean = 0.0, max = 0.0;
+};
+
+struct LayerBench {
+  std::string name, kind;
+  Spread forward_ms, backward_ms;  // per step
+  // Where the kernel marks the end of its weights' gradients (nn::BackwardMarks): backward_ms
+  // split into the weights' part (with a fused activation's backward) and the input's.
+  bool split = false;
+  Spread backward_weights_ms, backward_data_ms;
+  nn::Flops flops;                 // per sample
+  // Whether backward computes the gradient with respect to the input (every layer but the first).
+  bool backward_data = true;
+  double forward_gflops = 0.0, backward_gflops = 0.0;  // from the mean times
+};
+
+struct BenchReport {
+  std::string header;  // the run's header line
+  std::string compute_dtype;
+  int workers = 1, replicas_in_sync = 1, threads = 1;
+  std::int64_t global_batch = 0, replica_batch = 0, warmup_steps = 0, steps = 0, steps_left_out = 0;
+  Spread step_ms;
+  std::array<Spread, kPhases> phase_ms;
+  Spread phase_sum_ms;
+  std::vector<LayerBench> layers;
+  double samples_per_s = 0.0;
+  double flops_per_sample = 0.0;  // one training step's, forward and backward
+  double gflops = 0.0;            // achieved by the whole job
+  backends::GemmPeak peak;        // the chief's (what, size; available or why not)
+  Spread peak_gflops;             // per worker
+  double peak_gflops_total = 0.0; // summed over the workers: what the job's cores reach
+  double peak_fraction = -1.0;    // gflops / peak_gflops_total; < 0 without a peak
+};
+
+// Runs the warm-up and the timed steps and measures the GEMM peak. Every worker calls it.
+BenchReport run_bench(Trainer& trainer, const BenchOptions& options);
+
+// The human table (README "Benchmarking"); the header line is not in it.
+std::string bench_table(const BenchReport& report);
+// One JSON object (schema "dtrain.bench/1", README "Benchmarking"), ending in a newline.
+std::string bench_json(const BenchReport& report);
+
+}  // namespace dtrain::train

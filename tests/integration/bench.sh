@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# dtrain bench end to end, on the small experiment with few steps:
+#   tests/integration/bench.sh CASE DTRAIN_BINARY SCRATCH_DIR
+# The table and the JSON name every layer and every phase; the phases add up to no more than the
+# step's wall time (and to most of it); the JSON parses and follows the README's schema.
+set -uo pipefail
+case_name=$1 dtrain=$2 scratch=$3
+rm -rf "$scratch" && mkdir -p "$scratch"
+fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+
+small=experiments/fashion_mnist_small.yaml
+# 40 timed steps cross an epoch of the small set (2,000 samples: 31 steps of 64, the last short).
+few=(--steps 40 --warmup 3 --set train.threads=1)
+phases=(data forward loss backward reduction optimizer)
+
+# check_table FILE WORKERS
+check_table() {
+  local out=$1 workers=$2
+  cat "$out"
+  grep -q "^dtrain .* | experiment fashion_mnist_small" "$out" || fail "no header line"
+  grep -Eq "^timed 40 steps after 3 warm-up steps: global batch 64 .*1 short last batch" "$out" \
+    || fail "no summary line (or the short batch was not left out)"
+  for layer in conv2d max_pooling2d conv2d_1 max_pooling2d_1 flatten dense dense_1; do
+    grep -Eq "^$layer +[a-z_0-9]+ +[0-9.]+" "$out" || fail "no row for layer $layer"
+  done
+  for p in "${phases[@]}"; do grep -Eq "^$p +[0-9.]+" "$out" || fail "no row for phase $p"; done
+  grep -Eq "^sum of phases +[0-9.]+" "$out" || fail "no phase sum"
+  grep -Eq "^step \(wall\) +[0-9.]+" "$out" || fail "no step time"
+  grep -Eq "^throughput: [0-9.]+ samples/s x 14\.910 MFLOP/sample = [0-9.]+ GFLOP/s$" "$out" || fail "no throughput line"
+  grep -Eq "^GEMM peak: oneDNN matmul f32 x f32 -> f32 at [0-9]+\^3 .*training reaches [0-9.]+ % of it$" "$out" \
+    || fail "no GEMM peak line"
+  if [ "$workers" -gt 1 ]; then
+    grep -q "times are mean/max over $workers workers" "$out" || fail "the table does not say it aggregates the workers"
+  fi
+}
+
+# check_json FILE WORKERS
+check_json() {
+  python3 - "$1" "$2" <<'PY' || fail "the JSON does not hold what the README promises"
+import json, sys
+with open(sys.argv[1]) as f:
+    r = json.load(f)
+workers = int(sys.argv[2])
+assert r["schema"] == "dtrain.bench/1", r["schema"]
+assert r["workers"] == workers and r["steps"] == 40 and r["warmup_steps"] == 3, r
+assert r["global_batch"] == 64 and r["steps_left_out"] == 1, r
+phases = ["data", "forward", "loss", "backward", "reduction", "optimizer"]
+assert sorted(r["phases_ms"]) == sorted(phases), r["phases_ms"]
+for p in phases:
+    s = r["phases_ms"][p]
+    assert 0 <= s["mean"] <= s["max"], (p, s)
+total = sum(r["phases_ms"][p]["mean"] for p in phases)
+assert abs(total - r["phase_sum_ms"]["mean"]) < 1e-6 * max(1, total), (total, r["phase_sum_ms"])
+step = r["step_ms"]["mean"]
+# Each phase is a piece of the step's wall time; what is left is dispatch between them.
+assert 0.5 * step < total <= step * (1 + 1e-9), (total, step)
+names = [l["name"] for l in r["layers"]]
+assert names == ["conv2d", "max_pooling2d", "conv2d_1", "max_pooling2d_1", "flatten", "dense", "dense_1"], names
+for l in r["layers"]:
+    for k in ("forward_ms", "backward_ms"):
+        assert 0 <= l[k]["mean"] <= l[k]["max"], (l["name"], k, l[k])
+    for k in ("backward_weights_ms", "backward_data_ms"):
+        assert l[k] is None or 0 <= l[k]["mean"] <= l[k]["max"], (l["name"], k, l[k])
+    assert set(l["flops_per_sample"]) == {"forward", "backward_data", "backward_weights"}, l
+assert r["layers"][0]["flops_per_sample"]["forward"] == 432640, r["layers"][0]
+assert r["layers"][0]["backward_computes_data"] is False and r["layers"][2]["backward_computes_data"] is True
+assert sum(l["forward_ms"]["mean"] for l in r["layers"]) <= r["phases_ms"]["forward"]["mean"] * (1 + 1e-9)
+# The seed CNN by hand: 3 x 2 x 2,528,000 multiply-adds, less conv1's input gradient, plus biases, relus, pools.
+assert r["flops_per_sample"] == 14909812, r["flops_per_sample"]
+assert r["samples_per_s"] > 0 and r["gflops"] > 0
+peak = r["gemm_peak"]
+assert peak["dtype"] == "f32" and peak["available"] is True, peak
+assert peak["size"] in (512, 1024, 2048) and peak["gflops"] > 0, peak
+assert abs(peak["fraction"] - r["gflops"] / peak["gflops"]) < 1e-9, peak
+assert abs(peak["gflops"] - workers * peak["gflops_per_worker"]["mean"]) < 1e-6 * peak["gflops"], peak
+print(f"json ok: {r['samples_per_s']:.0f} samples/s, phases {total:.3f} of {step:.3f} ms, peak fraction {peak['fraction']:.3f}")
+PY
+}
+
+case "$case_name" in
+  table_and_json)
+    "$dtrain" bench "$small" "${few[@]}" >"$scratch/table" || fail "bench failed"
+    check_table "$scratch/table" 1
+    "$dtrain" bench "$small" "${few[@]}" --json >"$scratch/json" || fail "bench --json failed"
+    check_json "$scratch/json" 1
+    # Mirrored replicas: the reduction across them is a phase of its own.
+    "$dtrain" bench "$small" --steps 5 --warmup 1 --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" \
+      --set data.batch_size_per_replica=32 --json >"$scratch/mirrored" || fail "bench under mirrored failed"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["replicas_in_sync"] == 2 and r["replica_batch"] == 32, r' \
+      "$scratch/mirrored" || fail "mirrored JSON"
+    # mixed_bfloat16: the peak is a bf16 matmul's (where the CPU has bfloat16; otherwise run stops at the key).
+    if "$dtrain" bench "$small" --steps 3 --warmup 1 --set precision=mixed_bfloat16 --json >"$scratch/bf16" 2>"$scratch/bf16.err"; then
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r["gemm_peak"]; assert r["compute_dtype"] == "bf16" and p["dtype"] == "bf16" and p["available"] and "bf16 x bf16" in p["what"], r' \
+        "$scratch/bf16" || fail "bf16 JSON"
+    else
+      grep -q "no bfloat16 instructions" "$scratch/bf16.err" || fail "mixed_bfloat16 bench failed: $(cat "$scratch/bf16.err")"
+    fi
+    ;;
+  bad_args)
+    "$dtrain" bench "$small" --steps 0 >"$scratch/out" 2>"$scratch/err"
+    [ $? -eq 2 ] || fail "--steps 0 should exit 2: $(cat "$scratch/err")"
+    "$dtrain" bench "$small" --set data.batch_size_per_replica=4096 --steps 2 --warmup 0 >"$scratch/out" 2>"$scratch/err"
+    [ $? -eq 2 ] || fail "a batch larger than the data should exit 2"
+    grep -q "no step of a full global batch" "$scratch/err" || fail "unclear error: $(cat "$scratch/err")"
+    ;;
+  mpi)
+    # Two ranks on this machine's loopback and shared memory.
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \
+      OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+    mwm="strategy={kind: multi_worker_mirrored, communication: {timeout_seconds: 60}}"
+    mpirun -n 2 --oversubscribe "$dtrain" bench "$small" "${few[@]}" --set data.batch_size_per_replica=32 \
+      --set "$mwm" >"$scratch/table" 2>"$scratch/err" || fail "mpirun bench failed: $(tail -5 "$scratch/err")"
+    # Only the chief prints.
+    [ "$(grep -c '^dtrain ' "$scratch/table")" -eq 1 ] || fail "more than one rank printed"
+    check_table "$scratch/table" 2
+    mpirun -n 2 --oversubscribe "$dtrain" bench "$small" "${few[@]}" --set data.batch_size_per_replica=32 \
+      --set "$mwm" --json >"$scratch/json" 2>"$scratch/err" || fail "mpirun bench --json failed: $(tail -5 "$scratch/err")"
+    check_json "$scratch/json" 2
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "ok [$case_name]"

@@ -1,0 +1,192 @@
+// dtrain bench's pieces: the step profile the trainer fills only while attached, the report and
+// its figures, and the GEMM peak in each compute dtype.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+
+#include "backends/gemm_peak.hpp"
+#include "backends/onednn/context.hpp"
+#include "nn/kernel.hpp"
+#include "nn/registry.hpp"
+#include "test_support.hpp"
+#include "train/bench.hpp"
+#include "trainer_support.hpp"
+
+using namespace dtrain;
+
+namespace {
+
+// 10 training samples in global batches of 4: steps of 4, 4 and a short one of 2.
+const std::string kExperiment = R"(
+name: bench_probe
+seed: 3
+data: {source: synthetic, shape: [8, 8, 1], classes: 3, train_size: 10, test_size: 4, global_batch_size: 4, shuffle_buffer: 10, prefetch: false}
+model:
+  input_shape: [8, 8, 1]
+  layers:
+    - conv2d: {filters: 4, kernel_size: 3, activation: relu}
+    - max_pool2d: {pool_size: 2}
+    - flatten: {}
+    - dense: {units: 3}
+loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
+optimizer: {kind: sgd, learning_rate: 0.1}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, threads: 1}
+)";
+
+// The identity, whose backward takes 2 ms for its "weights" and then 1 ms for its input, and marks
+// the boundary as a kernel with both gradients does (nn::BackwardMarks).
+struct SplitProbeOptions {
+  static constexpr std::string_view kind = "split_probe";
+  bool operator==(const SplitProbeOptions&) const = default;
+};
+
+using SplitProbe = testing::IdentityLayer<SplitProbeOptions>;
+
+class SplitProbeKernel final : public nn::LayerKernel {
+ public:
+  backends::LayoutPtr plan(std::int64_t, const backends::LayoutPtr& src) override { return src; }
+  void bind(std::int64_t, const nn::LayerIO& io) override { io_ = io; }
+  void forward(std::int64_t, const nn::StepContext&) override {
+    std::memcpy(io_.dst.data, io_.src.data, io_.src.layout->bytes());
+  }
+  void backward(std::int64_t, const nn::StepContext& step) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (step.backward_marks) step.backward_marks->weights_done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::memcpy(io_.diff_src.data, io_.diff_dst.data, io_.dst.layout->bytes());
+  }
+
+ private:
+  nn::LayerIO io_;
+};
+
+config::LayerOptions parse_probe(const config::Section&) { return SplitProbeOptions{}; }
+void write_probe(const config::LayerOptions&, config::OptionsWriter&) {}
+std::unique_ptr<nn::LayerKernel> make_probe_kernel(nn::Layer&, backends::Context&, DType) {
+  return std::make_unique<SplitProbeKernel>();
+}
+const nn::LayerRegistration<SplitProbe> split_probe_layer({.kind = "split_probe", .aliases = {}, .auto_name = "split_probe",
+                                                           .keys = {}, .parse = &parse_probe, .write = &write_probe});
+const nn::KernelRegistration split_probe_kernel(backends::onednn::kName, "split_probe", &make_probe_kernel);
+
+double sum(const std::array<double, train::kPhases>& a) { return std::accumulate(a.begin(), a.end(), 0.0); }
+
+}  // namespace
+
+TEST_CASE("a profile attached is filled by the steps; short batches are left out; detached, nothing is touched") {
+  auto trainer = testing::make_trainer(kExperiment);
+  train::StepProfile profile;
+  trainer->set_profile(&profile);
+  trainer->train_steps(0, 3);  // 4, 4, then the short 2
+  CHECK(profile.steps == 2);
+  CHECK(profile.steps_left_out == 1);
+  CHECK(profile.samples == 8);
+  for (auto phase : {train::Phase::forward, train::Phase::loss, train::Phase::backward, train::Phase::optimizer})
+    CHECK(profile.seconds[static_cast<std::size_t>(phase)] > 0.0);
+  CHECK(sum(profile.seconds) <= profile.step_seconds);
+  REQUIRE(profile.layers.forward.size() == 4);
+  REQUIRE(profile.layers.backward.size() == 4);
+  const double layers_forward = std::accumulate(profile.layers.forward.begin(), profile.layers.forward.end(), 0.0);
+  CHECK(layers_forward > 0.0);
+  CHECK(layers_forward <= profile.seconds[static_cast<std::size_t>(train::Phase::forward)]);
+
+  trainer->set_profile(nullptr);
+  const train::StepProfile before = profile;
+  trainer->train_steps(1, 3);
+  CHECK(profile.steps == before.steps);
+  CHECK(profile.seconds == before.seconds);
+  CHECK(profile.layers.forward == before.layers.forward);
+  CHECK(profile.layers.backward == before.layers.backward);
+}
+
+TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases within the step, the JSON") {
+  auto trainer = testing::make_trainer(kExperiment);
+  train::BenchOptions options;
+  options.warmup = 1;
+  options.steps = 3;  // two epochs: each one's short last batch is left out
+  const train::BenchReport r = train::run_bench(*trainer, options);
+  CHECK(r.steps == 3);
+  CHECK(r.steps_left_out >= 1);
+  CHECK(r.global_batch == 4);
+  CHECK(r.workers == 1);
+  REQUIRE(r.layers.size() == 4);
+  CHECK(r.layers[0].name == "conv2d");
+  CHECK_FALSE(r.layers[0].backward_data);
+  CHECK(r.layers[3].backward_data);
+  double flops = 0.0;
+  for (const auto& l : r.layers) flops += l.flops.forward + l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+  CHECK(r.flops_per_sample == doctest::Approx(flops));
+  // conv2d: 6x6x4 outputs of 9 multiply-adds, bias and relu; no input gradient.
+  CHECK(r.layers[0].flops.forward == 2.0 * 144 * 9 + 144 + 144);
+  double phases = 0.0;
+  for (const auto& p : r.phase_ms) phases += p.mean;
+  CHECK(phases == doctest::Approx(r.phase_sum_ms.mean));
+  CHECK(r.phase_sum_ms.mean <= r.step_ms.mean);
+  CHECK(r.samples_per_s == doctest::Approx(4.0 / (r.step_ms.mean * 1e-3)));
+  REQUIRE(r.peak.available);
+  CHECK(r.peak.gflops > 0.0);
+  CHECK(r.peak_fraction == doctest::Approx(r.gflops / r.peak_gflops_total));
+  const std::string json = train::bench_json(r);
+  CHECK(json.starts_with("{\"schema\": \"dtrain.bench/1\""));
+  CHECK(json.find("\"reduction\": {\"mean\": ") != std::string::npos);
+  const std::string table = train::bench_table(r);
+  CHECK(table.find("sum of phases") != std::string::npos);
+  CHECK(table.find("GEMM peak: oneDNN matmul f32 x f32 -> f32") != std::string::npos);
+}
+
+TEST_CASE("the GEMM peak in each compute dtype, or why there is none") {
+  backends::Context& ctx = testing::cpu();
+  const backends::GemmPeak bf16 = backends::measure_gemm_peak(ctx, DType::bf16, 1);
+  if (bf16.available) {
+    CHECK(bf16.gflops > 0.0);
+    CHECK(bf16.what == "oneDNN matmul bf16 x bf16 -> f32");
+  } else {
+    CHECK(bf16.why_not.find("no bfloat16 instructions") != std::string::npos);
+  }
+  const backends::GemmPeak i32 = backends::measure_gemm_peak(ctx, DType::i32, 1);
+  CHECK_FALSE(i32.available);
+  CHECK_FALSE(i32.why_not.empty());
+}
+
+TEST_CASE("under mirrored replicas replica 0's thread times the phases, read after the step") {
+  auto trainer = testing::make_trainer(kExperiment, {"strategy={kind: mirrored, devices: [cpu:0, cpu:1]}", "train.threads=2"});
+  train::StepProfile profile;
+  trainer->set_profile(&profile);
+  trainer->train_steps(0, 2);
+  trainer->set_profile(nullptr);
+  CHECK(profile.steps == 2);
+  CHECK(profile.samples == 8);
+  CHECK(profile.seconds[static_cast<std::size_t>(train::Phase::reduction)] > 0.0);
+  CHECK(sum(profile.seconds) <= profile.step_seconds);
+  CHECK(profile.layers.backward.size() == 4);
+}
+
+TEST_CASE("a kernel that marks the end of its weights' gradients gets its backward split in two") {
+  std::string yaml = kExperiment;
+  const std::string dense = "    - dense: {units: 3}\n";
+  REQUIRE(yaml.find(dense) != std::string::npos);
+  yaml.replace(yaml.find(dense), dense.size(), "    - dense: {units: 6}\n    - split_probe: {}\n" + dense);
+  auto trainer = testing::make_trainer(yaml);
+  train::BenchOptions options;
+  options.warmup = 1;
+  options.steps = 2;
+  const train::BenchReport r = train::run_bench(*trainer, options);
+  REQUIRE(r.layers.size() == 6);
+  const train::LayerBench& probe = r.layers[4];
+  CHECK(probe.kind == "split_probe");
+  REQUIRE(probe.split);
+  CHECK(probe.backward_weights_ms.mean >= 2.0);
+  CHECK(probe.backward_data_ms.mean >= 1.0);
+  CHECK(probe.backward_weights_ms.mean + probe.backward_data_ms.mean == doctest::Approx(probe.backward_ms.mean));
+  CHECK_FALSE(r.layers[1].split);  // pooling and flatten have no weights' gradients to mark
+  CHECK_FALSE(r.layers[2].split);
+  const std::string json = train::bench_json(r);
+  CHECK(json.find("\"kind\": \"split_probe\", \"forward_ms\"") != std::string::npos);
+  CHECK(json.find("\"backward_weights_ms\": null") != std::string::npos);
+  CHECK(json.find("\"backward_weights_ms\": {\"mean\": ") != std::string::npos);
+}
