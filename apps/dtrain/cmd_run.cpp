@@ -108,6 +108,7 @@ int run_command(const RunArgs& args) {
     options.out = stdout;
     options.out_is_tty = isatty(fileno(stdout)) != 0;
     options.stop_requested = &signals.requested();
+    signals.set_checkpoint_dir(train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
   });
 }

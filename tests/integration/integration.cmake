@@ -38,3 +38,17 @@ endforeach()
 
 # The modules stay layered: no include from a lower module to a higher one (tools/check_layering).
 add_test(NAME layering COMMAND python3 ${PROJECT_SOURCE_DIR}/tools/check_layering)
+
+# Bad files, full and read-only disks, damaged checkpoints and manifests, signals under mpirun
+# (tests/integration/files.sh CASE ...). The disk cases mount a tmpfs and are skipped (exit 77)
+# where that is not permitted.
+set(DTRAIN_FILES_CASES full_disk readonly_run_dir unwritable_checkpoint_dir nan_data idx_labels special_files manifest
+    resume_checkpoint_dir metrics_once diverged damaged_state double_signal mpi_signals)
+foreach(case ${DTRAIN_FILES_CASES})
+  add_test(NAME files.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/files.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/files_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(files.${case} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+endforeach()
+set_tests_properties(files.double_signal files.mpi_signals PROPERTIES RUN_SERIAL TRUE)
