@@ -87,8 +87,14 @@ StopOnSignal::~StopOnSignal() {
   [[maybe_unused]] auto n = write(wake_fd_, &one, sizeof one);
   watcher_.join();
   close_fds();
-  // A signal that arrived after the watcher stopped is still pending and is delivered here with
-  // the previous disposition, as if this object had never existed.
+  // A signal that arrived after the watcher stopped (a second Ctrl-C while the stopped run shuts
+  // down) is still pending; taken here, so that restoring the mask does not deliver it with its
+  // default action and turn the run's exit code into a death by signal. The process is ending
+  // anyway: what the signal asked for is happening.
+  const sigset_t set = stop_signals();
+  const timespec no_wait{0, 0};
+  while (sigtimedwait(&set, nullptr, &no_wait) > 0) {
+  }
   pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
 }
 

@@ -33,7 +33,9 @@ class StopOnSignal {
   // Blocks SIGINT/SIGTERM in this thread and starts the watcher; throws InternalError if the
   // kernel refuses the signalfd or eventfd.
   StopOnSignal();
-  // Stops the watcher and restores this thread's previous mask. Call it on the constructing thread.
+  // Stops the watcher, takes any stop signal still pending (the process is ending; its default
+  // action would turn the exit code into a death by signal) and restores this thread's previous
+  // mask. Call it on the constructing thread.
   ~StopOnSignal();
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;

@@ -548,6 +548,11 @@ train: {epochs: 2, threads: 1, progress: none}
                                             " under mpirun -n 2" if mpi else "")
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.work,
                              stdin=subprocess.DEVNULL, errors="replace")
+        if not mpi:
+            # The moments that count start once dtrain has blocked the signals (the first thing its
+            # run command does); before that, while the loader and the sanitizer start, a signal has
+            # its default action in any program.
+            self.wait_until_blocked(p.pid, sig)
         time.sleep(delay)
         p.send_signal(sig)
         if double:
@@ -581,6 +586,19 @@ train: {epochs: 2, threads: 1, progress: none}
             rc2, out2, err2 = self.run(argv2, timeout=120)
             ok = self.judge("signal-resume", name, argv2, rc2, out2, err2, files=[run], allowed=(0,)) and ok
         return ok
+
+    @staticmethod
+    def wait_until_blocked(pid, sig, limit=30.0):
+        until = time.monotonic() + limit
+        while time.monotonic() < until:
+            try:
+                with open("/proc/%d/status" % pid) as f:
+                    for line in f:
+                        if line.startswith("SigBlk:") and int(line.split()[1], 16) & (1 << (sig - 1)):
+                            return
+            except OSError:
+                return  # already gone
+            time.sleep(0.005)
 
     # ------------------------------------------------------------------ the campaign
 
