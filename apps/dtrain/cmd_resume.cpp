@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "distribute/worker_group.hpp"
 #include "signals.hpp"
+#include "train/callbacks.hpp"
 #include "train/run_dir.hpp"
 #include "train/trainer.hpp"
 
@@ -129,6 +130,7 @@ int resume_command(const ResumeArgs& args) {
   options.workers = workers.get();
   options.stop_requested = &signals.requested();
   signals.set_checkpoint_dir(train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
+  return naming_source(candidates[first] + ":/experiment", [&] {
   return train_or_evaluate(*workers, exp, options, [&](train::Trainer& trainer) {
     // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.
     const std::string& chosen = candidates[first_valid(candidates, first, args.run_dir, say,
@@ -139,6 +141,7 @@ int resume_command(const ResumeArgs& args) {
     stored = checkpoint::peek(chosen);
     if (say) fmt::print("Resuming from {} at epoch {}, step {} of it (global step {})\n", chosen, stored.state.epoch + 1,
                         stored.state.step_in_epoch, stored.state.global_step);
+  });
   });
   });
 }

@@ -698,7 +698,7 @@ Contents read_contents(const Reader& r) {
   s.epoch_loss_sum = r.read("/state/epoch_loss_sum", Element::f64, std::vector<std::int64_t>{}, "dataset").scalar<double>();
   s.epoch_samples = read_scalar_i64(r, "/state/epoch_samples");
   // Ranges any run can reach: an epoch counter of int range, a step count training can still add
-  // to, an epoch no longer than the run, finite running figures. Outside them the file is corrupt.
+  // to, a step within the steps done, finite running figures. Outside them the file is corrupt.
   const bool counters_ok = s.epoch >= 0 && s.epoch < kMaxEpochs && s.step_in_epoch >= 0 && s.global_step >= 0 &&
                            s.global_step <= kMaxGlobalStep && s.step_in_epoch <= s.global_step && s.epoch_samples >= 0 &&
                            std::isfinite(s.epoch_loss_sum);

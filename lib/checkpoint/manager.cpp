@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -50,7 +51,9 @@ bool is_checkpoint_file(const fs::path& path) {
 // Each name once, ordered by the step in it (oldest first): the manifest's order is not trusted,
 // since a manifest edited or written out of order must never make an older file look newest.
 std::vector<std::string> ordered(std::vector<std::string> names) {
-  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) { return *step_of(a) < *step_of(b); });
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return std::pair(*step_of(a), a) < std::pair(*step_of(b), b);  // equal names end up next to each other
+  });
   names.erase(std::unique(names.begin(), names.end()), names.end());
   return names;
 }

@@ -3,7 +3,8 @@
 
     tools/fuzz/files.py --dtrain build-asan/dtrain --seconds 120 --seed 1 --out /tmp/fuzz
 
-Cases, each run with a timeout:
+Cases, each run with a timeout, within --seconds (the fixed ones first come interleaved with the
+random ones; a short budget runs some of the fixed ones and says how many):
   data     every mutation of the IDX and HDF5 data files in a fixed list (truncations, bit flips,
            wrong and huge dimensions, NaN and infinite values, labels out of range, special files)
   ckpt     corrupted checkpoints, drawn at random until the time is up: bit flips in every region
@@ -37,6 +38,23 @@ import numpy as np
 SEAL_BYTES = 512
 TIMEOUT = 60
 SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer", "runtime error:", "ERROR: ")
+
+
+def flip(path, offset, mask):
+    """XORs the byte at `offset` of `path` with `mask`."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def writing(data, mode):
+    """A mutation writing `data` at the start of the file (mode "r+b") or as its whole text ("w")."""
+    def mutate(path):
+        with open(path, mode) as f:
+            f.write(data)
+    return mutate
 
 
 class Harness:
@@ -188,20 +206,8 @@ train: {epochs: 2, threads: 1, progress: none}
         def truncate(n):
             return lambda p: os.truncate(p, n)
 
-        def flip(offset, bit):
-            def f(p):
-                with open(p, "r+b") as fh:
-                    fh.seek(offset)
-                    b = fh.read(1)
-                    fh.seek(offset)
-                    fh.write(bytes([b[0] ^ (1 << bit)]))
-            return f
-
         def header(data):
-            def f(p):
-                with open(p, "r+b") as fh:
-                    fh.write(data)
-            return f
+            return writing(data, "r+b")
 
         def replace_with(kind):
             def f(p):
@@ -240,7 +246,7 @@ train: {epochs: 2, threads: 1, progress: none}
         variant("labels-trunc", labels, truncate(9))
         for offset in (0, 1, 2, 3, 4, 7, 8, 11, 12, 15):
             for bit in (0, 7):
-                variant("flip%d-%d" % (offset, bit), images, flip(offset, bit))
+                variant("flip%d-%d" % (offset, bit), images, lambda p, o=offset, b=bit: flip(p, o, 1 << b))
         variant("dims-huge", images, header(bytes([0, 0, 8, 3]) + struct.pack(">III", 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF)))
         variant("dims-wrong", images, header(bytes([0, 0, 8, 3]) + struct.pack(">III", 64, 4, 16)))
         variant("dims-zero", images, header(bytes([0, 0, 8, 3]) + struct.pack(">III", 0, 8, 8)))
@@ -307,15 +313,6 @@ train: {epochs: 2, threads: 1, progress: none}
                     os.symlink("/dev/zero", p)
             return f
 
-        def flip_at(offset):
-            def f(p):
-                with open(p, "r+b") as fh:
-                    fh.seek(offset)
-                    b = fh.read(1)
-                    fh.seek(offset)
-                    fh.write(bytes([b[0] ^ 0xFF]))
-            return f
-
         variant("nan-x", set_x(np.nan, 64 * 7 + 3))
         variant("inf-x", set_x(-np.inf, 100))
         variant("nan-y", replace("train/y", np.array([0.5] * 63 + [np.nan], dtype=np.float32)))
@@ -332,7 +329,7 @@ train: {epochs: 2, threads: 1, progress: none}
         for n in (0, 8, 100, 512, size // 3, size // 2, size - 1):
             variant("trunc%d" % n, lambda p, n=n: os.truncate(p, n))
         for offset in (0, 8, 40, 100, 200, 400, 800, 1200, 2000, size // 2, size - 100):
-            variant("flip%d" % offset, flip_at(offset))
+            variant("flip%d" % offset, lambda p, o=offset: flip(p, o, 0xFF))
         for kind in ("fifo", "dir", "devzero"):
             variant(kind, special(kind))
 
@@ -390,11 +387,7 @@ train: {epochs: 2, threads: 1, progress: none}
                       "flip-meta": (SEAL_BYTES, min(size, SEAL_BYTES + 4096))}.get(kind, (0, size))
             offset = r.randrange(lo, hi)
             bit = r.randrange(8)
-            with open(path, "r+b") as f:
-                f.seek(offset)
-                b = f.read(1)
-                f.seek(offset)
-                f.write(bytes([b[0] ^ (1 << bit)]))
+            flip(path, offset, 1 << bit)
             if kind == "flip-any-resealed":
                 self.reseal(path)
             return "%s at %d bit %d" % (kind, offset, bit)
@@ -507,10 +500,7 @@ train: {epochs: 2, threads: 1, progress: none}
         listed.sort(key=lambda c: int(c[5:-3]))
 
         def write(text):
-            def f(p):
-                with open(p, "w") as fh:
-                    fh.write(text)
-            return f
+            return writing(text, "w")
 
         def special(p):
             os.remove(p)
