@@ -230,6 +230,29 @@ EOF
       echo "ok: $1"
     done
     ;;
+  stored_experiment)
+    # An experiment stored in a checkpoint that builds no model: the error names the checkpoint.
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=1 --run-dir "$scratch/run" >/dev/null || fail "run failed"
+    ckpt="$scratch/run/checkpoints/ckpt-10.h5"
+    "$py" - "$ckpt" <<'EOF' || fail "cannot edit the checkpoint"
+import struct, sys, zlib
+import h5py, numpy as np
+path = sys.argv[1]
+text = b"name: x\nmodel: {input_shape: [2, 2, 1], layers: [{dense: {units: 1}}]}\n"
+with h5py.File(path, "r+") as h:
+    del h["experiment"]
+    ds = h.create_dataset("experiment", data=np.array(text, dtype="S%d" % len(text)))
+    ds.attrs.create("crc32", zlib.crc32(text), dtype=np.uint32)
+body = open(path, "rb").read()[512:]
+with open(path, "r+b") as f:
+    f.seek(12)
+    f.write(struct.pack("<QI", len(body), zlib.crc32(body)))
+EOF
+    "$dtrain" eval --checkpoint "$ckpt" >/dev/null 2>"$scratch/eval.err"
+    one_line_error 2 $? "$scratch/eval.err" "$ckpt:/experiment"
+    "$dtrain" resume "$scratch/run" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
+    one_line_error 2 $? "$scratch/resume.err" "$ckpt:/experiment"
+    ;;
   double_signal)
     # A second signal exits at once (128 + signal) and leaves no temporary behind, whenever it comes.
     for i in 1 2 3 4 5; do
