@@ -57,6 +57,23 @@ def writing(data, mode):
     return mutate
 
 
+def replacing(kind):
+    """A mutation replacing the file by a special file, a directory, an empty file or a dangling link."""
+    def mutate(path):
+        os.remove(path)
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            os.mkdir(path)
+        elif kind in ("devnull", "devzero"):
+            os.symlink("/dev/" + kind[3:], path)
+        elif kind == "empty":
+            open(path, "w").close()
+        elif kind == "dangling":
+            os.symlink(path + ".absent", path)
+    return mutate
+
+
 class Harness:
     def __init__(self, args):
         self.dtrain = os.path.abspath(args.dtrain)
@@ -209,23 +226,6 @@ train: {epochs: 2, threads: 1, progress: none}
         def header(data):
             return writing(data, "r+b")
 
-        def replace_with(kind):
-            def f(p):
-                os.remove(p)
-                if kind == "fifo":
-                    os.mkfifo(p)
-                elif kind == "dir":
-                    os.mkdir(p)
-                elif kind == "devnull":
-                    os.symlink("/dev/null", p)
-                elif kind == "devzero":
-                    os.symlink("/dev/zero", p)
-                elif kind == "empty":
-                    open(p, "w").close()
-                elif kind == "dangling":
-                    os.symlink(p + ".absent", p)
-            return f
-
         def labels_out_of_range(p):
             arr = np.full(64, 3)
             arr[37] = 200
@@ -256,8 +256,8 @@ train: {epochs: 2, threads: 1, progress: none}
         variant("inf", images, inf_images)
         variant("trailing", images, lambda p: open(p, "ab").write(b"x"))
         for kind in ("fifo", "dir", "devnull", "devzero", "empty", "dangling"):
-            variant(kind, images, replace_with(kind))
-            variant("labels-" + kind, labels, replace_with(kind))
+            variant(kind, images, replacing(kind))
+            variant("labels-" + kind, labels, replacing(kind))
 
     def hdf5_cases(self):
         good = os.path.join(self.work, "good.h5")
@@ -302,17 +302,6 @@ train: {epochs: 2, threads: 1, progress: none}
                 h.create_dataset(name, shape=(2 ** 40, 8, 8, 1), dtype=np.float32, chunks=(1, 8, 8, 1))
             return edit(fn)
 
-        def special(kind):
-            def f(p):
-                os.remove(p)
-                if kind == "fifo":
-                    os.mkfifo(p)
-                elif kind == "dir":
-                    os.mkdir(p)
-                else:
-                    os.symlink("/dev/zero", p)
-            return f
-
         variant("nan-x", set_x(np.nan, 64 * 7 + 3))
         variant("inf-x", set_x(-np.inf, 100))
         variant("nan-y", replace("train/y", np.array([0.5] * 63 + [np.nan], dtype=np.float32)))
@@ -331,7 +320,7 @@ train: {epochs: 2, threads: 1, progress: none}
         for offset in (0, 8, 40, 100, 200, 400, 800, 1200, 2000, size // 2, size - 100):
             variant("flip%d" % offset, lambda p, o=offset: flip(p, o, 0xFF))
         for kind in ("fifo", "dir", "devzero"):
-            variant(kind, special(kind))
+            variant(kind, replacing(kind))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -502,16 +491,12 @@ train: {epochs: 2, threads: 1, progress: none}
         def write(text):
             return writing(text, "w")
 
-        def special(p):
-            os.remove(p)
-            os.mkfifo(p)
-
         prepare("empty", write(""))
         prepare("garbage", write("\x00\xff garbage ../../etc/passwd\n"))
         prepare("reversed", write("".join(c + "\n" for c in reversed(listed))))
         prepare("repeated", write("".join(c + "\n" for c in listed for _ in range(3))))
         prepare("deleted", os.remove)
-        prepare("fifo", special)
+        prepare("fifo", replacing("fifo"))
         prepare("directory", lambda p: (os.remove(p), os.mkdir(p)), allowed=(3,))  # cannot be replaced: refused
         prepare("absent-names", write("ckpt-1.h5\nckpt-2.h5\n"))
 
