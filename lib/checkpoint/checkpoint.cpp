@@ -701,6 +701,7 @@ Contents read_contents(const Reader& r) {
   // to, a step within the steps done, finite running figures. Outside them the file is corrupt.
   const bool counters_ok = s.epoch >= 0 && s.epoch < kMaxEpochs && s.step_in_epoch >= 0 && s.global_step >= 0 &&
                            s.global_step <= kMaxGlobalStep && s.step_in_epoch <= s.global_step && s.epoch_samples >= 0 &&
+                           s.epoch_samples <= kMaxGlobalStep &&
                            std::isfinite(s.epoch_loss_sum);
   if (!counters_ok)
     r.bad(fmt::format("/state holds impossible values (epoch {}, step_in_epoch {}, global_step {}, epoch_samples {}, "

@@ -36,7 +36,7 @@ inline constexpr int kFormatVersion = 1;
 // The HDF5 user block at the start of every checkpoint, holding the whole-file checksum.
 inline constexpr std::size_t kSealBytes = 512;
 // The largest /state values a checkpoint may hold (larger ones are refused as corrupt): epochs
-// count in an int, and global_step leaves room to count on.
+// count in an int, and global_step (and the samples of an epoch) leave room to count on.
 inline constexpr std::int64_t kMaxEpochs = std::int64_t{1} << 31;
 inline constexpr std::int64_t kMaxGlobalStep = std::int64_t{1} << 62;
 

@@ -518,7 +518,7 @@ TEST_CASE("checkpoint manager: a damaged manifest never hides, reorders or delet
   const auto listed = [&](std::string& warning) { return ckpt::list_checkpoints(run, &warning); };
 
   SUBCASE("empty, garbage, deleted or a FIFO: the directory's files, with a warning") {
-    for (const std::string text : {std::string(), std::string("\x01\xff garbage\n"), std::string("-")}) {
+    for (const std::string    for (const std::string text : {std::string(),  text : {std::string(), std::string("\x01\xff garbage\n"), std::string("-")}) {
       CAPTURE(text);
       fs::remove(manifest);
       if (text != "-") std::ofstream(manifest) << text;
@@ -576,6 +576,7 @@ TEST_CASE("checkpoint: /state values no run can reach are refused as corrupt") {
   refused([](auto& s) { s.global_step = std::numeric_limits<std::int64_t>::max(); }, "global_step 9223372036854775807");
   refused([](auto& s) { s.epoch = std::int64_t{1} << 62; }, "epoch 4611686018427387904");
   refused([](auto& s) { s.epoch = -1; }, "impossible values");
+  refused([](auto& s) { s.epoch_samples = std::numeric_limits<std::int64_t>::max(); }, "epoch_samples 9223372036854775807");
   refused([](auto& s) { s.step_in_epoch = s.global_step + 1; }, "impossible values");
   refused([](auto& s) { s.epoch_loss_sum = std::numeric_limits<double>::quiet_NaN(); }, "epoch_loss_sum nan");
   refused([](auto& s) { s.metric_counts[0][1] = -3; }, "/state/metrics/0/counts holds a negative count");
