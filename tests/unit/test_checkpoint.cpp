@@ -518,7 +518,7 @@ TEST_CASE("checkpoint manager: a damaged manifest never hides, reorders or delet
   const auto listed = [&](std::string& warning) { return ckpt::list_checkpoints(run, &warning); };
 
   SUBCASE("empty, garbage, deleted or a FIFO: the directory's files, with a warning") {
-    for (const std::string    for (const std::string text : {std::string(),  text : {std::string(), std::string("\x01\xff garbage\n"), std::string("-")}) {
+    for (const std::string& text : {std::string(), std::string("\x01\xff garbage\n"), std::string("-")}) {
       CAPTURE(text);
       fs::remove(manifest);
       if (text != "-") std::ofstream(manifest) << text;
