@@ -83,6 +83,7 @@ int resume_command(const ResumeArgs& args) {
   // First: MPI_Init and the compute start threads, and each must inherit the mask that keeps
   // SIGINT/SIGTERM off it (signals.hpp).
   StopOnSignal signals;
+  signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
   // Only the chief speaks; every worker restores the same checkpoint.

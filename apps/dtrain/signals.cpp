@@ -95,7 +95,7 @@ StopOnSignal::~StopOnSignal() {
   const timespec no_wait{0, 0};
   while (sigtimedwait(&set, nullptr, &no_wait) > 0) {
   }
-  pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+  if (restore_mask_) pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
 }
 
 void StopOnSignal::set_checkpoint_dir(const std::string& dir) {

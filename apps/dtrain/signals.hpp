@@ -43,6 +43,12 @@ class StopOnSignal {
   // Non-zero (the signal number) once a stop was requested; the watcher thread sets it.
   const std::atomic<int>& requested() const { return stop_signal_; }
 
+  // For a command that ends the process after this object: the destructor then leaves SIGINT,
+  // SIGTERM and SIGUSR1 blocked instead of restoring the previous mask, so that a signal arriving
+  // while the process exits (mpirun forwarding a late SIGUSR1) cannot replace its exit code by a
+  // death by signal.
+  void keep_blocked() { restore_mask_ = false; }
+
   // Where checkpoints are written: on a second signal the watcher removes this process's
   // temporaries there (<name>.tmp-<pid>) before it exits. Set it before training starts.
   void set_checkpoint_dir(const std::string& dir);
@@ -52,6 +58,7 @@ class StopOnSignal {
   void close_fds() noexcept;
 
   std::atomic<int> stop_signal_{0};
+  bool restore_mask_ = true;
   std::mutex checkpoint_dir_mutex_;
   std::string checkpoint_dir_;
   sigset_t previous_mask_{};
