@@ -8,9 +8,21 @@
 #include "core/error.hpp"
 #include "distribute/strategy.hpp"
 #include "distribute/worker_group.hpp"
+#include "train/callbacks.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
+
+int naming_source(const std::string& source, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const train::TrainingDiverged&) {
+    throw;
+  } catch (const ConfigError& e) {
+    if (std::string(e.what()).find(source) != std::string::npos) throw;
+    throw ConfigError(fmt::format("{}: {}", source, e.what()));
+  }
+}
 
 int eval_command(const EvalArgs& args) {
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
@@ -41,7 +53,13 @@ int eval_command(const EvalArgs& args) {
     train::TrainerOptions options;
     options.out = stdout;
     options.workers = workers.get();
-    train::Trainer trainer(std::move(exp), options);
+    const std::string source = args.experiment.empty() ? args.checkpoint + ":/experiment" : args.experiment;
+    std::unique_ptr<train::Trainer> built;
+    naming_source(source, [&] {
+      built = std::make_unique<train::Trainer>(std::move(exp), options);
+      return 0;
+    });
+    train::Trainer& trainer = *built;
     checkpoint::restore_model(args.checkpoint, trainer.model());
     const train::EvalResult r = trainer.evaluate_split(args.split);
     const char* label = args.split == "test" ? "Test" : args.split == "validation" ? "Validation" : "Train";

@@ -79,6 +79,7 @@ int run_command(const RunArgs& args) {
   // First: MPI_Init and the compute start threads, and each must inherit the mask that keeps
   // SIGINT/SIGTERM off it (signals.hpp).
   StopOnSignal signals;
+  signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
@@ -108,6 +109,7 @@ int run_command(const RunArgs& args) {
     options.out = stdout;
     options.out_is_tty = train::progress_reaches_a_terminal(stdout);
     options.stop_requested = &signals.requested();
+    signals.set_checkpoint_dir(train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
   });
 }

@@ -101,6 +101,12 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
 int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& experiment, const train::TrainerOptions& options,
                       const std::function<void(train::Trainer&)>& prepare);
 
+// Runs `body`; a ConfigError from it that does not name `source` (an experiment read from a
+// checkpoint: "<file>:/experiment") is rethrown with `source` in front, so that an error in a
+// stored experiment names the checkpoint it came from. A stop on a non-finite loss is not an
+// error of the stored experiment and passes unchanged.
+int naming_source(const std::string& source, const std::function<int()>& body);
+
 // Prints where the run stopped and the command that continues it; returns kInterrupted.
 int report_interrupted(const train::Interrupted& stop, const std::string& run_dir);
 

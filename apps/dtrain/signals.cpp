@@ -1,6 +1,7 @@
 #include "signals.hpp"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
@@ -8,7 +9,9 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "core/error.hpp"
@@ -22,7 +25,31 @@ sigset_t stop_signals() {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
   return set;
+}
+
+// Under OpenMPI's launcher (it sets OMPI_COMM_WORLD_SIZE in every rank): SIGTERM to this process
+// when the launcher that started it dies, so a rank never trains on without its job.
+void follow_launcher() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return;
+  const pid_t launcher = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return;  // only the orphan case is lost
+  if (getppid() != launcher) kill(getpid(), SIGTERM);  // it died before the request took effect
+}
+
+// This process's checkpoint temporaries in `dir` ("<name>.tmp-<pid>"): what a save in flight leaves.
+void remove_temporaries(const std::string& dir) {
+  if (dir.empty()) return;
+  const std::string suffix = ".tmp-" + std::to_string(static_cast<long>(getpid()));
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > suffix.size() && name.ends_with(suffix)) {
+      std::error_code ignored;
+      std::filesystem::remove(it->path(), ignored);
+    }
+  }
 }
 
 void say(const char* text, std::size_t size) {
@@ -45,6 +72,7 @@ StopOnSignal::StopOnSignal() {
     pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
     throw InternalError(std::string("cannot watch SIGINT/SIGTERM (signalfd/eventfd): ") + std::strerror(err));
   }
+  follow_launcher();  // after the mask: the death signal lands in the signalfd like any other
   try {
     watcher_ = std::thread(&StopOnSignal::watch, this);  // inherits the blocked mask
   } catch (...) {
@@ -59,9 +87,20 @@ StopOnSignal::~StopOnSignal() {
   [[maybe_unused]] auto n = write(wake_fd_, &one, sizeof one);
   watcher_.join();
   close_fds();
-  // A signal that arrived after the watcher stopped is still pending and is delivered here with
-  // the previous disposition, as if this object had never existed.
-  pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+  // A signal that arrived after the watcher stopped (a second Ctrl-C while the stopped run shuts
+  // down) is still pending; taken here, so that restoring the mask does not deliver it with its
+  // default action and turn the run's exit code into a death by signal. The process is ending
+  // anyway: what the signal asked for is happening.
+  const sigset_t set = stop_signals();
+  const timespec no_wait{0, 0};
+  while (sigtimedwait(&set, nullptr, &no_wait) > 0) {
+  }
+  if (restore_mask_) pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+}
+
+void StopOnSignal::set_checkpoint_dir(const std::string& dir) {
+  const std::lock_guard lock(checkpoint_dir_mutex_);
+  checkpoint_dir_ = dir;
 }
 
 void StopOnSignal::close_fds() noexcept {
@@ -83,7 +122,12 @@ void StopOnSignal::watch() {
     if (read(signal_fd_, &info, sizeof info) != static_cast<ssize_t>(sizeof info)) continue;
     const int sig = static_cast<int>(info.ssi_signo);
     if (stop_signal_.exchange(sig) != 0) {
-      // Second signal: the user means it. No checkpoint, no destructors.
+      // Second signal: the user means it. No checkpoint, no destructors; only the temporary of a
+      // save in flight goes, so that no half-written file is left behind.
+      {
+        const std::lock_guard lock(checkpoint_dir_mutex_);
+        remove_temporaries(checkpoint_dir_);
+      }
       constexpr char msg[] = "\ndtrain: second signal, exiting without a checkpoint\n";
       say(msg, sizeof msg - 1);
       _exit(128 + sig);

@@ -1,5 +1,13 @@
-// SIGINT/SIGTERM during training: the first asks the trainer to stop at the next step boundary
-// (it saves a checkpoint and says how to resume); a second exits at once.
+// SIGINT/SIGTERM/SIGUSR1 during training: the first asks the trainer to stop at the next step
+// boundary (it saves a checkpoint and says how to resume); a second exits at once, removing the
+// temporary of a checkpoint being written (set_checkpoint_dir) so that none is ever left behind.
+//
+// SIGUSR1 is there for mpirun: OpenMPI 4.1's mpirun forwards SIGUSR1 (and SIGUSR2) to every rank
+// and lets the job end by itself, so the ranks stop at an agreed step, the chief saves, every rank
+// exits 4 and mpirun returns 4. A SIGTERM or SIGINT to mpirun instead makes mpirun abort the job:
+// it sends the ranks SIGTERM, SIGKILLs them after a grace and returns 1 itself (README). Under an
+// MPI launcher each rank also asks the kernel for SIGTERM when its launcher dies (a second signal
+// to mpirun makes it exit at once), so no rank trains on without it.
 //
 // No dtrain thread ever runs a signal handler. oneDNN's jit_avx_gemm_f32 kernel (Dense layers with
 // more than 252 inputs) briefly points RSP into a heap buffer; a signal delivered to that thread
@@ -14,6 +22,8 @@
 
 #include <atomic>
 #include <csignal>
+#include <mutex>
+#include <string>
 #include <thread>
 
 namespace dtrain::app {
@@ -23,7 +33,9 @@ class StopOnSignal {
   // Blocks SIGINT/SIGTERM in this thread and starts the watcher; throws InternalError if the
   // kernel refuses the signalfd or eventfd.
   StopOnSignal();
-  // Stops the watcher and restores this thread's previous mask. Call it on the constructing thread.
+  // Stops the watcher, takes any stop signal still pending (the process is ending; its default
+  // action would turn the exit code into a death by signal) and restores this thread's previous
+  // mask. Call it on the constructing thread.
   ~StopOnSignal();
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;
@@ -31,11 +43,24 @@ class StopOnSignal {
   // Non-zero (the signal number) once a stop was requested; the watcher thread sets it.
   const std::atomic<int>& requested() const { return stop_signal_; }
 
+  // For a command that ends the process after this object: the destructor then leaves SIGINT,
+  // SIGTERM and SIGUSR1 blocked instead of restoring the previous mask, so that a signal arriving
+  // while the process exits (mpirun forwarding a late SIGUSR1) cannot replace its exit code by a
+  // death by signal.
+  void keep_blocked() { restore_mask_ = false; }
+
+  // Where checkpoints are written: on a second signal the watcher removes this process's
+  // temporaries there (<name>.tmp-<pid>) before it exits. Set it before training starts.
+  void set_checkpoint_dir(const std::string& dir);
+
  private:
   void watch();
   void close_fds() noexcept;
 
   std::atomic<int> stop_signal_{0};
+  bool restore_mask_ = true;
+  std::mutex checkpoint_dir_mutex_;
+  std::string checkpoint_dir_;
   sigset_t previous_mask_{};
   int signal_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd: the destructor writes it so the watcher's poll() returns

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -179,8 +180,13 @@ class Writer {
   H5Id link_props_{H5Pcreate(H5P_LINK_CREATE), H5Pclose};
 };
 
-void write_checkpoint_file(const std::string& temporary, const std::string& path, const nn::Sequential& model,
-                           const optim::Optimizer& optimizer, const Contents& contents) {
+// The checkpoint's HDF5 image, built in memory (HDF5's core driver, no backing store): HDF5 never
+// writes to the disk itself, so a full or read-only disk is an error of dtrain's own write(2) (one
+// line naming the path) rather than an HDF5 stack dump and a file HDF5 cannot close at exit. The
+// image has no user block; the seal is put in front of it when it is written, and HDF5 finds its
+// superblock at byte 512 as it does in any file with a user block.
+std::string checkpoint_image(const std::string& path, const nn::Sequential& model, const optim::Optimizer& optimizer,
+                             const Contents& contents) {
   const TrainingState& state = contents.state;
   DTRAIN_CHECK(state.metric_counts.size() == state.metric_sums.size(),
                fmt::format("training state has counts for {} metrics but sums for {}", state.metric_counts.size(),
@@ -197,13 +203,12 @@ void write_checkpoint_file(const std::string& temporary, const std::string& path
   // The default (oldest) file format on purpose: the 1.8 format's metadata checksums made HDF5
   // 1.10 leak the file on a corrupt header and complain at process exit; dtrain's own crc32 per
   // dataset and its shape checks already catch what a corrupt header would misread.
-  H5Id create(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
-  if (!create.valid() || H5Pset_userblock(create.get(), kSealBytes) < 0)
-    throw InternalError(fmt::format("cannot set up the HDF5 user block ({})", hdf5_detail()));
-  H5Id file(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, create.get(), H5P_DEFAULT), H5Fclose);
+  H5Id access(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!access.valid() || H5Pset_fapl_core(access.get(), std::size_t{1} << 20, /*backing_store=*/0) < 0)
+    throw InternalError(fmt::format("cannot set up HDF5's in-memory driver ({})", hdf5_detail()));
+  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()), H5Fclose);
   if (!file.valid())
-    throw IoError(fmt::format("{}: cannot create {} ({}); check that the directory exists and is writable", path,
-                              temporary, hdf5_detail()));
+    throw InternalError(fmt::format("{}: cannot create the checkpoint image in memory ({})", path, hdf5_detail()));
   Writer w(file.get(), path);
 
   const int version = kFormatVersion;
@@ -252,24 +257,17 @@ void write_checkpoint_file(const std::string& temporary, const std::string& path
   w.string_dataset("/experiment", contents.experiment_yaml);
 
   if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) w.fail("flush");
+  const ssize_t size = H5Fget_file_image(file.get(), nullptr, 0);
+  if (size <= 0) w.fail("file image size");
+  std::string image(static_cast<std::size_t>(size), '\0');
+  if (H5Fget_file_image(file.get(), image.data(), image.size()) != size) w.fail("file image");
   if (!file.close()) w.fail("close");
+  return image;
 }
 
 [[noreturn]] void throw_errno(const std::string& path, const std::string& what) {
   throw IoError(fmt::format("{}: {} failed ({}); check the disk and the directory's permissions", path, what,
                             std::strerror(errno)));
-}
-
-// The data must be on disk before the rename makes it the checkpoint, or a crash could leave a
-// complete-looking name over incomplete contents.
-void fsync_file(const std::string& file, const std::string& path) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_errno(path, fmt::format("opening {} to sync it", file));
-  const int status = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (status != 0) throw_errno(path, fmt::format("fsync of {}", file));
 }
 
 // The whole-file checksum in the user block: magic, version, then little-endian u64 length and u32
@@ -301,23 +299,16 @@ SealInfo checksum_after_block(int fd, const std::string& path) {
   return info;
 }
 
-// Writes the whole-file checksum into the user block of the closed HDF5 file `file`.
-void seal(const std::string& file, const std::string& path) {
-  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) throw_errno(path, fmt::format("opening {} to seal it", file));
-  try {
-    const SealInfo info = checksum_after_block(fd, path);
-    unsigned char block[kSealBytes] = {};
-    std::memcpy(block, kSealMagic, sizeof kSealMagic);
-    std::memcpy(block + 8, &kSealVersion, 4);
-    std::memcpy(block + 12, &info.length, 8);
-    std::memcpy(block + 20, &info.crc, 4);
-    if (::pwrite(fd, block, sizeof block, 0) != static_cast<ssize_t>(sizeof block)) throw_errno(path, "writing the seal");
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+// The seal (the user block: magic, version, length and crc32 of the image) followed by `image`.
+std::string sealed(const std::string& image) {
+  std::string file(kSealBytes, '\0');
+  const std::uint64_t length = image.size();
+  const std::uint32_t crc = crc32_of(image.data(), image.size());
+  std::memcpy(file.data(), kSealMagic, sizeof kSealMagic);
+  std::memcpy(file.data() + 8, &kSealVersion, 4);
+  std::memcpy(file.data() + 12, &length, 8);
+  std::memcpy(file.data() + 20, &crc, 4);
+  return file + image;
 }
 
 }  // namespace
@@ -330,9 +321,15 @@ std::optional<bool> verify_seal(const std::string& path) {
     ~Closer() { ::close(fd); }
   } closer{fd};
   unsigned char block[24] = {};
-  if (::pread(fd, block, sizeof block, 0) != static_cast<ssize_t>(sizeof block) ||
-      std::memcmp(block, kSealMagic, sizeof kSealMagic) != 0)
-    return std::nullopt;
+  if (::pread(fd, block, sizeof block, 0) != static_cast<ssize_t>(sizeof block)) return std::nullopt;
+  if (std::memcmp(block, kSealMagic, sizeof kSealMagic) != 0) {
+    // Unsealed is only what an older dtrain wrote: HDF5's signature at byte 0, no user block.
+    // Anything else (one flipped bit in the magic, a foreign user block) cannot be trusted, or one
+    // damaged byte would switch the whole-file check off.
+    constexpr unsigned char kHdf5Signature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    if (std::memcmp(block, kHdf5Signature, sizeof kHdf5Signature) == 0) return std::nullopt;
+    return false;
+  }
   std::uint32_t version = 0, crc = 0;
   std::uint64_t length = 0;
   std::memcpy(&version, block + 8, 4);
@@ -395,22 +392,9 @@ void write_file_atomically(const std::string& path, const std::string& text) {
 void save(const std::string& path, const nn::Sequential& model, const optim::Optimizer& optimizer,
           const Contents& contents) {
   QuietHdf5Errors quiet;
-  const std::string temporary = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
-  try {
-    write_checkpoint_file(temporary, path, model, optimizer, contents);
-    seal(temporary, path);
-    fsync_file(temporary, path);
-    std::error_code ec;
-    fs::rename(temporary, path, ec);
-    if (ec)
-      throw IoError(fmt::format("{}: cannot rename {} to it ({}); check the directory's permissions", path, temporary,
-                                ec.message()));
-    sync_directory_of(path);
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
-    throw;
-  }
+  // Temporary, write, fsync, rename, directory fsync: the data is on disk before the rename makes
+  // it the checkpoint, and a failure removes the temporary.
+  write_file_atomically(path, sealed(checkpoint_image(path, model, optimizer, contents)));
 }
 
 // ---------------------------------------------------------------- reading
@@ -464,10 +448,14 @@ class Reader {
     if (fs::is_directory(path, ec))
       throw InputError(fmt::format("{}: is a directory, not a checkpoint file; pass one of its ckpt-<step>.h5 files",
                                    path));
+    // A FIFO or device would block the open or the read forever.
+    if (!fs::is_regular_file(path, ec))
+      throw InputError(fmt::format("{}: is not a regular file (a FIFO, socket or device); pass a ckpt-<step>.h5 file",
+                                   path));
     // Before HDF5 parses anything: a file whose whole-file checksum fails is refused here.
     if (const std::optional<bool> sealed = verify_seal(path); sealed && !*sealed)
-      corrupt("whole-file checksum mismatch (the file was cut short or changed after it was written); use another "
-              "checkpoint");
+      corrupt("whole-file checksum mismatch or no dtrain seal (the file was cut short or changed after it was "
+              "written, or dtrain did not write it); use another checkpoint");
     const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
     if (is_hdf5 <= 0)
       corrupt(is_hdf5 == 0 ? std::string("no HDF5 signature, it is not an HDF5 file") : hdf5_detail());
@@ -709,10 +697,16 @@ Contents read_contents(const Reader& r) {
   s.seed = r.read("/state/seed", Element::u64, std::vector<std::int64_t>{}, "dataset").scalar<std::uint64_t>();
   s.epoch_loss_sum = r.read("/state/epoch_loss_sum", Element::f64, std::vector<std::int64_t>{}, "dataset").scalar<double>();
   s.epoch_samples = read_scalar_i64(r, "/state/epoch_samples");
-  if (s.epoch < 0 || s.step_in_epoch < 0 || s.global_step < 0 || s.epoch_samples < 0)
-    r.bad(fmt::format("/state holds negative counters (epoch {}, step_in_epoch {}, global_step {}, epoch_samples {}); "
-                      "the checkpoint is corrupt",
-                      s.epoch, s.step_in_epoch, s.global_step, s.epoch_samples));
+  // Ranges any run can reach: an epoch counter of int range, a step count training can still add
+  // to, a step within the steps done, finite running figures. Outside them the file is corrupt.
+  const bool counters_ok = s.epoch >= 0 && s.epoch < kMaxEpochs && s.step_in_epoch >= 0 && s.global_step >= 0 &&
+                           s.global_step <= kMaxGlobalStep && s.step_in_epoch <= s.global_step && s.epoch_samples >= 0 &&
+                           s.epoch_samples <= kMaxGlobalStep &&
+                           std::isfinite(s.epoch_loss_sum);
+  if (!counters_ok)
+    r.bad(fmt::format("/state holds impossible values (epoch {}, step_in_epoch {}, global_step {}, epoch_samples {}, "
+                      "epoch_loss_sum {}); the checkpoint is corrupt",
+                      s.epoch, s.step_in_epoch, s.global_step, s.epoch_samples, s.epoch_loss_sum));
 
   if (!r.exists("/state/metrics")) r.bad("missing group /state/metrics; the checkpoint is incomplete");
   const std::vector<std::string> metrics = r.members("/state/metrics");
@@ -723,6 +717,9 @@ Contents read_contents(const Reader& r) {
       r.bad(fmt::format("/state/metrics has {} members but no {}; the checkpoint is corrupt", metrics.size(), group));
     s.metric_counts.push_back(r.read(group + "/counts", Element::i64, std::nullopt, "dataset").vector<std::int64_t>());
     s.metric_sums.push_back(r.read(group + "/sums", Element::f64, std::nullopt, "dataset").vector<double>());
+    const auto& counts = s.metric_counts.back();
+    if (std::any_of(counts.begin(), counts.end(), [](std::int64_t n) { return n < 0; }))
+      r.bad(fmt::format("{}/counts holds a negative count; the checkpoint is corrupt", group));
   }
   c.experiment_yaml = r.read_string_dataset("/experiment");
   return c;

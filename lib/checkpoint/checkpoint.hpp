@@ -15,8 +15,9 @@
 // too: its first 512 bytes are an HDF5 user block (HDF5 itself skips it; h5py, h5dump and h5diff
 // read the file as usual) holding "DTRAINCK", a version, the length and the crc32 of everything
 // after the block. It is verified before HDF5 opens the file, because HDF5 1.10 can crash on a
-// corrupt object header rather than report it. Files without the block (older dtrain) are read
-// with the per-dataset checks alone. Datasets are contiguous and
+// corrupt object header rather than report it. Files without the block (older dtrain: HDF5's
+// signature at byte 0) are read with the per-dataset checks alone; a file that starts with
+// anything else is refused. /state values are range-checked too (kMaxEpochs, kMaxGlobalStep). Datasets are contiguous and
 // uncompressed: a checkpoint is written at a step boundary while training waits.
 #pragma once
 
@@ -34,9 +35,15 @@ namespace dtrain::checkpoint {
 inline constexpr int kFormatVersion = 1;
 // The HDF5 user block at the start of every checkpoint, holding the whole-file checksum.
 inline constexpr std::size_t kSealBytes = 512;
+// The largest /state values a checkpoint may hold (larger ones are refused as corrupt): epochs
+// count in an int, and global_step (and the samples of an epoch) leave room to count on.
+inline constexpr std::int64_t kMaxEpochs = std::int64_t{1} << 31;
+inline constexpr std::int64_t kMaxGlobalStep = std::int64_t{1} << 62;
 
 // Checks a checkpoint's whole-file checksum: true when it matches, false when it does not (or the
-// seal's version is unknown), nullopt when the file has no seal (older dtrain) or cannot be read.
+// seal's version is unknown, or the file starts with neither the seal nor HDF5's signature: one
+// damaged byte of the seal must not turn the check off), nullopt when the file has no seal (an
+// older dtrain's: HDF5's signature at byte 0) or cannot be read.
 std::optional<bool> verify_seal(const std::string& path);
 
 struct TrainingState {

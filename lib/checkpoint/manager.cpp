@@ -1,9 +1,17 @@
 #include "checkpoint/manager.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -23,39 +31,76 @@ bool is_stale_temporary(const std::string& name) {
                      [](unsigned char c) { return std::isdigit(c) != 0; });
 }
 
-// The manifest's file names, oldest first, without checking that the files exist.
-std::vector<std::string> read_manifest(const fs::path& directory) {
+// The step in a checkpoint's name, ckpt-<global step>.h5; nullopt for any other name.
+std::optional<std::int64_t> step_of(const std::string& name) {
+  constexpr std::string_view prefix = "ckpt-", suffix = ".h5";
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix))
+    return std::nullopt;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c) != 0; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+// Regular files only: a FIFO or device named like a checkpoint would block or lie when read.
+bool is_checkpoint_file(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec);
+}
+
+// Each name once, ordered by the step in it (oldest first): the manifest's order is not trusted,
+// since a manifest edited or written out of order must never make an older file look newest.
+std::vector<std::string> ordered(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return std::pair(*step_of(a), a) < std::pair(*step_of(b), b);  // equal names end up next to each other
+  });
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+// The checkpoint files in the directory itself, oldest first.
+std::vector<std::string> scan(const fs::path& directory) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (step_of(name) && is_checkpoint_file(it->path())) names.push_back(name);
+  }
+  return ordered(std::move(names));
+}
+
+// The complete checkpoints, oldest first: those the manifest lists that exist, each once, ordered
+// by step. When the manifest is missing, unreadable, a special file, holds a line that is not a
+// checkpoint name or lists no existing file while checkpoint files are there, the directory is
+// scanned instead and `warning` says why.
+std::vector<std::string> complete_checkpoints(const fs::path& directory, std::string& warning) {
   const fs::path manifest = directory / kManifestName;
   std::error_code ec;
-  if (!fs::exists(manifest, ec)) return {};
+  const fs::file_status status = fs::status(manifest, ec);
+  const auto fall_back = [&](const std::string& why) {
+    std::vector<std::string> found = scan(directory);
+    if (!found.empty())
+      warning = fmt::format("{}: {}; using the {} checkpoint file{} found in {} instead", manifest.string(), why,
+                            found.size(), found.size() == 1 ? "" : "s", directory.string());
+    return found;
+  };
+  if (!fs::exists(status)) return fall_back("missing");
+  if (!fs::is_regular_file(status)) return fall_back("not a regular file");
   std::ifstream in(manifest);
-  if (!in)
-    throw InputError(fmt::format("{}: cannot read the checkpoint manifest; check its permissions", manifest.string()));
+  if (!in) return fall_back("cannot be read");
   std::vector<std::string> names;
   std::string line;
   for (int line_number = 1; std::getline(in, line); ++line_number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    if (line.find('/') != std::string::npos || line == "." || line == "..")
-      throw InputError(fmt::format("{}:{}: '{}' is not a file name in this directory; the manifest lists one "
-                                   "checkpoint file name per line: fix or delete that line",
-                                   manifest.string(), line_number, line));
-    names.push_back(line);
+    if (!step_of(line) || line.find('/') != std::string::npos)
+      return fall_back(fmt::format("line {} is not a checkpoint file name (ckpt-<step>.h5)", line_number));
+    if (is_checkpoint_file(directory / line)) names.push_back(line);
   }
-  if (in.bad())
-    throw InputError(fmt::format("{}: reading the checkpoint manifest failed", manifest.string()));
-  return names;
+  if (in.bad()) return fall_back("reading it failed");
+  if (names.empty()) return fall_back("lists no existing checkpoint");
+  return ordered(std::move(names));
 }
-
-std::vector<std::string> existing(const fs::path& directory, const std::vector<std::string>& names) {
-  std::vector<std::string> kept;
-  for (const std::string& name : names) {
-    std::error_code ec;
-    if (fs::is_regular_file(directory / name, ec)) kept.push_back(name);
-  }
-  return kept;
-}
-
 }  // namespace
 
 CheckpointManager::CheckpointManager(std::string directory, int max_to_keep)
@@ -78,6 +123,22 @@ CheckpointManager::CheckpointManager(std::string directory, int max_to_keep)
   }
   if (ec)
     throw IoError(fmt::format("{}: cannot list the checkpoint directory ({})", directory_, ec.message()));
+  // A directory where the manifest goes could never be replaced by it: found now, not at a save.
+  const fs::path manifest = fs::path(directory_) / kManifestName;
+  if (fs::is_directory(fs::symlink_status(manifest, ec)))
+    throw IoError(fmt::format("{}: is a directory, where the checkpoint manifest goes; remove or rename it",
+                              manifest.string()));
+  // Writable now, not found out at the first save an epoch later. Permissions alone do not tell
+  // (root ignores them, a read-only mount does not show in them): a file is created and removed.
+  // Its name is a temporary's, so one left by a killed process is removed like the others.
+  const std::string probe = (fs::path(directory_) / fmt::format(".write-probe.tmp-{}", static_cast<long>(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw IoError(fmt::format("{}: the checkpoint directory is not writable ({}); make it writable or set "
+                              "checkpoint.dir to another directory",
+                              directory_, std::strerror(errno)));
+  ::close(fd);
+  fs::remove(probe, ec);
 }
 
 std::string CheckpointManager::save(std::int64_t global_step, const nn::Sequential& model,
@@ -88,13 +149,17 @@ std::string CheckpointManager::save(std::int64_t global_step, const nn::Sequenti
   const std::string path = (dir / name).string();
   checkpoint::save(path, model, optimizer, contents);
 
-  std::vector<std::string> names = existing(dir, read_manifest(dir));
-  std::erase(names, name);  // saving the same step again makes it the newest
+  std::string ignored_warning;  // the manifest is rewritten from what is found: nothing to warn about
+  std::vector<std::string> names = complete_checkpoints(dir, ignored_warning);
   names.push_back(name);
+  names = ordered(std::move(names));
+  // The newest max_to_keep by step are kept, and never a file newer than the one just written (a
+  // run resumed from an older checkpoint must not delete what came after it) nor that file itself.
   const std::size_t keep = static_cast<std::size_t>(max_to_keep_);
-  const std::size_t drop = names.size() > keep ? names.size() - keep : 0;
-  const std::vector<std::string> doomed(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(drop));
-  names.erase(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(drop));
+  std::vector<std::string> doomed;
+  for (std::size_t i = 0; i + keep < names.size(); ++i)
+    if (*step_of(names[i]) < global_step) doomed.push_back(names[i]);
+  std::erase_if(names, [&](const std::string& n) { return std::find(doomed.begin(), doomed.end(), n) != doomed.end(); });
 
   // The manifest changes before any file is deleted: a crash in between leaves an unlisted file
   // (ignored) rather than a listed one that is gone.
@@ -117,10 +182,12 @@ std::optional<std::string> CheckpointManager::latest() const {
   return all.back();
 }
 
-std::vector<std::string> list_checkpoints(const std::string& directory) {
+std::vector<std::string> list_checkpoints(const std::string& directory, std::string* warning) {
   const fs::path dir(directory);
+  std::string why;
   std::vector<std::string> paths;
-  for (const std::string& name : existing(dir, read_manifest(dir))) paths.push_back((dir / name).string());
+  for (const std::string& name : complete_checkpoints(dir, why)) paths.push_back((dir / name).string());
+  if (warning) *warning = why;
   return paths;
 }
 

@@ -4,7 +4,11 @@
 // A small text manifest named `checkpoint` in the directory lists the complete checkpoints, one
 // file name per line, oldest first; it is replaced atomically after each save. A file the manifest
 // does not list (a temporary left by a killed process, a ckpt written but not yet recorded) is not
-// a complete checkpoint and is never returned.
+// returned while the manifest is usable. The manifest is a hint, not the truth: its entries are
+// taken once each, ordered by the step in their names (ckpt-<global step>.h5), and when it is
+// missing, empty, garbage or lists no existing file, the ckpt-<step>.h5 regular files in the
+// directory are used instead, with a warning (each file carries its own whole-file checksum, so a
+// listed-or-not file is verified when it is read anyway).
 #pragma once
 
 #include <cstdint>
@@ -20,12 +24,14 @@ inline constexpr const char* kManifestName = "checkpoint";
 
 class CheckpointManager {
  public:
-  // Creates the directory (IoError when it cannot) and removes stale *.tmp-* files in it.
+  // Creates the directory (IoError when it cannot or cannot write into it) and removes stale
+  // *.tmp-<pid> files in it.
   // max_to_keep must be >= 1 (ConfigError).
   CheckpointManager(std::string directory, int max_to_keep);
 
   // Writes <directory>/ckpt-<global_step>.h5 with checkpoint::save, records it in the manifest,
-  // then deletes the oldest beyond max_to_keep. Returns the new checkpoint's path.
+  // then deletes the oldest beyond max_to_keep, never one with a step above global_step. Returns
+  // the new checkpoint's path.
   std::string save(std::int64_t global_step, const nn::Sequential& model, const optim::Optimizer& optimizer,
                    const Contents& contents);
 
@@ -40,9 +46,9 @@ class CheckpointManager {
   int max_to_keep_;
 };
 
-// The complete checkpoints recorded in `directory`'s manifest, oldest first, as paths; empty when
-// there is no manifest. Entries whose file has disappeared are left out. InputError when the
-// manifest is unreadable or names something other than a file in the directory.
-std::vector<std::string> list_checkpoints(const std::string& directory);
+// The complete checkpoints of `directory`, oldest first (by step), as paths: the manifest's existing
+// entries, or the directory's ckpt-<step>.h5 files when the manifest is not usable; then
+// `warning` (when given) says why, else it is set empty.
+std::vector<std::string> list_checkpoints(const std::string& directory, std::string* warning = nullptr);
 
 }  // namespace dtrain::checkpoint

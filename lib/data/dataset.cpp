@@ -18,7 +18,38 @@ Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, st
   part.x = whole.x.slice_rows(begin, end);
   part.y = whole.y.slice_rows(begin, end);
   part.description = std::move(description);
+  part.first_row = whole.first_row + begin;
   return part;
+}
+
+void check_finite(const Tensor& x, const std::string& file, const std::string& dataset) {
+  if (!x.defined() || x.dtype() != DType::f32 || x.numel() == 0) return;
+  const float* v = x.data<float>();
+  const std::int64_t n = x.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(v[i])) continue;
+    const std::int64_t per_sample = std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, x.shape()[0]));
+    throw InputError(fmt::format("{}: {} sample {} holds a non-finite value ({}); dtrain does not train on NaN or "
+                                 "infinite inputs: fix or drop that sample",
+                                 file, dataset, i / per_sample, v[i]));
+  }
+}
+
+void check_label_range(const DataSplits& splits, std::int64_t classes) {
+  const auto check = [classes](const Dataset& ds) {
+    if (!ds.has_labels()) return;
+    const std::int32_t* y = ds.y.data<std::int32_t>();
+    for (std::int64_t i = 0; i < ds.size(); ++i) {
+      if (y[i] >= 0 && y[i] < classes) continue;
+      throw InputError(fmt::format("{}: label {} of sample {} is outside 0..{}: the model has {} outputs; check the "
+                                   "labels or the last layer's units",
+                                   ds.labels_source.empty() ? ds.description : ds.labels_source, y[i],
+                                   ds.first_row + i, classes - 1, classes));
+    }
+  };
+  check(splits.train);
+  if (splits.validation) check(*splits.validation);
+  check(splits.test);
 }
 
 Dataset make_synthetic(const std::vector<std::int64_t>& shape, int classes, std::int64_t size, std::uint64_t seed,

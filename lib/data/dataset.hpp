@@ -25,6 +25,10 @@ struct Dataset {
   int num_classes = 0;
   float x_scale = 1.0f;     // what a batch multiplies x by when it converts to f32
   std::string description;  // for logs: "fashion_mnist train (60000 examples) from /usr/share/..."
+  // Where the labels were read ("<file>" or "<file> /train/y"; empty for generated data) and the
+  // file row of this dataset's first sample, so an error can name the file and the sample.
+  std::string labels_source;
+  std::int64_t first_row = 0;
 
   std::int64_t size() const { return x.defined() ? x.shape()[0] : 0; }
   bool has_labels() const { return y.dtype() == DType::i32; }
@@ -54,6 +58,14 @@ struct DataSplits {
 // The samples of `parts` one after another (x and y copied once). The parts must agree on the
 // sample shape and types; num_classes is the largest part's.
 Dataset concatenate(const std::vector<Dataset>& parts, std::string description);
+
+// InputError naming the file and the first sample whose integer label lies outside [0, classes)
+// (checked once at start rather than when its batch trains); nothing for float targets.
+void check_label_range(const DataSplits& splits, std::int64_t classes);
+
+// InputError naming `file`, `dataset` and the first sample (row of `x`, counted from 0) holding a
+// NaN or an infinity: non-finite inputs would train to non-finite weights without a word.
+void check_finite(const Tensor& x, const std::string& file, const std::string& dataset);
 
 // Loads the experiment's data. validation_split follows Keras: the LAST fraction of the training
 // set, before any shuffling, is held out; floor(N * (1 - split)) samples stay in train.

@@ -80,6 +80,10 @@ Tensor read_dataset(hid_t file, const std::string& path, const std::string& name
   bool overflow = false;
   H5Pset_type_conv_cb(transfer.get(), abort_on_overflow, &overflow);
   if (H5Dread(ds.get(), memory_type, H5S_ALL, H5S_ALL, transfer.get(), out.raw()) < 0) {
+    if (overflow && dtype == DType::f32)
+      throw InputError(fmt::format("{}: {} holds values outside float32's range (or infinite); write finite values "
+                                   "that fit float32",
+                                   path, name));
     if (overflow)
       throw InputError(fmt::format(
           "{}: {} holds values that do not fit {}; {}", path, name, role == Role::features ? "0..255" : "int32",
@@ -113,6 +117,10 @@ Dataset load_hdf5(const std::string& path, const std::string& group) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     throw InputError(fmt::format("{}: no such file; set data.path to an HDF5 file with groups /train and /test", path));
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw InputError(fmt::format("{}: is not a regular file (a directory, FIFO, socket or device); set data.path to an "
+                                 "HDF5 file",
+                                 path));
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     throw InputError(fmt::format("{}: not an HDF5 file; data.source hdf5 needs a file with groups /train and /test", path));
@@ -129,6 +137,8 @@ Dataset load_hdf5(const std::string& path, const std::string& group) {
   const std::string y_name = "/" + group + "/y";
   Tensor x = read_dataset(file.get(), path, x_name, Role::features);
   Tensor y = read_dataset(file.get(), path, y_name, Role::targets);
+  check_finite(x, path, x_name);
+  check_finite(y, path, y_name);
   if (x.shape()[0] != y.shape()[0])
     throw InputError(fmt::format("{}: {} holds {} examples but {} holds {}; x and y must have the same first dimension",
                                  path, x_name, x.shape()[0], y_name, y.shape()[0]));
@@ -163,6 +173,7 @@ Dataset load_hdf5(const std::string& path, const std::string& group) {
   }
   ds.x = x;
   ds.y = y;
+  ds.labels_source = fmt::format("{} {}", path, y_name);
   ds.x_scale = x.dtype() == DType::u8 ? 1.0f / 255.0f : 1.0f;
   ds.description = fmt::format("HDF5 /{}: {} examples, x {} {}, from {}", group, n, x.shape().to_string(),
                                dtype_name(x.dtype()), path);

@@ -36,6 +36,9 @@ class ByteReader {
     if (!fs::exists(path, ec))
       throw InputError(fmt::format("{}: no such file; set data.path to the directory that holds the IDX files", path));
     if (fs::is_directory(path, ec)) throw InputError(fmt::format("{}: is a directory, not an IDX file", path));
+    // A FIFO or device would block the read forever or never end.
+    if (!fs::is_regular_file(path, ec))
+      throw InputError(fmt::format("{}: is not a regular file (a FIFO, socket or device), not an IDX file", path));
     errno = 0;
     if (gzip_) {
       gz_ = gzopen(path.c_str(), "rb");
@@ -272,12 +275,14 @@ Dataset load_idx_split(const std::string& dir, const std::string& prefix, int nu
     max_label = std::max(max_label, v);
   }
 
+  check_finite(images, images_path, "images");
   ds.x = images;
   ds.y = y;
+  ds.labels_source = labels_path;
   ds.num_classes = num_classes > 0 ? num_classes : max_label + 1;
   ds.x_scale = images.dtype() == DType::u8 ? 1.0f / 255.0f : 1.0f;
   ds.description = fmt::format("IDX {}: {} examples, x {} {}, from {}", prefix, ds.size(), images.shape().to_string(),
-                               dtype_name(images.dtype()), dir);
+                               dtype_name(images.dtype()), images_path);
   return ds;
 }
 

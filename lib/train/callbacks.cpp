@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <iterator>
 #include <cstdlib>
 #include <string_view>
 #include <filesystem>
@@ -10,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/checkpoint.hpp"
 #include "core/error.hpp"
 #include "train/plot.hpp"
 #include "train/trainer.hpp"
@@ -21,6 +25,17 @@ namespace fs = std::filesystem;
 bool StopOnRequest::agreed() {
   const int local = requested_ ? requested_->load() : 0;
   return strategy_.all_reduce_max(local, "stop request") != 0;
+}
+
+void CheckpointSaver::on_train_begin(LoopState&) { trainer_.open_checkpoints(); }
+
+void TerminateOnNaN::on_train_batch_end(LoopState& s) {
+  if (std::isfinite(s.loss_sum)) return;
+  throw TrainingDiverged(fmt::format(
+      "the training loss became {} at epoch {}, step {} of it (global step {}); training stopped without saving, so "
+      "the last checkpoint ({}) holds the last finite weights: lower optimizer.learning_rate, or check the data and the "
+      "loss",
+      s.loss_sum, s.epoch + 1, s.step, s.global_step, s.checkpoint.empty() ? "none this run" : s.checkpoint));
 }
 
 void CheckpointSaver::on_train_batch_end(LoopState& s) {
@@ -42,16 +57,46 @@ void CheckpointSaver::on_epoch_end(LoopState& s, const EpochLog&) {
 
 std::string MetricsLog::path() const { return (fs::path(run_dir_) / "metrics.jsonl").string(); }
 
+std::string metrics_lines_through(const std::string& text, std::int64_t epochs) {
+  std::string kept;
+  std::size_t begin = 0;
+  while (begin < text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) break;  // no newline: a line cut short while it was written
+    const std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    constexpr std::string_view key = "{\"epoch\": ";
+    if (!line.starts_with(key) || line.back() != '}') continue;
+    const char* first = line.data() + key.size();
+    std::int64_t epoch = 0;
+    const auto [next, error] = std::from_chars(first, line.data() + line.size(), epoch);
+    if (error == std::errc() && next != first && epoch <= epochs) kept += line + "\n";
+  }
+  return kept;
+}
+
 void MetricsLog::on_train_begin(LoopState&) {
-  // A resumed run appends its epochs to the log of the run it continues.
-  std::ofstream metrics(path(), resumed_ ? std::ios::app : std::ios::trunc);
+  if (resumed_epoch_) {
+    // A resumed run continues the log of the run it continues, cut back to where the checkpoint
+    // stood (replaced atomically: a crash now leaves the old log or the cut one, never half).
+    std::error_code ec;
+    if (fs::exists(path(), ec)) {
+      std::ifstream in(path(), std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (!in.good() && !in.eof()) throw IoError(fmt::format("cannot read {} to continue it", path()));
+      const std::string kept = metrics_lines_through(text, *resumed_epoch_);
+      if (kept != text) checkpoint::write_file_atomically(path(), kept);
+    }
+  }
+  std::ofstream metrics(path(), resumed_epoch_ ? std::ios::app : std::ios::trunc);
   if (!metrics) throw IoError(fmt::format("cannot write {}; check that the run directory is writable", path()));
 }
 
 void MetricsLog::on_epoch_end(LoopState&, const EpochLog& log) {
   std::ofstream jsonl(path(), std::ios::app);
   jsonl << epoch_json(log) << "\n";
-  if (!jsonl) throw IoError(fmt::format("cannot append to {}", path()));
+  jsonl.flush();  // a full disk shows at the flush, not in the destructor where it would be lost
+  if (!jsonl) throw IoError(fmt::format("{}: cannot append to it; check the disk's free space", path()));
 }
 
 bool progress_reaches_a_terminal(bool is_tty, const std::function<const char*(const char*)>& env) {

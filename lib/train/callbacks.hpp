@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "config/experiment.hpp"
+#include "core/error.hpp"
 #include "distribute/strategy.hpp"
 #include "train/report.hpp"
 
@@ -92,6 +93,8 @@ class StopOnRequest final : public Callback {
 class CheckpointSaver final : public Callback {
  public:
   CheckpointSaver(Trainer& trainer, const config::CheckpointConfig& config) : trainer_(trainer), config_(config) {}
+  // Opens the checkpoint directory: an unwritable one is an IoError now, not after an epoch.
+  void on_train_begin(LoopState& s) override;
   void on_train_batch_end(LoopState& s) override;
   void on_epoch_end(LoopState& s, const EpochLog& log) override;
 
@@ -101,17 +104,34 @@ class CheckpointSaver final : public Callback {
   config::CheckpointConfig config_;
 };
 
-// <run dir>/metrics.jsonl: one JSON object per epoch, appended to a resumed run's log.
+// Training stopped on a non-finite loss: the experiment diverges (exit 2, as a bad experiment).
+struct TrainingDiverged : ConfigError {
+  using ConfigError::ConfigError;
+};
+
+// Keras' TerminateOnNaN: a step whose loss is NaN or infinite ends training at once (before the
+// checkpoint saver, which runs after it, could write the spoilt weights) with a TrainingDiverged.
+// Every worker sees the same all-reduced loss, so every worker stops at the same step.
+class TerminateOnNaN final : public Callback {
+ public:
+  void on_train_batch_end(LoopState& s) override;
+};
+
+// <run dir>/metrics.jsonl: one JSON object per epoch. A resumed run (resumed_epoch: the 0-based
+// epoch it continues in) first cuts the log back to the epochs before that one, atomically, then
+// appends: epochs logged after the checkpoint it resumes from are trained again and must not show
+// twice.
 class MetricsLog final : public Callback {
  public:
-  MetricsLog(std::string run_dir, bool resumed) : run_dir_(std::move(run_dir)), resumed_(resumed) {}
+  MetricsLog(std::string run_dir, std::optional<std::int64_t> resumed_epoch)
+      : run_dir_(std::move(run_dir)), resumed_epoch_(resumed_epoch) {}
   void on_train_begin(LoopState&) override;
   void on_epoch_end(LoopState&, const EpochLog& log) override;
 
  private:
   std::string path() const;
   std::string run_dir_;
-  bool resumed_;
+  std::optional<std::int64_t> resumed_epoch_;
 };
 
 // Whether `train.progress: auto` draws a bar on `out`: only when the output reaches a person's
@@ -123,6 +143,9 @@ class MetricsLog final : public Callback {
 bool progress_reaches_a_terminal(bool is_tty, const std::function<const char*(const char*)>& env);
 // The same for a stream of this process, with isatty and the real environment.
 bool progress_reaches_a_terminal(std::FILE* out);
+// The lines of a metrics.jsonl text whose "epoch" is at most `epochs` (what a run resumed at
+// 0-based epoch `epochs` keeps); lines without a readable epoch (a line cut short by a crash) go.
+std::string metrics_lines_through(const std::string& text, std::int64_t epochs);
 
 // Keras' progress: a bar redrawn in place on a terminal, or a line every tenth of an epoch.
 class ProgressLogger final : public Callback {

@@ -1,5 +1,7 @@
 #include "train/report.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 namespace dtrain::train {
@@ -37,12 +39,21 @@ std::string throughput_line(const EpochLog& log) {
 }
 
 std::string epoch_json(const EpochLog& log) {
-  std::string s = fmt::format(R"({{"epoch": {}, "global_step": {}, "loss": {:.9g})", log.epoch, log.global_step, log.loss);
-  if (log.accuracy) s += fmt::format(R"(, "accuracy": {:.9g})", *log.accuracy);
-  auto eval = [&](const std::optional<EvalResult>& r, const char* prefix) {
+  // JSON has no NaN or infinity: such a figure is written as null, and "non_finite" says which
+  // keys were and what they held.
+  std::string non_finite;
+  const auto number = [&non_finite](const std::string& key, double v) {
+    if (std::isfinite(v)) return fmt::format("{:.9g}", v);
+    non_finite += fmt::format(R"({}"{}": "{}")", non_finite.empty() ? "" : ", ", key, v);
+    return std::string("null");
+  };
+  std::string s = fmt::format(R"({{"epoch": {}, "global_step": {}, "loss": {})", log.epoch, log.global_step,
+                              number("loss", log.loss));
+  if (log.accuracy) s += fmt::format(R"(, "accuracy": {})", number("accuracy", *log.accuracy));
+  auto eval = [&](const std::optional<EvalResult>& r, const std::string& prefix) {
     if (!r) return;
-    s += fmt::format(R"(, "{}_loss": {:.9g})", prefix, r->loss);
-    if (r->accuracy) s += fmt::format(R"(, "{}_accuracy": {:.9g})", prefix, *r->accuracy);
+    s += fmt::format(R"(, "{}_loss": {})", prefix, number(prefix + "_loss", r->loss));
+    if (r->accuracy) s += fmt::format(R"(, "{}_accuracy": {})", prefix, number(prefix + "_accuracy", *r->accuracy));
     s += fmt::format(R"(, "{}_samples": {})", prefix, r->samples);
   };
   eval(log.validation, "val");
@@ -52,9 +63,10 @@ std::string epoch_json(const EpochLog& log) {
     s += fmt::format(R"(, "allreduce_wait_seconds": {:.4f})", log.allreduce_wait_seconds);
   if (log.staleness_mean >= 0)
     s += fmt::format(R"(, "staleness_mean": {:.4f}, "staleness_max": {})", log.staleness_mean, log.staleness_max);
-  s += fmt::format(R"(, "train_samples": {}, "train_seconds": {:.4f}, "train_samples_per_s": {:.2f}}})", log.samples,
+  s += fmt::format(R"(, "train_samples": {}, "train_seconds": {:.4f}, "train_samples_per_s": {:.2f})", log.samples,
                    log.train_seconds, log.train_seconds > 0 ? static_cast<double>(log.samples) / log.train_seconds : 0.0);
-  return s;
+  if (!non_finite.empty()) s += fmt::format(R"(, "non_finite": {{{}}})", non_finite);
+  return s + "}";
 }
 
 ProgressBar::ProgressBar(std::FILE* out, std::int64_t total_steps, bool enabled)

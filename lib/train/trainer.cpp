@@ -41,6 +41,27 @@ class StrategyCrossReplica final : public nn::CrossReplica {
   distribute::ReplicaContext replica_;
 };
 
+// What checkpoint::restore cannot know: whether the stored metric state fits this experiment's
+// metrics. One of another layout is a corrupt or foreign file, refused as such before anything is
+// merged from it.
+void check_resumable(const std::string& path, const checkpoint::TrainingState& state,
+                     const std::vector<std::unique_ptr<metrics::Metric>>& metrics) {
+  if (state.step_in_epoch == 0 && state.metric_counts.empty()) return;  // an epoch boundary carries no metrics
+  if (state.metric_counts.size() != metrics.size())
+    throw InputError(fmt::format("{}: /state/metrics holds {} metrics, the experiment has {}; the checkpoint is corrupt",
+                                 path, state.metric_counts.size(), metrics.size()));
+  for (std::size_t i = 0; i < metrics.size(); ++i) {
+    const metrics::MetricState layout = metrics[i]->state();
+    const auto& counts = state.metric_counts[i];
+    const bool counts_ok = std::all_of(counts.begin(), counts.end(), [](std::int64_t n) { return n >= 0; });
+    if (counts.size() != layout.counts.size() || state.metric_sums[i].size() != layout.sums.size() || !counts_ok)
+      throw InputError(fmt::format("{}: /state/metrics/{} holds {} counts and {} sums{}, metric {} keeps {} and {}; "
+                                   "the checkpoint is corrupt",
+                                   path, i, counts.size(), state.metric_sums[i].size(), counts_ok ? "" : " (negative)",
+                                   metrics[i]->name(), layout.counts.size(), layout.sums.size()));
+  }
+}
+
 }  // namespace
 
 int resolve_threads(int configured) {
@@ -114,6 +135,12 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   if (sample != model().input_shape())
     throw ConfigError(fmt::format("{}: model.input_shape {} does not match the data's sample shape {}", exp_.source_file,
                                   model().input_shape().to_string(), sample.to_string()));
+  // Integer labels a crossentropy loss cannot take are found now, naming the file and the sample,
+  // not when their batch trains.
+  const Shape& outputs = model().output_shape();
+  const std::int64_t columns = outputs.rank() > 0 ? outputs[outputs.rank() - 1] : 1;
+  if (exp_.loss.kind == config::LossKind::binary_crossentropy) data::check_label_range(splits_, 2);
+  else if (exp_.loss.kind != config::LossKind::mean_squared_error) data::check_label_range(splits_, columns);
 }
 
 Trainer::~Trainer() {
@@ -144,6 +171,7 @@ void Trainer::write_run_files() {
                                     opt_.run_dir, ec.message()));
   std::ofstream cfg(fs::path(opt_.run_dir) / "config.yaml");
   cfg << "# resolved experiment, written by dtrain " << build_info::version << "\n" << config::to_yaml(exp_);
+  cfg.flush();
   if (!cfg) throw IoError(fmt::format("cannot write into the run directory {}", opt_.run_dir));
 }
 
@@ -156,11 +184,8 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   for (std::size_t i = 0; step_in_epoch > 0 && i < exp_.metrics.size(); ++i)
     states.push_back(merged_metric_state(true, i));
   if (!strategy_->is_chief()) return {};
-  if (!checkpoints_) {
-    const std::string dir = checkpoint_dir();
-    if (dir.empty()) return {};
-    checkpoints_ = std::make_unique<checkpoint::CheckpointManager>(dir, exp_.checkpoint.max_to_keep);
-  }
+  open_checkpoints();
+  if (!checkpoints_) return {};
   checkpoint::Contents c;
   c.state.epoch = epoch;
   c.state.step_in_epoch = step_in_epoch;
@@ -178,6 +203,12 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   // One copy, whatever the strategy: the primary replica's, whose values every replica computes with.
   const Replica& primary = replicas_[static_cast<std::size_t>(strategy_->primary_replica())];
   return checkpoints_->save(global_step_, *primary.model, *primary.optimizer, c);
+}
+
+void Trainer::open_checkpoints() {
+  if (checkpoints_ || !strategy_->is_chief()) return;
+  const std::string dir = checkpoint_dir();
+  if (!dir.empty()) checkpoints_ = std::make_unique<checkpoint::CheckpointManager>(dir, exp_.checkpoint.max_to_keep);
 }
 
 checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
@@ -202,6 +233,7 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
     }
     rep.optimizer->set_iterations(first.optimizer->iterations());
   }
+  check_resumable(checkpoint_path, c.state, replicas_[0].train_metrics);
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   for (Replica& rep : replicas_)
     for (auto& m : rep.train_metrics) m->reset();
@@ -366,10 +398,14 @@ EvalResult Trainer::evaluate_split(const std::string& name) {
 
 CallbackList Trainer::make_callbacks() {
   CallbackList callbacks;
-  // Stop first: the checkpoint saver saves where the loop stops.
+  // Stop first: the checkpoint saver saves where the loop stops; a non-finite loss ends training
+  // before the saver could write the weights it has spoilt.
   callbacks.add(std::make_unique<StopOnRequest>(opt_.stop_requested, *strategy_));
+  callbacks.add(std::make_unique<TerminateOnNaN>());
   callbacks.add(std::make_unique<CheckpointSaver>(*this, exp_.checkpoint));
-  if (!opt_.run_dir.empty()) callbacks.add(std::make_unique<MetricsLog>(opt_.run_dir, resume_.has_value()));
+  if (!opt_.run_dir.empty())
+    callbacks.add(std::make_unique<MetricsLog>(opt_.run_dir, resume_ ? std::optional<std::int64_t>(resume_->epoch)
+                                                                      : std::nullopt));
   if (!opt_.run_dir.empty() && exp_.train.tensorboard) {
     // The primary replica's optimizer holds the copy every replica computes with (central storage).
     const auto* optimizer = replicas_[static_cast<std::size_t>(strategy_->primary_replica())].optimizer.get();

@@ -102,6 +102,9 @@ class Trainer {
   // chief writes. Returns the file written, or "" where nothing was (no checkpoint directory, not
   // the chief).
   std::string save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum, std::int64_t samples);
+  // The chief opens the checkpoint directory before training (creating it, removing stale
+  // temporaries, IoError when it is not writable); a no-op elsewhere.
+  void open_checkpoints();
 
  private:
   // Runs fit() under ParameterServerStrategy (train/parameter_server_loop.hpp).

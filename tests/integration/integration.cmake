@@ -67,3 +67,16 @@ set_tests_properties(ux.mpi_log ux.init_strategies PROPERTIES RUN_SERIAL TRUE)
 dtrain_script_cases(parameter_server sync_equals_default async roles sigterm lost_worker lost_ps)
 # dtrain bench: the table and the JSON, in one process and under mpirun -n 2.
 dtrain_script_cases(bench table_and_json bad_args mpi)
+# Bad files, full and read-only disks, damaged checkpoints and manifests, signals under mpirun
+# (tests/integration/files.sh CASE ...). The disk cases mount a tmpfs and are skipped (exit 77)
+# where that is not permitted.
+set(DTRAIN_FILES_CASES full_disk readonly_run_dir unwritable_checkpoint_dir nan_data idx_labels special_files manifest
+    resume_checkpoint_dir metrics_once diverged damaged_state stored_experiment double_signal mpi_signals)
+foreach(case ${DTRAIN_FILES_CASES})
+  add_test(NAME files.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/files.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/files_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(files.${case} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+endforeach()
+set_tests_properties(files.double_signal files.mpi_signals PROPERTIES RUN_SERIAL TRUE)

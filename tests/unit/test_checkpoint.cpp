@@ -2,6 +2,7 @@
 // produce (with the model and optimizer left untouched), atomic replacement and retention.
 #include <doctest/doctest.h>
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -177,13 +179,18 @@ void flip_byte(const std::string& path, std::uint64_t offset) {
   REQUIRE(f);
 }
 
-// Zeroes the whole-file checksum's magic: the file reads as one written before the seal existed.
+// Drops the user block holding the whole-file checksum: the file is then laid out as an older
+// dtrain wrote it (HDF5's signature at byte 0; HDF5 addresses are relative to it).
 void remove_seal(const std::string& path) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f);
-  const char zeros[8] = {};
-  f.write(zeros, sizeof zeros);
-  REQUIRE(f);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  REQUIRE(bytes.size() > ckpt::kSealBytes);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data() + ckpt::kSealBytes, static_cast<std::streamsize>(bytes.size() - ckpt::kSealBytes));
+  REQUIRE(out);
 }
 
 std::vector<std::string> temporaries_in(const fs::path& dir) {
@@ -477,14 +484,134 @@ TEST_CASE("checkpoint manager: keeps the newest max_to_keep, recorded in the man
   CHECK(temporaries_in(run).empty());
   CHECK(manager.latest() == (fs::path(run) / "ckpt-40.h5").string());
 
-  // Saving a step again makes it the newest instead of listing it twice.
+  // Saving an older step again (a run resumed from it) lists it once, in step order, and prunes
+  // nothing newer.
   manager.save(30, model, *optimizer, {});
   CHECK(manager.checkpoints() ==
-        std::vector<std::string>{(fs::path(run) / "ckpt-40.h5").string(), (fs::path(run) / "ckpt-30.h5").string()});
+        std::vector<std::string>{(fs::path(run) / "ckpt-30.h5").string(), (fs::path(run) / "ckpt-40.h5").string()});
+  manager.save(20, model, *optimizer, {});
+  CHECK(manager.checkpoints() == std::vector<std::string>{(fs::path(run) / "ckpt-20.h5").string(),
+                                                          (fs::path(run) / "ckpt-30.h5").string(),
+                                                          (fs::path(run) / "ckpt-40.h5").string()});
+  manager.save(50, model, *optimizer, {});
+  CHECK(manager.checkpoints() ==
+        std::vector<std::string>{(fs::path(run) / "ckpt-40.h5").string(), (fs::path(run) / "ckpt-50.h5").string()});
 
   CHECK_THROWS_AS(ckpt::CheckpointManager(dir.file("other"), 0), ConfigError);
+  // A line that is no checkpoint name makes the manifest unusable: the directory is used instead.
   std::ofstream(fs::path(run) / "checkpoint") << "ckpt-40.h5\n../elsewhere.h5\n";
-  CHECK_THROWS_AS(manager.checkpoints(), InputError);
+  std::string warning;
+  CHECK(ckpt::list_checkpoints(run, &warning).back() == (fs::path(run) / "ckpt-60.h5").string());
+  CHECK(warning.find("line 2 is not a checkpoint file name") != std::string::npos);
+}
+
+TEST_CASE("checkpoint manager: a damaged manifest never hides, reorders or deletes a checkpoint") {
+  TempDir dir;
+  const std::string run = dir.file("run");
+  nn::Sequential model(model_config(), 1, testing::cpu());
+  auto optimizer = make_optimizer();
+  ckpt::CheckpointManager manager(run, 3);
+  for (std::int64_t s : {10, 20, 30}) manager.save(s, model, *optimizer, {});
+  const fs::path manifest = fs::path(run) / "checkpoint";
+  const auto path = [&](int step) { return (fs::path(run) / fmt::format("ckpt-{}.h5", step)).string(); };
+  const std::vector<std::string> all = {path(10), path(20), path(30)};
+  const auto listed = [&](std::string& warning) { return ckpt::list_checkpoints(run, &warning); };
+
+  SUBCASE("empty, garbage, deleted or a FIFO: the directory's files, with a warning") {
+    for (const std::string& text : {std::string(), std::string("\x01\xff garbage\n"), std::string("-")}) {
+      CAPTURE(text);
+      fs::remove(manifest);
+      if (text != "-") std::ofstream(manifest) << text;
+      std::string warning;
+      CHECK(listed(warning) == all);
+      CHECK(warning.find(manifest.string()) != std::string::npos);
+    }
+    fs::remove(manifest);
+    REQUIRE(::mkfifo(manifest.c_str(), 0600) == 0);
+    std::string warning;
+    CHECK(listed(warning) == all);  // and no hang
+    CHECK(warning.find("not a regular file") != std::string::npos);
+    fs::remove(manifest);
+  }
+  SUBCASE("reversed: ordered by step, newest last") {
+    std::ofstream(manifest) << "ckpt-30.h5\nckpt-20.h5\nckpt-10.h5\n";
+    std::string warning;
+    CHECK(listed(warning) == all);
+    CHECK(warning.empty());
+    manager.save(40, model, *optimizer, {});
+    CHECK(manager.checkpoints() == std::vector<std::string>{path(20), path(30), path(40)});
+    CHECK(fs::exists(path(30)));
+  }
+  SUBCASE("one file listed three times: listed once, and a save keeps it") {
+    std::ofstream(manifest) << "ckpt-10.h5\nckpt-30.h5\nckpt-30.h5\nckpt-30.h5\n";
+    std::string warning;
+    CHECK(listed(warning) == std::vector<std::string>{path(10), path(30)});
+    manager.save(40, model, *optimizer, {});
+    CHECK(fs::exists(path(30)));
+    CHECK(manager.checkpoints() == std::vector<std::string>{path(10), path(30), path(40)});
+  }
+}
+
+TEST_CASE("checkpoint manager: an unwritable directory is an IoError when the manager opens it") {
+  // Root ignores permissions; /proc refuses new files whoever asks.
+  CHECK_THROWS_AS(ckpt::CheckpointManager("/proc/self", 1), IoError);
+  TempDir dir;
+  std::ofstream(dir.file("file")) << "x";
+  CHECK_THROWS_AS(ckpt::CheckpointManager(dir.file("file/sub"), 1), IoError);
+}
+
+TEST_CASE("checkpoint: /state values no run can reach are refused as corrupt") {
+  TempDir dir;
+  nn::Sequential model(model_config(), 1, testing::cpu());
+  auto optimizer = make_optimizer();
+  const auto refused = [&](const std::function<void(ckpt::TrainingState&)>& change, const std::string& part) {
+    ckpt::Contents c = sample_contents();
+    change(c.state);
+    const std::string path = dir.file("state.h5");
+    ckpt::save(path, model, *optimizer, c);
+    const std::string message = error_of([&] { ckpt::peek(path); });
+    CHECK_MESSAGE(message.find(part) != std::string::npos, message);
+    CHECK(message.find(path) != std::string::npos);
+  };
+  refused([](auto& s) { s.global_step = std::numeric_limits<std::int64_t>::max(); }, "global_step 9223372036854775807");
+  refused([](auto& s) { s.epoch = std::int64_t{1} << 62; }, "epoch 4611686018427387904");
+  refused([](auto& s) { s.epoch = -1; }, "impossible values");
+  refused([](auto& s) { s.epoch_samples = std::numeric_limits<std::int64_t>::max(); }, "epoch_samples 9223372036854775807");
+  refused([](auto& s) { s.step_in_epoch = s.global_step + 1; }, "impossible values");
+  refused([](auto& s) { s.epoch_loss_sum = std::numeric_limits<double>::quiet_NaN(); }, "epoch_loss_sum nan");
+  refused([](auto& s) { s.metric_counts[0][1] = -3; }, "/state/metrics/0/counts holds a negative count");
+}
+
+TEST_CASE("checkpoint: a file without the seal's magic or HDF5's signature at byte 0 is not trusted") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  write_sample(path);
+  // One flipped bit in the magic, and an optimizer slot damaged: eval reads no slot, so only the
+  // whole-file check can see it, and it must not be switched off by the flip.
+  flip_byte(path, data_offset(path, "/optimizer/v/dense/bias"));
+  for (int bit = 0; bit < 8; ++bit) {
+    CAPTURE(bit);
+    const std::string flipped = dir.file("flipped.h5");
+    fs::copy_file(path, flipped, fs::copy_options::overwrite_existing);
+    std::fstream f(flipped, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(bit % 8);
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ (1 << bit));
+    f.seekp(bit % 8);
+    f.write(&c, 1);
+    f.close();
+    CHECK(ckpt::verify_seal(flipped) == std::optional<bool>(false));
+    nn::Sequential model(model_config(), 2, testing::cpu());
+    CHECK(error_of([&] { ckpt::restore_model(flipped, model); }).find("no dtrain seal") != std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: a FIFO is refused, not opened") {
+  TempDir dir;
+  const std::string fifo = dir.file("ckpt-5.h5");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(error_of([&] { ckpt::peek(fifo); }).find("not a regular file") != std::string::npos);
 }
 
 TEST_CASE("checkpoint: h5dump shows readable names") {

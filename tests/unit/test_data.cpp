@@ -1,12 +1,14 @@
 // Data sources: IDX (plain and gzip), HDF5, synthetic, repeated tensors, splits.
 #include <doctest/doctest.h>
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -441,4 +443,87 @@ TEST_CASE("load_splits: validation_split holds out the last fraction, Keras-styl
   missing.source = config::SourceKind::fashion_mnist;
   missing.path = "/nonexistent/fashion";
   CHECK_THROWS_AS(load_splits(missing, 0), InputError);
+}
+
+TEST_CASE("non-finite inputs are refused at load, naming the file, the dataset and the first sample") {
+  TempDir dir;
+  SUBCASE("HDF5: a NaN pixel") {
+    const std::string path = dir.file("nan.h5");
+    std::vector<float> x(4 * 3, 0.5f);
+    x[2 * 3 + 1] = std::numeric_limits<float>::quiet_NaN();  // sample 2
+    h5_write<float>(path, "train", "x", {4, 3}, x, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+    h5_write<std::int32_t>(path, "train", "y", {4}, {0, 1, 0, 1}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    const std::string msg = hdf5_error(path, "train");
+    CHECK(contains(msg, path));
+    CHECK(contains(msg, "/train/x sample 2"));
+    CHECK(contains(msg, "non-finite"));
+  }
+  SUBCASE("HDF5: an infinite target") {
+    const std::string path = dir.file("inf.h5");
+    h5_write<float>(path, "train", "x", {2, 1}, {1.0f, 2.0f}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+    h5_write<float>(path, "train", "y", {2}, {0.5f, -std::numeric_limits<float>::infinity()}, H5T_IEEE_F32LE,
+                    H5T_NATIVE_FLOAT);
+    CHECK_MESSAGE(contains(hdf5_error(path, "train"), "/train/y sample 1"), hdf5_error(path, "train"));
+    // Stored as float64, the infinity already fails the conversion to float32: refused, by name.
+    const std::string wide = dir.file("inf64.h5");
+    h5_write<float>(wide, "train", "x", {2, 1}, {1.0f, 2.0f}, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+    h5_write<double>(wide, "train", "y", {2}, {0.5, -std::numeric_limits<double>::infinity()}, H5T_IEEE_F64LE,
+                     H5T_NATIVE_DOUBLE);
+    CHECK_MESSAGE(contains(hdf5_error(wide, "train"), "/train/y holds values outside float32"), hdf5_error(wide, "train"));
+  }
+  SUBCASE("IDX: float images with a NaN") {
+    std::vector<unsigned char> payload;
+    for (int i = 0; i < 2 * 2 * 2; ++i) put_be32(payload, i == 5 ? 0x7fc00000u : 0x3f000000u);  // sample 1
+    write_plain(dir.file("train-images-idx3-ubyte"), idx_bytes(0x0D, {2, 2, 2}, payload));
+    write_plain(dir.file("train-labels-idx1-ubyte"), idx_bytes(0x08, {2}, {0, 1}));
+    try {
+      load_idx_split(dir.path.string(), "train");
+      FAIL("no error");
+    } catch (const InputError& e) {
+      CHECK(contains(e.what(), dir.file("train-images-idx3-ubyte")));
+      CHECK(contains(e.what(), "sample 1"));
+    }
+  }
+}
+
+TEST_CASE("special files are refused before they are opened, instead of blocking") {
+  TempDir dir;
+  const std::string fifo = dir.file("train-images-idx3-ubyte");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(contains(idx_error(fifo), "not a regular file"));
+  CHECK(contains(idx_error(fifo), fifo));
+  const std::string h5_fifo = dir.file("d.h5");
+  REQUIRE(::mkfifo(h5_fifo.c_str(), 0600) == 0);
+  CHECK(contains(hdf5_error(h5_fifo, "train"), "not a regular file"));
+  CHECK(contains(idx_error("/dev/zero"), "not a regular file"));
+}
+
+TEST_CASE("labels outside the model's classes are found at load, naming the file and the sample") {
+  TempDir dir;
+  write_idx_split(dir, "train", 12, 2, 2, 4, /*gz=*/false);
+  write_idx_split(dir, "t10k", 5, 2, 2, 4, /*gz=*/false);
+  std::vector<unsigned char> labels(12, 1);
+  labels[7] = 200;
+  write_plain(dir.file("train-labels-idx1-ubyte"), idx_bytes(0x08, {12}, labels));
+  config::DataConfig config;
+  config.source = config::SourceKind::idx;
+  config.path = dir.path.string();
+  DataSplits splits = load_splits(config, 1);
+  check_label_range(splits, 201);  // fits
+  try {
+    check_label_range(splits, 10);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(contains(e.what(), dir.file("train-labels-idx1-ubyte")));
+    CHECK(contains(e.what(), "label 200 of sample 7"));
+  }
+  // A validation split names the file's row, not the split's.
+  config.validation_split = 0.5;
+  splits = load_splits(config, 1);
+  try {
+    check_label_range(splits, 10);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(contains(e.what(), "label 200 of sample 7"));
+  }
 }

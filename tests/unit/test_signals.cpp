@@ -15,9 +15,12 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "signals.hpp"
 
@@ -158,4 +161,28 @@ TEST_CASE("a second signal exits at once with 128 + the signal") {
     CHECK_MESSAGE(exited_with(r, 128 + sig), "status ", r.status, ", stderr: ", r.err);
     CHECK(r.err.find("second signal, exiting without a checkpoint") != std::string::npos);
   }
+}
+
+TEST_CASE("SIGUSR1 (what mpirun forwards) asks for a stop; a second signal removes this process's temporaries") {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dtrain_test_signals_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const ChildResult r = in_child([&dir] {
+    StopOnSignal signals;
+    signals.set_checkpoint_dir(dir);
+    // A save in flight in this process, and another process's temporary (not ours to remove).
+    std::ofstream(dir + "/ckpt-5.h5.tmp-" + std::to_string(getpid())) << "partial";
+    std::ofstream(dir + "/ckpt-3.h5.tmp-1") << "someone else's";
+    kill(getpid(), SIGUSR1);
+    if (!wait_for(signals.requested(), SIGUSR1)) return 10;
+    kill(getpid(), SIGUSR1);
+    std::this_thread::sleep_for(5s);
+    return 11;
+  });
+  CHECK_MESSAGE(exited_with(r, 128 + SIGUSR1), "status ", r.status, ", stderr: ", r.err);
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  CHECK(left == std::vector<std::string>{"ckpt-3.h5.tmp-1"});
+  std::filesystem::remove_all(dir);
 }

@@ -155,10 +155,12 @@ TEST_CASE("per_replica input gives the replicas the same samples as split_global
 }
 
 TEST_CASE("a replica that fails stops the others instead of leaving them in a collective") {
-  // Replica 1's labels are out of range for a 10-class loss: it throws before the all-reduce that
-  // replica 0 is already waiting in. run() must return with that error, not hang.
+  // Integer labels against 3 outputs under mean_squared_error: the loss throws inside the step
+  // (labels out of a crossentropy's range are refused when the trainer loads the data), possibly
+  // while the other replica already waits in the all-reduce. run() must return with that error,
+  // not hang.
   const std::string yaml = cnn_experiment("{kind: mirrored, devices: [cpu:0, cpu:1]}", 16, "{kind: sgd}");
-  auto t = make_trainer(yaml, {"model.layers.4.dense.units=3"});
+  auto t = make_trainer(yaml, {"model.layers.4.dense.units=3", "loss={kind: mean_squared_error, reduction: none}"});
   CHECK_THROWS_AS(t->train_steps(0, 3), InputError);
   // The strategy is usable again afterwards (the barrier was reset).
   CHECK_THROWS_AS(t->train_steps(0, 1), InputError);

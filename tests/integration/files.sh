@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# Bad files, full and read-only disks, damaged checkpoints and manifests, signals under mpirun, end
+# to end with the real binary:
+#   tests/integration/files.sh CASE DTRAIN_BINARY SCRATCH_DIR
+# Cases that need to mount a tmpfs exit 77 (CTest: skipped) where mounting is not permitted.
+set -uo pipefail
+case_name=$1
+dtrain=$2
+scratch=$3
+rm -rf "$scratch" && mkdir -p "$scratch"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+
+fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+py=/usr/bin/python3
+toy=experiments/regression_toy.yaml
+quiet=(--set train.progress=none --set train.threads=1)
+small=experiments/fashion_mnist_small.yaml
+
+# "rc err": the exit code must be $1, stderr ($2) one "dtrain: error:" line containing each further argument.
+one_line_error() {
+  local want=$1 rc=$2 err=$3; shift 3
+  [ "$rc" -eq "$want" ] || fail "exit $rc, wanted $want: $(cat "$err")"
+  [ "$(grep -c '^dtrain: error:' "$err")" -eq 1 ] || fail "wanted one 'dtrain: error:' line: $(cat "$err")"
+  for part in "$@"; do grep -qF -- "$part" "$err" || fail "the error does not say '$part': $(cat "$err")"; done
+  grep -q "HDF5" "$err" && grep -q "#0[0-9][0-9]:" "$err" && fail "an HDF5 stack dump: $(cat "$err")"
+  return 0
+}
+
+mount_tmpfs() {  # dir size
+  mkdir -p "$1"
+  if ! mount -t tmpfs -o "size=$2" tmpfs "$1" 2>/dev/null; then
+    echo "SKIP [$case_name]: cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)"
+    exit 77
+  fi
+  trap "umount '$1' 2>/dev/null" EXIT
+}
+
+no_temporaries() {  # dir
+  local left
+  left=$(find "$1" -name '*.tmp-*' 2>/dev/null)
+  [ -z "$left" ] || fail "temporaries left behind: $left"
+}
+
+case "$case_name" in
+  full_disk)
+    mnt="$scratch/mnt"
+    mount_tmpfs "$mnt" 4m
+    run="$mnt/run"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --run-dir "$run" >/dev/null 2>"$scratch/first.err" \
+      || fail "first run failed: $(cat "$scratch/first.err")"
+    before=$(cd "$run/checkpoints" && sha256sum ckpt-*.h5 checkpoint)
+    # Fill the disk, then continue: the next checkpoint cannot be written.
+    dd if=/dev/zero of="$mnt/filler" bs=64k >/dev/null 2>&1
+    "$dtrain" resume "$run" --set train.epochs=4 >/dev/null 2>"$scratch/full.err"
+    rc=$?
+    cat "$scratch/full.err"
+    one_line_error 3 "$rc" "$scratch/full.err" "$run/checkpoints/ckpt-" "No space left on device"
+    grep -q "infinite loop closing library" "$scratch/full.err" && fail "HDF5 could not close a file"
+    after=$(cd "$run/checkpoints" && sha256sum ckpt-*.h5 checkpoint)
+    [ "$before" = "$after" ] || fail "the previous checkpoints or the manifest changed: $before / $after"
+    no_temporaries "$run"
+    rm -f "$mnt/filler"
+    "$dtrain" resume "$run" --set train.epochs=4 >"$scratch/again.out" 2>&1 || fail "resume with space failed: $(cat "$scratch/again.out")"
+    grep -q '^Epoch 4' "$scratch/again.out" || fail "no epoch 4 after the disk had space again"
+    ;;
+  readonly_run_dir)
+    mnt="$scratch/mnt"
+    mount_tmpfs "$mnt" 1m
+    mkdir -p "$mnt/run"
+    mount -o remount,ro "$mnt" || fail "cannot remount read-only"
+    "$dtrain" run "$toy" "${quiet[@]}" --run-dir "$mnt/run" >/dev/null 2>"$scratch/ro.err"
+    one_line_error 3 $? "$scratch/ro.err" "$mnt/run"
+    ;;
+  unwritable_checkpoint_dir)
+    # Found before the first epoch, not at the first save.
+    mnt="$scratch/mnt"
+    mount_tmpfs "$mnt" 1m
+    mkdir -p "$mnt/ckpts"
+    mount -o remount,ro "$mnt" || fail "cannot remount read-only"
+    "$dtrain" run "$toy" "${quiet[@]}" --set "checkpoint.dir=$mnt/ckpts" --run-dir "$scratch/run" >"$scratch/out" \
+      2>"$scratch/err"
+    one_line_error 3 $? "$scratch/err" "$mnt/ckpts" "not writable"
+    grep -q '^Epoch' "$scratch/out" && fail "trained before finding the checkpoint directory unwritable"
+    true
+    ;;
+  nan_data)
+    "$py" - "$scratch/nan.h5" <<'EOF' || fail "cannot write the HDF5 file"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "w") as f:
+    for g, n in (("train", 32), ("test", 8)):
+        x = np.full((n, 4), 0.5, dtype=np.float32)
+        if g == "train":
+            x[17, 2] = np.nan
+        f[g + "/x"] = x
+        f[g + "/y"] = (np.arange(n) % 2).astype(np.int32)
+EOF
+    "$dtrain" run "$small" "${quiet[@]}" --set "data.path=$scratch/nan.h5" --run-dir "$scratch/run" >/dev/null \
+      2>"$scratch/err"
+    one_line_error 2 $? "$scratch/err" "$scratch/nan.h5" "/train/x sample 17" "non-finite"
+    ;;
+  idx_labels)
+    "$py" - "$scratch/idx" <<'EOF' || fail "cannot write the IDX files"
+import os, struct, sys
+import numpy as np
+d = sys.argv[1]
+os.makedirs(d)
+for prefix, n in (("train", 40), ("t10k", 10)):
+    with open(os.path.join(d, prefix + "-images-idx3-ubyte"), "wb") as f:
+        f.write(bytes([0, 0, 8, 3]) + struct.pack(">III", n, 4, 4) + bytes(n * 16))
+    labels = np.arange(n) % 10
+    if prefix == "train":
+        labels[23] = 200
+    with open(os.path.join(d, prefix + "-labels-idx1-ubyte"), "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + struct.pack(">I", n) + labels.astype(np.uint8).tobytes())
+EOF
+    "$dtrain" run "$small" "${quiet[@]}" --set data.source=idx --set "data.path=$scratch/idx" \
+      --set "model={input_shape: [4, 4, 1], layers: [{flatten: {}}, {dense: {units: 10}}]}" --run-dir "$scratch/run" \
+      >"$scratch/out" 2>"$scratch/err"
+    one_line_error 2 $? "$scratch/err" "$scratch/idx/train-labels-idx1-ubyte" "label 200 of sample 23"
+    grep -q '^Epoch' "$scratch/out" && fail "trained before finding the label"
+    true
+    ;;
+  special_files)
+    # A FIFO as the IDX file, the checkpoint and the manifest: refused or worked around, never a hang.
+    mkdir -p "$scratch/idx"
+    mkfifo "$scratch/idx/train-images-idx3-ubyte"
+    touch "$scratch/idx/train-labels-idx1-ubyte"
+    timeout 60 "$dtrain" run "$small" "${quiet[@]}" --set data.source=idx --set "data.path=$scratch/idx" \
+      --run-dir "$scratch/idxrun" >/dev/null 2>"$scratch/idx.err"
+    one_line_error 2 $? "$scratch/idx.err" "$scratch/idx/train-images-idx3-ubyte" "not a regular file"
+    mkfifo "$scratch/ckpt-1.h5"
+    timeout 60 "$dtrain" eval --checkpoint "$scratch/ckpt-1.h5" >/dev/null 2>"$scratch/eval.err"
+    one_line_error 2 $? "$scratch/eval.err" "$scratch/ckpt-1.h5" "not a regular file"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --run-dir "$scratch/run" >/dev/null || fail "run failed"
+    rm "$scratch/run/checkpoints/checkpoint" && mkfifo "$scratch/run/checkpoints/checkpoint"
+    timeout 60 "$dtrain" resume "$scratch/run" --set train.epochs=3 >"$scratch/resume.out" 2>"$scratch/resume.err" \
+      || fail "resume with a FIFO manifest: exit $?: $(cat "$scratch/resume.err")"
+    grep -q "warning: .*checkpoint: not a regular file" "$scratch/resume.err" || fail "no warning: $(cat "$scratch/resume.err")"
+    grep -q "^Resuming from .*ckpt-20.h5" "$scratch/resume.out" || fail "did not resume from the newest: $(cat "$scratch/resume.out")"
+    ;;
+  manifest)
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --run-dir "$scratch/ref" >/dev/null || fail "run failed"
+    for how in empty garbage deleted reversed repeated; do
+      run="$scratch/$how"
+      cp -r "$scratch/ref" "$run"
+      m="$run/checkpoints/checkpoint"
+      case $how in
+        empty) : >"$m" ;;
+        garbage) printf '\001\377 not a manifest\n' >"$m" ;;
+        deleted) rm "$m" ;;
+        reversed) printf 'ckpt-30.h5\nckpt-20.h5\nckpt-10.h5\n' >"$m" ;;
+        repeated) printf 'ckpt-30.h5\nckpt-30.h5\nckpt-30.h5\n' >"$m" ;;
+      esac
+      "$dtrain" resume "$run" --set train.epochs=4 >"$run.out" 2>"$run.err" || fail "$how: resume failed: $(cat "$run.err")"
+      grep -q "^Resuming from $run/checkpoints/ckpt-30.h5" "$run.out" || fail "$how: $(grep Resuming "$run.out")"
+      for step in 20 30 40; do
+        [ -f "$run/checkpoints/ckpt-$step.h5" ] || fail "$how: ckpt-$step.h5 is gone: $(ls "$run/checkpoints")"
+      done
+      echo "ok: manifest $how"
+    done
+    ;;
+  resume_checkpoint_dir)
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$scratch/elsewhere" \
+      --run-dir "$scratch/run" >/dev/null || fail "run failed"
+    "$dtrain" resume "$scratch/run" --set train.epochs=3 >"$scratch/out" 2>"$scratch/err" \
+      || fail "resume ignored checkpoint.dir: $(cat "$scratch/err")"
+    grep -q "^Resuming from $scratch/elsewhere/ckpt-20.h5" "$scratch/out" || fail "$(cat "$scratch/out")"
+    [ -f "$scratch/elsewhere/ckpt-30.h5" ] || fail "the resumed run did not save into checkpoint.dir"
+    ;;
+  metrics_once)
+    # Epoch 3 is logged but not checkpointed (every 2 epochs): the resumed run trains it again and
+    # the log must hold it once.
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --set checkpoint.every_epochs=2 --run-dir "$scratch/run" \
+      >/dev/null || fail "run failed"
+    [ "$(wc -l <"$scratch/run/metrics.jsonl")" -eq 3 ] || fail "wanted 3 epochs logged"
+    "$dtrain" resume "$scratch/run" --set train.epochs=4 >/dev/null 2>&1 || fail "resume failed"
+    epochs=$("$py" -c "import json, sys; print(' '.join(str(json.loads(l)['epoch']) for l in open(sys.argv[1])))" \
+      "$scratch/run/metrics.jsonl") || fail "metrics.jsonl is not JSON lines"
+    [ "$epochs" = "1 2 3 4" ] || fail "metrics.jsonl holds epochs '$epochs', wanted '1 2 3 4'"
+    ;;
+  diverged)
+    # A learning rate that blows the weights up: training stops at the first non-finite loss.
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=5 --set optimizer.learning_rate=1e30 --run-dir "$scratch/run" \
+      >"$scratch/out" 2>"$scratch/err"
+    one_line_error 2 $? "$scratch/err" "the training loss became" "learning_rate"
+    "$py" - "$scratch/run" <<'EOF' || fail "non-finite weights saved or invalid metrics.jsonl"
+import glob, json, sys
+import h5py, numpy as np
+run = sys.argv[1]
+for line in open(run + "/metrics.jsonl"):
+    json.loads(line)
+for path in glob.glob(run + "/checkpoints/ckpt-*.h5"):
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: (isinstance(o, h5py.Dataset) and o.dtype.kind == "f"
+                                   and not np.all(np.isfinite(o[()]))) and sys.exit(path + ": " + n + " is not finite"))
+EOF
+    ;;
+  damaged_state)
+    # /state values rewritten with valid checksums (and the seal recomputed): refused by eval,
+    # skipped by resume; a flipped bit in the seal's magic does not switch the whole-file check off.
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --run-dir "$scratch/ref" >/dev/null || fail "run failed"
+    for change in "global_step 9223372036854775807" "epoch 4611686018427387904" "magic"; do
+      set -- $change
+      run="$scratch/$1"
+      cp -r "$scratch/ref" "$run"
+      "$py" - "$run/checkpoints/ckpt-30.h5" $change <<'EOF' || fail "cannot edit the checkpoint"
+import struct, sys, zlib
+import h5py, numpy as np
+path, name = sys.argv[1], sys.argv[2]
+if name == "magic":
+    with open(path, "r+b") as f:
+        f.write(b"DTRAINCJ")
+    sys.exit(0)
+with h5py.File(path, "r+") as h:
+    value = np.array(int(sys.argv[3]), dtype=np.int64)
+    del h["state/" + name]
+    ds = h.create_dataset("state/" + name, data=value)
+    ds.attrs.create("crc32", zlib.crc32(value.tobytes()), dtype=np.uint32)
+with open(path, "r+b") as f:
+    body = open(path, "rb").read()[512:]
+    f.seek(12)
+    f.write(struct.pack("<QI", len(body), zlib.crc32(body)))
+EOF
+      "$dtrain" eval --checkpoint "$run/checkpoints/ckpt-30.h5" >/dev/null 2>"$run.eval.err"
+      one_line_error 2 $? "$run.eval.err" "$run/checkpoints/ckpt-30.h5"
+      "$dtrain" resume "$run" --set train.epochs=4 >"$run.out" 2>"$run.err" || fail "$1: resume failed: $(cat "$run.err")"
+      grep -q "skipping $run/checkpoints/ckpt-30.h5" "$run.err" || fail "$1: not skipped: $(cat "$run.err")"
+      grep -q "^Resuming from $run/checkpoints/ckpt-20.h5" "$run.out" || fail "$1: $(cat "$run.out")"
+      echo "ok: $1"
+    done
+    ;;
+  stored_experiment)
+    # An experiment stored in a checkpoint that builds no model: the error names the checkpoint.
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=1 --run-dir "$scratch/run" >/dev/null || fail "run failed"
+    ckpt="$scratch/run/checkpoints/ckpt-10.h5"
+    "$py" - "$ckpt" <<'EOF' || fail "cannot edit the checkpoint"
+import struct, sys, zlib
+import h5py, numpy as np
+path = sys.argv[1]
+text = b"name: x\nmodel: {input_shape: [2, 2, 1], layers: [{dense: {units: 1}}]}\n"
+with h5py.File(path, "r+") as h:
+    del h["experiment"]
+    ds = h.create_dataset("experiment", data=np.array(text, dtype="S%d" % len(text)))
+    ds.attrs.create("crc32", zlib.crc32(text), dtype=np.uint32)
+body = open(path, "rb").read()[512:]
+with open(path, "r+b") as f:
+    f.seek(12)
+    f.write(struct.pack("<QI", len(body), zlib.crc32(body)))
+EOF
+    "$dtrain" eval --checkpoint "$ckpt" >/dev/null 2>"$scratch/eval.err"
+    one_line_error 2 $? "$scratch/eval.err" "$ckpt:/experiment"
+    "$dtrain" resume "$scratch/run" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
+    one_line_error 2 $? "$scratch/resume.err" "$ckpt:/experiment"
+    ;;
+  double_signal)
+    # A second signal exits at once (128 + signal) and leaves no temporary behind, whenever it comes.
+    for i in 1 2 3 4 5; do
+      run="$scratch/run$i"
+      "$dtrain" run "$small" "${quiet[@]}" --set train.epochs=20 --set checkpoint.every_steps=1 --run-dir "$run" \
+        >/dev/null 2>"$run.err" &
+      pid=$!
+      sleep "0.$((RANDOM % 9 + 1))"
+      sleep 1
+      kill -TERM "$pid"
+      sleep "0.0$((RANDOM % 9))"
+      kill -TERM "$pid" 2>/dev/null
+      wait "$pid"
+      rc=$?
+      [ "$rc" -eq 143 ] || [ "$rc" -eq 4 ] || fail "double SIGTERM: exit $rc: $(cat "$run.err")"
+      no_temporaries "$run"
+      "$dtrain" resume "$run" --set train.epochs=1 >/dev/null 2>&1 || true
+      no_temporaries "$run"
+    done
+    ;;
+  mpi_signals)
+    # mpirun -n 2: SIGUSR1 is forwarded to the ranks, which stop at an agreed step, save once and
+    # exit 4, and so does mpirun. SIGTERM makes mpirun abort the job (README): no rank survives it
+    # and no temporary is left.
+    command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 77; }
+    mw=(--set "strategy={kind: multi_worker_mirrored}" --set train.epochs=30 --set checkpoint.every_steps=2)
+    for sig in USR1 TERM TERM2; do
+      run="$scratch/mpi_$sig"
+      mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" "${mw[@]}" --run-dir "$run" \
+        >"$run.out" 2>"$run.err" &
+      pid=$!
+      for _ in $(seq 1 600); do [ -f "$run/checkpoints/checkpoint" ] && break; sleep 0.05; done
+      case $sig in
+        USR1) kill -USR1 "$pid" ;;
+        TERM) kill -TERM "$pid" ;;
+        TERM2) kill -TERM "$pid"; sleep 0.2; kill -TERM "$pid" 2>/dev/null ;;
+      esac
+      wait "$pid"
+      rc=$?
+      cat "$run.err"
+      sleep 2
+      pgrep -f -- "--run-dir $run" >/dev/null && fail "SIG$sig: a rank outlived mpirun"
+      no_temporaries "$run"
+      if [ "$sig" = USR1 ]; then
+        [ "$rc" -eq 4 ] || fail "SIGUSR1: mpirun exit $rc, wanted 4"
+        grep -q "continue with: dtrain resume $run" "$run.err" || fail "SIGUSR1: no resume command printed"
+        [ "$(grep -c 'continue with' "$run.err")" -eq 1 ] || fail "SIGUSR1: only the chief reports"
+      fi
+      echo "SIG$sig to mpirun: exit $rc"
+      mpirun -n 2 --oversubscribe "$dtrain" resume "$run" --set train.epochs=1 >"$run.resume.out" 2>&1 \
+        || fail "SIG$sig: resume failed: $(tail -5 "$run.resume.out")"
+    done
+    ;;
+  *)
+    fail "unknown case"
+    ;;
+esac
+echo "ok [$case_name]"

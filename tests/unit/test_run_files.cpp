@@ -1,0 +1,64 @@
+// What a run writes besides checkpoints, when training goes wrong: metrics.jsonl stays JSON with
+// non-finite figures, a non-finite loss stops training before a checkpoint is written, and a
+// resumed run cuts its metrics log back to the epoch it resumes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/error.hpp"
+#include "train/callbacks.hpp"
+#include "train/report.hpp"
+
+using namespace dtrain;
+using namespace dtrain::train;
+
+TEST_CASE("metrics.jsonl: a non-finite figure is written as null, with what it held") {
+  EpochLog log;
+  log.epoch = 1;
+  log.loss = std::numeric_limits<double>::quiet_NaN();
+  log.test = EvalResult{std::numeric_limits<double>::infinity(), 0.5, 10, 0.1};
+  const std::string json = epoch_json(log);
+  CHECK(json.find(": nan") == std::string::npos);
+  CHECK(json.find(": inf") == std::string::npos);
+  CHECK(json.find(R"("loss": null)") != std::string::npos);
+  CHECK(json.find(R"("test_loss": null)") != std::string::npos);
+  CHECK(json.find(R"("non_finite": {"loss": "nan", "test_loss": "inf"})") != std::string::npos);
+  CHECK(json.back() == '}');
+  log.loss = 0.25;
+  log.test->loss = 0.5;
+  CHECK(epoch_json(log).find("non_finite") == std::string::npos);
+}
+
+TEST_CASE("TerminateOnNaN stops on the first non-finite step loss, before the checkpoint saver") {
+  TerminateOnNaN terminate;
+  LoopState state;
+  state.epoch = 1;
+  state.step = 4;
+  state.loss_sum = 3.5;
+  terminate.on_train_batch_end(state);  // finite: nothing happens
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    state.loss_sum = bad;
+    state.checkpoint = "run/checkpoints/ckpt-8.h5";
+    try {
+      terminate.on_train_batch_end(state);
+      FAIL("no error");
+    } catch (const TrainingDiverged& e) {
+      CHECK(e.kind() == ErrorKind::config);  // exit 2
+      CHECK(std::string(e.what()).find("epoch 2, step 4") != std::string::npos);
+      CHECK(std::string(e.what()).find("ckpt-8.h5") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a resumed run's metrics.jsonl keeps the epochs before the one it resumes") {
+  const std::string log = "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 2, \"loss\": 2}\n{\"epoch\": 3, \"loss\": 3}\n"
+                          "{\"epoch\": 2, \"loss\": 2.5}\n{\"epoch\": 4, \"lo";
+  // Resumed at 0-based epoch 2 (epochs 1 and 2 complete): every line of an epoch <= 2 stays, in
+  // order; epoch 3 (trained again) and the cut-short last line go.
+  CHECK(metrics_lines_through(log, 2) ==
+        "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 2, \"loss\": 2}\n{\"epoch\": 2, \"loss\": 2.5}\n");
+  CHECK(metrics_lines_through(log, 0).empty());
+  CHECK(metrics_lines_through("garbage\n{\"epoch\": 1}\n", 5) == "{\"epoch\": 1}\n");
+}

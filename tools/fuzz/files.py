@@ -1,0 +1,650 @@
+#!/usr/bin/python3
+"""Fuzzes dtrain's file inputs and its signal handling against a given binary (the ASan build).
+
+    tools/fuzz/files.py --dtrain build-asan/dtrain --seconds 120 --seed 1 --out /tmp/fuzz
+
+Cases, each run with a timeout, within --seconds (the fixed ones first come interleaved with the
+random ones; a short budget runs some of the fixed ones and says how many):
+  data     every mutation of the IDX and HDF5 data files in a fixed list (truncations, bit flips,
+           wrong and huge dimensions, NaN and infinite values, labels out of range, special files)
+  ckpt     corrupted checkpoints, drawn at random until the time is up: bit flips in every region
+           (seal, superblock, metadata, data), truncations, /state values and datasets rewritten
+           with h5py with their checksums and the seal recomputed; each one through `dtrain eval`
+           and `dtrain resume`
+  manifest the checkpoint manifest empty, garbage, reversed, repeated, deleted, a FIFO
+  signal    SIGTERM/SIGINT (single and double) at random moments of a run, and under mpirun -n 2
+           (SIGUSR1, SIGTERM) when mpirun is installed
+Every outcome must be exit 0, or exit 2/3 with one line naming the file (4, or 128 + the signal
+for a second signal, in the signal cases, with no *.tmp-* file left behind); never a signal death,
+an abort, a sanitizer report, exit 1 or a hang. Prints a summary; exits 1 on any bad outcome, with
+a reproducer (the files, the command and its output) saved under OUT/bad-N.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import h5py
+import numpy as np
+
+SEAL_BYTES = 512
+TIMEOUT = 60
+SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer", "runtime error:", "ERROR: ")
+
+
+def flip(path, offset, mask):
+    """XORs the byte at `offset` of `path` with `mask`."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def writing(data, mode):
+    """A mutation writing `data` at the start of the file (mode "r+b") or as its whole text ("w")."""
+    def mutate(path):
+        with open(path, mode) as f:
+            f.write(data)
+    return mutate
+
+
+def replacing(kind):
+    """A mutation replacing the file by a special file, a directory, an empty file or a dangling link."""
+    def mutate(path):
+        os.remove(path)
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            os.mkdir(path)
+        elif kind in ("devnull", "devzero"):
+            os.symlink("/dev/" + kind[3:], path)
+        elif kind == "empty":
+            open(path, "w").close()
+        elif kind == "dangling":
+            os.symlink(path + ".absent", path)
+    return mutate
+
+
+class Harness:
+    def __init__(self, args):
+        self.dtrain = os.path.abspath(args.dtrain)
+        self.out = os.path.abspath(args.out)
+        self.rng = random.Random(args.seed)
+        self.deadline = time.monotonic() + args.seconds
+        self.work = os.path.join(self.out, "work")
+        shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(self.work)
+        self.counts = {}
+        self.bad = []
+        self.env = dict(os.environ)
+        self.env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
+        self.env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+        supp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "lsan.supp")
+        if os.path.exists(supp):
+            self.env.setdefault("LSAN_OPTIONS", "suppressions=" + os.path.abspath(supp))
+        self.env.setdefault("OMP_NUM_THREADS", "1")
+        self.env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        self.env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+
+    def time_left(self):
+        return self.deadline - time.monotonic()
+
+    # ------------------------------------------------------------------ running and judging
+
+    def run(self, argv, timeout=TIMEOUT, cwd=None):
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env, cwd=cwd or self.work,
+                               errors="replace", stdin=subprocess.DEVNULL)
+            return p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            return None, out, err
+
+    def judge(self, kind, name, argv, rc, out, err, names=(), allowed=(0, 2, 3), files=()):
+        """Records one outcome; returns True when it is acceptable."""
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        problem = None
+        if rc is None:
+            problem = "hang (timeout)"
+        elif rc < 0:
+            problem = "killed by signal %d" % -rc
+        elif any(mark in err for mark in SANITIZER_MARKS):
+            problem = "sanitizer report"
+        elif rc not in allowed:
+            problem = "exit %d" % rc
+        elif rc in (2, 3):
+            lines = [l for l in err.splitlines() if l.startswith("dtrain: error:")]
+            if len(lines) != 1:
+                problem = "exit %d without exactly one 'dtrain: error:' line" % rc
+            elif names and not any(n in lines[0] for n in names):
+                problem = "exit %d: the error does not name %s" % (rc, " or ".join(names))
+        if problem:
+            self.save_bad(kind, name, argv, rc, out, err, problem, files)
+            return False
+        return True
+
+    def save_bad(self, kind, name, argv, rc, out, err, problem, files):
+        d = os.path.join(self.out, "bad-%d" % (len(self.bad) + 1))
+        os.makedirs(d, exist_ok=True)
+        for f in files:
+            if os.path.isfile(f) and not os.path.islink(f):
+                shutil.copy(f, d)
+            elif os.path.isdir(f):
+                shutil.copytree(f, os.path.join(d, os.path.basename(f)), dirs_exist_ok=True, ignore_dangling_symlinks=True,
+                                ignore=lambda _d, names: [n for n in names if not os.path.isfile(os.path.join(_d, n))
+                                                          and not os.path.isdir(os.path.join(_d, n))])
+        with open(os.path.join(d, "case.txt"), "w") as f:
+            f.write("%s %s: %s\ncommand: %s\nexit: %s\n--- stdout\n%s\n--- stderr\n%s\n"
+                    % (kind, name, problem, " ".join(argv), rc, out[-4000:], err[-8000:]))
+        self.bad.append("%s %s: %s (%s)" % (kind, name, problem, d))
+        print("BAD %s %s: %s -> %s" % (kind, name, problem, d), flush=True)
+
+    # ------------------------------------------------------------------ data files
+
+    def write_idx(self, path, array, code=0x08):
+        dtype = {0x08: ">u1", 0x0D: ">f4"}[code]
+        with open(path, "wb") as f:
+            f.write(bytes([0, 0, code, array.ndim]))
+            for d in array.shape:
+                f.write(struct.pack(">I", d))
+            f.write(array.astype(dtype).tobytes())
+
+    def make_idx_dir(self, path, images_code=0x08):
+        os.makedirs(path, exist_ok=True)
+        rng = np.random.default_rng(7)
+        for prefix, n in (("train", 64), ("t10k", 16)):
+            x = rng.integers(0, 255, size=(n, 8, 8))
+            if images_code == 0x0D:
+                x = x / 255.0
+            self.write_idx(os.path.join(path, prefix + "-images-idx3-ubyte"), x, images_code)
+            self.write_idx(os.path.join(path, prefix + "-labels-idx1-ubyte"), rng.integers(0, 10, size=n))
+
+    def make_h5(self, path):
+        rng = np.random.default_rng(8)
+        with h5py.File(path, "w") as f:
+            for group, n in (("train", 64), ("test", 16)):
+                f.create_dataset(group + "/x", data=rng.random((n, 8, 8, 1), dtype=np.float32))
+                f.create_dataset(group + "/y", data=rng.integers(0, 10, size=n).astype(np.int32))
+
+    def experiment(self, path, source, data_path, extra=""):
+        with open(path, "w") as f:
+            f.write("""name: fuzz
+seed: 1
+strategy: {kind: default}
+data: {source: %s, path: '%s', batch_size_per_replica: 16, shuffle_buffer: 64}
+model:
+  input_shape: [8, 8, 1]
+  layers:
+    - flatten: {}
+    - dense: {units: 10}
+loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
+optimizer: {kind: adam, learning_rate: 0.01}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 2, threads: 1, progress: none}
+%s""" % (source, data_path, extra))
+
+    def data_case(self, name, source, data_path, target, files):
+        exp = os.path.join(self.work, "data-%s.yaml" % name)
+        self.experiment(exp, source, data_path)
+        run_dir = os.path.join(self.work, "data-run-" + name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        argv = [self.dtrain, "run", exp, "--run-dir", run_dir]
+        rc, out, err = self.run(argv)
+        self.judge("data", name, argv, rc, out, err, names=(os.path.basename(target),), files=files + [exp])
+
+    def idx_cases(self):
+        base = os.path.join(self.work, "idx-good")
+        self.make_idx_dir(base)
+        images = "train-images-idx3-ubyte"
+        labels = "train-labels-idx1-ubyte"
+        size = os.path.getsize(os.path.join(base, images))
+
+        def variant(name, which, mutate):
+            def case():
+                d = os.path.join(self.work, "idx-" + name)
+                shutil.rmtree(d, ignore_errors=True)
+                shutil.copytree(base, d)
+                target = os.path.join(d, which)
+                mutate(target)
+                self.data_case("idx-" + name, "idx", d, target, [d])
+                shutil.rmtree(d, ignore_errors=True)
+            self.fixed.append(case)
+
+        def truncate(n):
+            return lambda p: os.truncate(p, n)
+
+        def header(data):
+            return writing(data, "r+b")
+
+        def labels_out_of_range(p):
+            arr = np.full(64, 3)
+            arr[37] = 200
+            self.write_idx(p, arr)
+
+        def nan_images(p):
+            x = np.random.default_rng(1).random((64, 8, 8))
+            x[21, 3, 4] = np.nan
+            self.write_idx(p, x, 0x0D)
+
+        def inf_images(p):
+            x = np.random.default_rng(1).random((64, 8, 8))
+            x[5, 0, 0] = np.inf
+            self.write_idx(p, x, 0x0D)
+
+        for n in (0, 1, 3, 4, 7, 8, 15, 16, size // 2, size - 1):
+            variant("trunc%d" % n, images, truncate(n))
+        variant("labels-trunc", labels, truncate(9))
+        for offset in (0, 1, 2, 3, 4, 7, 8, 11, 12, 15):
+            for bit in (0, 7):
+                variant("flip%d-%d" % (offset, bit), images, lambda p, o=offset, b=bit: flip(p, o, 1 << b))
+        variant("dims-huge", images, header(bytes([0, 0, 8, 3]) + struct.pack(">III", 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF)))
+        variant("dims-wrong", images, header(bytes([0, 0, 8, 3]) + struct.pack(">III", 64, 4, 16)))
+        variant("dims-zero", images, header(bytes([0, 0, 8, 3]) + struct.pack(">III", 0, 8, 8)))
+        variant("rank9", images, header(bytes([0, 0, 8, 9])))
+        variant("labels-range", labels, labels_out_of_range)
+        variant("nan", images, nan_images)
+        variant("inf", images, inf_images)
+        variant("trailing", images, lambda p: open(p, "ab").write(b"x"))
+        for kind in ("fifo", "dir", "devnull", "devzero", "empty", "dangling"):
+            variant(kind, images, replacing(kind))
+            variant("labels-" + kind, labels, replacing(kind))
+
+    def hdf5_cases(self):
+        good = os.path.join(self.work, "good.h5")
+        self.make_h5(good)
+        size = os.path.getsize(good)
+
+        def variant(name, mutate):
+            def case():
+                path = os.path.join(self.work, "h5-%s.h5" % name)
+                if os.path.lexists(path):
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.remove(path)
+                shutil.copy(good, path)
+                mutate(path)
+                self.data_case("h5-" + name, "hdf5", path, path, [path])
+            self.fixed.append(case)
+
+        def edit(fn):
+            def f(p):
+                with h5py.File(p, "r+") as h:
+                    fn(h)
+            return f
+
+        def set_x(value, index):
+            def fn(h):
+                x = h["train/x"][...]
+                x.flat[index] = value
+                h["train/x"][...] = x
+            return edit(fn)
+
+        def replace(name, data):
+            def fn(h):
+                del h[name]
+                h.create_dataset(name, data=data)
+            return edit(fn)
+
+        def huge(name):
+            def fn(h):
+                del h[name]
+                h.create_dataset(name, shape=(2 ** 40, 8, 8, 1), dtype=np.float32, chunks=(1, 8, 8, 1))
+            return edit(fn)
+
+        variant("nan-x", set_x(np.nan, 64 * 7 + 3))
+        variant("inf-x", set_x(-np.inf, 100))
+        variant("nan-y", replace("train/y", np.array([0.5] * 63 + [np.nan], dtype=np.float32)))
+        variant("labels-range", replace("train/y", np.array([1] * 40 + [200] + [1] * 23, dtype=np.int32)))
+        variant("labels-negative", replace("train/y", np.array([-1] * 64, dtype=np.int32)))
+        variant("y-short", replace("train/y", np.zeros(10, dtype=np.int32)))
+        variant("x-wrong-dims", replace("train/x", np.zeros((64, 4, 16, 1), dtype=np.float32)))
+        variant("x-rank1", replace("train/x", np.zeros(64, dtype=np.float32)))
+        variant("x-strings", replace("train/x", np.array([b"abc"] * 64)))
+        variant("x-huge", huge("train/x"))
+        variant("no-test", edit(lambda h: h.__delitem__("test")))
+        variant("y-missing", edit(lambda h: h.__delitem__("train/y")))
+        variant("x-int-overflow", replace("train/x", np.full((64, 8, 8, 1), 1000, dtype=np.int32)))
+        for n in (0, 8, 100, 512, size // 3, size // 2, size - 1):
+            variant("trunc%d" % n, lambda p, n=n: os.truncate(p, n))
+        for offset in (0, 8, 40, 100, 200, 400, 800, 1200, 2000, size // 2, size - 100):
+            variant("flip%d" % offset, lambda p, o=offset: flip(p, o, 0xFF))
+        for kind in ("fifo", "dir", "devzero"):
+            variant(kind, replacing(kind))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def base_run(self):
+        """A finished run with checkpoints after epochs 1..3 (max_to_keep 5), on IDX data."""
+        data = os.path.join(self.work, "ckpt-data")
+        self.make_idx_dir(data)
+        self.ckpt_exp = os.path.join(self.work, "ckpt.yaml")
+        self.experiment(self.ckpt_exp, "idx", data, "checkpoint: {every_epochs: 1, max_to_keep: 5}\n")
+        with open(self.ckpt_exp) as f:
+            text = f.read().replace("epochs: 2", "epochs: 3")
+        with open(self.ckpt_exp, "w") as f:
+            f.write(text)
+        self.base = os.path.join(self.work, "base-run")
+        shutil.rmtree(self.base, ignore_errors=True)
+        argv = [self.dtrain, "run", self.ckpt_exp, "--run-dir", self.base]
+        rc, out, err = self.run(argv, timeout=300)
+        if rc != 0:
+            sys.exit("files.py: the base run failed (exit %s):\n%s" % (rc, err))
+        self.ckpts = sorted(os.listdir(os.path.join(self.base, "checkpoints")))
+        self.newest = max((c for c in self.ckpts if c.startswith("ckpt-")), key=lambda c: int(c[5:-3]))
+
+    @staticmethod
+    def reseal(path):
+        """Recomputes the whole-file checksum after an edit (the seal layout of checkpoint.cpp)."""
+        with open(path, "r+b") as f:
+            data = f.read()
+            if data[:8] != b"DTRAINCK":
+                return
+            body = data[SEAL_BYTES:]
+            f.seek(12)
+            f.write(struct.pack("<QI", len(body), zlib.crc32(body) & 0xFFFFFFFF))
+
+    @staticmethod
+    def set_dataset(path, name, value, dtype=None):
+        """Rewrites a dataset with h5py (its crc32 attribute recomputed), then the seal."""
+        with h5py.File(path, "r+") as h:
+            arr = np.asarray(value, dtype=dtype if dtype else h[name].dtype)
+            if name in h:
+                del h[name]
+            ds = h.create_dataset(name, data=arr)
+            ds.attrs.create("crc32", zlib.crc32(arr.tobytes()) & 0xFFFFFFFF, dtype=np.uint32)
+        Harness.reseal(path)
+
+    def checkpoint_mutation(self, path):
+        """Mutates the checkpoint at `path` in place; returns a description."""
+        size = os.path.getsize(path)
+        r = self.rng
+        kind = r.choice(["flip-seal", "flip-superblock", "flip-meta", "flip-any", "flip-any-resealed", "truncate",
+                         "state", "state", "metrics", "drop", "attr", "experiment", "zero-block"])
+        if kind.startswith("flip"):
+            lo, hi = {"flip-seal": (0, 24), "flip-superblock": (SEAL_BYTES, SEAL_BYTES + 96),
+                      "flip-meta": (SEAL_BYTES, min(size, SEAL_BYTES + 4096))}.get(kind, (0, size))
+            offset = r.randrange(lo, hi)
+            bit = r.randrange(8)
+            flip(path, offset, 1 << bit)
+            if kind == "flip-any-resealed":
+                self.reseal(path)
+            return "%s at %d bit %d" % (kind, offset, bit)
+        if kind == "truncate":
+            n = r.randrange(0, size)
+            os.truncate(path, n)
+            return "truncate to %d of %d" % (n, size)
+        if kind == "zero-block":
+            offset = r.randrange(0, size)
+            n = r.randrange(1, 256)
+            with open(path, "r+b") as f:
+                f.seek(offset)
+                f.write(b"\0" * n)
+            return "zero %d bytes at %d" % (n, offset)
+        big = [2 ** 63 - 1, 2 ** 62, 2 ** 31, 2 ** 31 - 1, -1, -(2 ** 63), 10 ** 6, 3, 0]
+        if kind == "state":
+            name = r.choice(["epoch", "step_in_epoch", "global_step", "epoch_samples", "epoch_loss_sum", "seed"])
+            if name == "epoch_loss_sum":
+                value = r.choice([float("nan"), float("inf"), -1e308, 0.0])
+            elif name == "seed":
+                value = r.choice([0, 2 ** 64 - 1])
+            else:
+                value = r.choice(big)
+            self.set_dataset(path, "/state/" + name, value)
+            return "/state/%s = %r" % (name, value)
+        if kind == "metrics":
+            n = r.choice([0, 1, 3, 100])
+            which = r.choice(["counts", "sums"])
+            with h5py.File(path, "r+") as h:
+                if "state/metrics/0" not in h:
+                    h.create_group("state/metrics/0")
+            value = np.arange(n, dtype=np.int64) * r.choice([1, -1, 2 ** 40]) if which == "counts" \
+                else np.full(n, r.choice([1.0, float("nan")]))
+            self.set_dataset(path, "/state/metrics/0/" + which, value, np.int64 if which == "counts" else np.float64)
+            return "/state/metrics/0/%s = %d values" % (which, n)
+        if kind == "drop":
+            with h5py.File(path, "r") as h:
+                names = []
+                h.visit(names.append)
+            name = r.choice(names)
+            with h5py.File(path, "r+") as h:
+                del h[name]
+            self.reseal(path)
+            return "deleted /%s" % name
+        if kind == "attr":
+            with h5py.File(path, "r") as h:
+                names = [""]
+                h.visit(names.append)
+            name = r.choice(names) or "/"
+            with h5py.File(path, "r+") as h:
+                obj = h[name]
+                attr = r.choice(["format_version", "crc32", "name", "iterations", "created_by"])
+                obj.attrs[attr] = r.choice([2 ** 40, -5, "x", 1.5, np.array([1, 2])])
+            self.reseal(path)
+            return "attribute %s of %s changed" % (attr, name)
+        # experiment
+        text = r.choice(["", "name: [", "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b,*b]\n",
+                         "name: fuzz\nmodel: {input_shape: [8, 8, 1], layers: [{dense: {units: 1000000000}}]}\n",
+                         "\0" * 10])
+        with h5py.File(path, "r+") as h:
+            del h["experiment"]
+            data = np.array(text.encode() or b"\0", dtype="S%d" % max(1, len(text.encode())))
+            ds = h.create_dataset("experiment", data=data)
+            ds.attrs.create("crc32", zlib.crc32(text.encode() or b"\0") & 0xFFFFFFFF, dtype=np.uint32)
+        self.reseal(path)
+        return "experiment replaced (%d bytes)" % len(text)
+
+    def checkpoint_case(self, index):
+        run = os.path.join(self.work, "ckpt-run")
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(self.base, run)
+        target = os.path.join(run, "checkpoints", self.newest)
+        try:
+            what = self.checkpoint_mutation(target)
+        except Exception as e:  # h5py could not open a file an earlier mutation left unreadable
+            what = "mutation failed (%s): left as is" % type(e).__name__
+        name = "%d: %s" % (index, what)
+        argv = [self.dtrain, "eval", "--checkpoint", target]
+        rc, out, err = self.run(argv)
+        ok = self.judge("ckpt-eval", name, argv, rc, out, err, names=(self.newest,), files=[target])
+        argv = [self.dtrain, "resume", run, "--set", "train.epochs=4"]
+        rc, out, err = self.run(argv, timeout=120)
+        ok = self.judge("ckpt-resume", name, argv, rc, out, err, names=(self.newest,), files=[run]) and ok
+        if rc == 0 and "skipping" not in err and "Resuming from " + target not in out:
+            # Resuming from the mutated file itself is fine only when it still reads as a checkpoint.
+            pass
+        leftovers = [f for f in os.listdir(os.path.join(run, "checkpoints")) if ".tmp-" in f]
+        if leftovers:
+            self.save_bad("ckpt-resume", name, argv, rc, out, err, "left " + ", ".join(leftovers), [run])
+        return ok
+
+    def manifest_cases(self):
+        def prepare(name, mutate, allowed=(0,)):
+            run = os.path.join(self.work, "manifest-" + name)
+            shutil.rmtree(run, ignore_errors=True)
+            shutil.copytree(self.base, run)
+            manifest = os.path.join(run, "checkpoints", "checkpoint")
+            mutate(manifest)
+            argv = [self.dtrain, "resume", run, "--set", "train.epochs=4"]
+            rc, out, err = self.run(argv, timeout=120)
+            ok = self.judge("manifest", name, argv, rc, out, err, names=("checkpoint",), files=[run], allowed=allowed)
+            if ok and rc == 0 and ("Resuming from " + os.path.join(run, "checkpoints", self.newest)) not in out:
+                self.save_bad("manifest", name, argv, rc, out, err, "did not resume from the newest checkpoint", [run])
+            for c in self.ckpts:
+                if c.startswith("ckpt-") and not os.path.exists(os.path.join(run, "checkpoints", c)) and \
+                        int(c[5:-3]) > int(self.newest[5:-3]) - 1:
+                    self.save_bad("manifest", name, argv, rc, out, err, "deleted " + c, [run])
+
+        listed = [c for c in self.ckpts if c.startswith("ckpt-")]
+        listed.sort(key=lambda c: int(c[5:-3]))
+
+        def write(text):
+            return writing(text, "w")
+
+        prepare("empty", write(""))
+        prepare("garbage", write("\x00\xff garbage ../../etc/passwd\n"))
+        prepare("reversed", write("".join(c + "\n" for c in reversed(listed))))
+        prepare("repeated", write("".join(c + "\n" for c in listed for _ in range(3))))
+        prepare("deleted", os.remove)
+        prepare("fifo", replacing("fifo"))
+        prepare("directory", lambda p: (os.remove(p), os.mkdir(p)), allowed=(3,))  # cannot be replaced: refused
+        prepare("absent-names", write("ckpt-1.h5\nckpt-2.h5\n"))
+
+    # ------------------------------------------------------------------ signals
+
+    def signal_case(self, index, mpi=False):
+        r = self.rng
+        run = os.path.join(self.work, "signal-run")
+        shutil.rmtree(run, ignore_errors=True)
+        exp = os.path.join(self.work, "signal.yaml")
+        with open(self.ckpt_exp) as f:
+            text = f.read().replace("epochs: 3", "epochs: 40").replace("every_epochs: 1", "every_epochs: 1, every_steps: 3")
+        if mpi:
+            text = text.replace("{kind: default}", "{kind: multi_worker_mirrored}")
+        with open(exp, "w") as f:
+            f.write(text)
+        sig = r.choice([signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] * 2 if mpi else []))
+        double = r.random() < 0.35
+        delay = r.uniform(0.0, 3.0)
+        argv = [self.dtrain, "run", exp, "--run-dir", run]
+        if mpi:
+            argv = ["mpirun", "--oversubscribe", "-n", "2", "--mca", "odls_base_sigkill_timeout", "30"] + argv
+        name = "%d: %s%s after %.2f s%s" % (index, "double " if double else "", signal.Signals(sig).name, delay,
+                                            " under mpirun -n 2" if mpi else "")
+        env = dict(self.env)
+        if mpi:
+            # OpenMPI's components are unloaded before exit, so what they keep for the process's
+            # lifetime shows as leaks from "<unknown module>" that no suppression can name. Leaks
+            # are checked in the single-process cases; the MPI ones check everything else.
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.work,
+                             stdin=subprocess.DEVNULL, errors="replace")
+        if not mpi:
+            # The moments that count start once dtrain has blocked the signals (the first thing its
+            # run command does); before that, while the loader and the sanitizer start, a signal has
+            # its default action in any program.
+            self.wait_until_blocked(p.pid, sig)
+        time.sleep(delay)
+        p.send_signal(sig)
+        if double:
+            time.sleep(r.uniform(0.0, 0.5))
+            p.send_signal(sig)
+        try:
+            out, err = p.communicate(timeout=120)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            rc = None
+        allowed = [0, 4]
+        if double:
+            allowed.append(128 + sig)
+        if mpi and sig != signal.SIGUSR1:
+            allowed.append(1)  # mpirun's own status when it aborts the job on SIGTERM/SIGINT (README)
+        if mpi:
+            time.sleep(1)  # ranks outliving mpirun would show as temporaries or new files below
+        ok = self.judge("signal-mpi" if mpi else "signal", name, argv, rc, out, err, allowed=tuple(allowed), files=[run])
+        ckdir = os.path.join(run, "checkpoints")
+        leftovers = [f for f in os.listdir(ckdir) if ".tmp-" in f] if os.path.isdir(ckdir) else []
+        if leftovers:
+            self.save_bad("signal", name, argv, rc, out, err, "left " + ", ".join(leftovers), [run])
+            ok = False
+        if mpi and sig == signal.SIGUSR1 and not double and rc not in (0, 4):
+            ok = False
+        if rc in (4, 128 + sig, 1) and os.path.isdir(ckdir) and os.listdir(ckdir):
+            # Whatever stopped it, the run must resume.
+            argv2 = [self.dtrain, "resume", run, "--set", "train.epochs=1"]
+            rc2, out2, err2 = self.run(argv2, timeout=120)
+            ok = self.judge("signal-resume", name, argv2, rc2, out2, err2, files=[run], allowed=(0,)) and ok
+        return ok
+
+    @staticmethod
+    def wait_until_blocked(pid, sig, limit=30.0):
+        until = time.monotonic() + limit
+        while time.monotonic() < until:
+            try:
+                with open("/proc/%d/status" % pid) as f:
+                    for line in f:
+                        if line.startswith("SigBlk:") and int(line.split()[1], 16) & (1 << (sig - 1)):
+                            return
+            except OSError:
+                return  # already gone
+            time.sleep(0.005)
+
+    # ------------------------------------------------------------------ the campaign
+
+    def signals_only(self, mpi):
+        """Signal timings alone (half of them under mpirun when it is there) until the time is up."""
+        self.fixed, self.fixed_total = [], 0
+        self.base_run()
+        i = 0
+        while self.time_left() > 0:
+            i += 1
+            self.signal_case(i, mpi=mpi and i % 2 == 0)
+
+    def campaign(self, mpi):
+        """Within the time: the fixed data-file cases (in a seeded order) interleaved with random
+        corrupted checkpoints, a signal case every fifth round; then checkpoints until the end."""
+        self.fixed = []
+        self.idx_cases()
+        self.hdf5_cases()
+        self.fixed_total = len(self.fixed)
+        self.rng.shuffle(self.fixed)
+        print("files.py: %d data-file cases; base run for the checkpoint cases" % self.fixed_total, flush=True)
+        self.base_run()
+        self.manifest_cases()
+        i = 0
+        while self.time_left() > 0:
+            i += 1
+            for _ in range(3):
+                if self.fixed and self.time_left() > 0:
+                    self.fixed.pop()()
+            self.checkpoint_case(i)
+            if i % 5 == 0 and self.time_left() > 0:
+                self.signal_case(i, mpi=mpi and i % 10 == 0)
+
+    def summary(self):
+        total = sum(self.counts.values())
+        print("files.py: %d outcomes: %s" % (total, ", ".join("%s %d" % kv for kv in sorted(self.counts.items()))))
+        print("files.py: data-file cases run: %d of %d%s" % (self.fixed_total - len(self.fixed), self.fixed_total,
+                                                             "" if not self.fixed else " (give more --seconds for all)"))
+        if self.bad:
+            print("files.py: %d bad outcomes:" % len(self.bad))
+            for b in self.bad:
+                print("  " + b)
+        else:
+            print("files.py: no bad outcome")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtrain", required=True, help="the dtrain binary to test (the ASan build)")
+    parser.add_argument("--seconds", type=float, default=120, help="time budget (the base run and the case running "
+                        "when it ends come on top)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", required=True, help="directory for the work files and the reproducers")
+    parser.add_argument("--no-mpi", action="store_true", help="skip the mpirun -n 2 signal cases")
+    parser.add_argument("--signals-only", action="store_true", help="only signal timings (a campaign of its own)")
+    args = parser.parse_args()
+    h = Harness(args)
+    mpi = not args.no_mpi and shutil.which("mpirun") is not None
+    if args.signals_only:
+        h.signals_only(mpi)
+    else:
+        h.campaign(mpi)
+    h.summary()
+    return 1 if h.bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
