@@ -244,7 +244,7 @@ def check_outcome(rc, stderr, timed_out, case_file):
     name = os.path.basename(case_file)
     if name not in message and "--set " not in message and not re.search(r"(/|\.h5\b|ubyte)", message):
         return "the error names no file, no --set and no path"
-    if "invalid YAML" in message and not re.search(re.escape(name) + r":\d+:\d+: ", message):
+    if "invalid YAML" in message and "--set " not in message and not re.search(re.escape(name) + r":\d+:\d+: ", message):
         return "a YAML error without line:column"
     return ""
 
@@ -349,7 +349,7 @@ def main():
     ap.add_argument("--seconds", type=float, required=True, help="stop starting cases after this long")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True, help="directory for reproducers and scratch files")
-    ap.add_argument("--run-fraction", type=float, default=0.15, help=argparse.SUPPRESS)
+    ap.add_argument("--run-fraction", type=float, default=0.5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.dtrain = os.path.abspath(args.dtrain)
     if not os.access(args.dtrain, os.X_OK):
