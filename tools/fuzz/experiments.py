@@ -82,7 +82,7 @@ def get_parent(tree, path):
     return node
 
 
-def mutate_tree(tree, rng):
+def mutate_tree(tree, rng, op=None):
     """One structural mutation of the parsed experiment, in place; returns its description."""
     all_paths = [p for p, _ in paths(tree) if p]
     if not all_paths:
@@ -91,7 +91,8 @@ def mutate_tree(tree, rng):
     parent = get_parent(tree, path)
     key = path[-1]
     value = parent[key]
-    op = rng.choice(["delete", "scalar", "scalar", "scalar", "type", "nest", "alias", "rename", "grow", "number"])
+    op = op or rng.choice(["delete", "scalar", "scalar", "scalar", "type", "nest", "alias", "rename", "grow", "number",
+                     "tweak", "tweak", "tweak", "tweak"])
     where = ".".join(str(p) for p in path)
     if op == "delete":
         del parent[key]
@@ -129,6 +130,19 @@ def mutate_tree(tree, rng):
                 value[f"unknown_{i}"] = interesting_scalar(rng)
         else:
             parent[key] = [value] * rng.choice([2, 8])
+    elif op == "tweak":
+        # A plausible value, so that many mutants validate and train: what limits must catch hides
+        # among sizes that work.
+        if isinstance(value, bool):
+            parent[key] = not value
+        elif isinstance(value, int):
+            parent[key] = rng.choice([0, 1, 2, 3, 5, 7, 13, 64, 65, 100, 1000, 4096, value * 2, max(0, value - 1)])
+        elif isinstance(value, float):
+            parent[key] = rng.choice([0.0, 0.1, 0.5, 0.9, 0.999, 1.0, 1e-9, 10.0, value * 10, value / 10])
+        elif isinstance(value, list) and value:
+            del value[rng.randrange(len(value))]
+        elif isinstance(value, dict) and value:
+            del value[rng.choice(list(value))]
     elif op == "number":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             parent[key] = rng.choice([value * 1000, value + 1, -value, value * 2**31, value / 3, 0,
@@ -300,20 +314,23 @@ class Campaign:
         name, tree = rng.choice(bases)
         tree = copy.deepcopy(tree)
         descriptions = [name]
-        for _ in range(rng.choice([1, 1, 1, 2, 3])):
+        # Gentle cases (one plausible change) mostly validate and train; the others mostly test
+        # how errors are reported.
+        gentle = rng.random() < 0.4
+        for _ in range(1 if gentle else rng.choice([1, 1, 1, 2, 3])):
             try:
-                descriptions.append(mutate_tree(tree, rng))
+                descriptions.append(mutate_tree(tree, rng, "tweak" if gentle else None))
             except RecursionError:  # an alias made the tree contain itself: dump it as it is
                 break
         try:
             text = dump(tree)
         except (yaml.YAMLError, RecursionError, ValueError) as e:
             text = f"# could not dump: {e}\n"
-        if rng.random() < 0.3:
+        if not gentle and rng.random() < 0.3:
             text, d = mutate_text(text, rng)
             descriptions.append(d)
         overrides = []
-        if rng.random() < 0.35:
+        if not gentle and rng.random() < 0.4:
             for _ in range(rng.choice([1, 1, 2])):
                 overrides.append(random_set(tree, rng))
             self.counts["set_cases"] += 1
