@@ -111,10 +111,9 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
 
   splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
   if (splits_.train.size() == 0) throw InputError("the training set is empty");
-  // The kind of the loaded labels; their class count is checked where known before loading (an
-  // out-of-range label still stops the step that meets it, naming the example).
+  // The loaded labels, which validate cannot see for every source (hdf5), against the loss.
   config::check_loss_fits_model(exp_, model().output_shape().dims(),
-                                config::LabelKind{splits_.train.y.dtype() == DType::i32, 0});
+                                config::LabelKind{splits_.train.y.dtype() == DType::i32, splits_.train.num_classes});
   if (splits_.test.size() == 0)
     throw InputError(fmt::format("{}: the test split of {} is empty, so evaluation would report nothing; give the "
                                  "data a test split",

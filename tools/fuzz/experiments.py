@@ -277,13 +277,19 @@ class Campaign:
         env = dict(os.environ)
         env.setdefault("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1")
         env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
-        try:
-            p = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-            return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"), False
-        except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode(errors="replace")
-            err = (e.stderr or b"").decode(errors="replace")
-            return -1000, out, err, True
+        for attempt in range(5):
+            try:
+                p = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                   timeout=timeout)
+                return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"), False
+            except subprocess.TimeoutExpired as e:
+                out = (e.stdout or b"").decode(errors="replace")
+                err = (e.stderr or b"").decode(errors="replace")
+                return -1000, out, err, True
+            except OSError as e:  # the binary is being rebuilt: not an outcome of dtrain's
+                if attempt == 4:
+                    sys.exit(f"experiments.py: cannot start {argv[0]}: {e}")
+                time.sleep(2)
 
     def record(self, argv, text, description, rc, out, err, timed_out, case_file):
         problem = check_outcome(rc, err, timed_out, case_file)
