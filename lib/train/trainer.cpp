@@ -132,10 +132,10 @@ std::int64_t Trainer::global_batch_size() const {
   if (exp_.data.global_batch_size > 0) return exp_.data.global_batch_size;
   const auto global = checked_mul(exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync());
   if (!global)
-    throw ConfigError(fmt::format("{}: data.batch_size_per_replica {} times {} replicas in sync does not fit in 64 bits; "
+    // First computed inside the constructor's check, which names the file.
+    throw ConfigError(fmt::format("data.batch_size_per_replica {} times {} replicas in sync does not fit in 64 bits; "
                                   "choose a batch that the machine can hold",
-                                  exp_.source_file, exp_.data.batch_size_per_replica,
-                                  strategy_->num_replicas_in_sync()));
+                                  exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync()));
   return *global;
 }
 

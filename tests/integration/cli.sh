@@ -177,7 +177,7 @@ case "$case_name" in
       --set data.eval_batch_size=9223372036854775807 --run-dir "$scratch/eval_batch" >"$scratch/out" 2>&1 \
       || fail "a huge eval_batch_size failed: $(tail -3 "$scratch/out")"
     grep -q '"test_samples": 500,' "$scratch/eval_batch/metrics.jsonl" || fail "the huge eval batch did not evaluate the 500 test samples"
-    expect_error 2 "data\.batch_size_per_replica 4611686018427387904 times 2 replicas" -- run "$small" --set train.epochs=1 \
+    expect_error 2 "error: experiments/fashion_mnist_small\.yaml: data\.batch_size_per_replica 4611686018427387904 times 2 replicas" -- run "$small" --set train.epochs=1 \
       --set data.batch_size_per_replica=4611686018427387904 --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" \
       --run-dir "$scratch/overflow"
     ;;

@@ -65,8 +65,11 @@ def interesting_value(rng, depth=0):
 
 
 def paths(node, prefix=()):
-    """Every (path, value) in the tree, containers included."""
+    """Every (path, value) in the tree, containers included, at most 40 levels down (an alias can
+    make the tree contain itself)."""
     yield prefix, node
+    if len(prefix) >= 40:
+        return
     if isinstance(node, dict):
         for k, v in node.items():
             yield from paths(v, prefix + (k,))
