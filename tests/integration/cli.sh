@@ -139,6 +139,12 @@ case "$case_name" in
       sed "s/^    - dense: {units: 64, activation: relu}/    - dense: {units: $units, activation: relu}/" "$small" >"$scratch/units.yaml"
       expect_error 2 "units\.yaml:22:7: layer 'dense'.*memory" -- validate "$scratch/units.yaml"
     done
+    # A variable larger than memory with its slots is refused before it is allocated (it took
+    # minutes to allocate and initialize, then failed): within seconds.
+    SECONDS=0
+    expect_error 2 "regression_toy\\.yaml:18:7: layer 'dense': variable 'kernel' of shape \\(1, 2147483647\\) needs" -- \
+      validate experiments/regression_toy.yaml --set model.layers.0.dense.units=2147483647
+    [ "$SECONDS" -le 10 ] || fail "a variable too large for memory took ${SECONDS}s to refuse"
     sed 's/^    - conv2d: {filters: 32,/    - conv2d: {filters: 10000000,/' "$small" >"$scratch/filters.yaml"
     expect_error 2 "filters\.yaml(:17:7: layer 'conv2d'|: data.batch_size_per_replica).*memory" -- validate "$scratch/filters.yaml"
     printf '%s\n' 'model: {input_shape: [28, 28, 1], layers: [{flatten: {}}, {dense: {units: 10}}]}' \
