@@ -19,7 +19,9 @@
 #include "config/layers.hpp"
 #include "config/schema.hpp"
 #include "config/yaml_tree.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
+#include "core/machine.hpp"
 
 namespace dtrain::config {
 
@@ -135,6 +137,10 @@ void read_devices(const Node& node, const std::string& path, StrategyConfig& out
   }
   if (!node.is_sequence()) type_error(node, path, "a list of device names (for example [cpu:0, cpu:1]) or auto");
   if (node.items.empty()) range_error(node, path, "a non-empty list of devices, or auto");
+  // Each device is a replica with its own thread and copy of the model.
+  if (node.items.size() > static_cast<std::size_t>(max_compute_threads()))
+    range_error(node, path, fmt::format("a list of at most {} devices (the thread cap of this machine)",
+                                        max_compute_threads()));
   std::vector<std::string> devices;
   for (std::size_t i = 0; i < node.items.size(); ++i) {
     const Node& item = node.items[i];
@@ -352,13 +358,28 @@ DataConfig parse_data(const Node& node) {
   s.get("shape", out.shape, read_shape);
   s.get_int("classes", out.classes, 1);
   s.get_int("train_size", out.train_size, 1);
-  s.get_int("test_size", out.test_size, 0);
+  s.get_int("test_size", out.test_size, 1);  // evaluating nothing would report a meaningless 0
+  if (synthetic) {
+    // Generated in memory as bytes, plus a 4-byte label each.
+    const auto pixels = checked_product(out.shape);
+    const auto example = pixels ? checked_add(*pixels, 4) : std::nullopt;
+    const auto examples = checked_add(out.train_size, out.test_size);
+    const auto bytes = example && examples ? checked_mul(*example, *examples) : std::nullopt;
+    const char* key = s.find("train_size") || !s.find("test_size") ? "train_size" : "test_size";
+    check_memory(s.find(key) ? *s.find(key) : node, s.path(key), bytes,
+                 fmt::format("a synthetic dataset of {} + {} examples", out.train_size, out.test_size));
+  }
   if (tensors) {
     out.x = read_number_list(s.require("x"), s.path("x"));
     out.y = read_number_list(s.require("y"), s.path("y"));
     if (out.x.empty()) range_error(*s.find("x"), s.path("x"), "a non-empty list of numbers");
     if (out.y.empty()) range_error(*s.find("y"), s.path("y"), "a non-empty list of numbers");
     s.get_int("size", out.train_size, 1);
+    // Repeated into a training and a test split of f32 rows.
+    const auto row = checked_mul(static_cast<std::int64_t>(out.x.size() + out.y.size()), 2 * 4);
+    check_memory(s.find("size") ? *s.find("size") : node, s.path("size"),
+                 row ? checked_mul(*row, out.train_size) : std::nullopt,
+                 fmt::format("{} repeated examples", out.train_size));
   }
 
   s.get_int("batch_size_per_replica", out.batch_size_per_replica, 1);
@@ -578,6 +599,10 @@ TrainConfig parse_train(const Node& node) {
   s.get_int("epochs", out.epochs, 1);
   s.get_int("steps_per_epoch", out.steps_per_epoch, 0);
   s.get_int("threads", out.threads, 0);
+  if (out.threads > max_compute_threads())
+    range_error(*s.find("threads"), s.path("threads"),
+                fmt::format("at most {} (4 per hardware thread of this machine, at least 64), or 0 for all cores",
+                            max_compute_threads()));
   s.get_enum("progress", out.progress, "progress mode", progress_modes);
   s.get_bool("tensorboard", out.tensorboard);
   s.get_int("log_every_steps", out.log_every_steps, 0);
@@ -670,7 +695,11 @@ std::string location_prefix(const SourceLocation& given, const SourceLocation& f
 Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,
                             const std::vector<std::string>& overrides) {
   Node root = detail::load_tree(yaml_text, file_name);
+  // The document is the file's even when it is empty and the overrides fill it, so that what is
+  // missing is reported against the file, not against the --set that happened to create the map.
+  const Origin document = root.origin;
   for (const std::string& assignment : overrides) detail::apply_override(root, assignment);
+  root.origin = document;
   if (root.is_null()) root.kind = Node::Kind::map;  // an empty file: report what is missing
   if (!root.is_map())
     fail(root.origin, fmt::format("expected a map of settings at the top level (name, data, model, ...), got {}",

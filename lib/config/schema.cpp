@@ -9,6 +9,10 @@
 #include <cmath>
 #include <limits>
 
+#include "core/checked.hpp"
+#include "core/machine.hpp"
+#include "core/tensor.hpp"
+
 namespace dtrain::config {
 
 // ---------------------------------------------------------------- suggestions
@@ -166,9 +170,22 @@ std::vector<double> read_number_list(const Node& node, const std::string& path) 
 std::vector<std::int64_t> read_shape(const Node& node, const std::string& path) {
   std::vector<std::int64_t> shape = read_int_list(node, path);
   if (shape.empty()) range_error(node, path, "a non-empty list of dimensions");
+  // A batch dimension is added in front, and tensors have at most Shape::kMaxRank dimensions.
+  if (shape.size() > Shape::kMaxRank - 1)
+    range_error(node, path, fmt::format("at most {} dimensions (the batch dimension makes {})", Shape::kMaxRank - 1,
+                                        Shape::kMaxRank));
   for (std::size_t i = 0; i < shape.size(); ++i)
     if (shape[i] < 1) range_error(node.items[i], child(path, std::to_string(i)), ">= 1");
+  const auto elements = checked_product(shape);
+  check_memory(node, path, elements ? checked_mul(*elements, 4) : std::nullopt, "one example of this shape");
   return shape;
+}
+
+void check_memory(const Node& node, const std::string& path, std::optional<std::int64_t> bytes, std::string_view what) {
+  const std::int64_t memory = physical_memory_bytes();
+  if (bytes && *bytes <= memory) return;
+  fail(node.origin, fmt::format("{}: {} needs {}, more than this machine's {} of memory; choose a smaller value", path,
+                                what, bytes ? format_bytes(*bytes) : "more than 8 EB", format_bytes(memory)));
 }
 
 // Keras' int-or-pair arguments (kernel_size, strides, pool_size); every entry >= 1.

@@ -69,8 +69,11 @@ std::string read_string(const Node& node, const std::string& path);
 const Node& expect_list(const Node& node, const std::string& path, std::string_view of_what);
 std::vector<std::int64_t> read_int_list(const Node& node, const std::string& path);
 std::vector<double> read_number_list(const Node& node, const std::string& path);
-// A shape without the batch dimension: non-empty, every entry >= 1.
+// A shape without the batch dimension: non-empty, every entry >= 1, one example fits in memory.
 std::vector<std::int64_t> read_shape(const Node& node, const std::string& path);
+// Refuses (at `node`, naming `path`) a value whose `what` needs `bytes` (nullopt: more than 64
+// bits count) when that is more than the machine's physical memory.
+void check_memory(const Node& node, const std::string& path, std::optional<std::int64_t> bytes, std::string_view what);
 // Keras' int-or-pair arguments (kernel_size, strides, pool_size); every entry >= 1.
 std::array<int, 2> read_pair(const Node& node, const std::string& path);
 // {l2: x}, x >= 0.

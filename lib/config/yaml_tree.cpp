@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
@@ -36,11 +37,29 @@ Origin origin_of(const YAML::Mark& mark, const std::string& source, bool from_fi
   return {source, mark.line + 1, mark.column + 1};
 }
 
-Node convert(const YAML::Node& yaml, const std::string& source, bool from_file, int depth) {
+// Aliases (*a) are copied into the tree, so a few hundred bytes of nested aliases could expand to
+// billions of nodes. Without aliases a document has fewer nodes than characters; past that, up to
+// this many copied nodes are allowed, ample for any experiment that reuses a block.
+constexpr std::size_t alias_budget = 100000;
+
+struct Converter {
+  const std::string& source;
+  bool from_file;
+  std::size_t nodes_left;
+
+  Node convert(const YAML::Node& yaml, int depth);
+};
+
+Node Converter::convert(const YAML::Node& yaml, int depth) {
   Node node;
   node.origin = origin_of(yaml.Mark(), source, from_file);
   if (depth > max_depth) fail(node.origin,
                                   fmt::format("YAML nested deeper than {} levels (or an alias that contains itself)", max_depth));
+  if (nodes_left == 0)
+    fail(node.origin, fmt::format("YAML aliases expand to more than {} copied values; write the values out, or alias "
+                                  "fewer levels of lists and maps",
+                                  alias_budget));
+  --nodes_left;
   switch (yaml.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
@@ -52,19 +71,23 @@ Node convert(const YAML::Node& yaml, const std::string& source, bool from_file, 
       break;
     case YAML::NodeType::Sequence:
       node.kind = Node::Kind::sequence;
-      for (const YAML::Node& item : yaml) node.items.push_back(convert(item, source, from_file, depth + 1));
+      for (const YAML::Node& item : yaml) node.items.push_back(convert(item, depth + 1));
       break;
     case YAML::NodeType::Map:
       node.kind = Node::Kind::map;
-      for (auto it = yaml.begin(); it != yaml.end(); ++it) {
-        Origin key_origin = origin_of(it->first.Mark(), source, from_file);
-        if (!it->first.IsScalar()) fail(key_origin, "map keys must be plain names, not lists or maps");
-        std::string key = it->first.Scalar();
-        for (const Entry& earlier : node.entries)
-          if (earlier.key == key)
+      {
+        // Key -> its entry, so that maps of many keys are checked for duplicates in linear time.
+        std::unordered_map<std::string, std::size_t> seen;
+        for (auto it = yaml.begin(); it != yaml.end(); ++it) {
+          Origin key_origin = origin_of(it->first.Mark(), source, from_file);
+          if (!it->first.IsScalar()) fail(key_origin, "map keys must be plain names, not lists or maps");
+          std::string key = it->first.Scalar();
+          const auto [earlier, fresh] = seen.emplace(key, node.entries.size());
+          if (!fresh)
             fail(key_origin, fmt::format("duplicate key '{}' (first given at {}); keep only one", key,
-                                         earlier.key_origin.text()));
-        node.entries.push_back({key, key_origin, convert(it->second, source, from_file, depth + 1)});
+                                         node.entries[earlier->second].key_origin.text()));
+          node.entries.push_back({std::move(key), key_origin, convert(it->second, depth + 1)});
+        }
       }
       break;
   }
@@ -102,7 +125,7 @@ Node load(const std::string& text, const std::string& source, bool from_file) {
     Origin where = origin_of(e.mark, source, from_file);
     fail(where, fmt::format("invalid YAML: {}{}", e.msg, syntax_hint(text, e)));
   }
-  return convert(document, source, from_file, 0);
+  return Converter{source, from_file, text.size() + alias_budget}.convert(document, 0);
 }
 
 bool is_index(std::string_view text) {

@@ -7,7 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
+#include "core/machine.hpp"
 
 namespace dtrain {
 
@@ -42,9 +44,9 @@ Shape::Shape(const std::vector<std::int64_t>& dims) : rank_(dims.size()) {
 }
 
 std::int64_t Shape::numel() const {
-  std::int64_t n = 1;
-  for (std::size_t i = 0; i < rank_; ++i) n *= dims_[i];
-  return n;
+  const auto n = checked_product(dims());
+  if (!n) throw ConfigError(fmt::format("a tensor of shape {} has more elements than a 64-bit count holds", to_string()));
+  return *n;
 }
 
 Shape Shape::tail() const {
@@ -82,8 +84,24 @@ Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(devi
 
 Storage::~Storage() { std::free(data_); }
 
+namespace {
+
+// The bytes of a new tensor, refused before allocating when the machine cannot hold them (an
+// allocation that large would fail, or succeed lazily and exhaust memory when first touched).
+std::size_t checked_bytes(const Shape& shape, DType dtype) {
+  const auto bytes = checked_mul(shape.numel(), static_cast<std::int64_t>(dtype_size(dtype)));
+  const std::int64_t memory = physical_memory_bytes();
+  if (!bytes || *bytes > memory)
+    throw ConfigError(fmt::format("a tensor of shape {} needs {}, more than this machine's {} of memory",
+                                  shape.to_string(), bytes ? format_bytes(*bytes) : "more than 8 EB",
+                                  format_bytes(memory)));
+  return static_cast<std::size_t>(*bytes);
+}
+
+}  // namespace
+
 Tensor::Tensor(Shape shape, DType dtype, Device device)
-    : storage_(std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), device)),
+    : storage_(std::make_shared<Storage>(checked_bytes(shape, dtype), device)),
       shape_(std::move(shape)),
       dtype_(dtype),
       device_(device) {}
@@ -133,7 +151,7 @@ void Tensor::zero() {
 }
 
 void Tensor::ensure(const Shape& shape, DType dtype) {
-  std::size_t need = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  const std::size_t need = checked_bytes(shape, dtype);
   if (!storage_ || offset_ + need > storage_->bytes()) {
     *this = Tensor(shape, dtype, device_);
     return;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::data {
@@ -19,7 +20,7 @@ std::int64_t batch_samples(std::int64_t samples, std::int64_t begin, std::int64_
 }
 
 std::int64_t batches_in(std::int64_t samples, std::int64_t batch, bool drop_remainder) {
-  return drop_remainder ? samples / batch : (samples + batch - 1) / batch;
+  return drop_remainder ? samples / batch : ceil_div(samples, batch);
 }
 
 }  // namespace
@@ -44,7 +45,20 @@ DistributedIterator::DistributedIterator(const Dataset& dataset, config::Distrib
     throw ConfigError(fmt::format("a global batch of {} leaves some of the {} workers without samples; use a global "
                                   "batch of at least {}",
                                   global_batch_, pipelines, pipelines));
-  if (mode_ == config::DistributeMode::split_global_batch) {
+  if (mode_ == config::DistributeMode::split_global_batch && options.shard_count > 1) {
+    // Data sharding: every worker holds the same shuffled order, so each takes its replicas' rows
+    // of the global batch one process would take, whatever the batch and worker count.
+    if (options.shard_count != pipelines || options.shard_index != id)
+      throw InternalError(fmt::format("input pipeline {} of {} was given shard {} of {}", id, pipelines,
+                                      options.shard_index, options.shard_count));
+    options.shard_count = 1;
+    options.shard_index = 0;
+    options.batch_size = global_batch_;
+    options.parts = context.num_replicas_in_sync;
+    options.part_begin = id * replicas_;
+    options.part_end = (id + 1) * replicas_;
+    whole_order_ = true;
+  } else if (mode_ == config::DistributeMode::split_global_batch) {
     options.batch_size = global_batch_ / pipelines + (id < global_batch_ % pipelines ? 1 : 0);
   } else {
     options.batch_size = context.get_per_replica_batch_size(global_batch_);
@@ -59,20 +73,29 @@ DistributedIterator::DistributedIterator(const Dataset& dataset, config::Distrib
       pipeline_samples_[static_cast<std::size_t>(id)] != pipeline_->size())
     throw InternalError(fmt::format("input pipeline {} of {} holds {} samples, which its peers were not told",
                                     id, pipelines, pipeline_->size()));
-  for (int p = 0; p < pipelines; ++p)
-    steps_ = std::max(steps_, steps_of(pipeline_samples_[static_cast<std::size_t>(p)], pipeline_batch_of(p)));
+  if (whole_order_) {
+    // Accounted as one pipeline over the whole order; every worker must hold the same one.
+    for (const std::int64_t samples : pipeline_samples_)
+      if (samples != pipeline_->size())
+        throw InputError(fmt::format("the workers hold different datasets ({} and {} samples) although each should "
+                                     "load all of it under data sharding",
+                                     pipeline_->size(), samples));
+    pipeline_samples_.resize(1);
+  }
+  for (std::size_t p = 0; p < pipeline_samples_.size(); ++p)
+    steps_ = std::max(steps_, steps_of(pipeline_samples_[p], pipeline_batch_of(static_cast<int>(p))));
 }
 
 std::int64_t DistributedIterator::pipeline_batch_of(int pipeline) const {
   const auto pipelines = static_cast<std::int64_t>(pipeline_samples_.size());
-  if (mode_ == config::DistributeMode::per_replica) return pipeline_->options().batch_size;
+  if (mode_ == config::DistributeMode::per_replica || whole_order_) return pipeline_->options().batch_size;
   return global_batch_ / pipelines + (pipeline < global_batch_ % pipelines ? 1 : 0);
 }
 
 std::int64_t DistributedIterator::steps_of(std::int64_t samples, std::int64_t batch) const {
   const bool drop = pipeline_->options().drop_remainder;
   if (mode_ == config::DistributeMode::split_global_batch) return batches_in(samples, batch, drop);
-  return (batches_in(samples, batch, drop) + replicas_ - 1) / replicas_;
+  return ceil_div(batches_in(samples, batch, drop), replicas_);
 }
 
 std::int64_t DistributedIterator::samples_at(std::int64_t samples, std::int64_t batch, std::int64_t step) const {

@@ -4,11 +4,14 @@
 // own files, or everything (see data/sharding.hpp). Its pipeline makes the worker's batches,
 // and this iterator hands them to the worker's local replicas:
 //
-//   split_global_batch (tf.distribute experimental_distribute_dataset): the global batch G is
-//     divided among the W workers (worker w batches G / W samples, the first G % W workers one
-//     more), and each worker batch is split as evenly as possible over its local replicas, in
-//     order, as views (no copy). With one worker this is the whole global batch split over the
-//     replicas; on a short last batch some replicas get fewer samples or none.
+//   split_global_batch (tf.distribute experimental_distribute_dataset): each global batch is
+//     split over the replicas in sync as one process splits it over its replicas (G / R each, the
+//     first G % R one more, a short last batch likewise), and each worker keeps its replicas'
+//     rows, split over its local replicas in order as views (no copy). Under data sharding every
+//     worker holds the same shuffled order, so for every G and W the workers' rows of step k
+//     together are exactly one process's batch k, in the same replica order. When each worker
+//     holds its own data (file sharding, auto_shard off) worker w batches its own share by G / W
+//     (the first G % W workers one more), and the trainer refuses a G the workers do not divide.
 //   per_replica (distribute_datasets_from_function): the worker's pipeline is batched with
 //     InputContext::get_per_replica_batch_size(G); each step hands its local replicas consecutive
 //     batches in order. At the end of an epoch the last replicas may get none.
@@ -78,6 +81,9 @@ class DistributedIterator {
   std::vector<std::int64_t> pipeline_samples_;
   std::int64_t steps_ = 0, step_ = 0;
   std::int64_t global_samples_ = 0;
+  // split_global_batch with data sharding: every worker batches the whole order by the global
+  // batch and keeps its replicas' rows; pipeline_samples_ then holds that one order's size.
+  bool whole_order_ = false;
   std::unique_ptr<Pipeline> pipeline_;
   std::vector<ReplicaBatch> out_;
   std::vector<Tensor> own_x_, own_y_;  // per_replica mode: each replica's copy of its batch

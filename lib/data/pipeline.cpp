@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/checked.hpp"
 #include "core/compute_thread.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -38,6 +39,11 @@ std::vector<std::int64_t> shuffle_order(std::int64_t size, std::int64_t buffer, 
   return order;
 }
 
+std::int64_t part_offset(std::int64_t size, int parts, int part) {
+  const std::int64_t base = size / parts, extra = size % parts;
+  return part * base + std::min<std::int64_t>(part, extra);
+}
+
 Pipeline::Pipeline(const Dataset& dataset, PipelineOptions options) : dataset_(dataset), options_(options) {
   if (options_.batch_size < 1)
     throw ConfigError(fmt::format("batch size {} is less than 1; set data.batch_size_per_replica to at least 1",
@@ -50,11 +56,14 @@ Pipeline::Pipeline(const Dataset& dataset, PipelineOptions options) : dataset_(d
   DTRAIN_CHECK(dataset_.y.shape().rank() >= 1 && dataset_.y.shape()[0] == dataset_.size(), "x and y sizes differ");
   DTRAIN_CHECK(options_.shard_count >= 1 && options_.shard_index >= 0 && options_.shard_index < options_.shard_count,
                fmt::format("shard {} of {} does not exist", options_.shard_index, options_.shard_count));
+  DTRAIN_CHECK(options_.parts >= 1 && options_.part_begin >= 0 && options_.part_begin < options_.part_end &&
+                   options_.part_end <= options_.parts,
+               fmt::format("parts [{}, {}) of {} do not exist", options_.part_begin, options_.part_end, options_.parts));
 }
 
 std::int64_t Pipeline::size() const {
   const std::int64_t n = dataset_.size(), count = options_.shard_count, index = options_.shard_index;
-  return n > index ? (n - index + count - 1) / count : 0;
+  return n > index ? ceil_div(n - index, count) : 0;
 }
 
 Pipeline::~Pipeline() { stop_worker(); }
@@ -62,7 +71,7 @@ Pipeline::~Pipeline() { stop_worker(); }
 std::int64_t Pipeline::steps_per_epoch() const {
   const std::int64_t n = size();
   const std::int64_t b = options_.batch_size;
-  return options_.drop_remainder ? n / b : (n + b - 1) / b;
+  return options_.drop_remainder ? n / b : ceil_div(n, b);
 }
 
 void Pipeline::start_epoch(std::int64_t epoch, std::int64_t first_step) {
@@ -152,14 +161,17 @@ void Pipeline::stop_worker() {
 void Pipeline::fill(Batch& batch, std::int64_t step) const {
   const std::int64_t n = size();
   const std::int64_t begin = step * options_.batch_size;
-  const std::int64_t count = std::min(begin + options_.batch_size, n) - begin;
+  const std::int64_t whole = std::min(options_.batch_size, n - begin);
+  // This pipeline's rows of the batch: all of them unless it keeps some replicas' parts.
+  const std::int64_t first = part_offset(whole, options_.parts, options_.part_begin);
+  const std::int64_t count = part_offset(whole, options_.parts, options_.part_end) - first;
   const std::int64_t row = dataset_.x.shape().tail().numel();
   const float scale = dataset_.x_scale;
 
   batch.x.ensure(dataset_.x.shape().tail().with_batch(count), DType::f32);
   float* x_out = batch.x.data<float>();
   for (std::int64_t i = 0; i < count; ++i) {
-    const std::int64_t sample = order_[static_cast<std::size_t>(begin + i)];
+    const std::int64_t sample = order_[static_cast<std::size_t>(begin + first + i)];
     float* dst = x_out + i * row;
     if (dataset_.x.dtype() == DType::u8) {
       const std::uint8_t* src = dataset_.x.data<std::uint8_t>() + sample * row;
@@ -175,13 +187,13 @@ void Pipeline::fill(Batch& batch, std::int64_t step) const {
   const auto* y_in = static_cast<const char*>(dataset_.y.raw());
   auto* y_out = static_cast<char*>(batch.y.raw());
   for (std::int64_t i = 0; i < count; ++i) {
-    const std::int64_t sample = order_[static_cast<std::size_t>(begin + i)];
+    const std::int64_t sample = order_[static_cast<std::size_t>(begin + first + i)];
     std::memcpy(y_out + static_cast<std::size_t>(i) * y_row_bytes, y_in + static_cast<std::size_t>(sample) * y_row_bytes,
                 y_row_bytes);
   }
   batch.ids.resize(static_cast<std::size_t>(count));  // within the capacity of earlier steps: no allocation
   for (std::int64_t i = 0; i < count; ++i)
-    batch.ids[static_cast<std::size_t>(i)] = (begin + i) * options_.shard_count + options_.shard_index;
+    batch.ids[static_cast<std::size_t>(i)] = (begin + first + i) * options_.shard_count + options_.shard_index;
   batch.size = count;
   batch.step = step;
 }

@@ -38,7 +38,18 @@ struct PipelineOptions {
   // take shards 0..count-1 together see every sample once per epoch, none twice.
   int shard_count = 1;
   int shard_index = 0;
+  // A part of every batch (multi-worker split_global_batch over one shared order): batch_size is
+  // the global batch, each batch is divided over `parts` replicas as one process divides it over
+  // its replicas (size / parts each, the first size % parts one more), and this pipeline keeps
+  // the rows of replicas [part_begin, part_end). The default keeps whole batches.
+  int parts = 1;
+  int part_begin = 0;
+  int part_end = 1;
 };
+
+// The first row of part `part` when `size` rows are divided over `parts` as evenly as possible,
+// the first size % parts parts one row more (Mirrored's split of a global batch).
+std::int64_t part_offset(std::int64_t size, int parts, int part);
 
 struct Batch {
   Tensor x;
@@ -47,7 +58,7 @@ struct Batch {
   // shard + shard_index), the same for a sample whichever worker or replica takes it. It keys the
   // sample's random draws (dropout masks).
   std::vector<std::int64_t> ids;
-  std::int64_t size = 0;  // samples in this batch (== x.shape()[0])
+  std::int64_t size = 0;  // samples in this batch (== x.shape()[0]); this part's under options.parts
   std::int64_t step = 0;  // 0-based index of this batch in its epoch
 };
 
@@ -59,7 +70,7 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  // Samples per epoch: the dataset's, or this shard's share of it.
+  // Samples per epoch: the dataset's, or this shard's share of it (with parts: of every part).
   std::int64_t size() const;
   std::int64_t steps_per_epoch() const;
   const PipelineOptions& options() const { return options_; }

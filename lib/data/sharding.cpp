@@ -61,4 +61,15 @@ ShardPlan plan_shards(const config::DataConfig& data, int workers, int worker) {
   return plan;
 }
 
+void check_global_batch(const ShardPlan& plan, std::int64_t global_batch) {
+  if (plan.workers < 2 || plan.policy == config::AutoShardPolicy::data || global_batch % plan.workers == 0) return;
+  const bool file = plan.policy == config::AutoShardPolicy::file;
+  throw ConfigError(fmt::format(
+      "data.global_batch_size {} does not divide among the {} workers, and under data.auto_shard {} each worker "
+      "batches only {}, so their batches cannot make up the global batch one process takes; choose a "
+      "data.global_batch_size that is a multiple of {}, or data.auto_shard: data",
+      global_batch, plan.workers, file ? "file" : "off", file ? "its own files" : "its own order of the data",
+      plan.workers));
+}
+
 }  // namespace dtrain::data

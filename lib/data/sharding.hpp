@@ -41,4 +41,9 @@ struct ShardPlan {
 // Throws ConfigError when auto_shard file has fewer files than workers.
 ShardPlan plan_shards(const config::DataConfig& data, int workers, int worker);
 
+// Under file sharding or auto_shard off each worker batches only its own data, so a global batch
+// the workers do not divide cannot be split as one process splits it (under data every worker
+// holds the whole order and any global batch works). Throws ConfigError naming the keys then.
+void check_global_batch(const ShardPlan& plan, std::int64_t global_batch);
+
 }  // namespace dtrain::data

@@ -1,5 +1,11 @@
 #include "nn/layer.hpp"
 
+#include <fmt/format.h>
+
+#include "core/checked.hpp"
+#include "core/error.hpp"
+#include "core/machine.hpp"
+
 namespace dtrain::nn {
 
 Flops weighted_layer_flops(double multiply_adds, double outputs, bool bias, bool nonlinear_activation) {
@@ -17,6 +23,14 @@ Shape Layer::build(std::size_t position, const Shape& input_shape, Rng& init_rng
 }
 
 std::size_t Layer::add_variable(const std::string& weight, Shape shape, bool trainable) {
+  // Refused before allocating: a variable is held about four times (value, gradient, two
+  // optimizer slots), and allocating and initializing one the machine cannot hold takes minutes.
+  const auto bytes = checked_mul(shape.numel(), 4 * 4);
+  if (!bytes || *bytes > physical_memory_bytes())
+    throw ConfigError(fmt::format("variable '{}' of shape {} needs {} with its gradient and optimizer slots, more "
+                                  "than this machine's {} of memory; make the layer smaller",
+                                  weight, shape.to_string(), bytes ? format_bytes(*bytes) : "more than 8 EB",
+                                  format_bytes(physical_memory_bytes())));
   Variable v;
   v.name = name_ + "/" + weight;
   v.value = Tensor(shape);

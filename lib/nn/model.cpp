@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <limits>
 
 #include <fmt/format.h>
 
+#include "config/parse.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "config/parse.hpp"
+#include "core/machine.hpp"
 #include "core/rng.hpp"
 #include "nn/registry.hpp"
 
@@ -67,11 +71,42 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
     : ctx_(ctx), options_(options), input_shape_(config.input_shape) {
   if (config.layers.empty()) throw ConfigError("model: the model has no layers");
   Shape shape = input_shape_;
+  std::int64_t parameter_bytes = 0;
   for (std::size_t i = 0; i < config.layers.size(); ++i) {
-    auto layer = make_layer(config.layers[i]);
-    Rng rng(seed, RngStream::init, i);
-    shape = layer->build(i, shape, rng);
-    layers_.push_back(std::move(layer));
+    // A layer that does not fit its input, or is too large for the machine, is reported at the
+    // layer's place in the experiment file.
+    const config::LayerConfig& where = config.layers[i];
+    auto at_layer = [&](const std::string& what) {
+      const std::string layer = fmt::format("layer '{}': ", where.name);
+      return ConfigError(fmt::format("{}{}{}", config::location_prefix(where.where, {}),
+                                     what.starts_with(layer) ? "" : layer, what));
+    };
+    try {
+      auto layer = make_layer(where);
+      Rng rng(seed, RngStream::init, i);
+      shape = layer->build(i, shape, rng);
+      // Each output is held twice per example (activation and its gradient); each variable four
+      // times (value, gradient, up to two optimizer slots).
+      const auto activations = checked_mul(shape.numel(), 2 * 4);
+      const auto sum = activations ? checked_add(activation_bytes_per_example_, *activations) : std::nullopt;
+      for (const Variable& v : layer->variables())
+        parameter_bytes = checked_add(parameter_bytes, checked_mul(v.value.numel(), 4 * 4).value_or(-1))
+                              .value_or(std::numeric_limits<std::int64_t>::max());
+      const std::int64_t memory = physical_memory_bytes();
+      if (!sum || *sum > memory || parameter_bytes < 0 || parameter_bytes > memory)
+        throw ConfigError(fmt::format(
+            "the model needs {} for its {} up to this layer, more than this machine's {} of memory; make the "
+            "layer smaller",
+            !sum || *sum > memory ? format_bytes(sum.value_or(std::numeric_limits<std::int64_t>::max()))
+                                              : format_bytes(parameter_bytes),
+            !sum || *sum > memory ? "activations" : "parameters", format_bytes(memory)));
+      activation_bytes_per_example_ = *sum;
+      layers_.push_back(std::move(layer));
+    } catch (const ConfigError& e) {
+      throw at_layer(e.what());
+    } catch (const std::bad_alloc&) {
+      throw at_layer("out of memory while building it; make the layer smaller");
+    }
   }
   output_shape_ = shape;
 
@@ -99,6 +134,10 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
   kernels_ = make_kernels(layers, ctx_, compute);
 }
 
+std::int64_t Sequential::activation_bytes(std::int64_t batch) const {
+  return checked_mul(batch, activation_bytes_per_example_).value_or(std::numeric_limits<std::int64_t>::max());
+}
+
 std::int64_t Sequential::num_parameters() const {
   std::int64_t n = 0;
   for (const Variable* v : variables_) n += v->value.numel();
@@ -108,6 +147,10 @@ std::int64_t Sequential::num_parameters() const {
 Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   auto it = plans_.find(batch);
   if (it != plans_.end()) return it->second;
+  if (activation_bytes(batch) > physical_memory_bytes())
+    throw ConfigError(fmt::format("a batch of {} needs {} of activations, more than this machine's {} of memory; "
+                                  "choose a smaller data.batch_size_per_replica, global_batch_size or eval_batch_size",
+                                  batch, format_bytes(activation_bytes(batch)), format_bytes(physical_memory_bytes())));
   Plan& p = plans_[batch];
   p.batch = batch;
   p.input = ctx_.movable_memory(ctx_.canonical_layout(input_shape_.with_batch(batch), DType::f32));

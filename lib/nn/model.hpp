@@ -82,6 +82,9 @@ class Sequential {
   // The ones the optimizer trains, in the same order.
   const std::vector<Variable*>& trainable_variables() const { return trainable_; }
   std::int64_t num_parameters() const;
+  // The bytes a batch of `batch` examples needs for activations and their gradients (the largest
+  // int64 when that overflows); forward refuses batches the machine cannot hold.
+  std::int64_t activation_bytes(std::int64_t batch) const;
   // Every variable's grad, contiguous, in variables() order, and how many floats each takes.
   std::span<float> gradient_arena() { return gradients_.span<float>(); }
   std::span<const std::size_t> gradient_sizes() const { return gradient_sizes_; }
@@ -129,6 +132,7 @@ class Sequential {
   backends::Context& ctx_;
   ModelOptions options_;
   Shape input_shape_, output_shape_;
+  std::int64_t activation_bytes_per_example_ = 0;  // activations and their gradients, bytes
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
   std::vector<Variable*> variables_, trainable_;

@@ -12,7 +12,9 @@
 
 #include <fmt/format.h>
 
+#include "config/model_checks.hpp"
 #include "config/parse.hpp"
+#include "core/checked.hpp"
 #include "core/compute_thread.hpp"
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
@@ -80,6 +82,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
   try {
     shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
+    data::check_global_batch(shards_, global_batch_size());
   } catch (const ConfigError& e) {
     throw ConfigError(fmt::format("{}: {}", exp_.source_file, e.what()));
   }
@@ -114,6 +117,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       rep.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
     }
     rep.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *rep.ctx, model_options);
+    if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
     if (r == 0) strategy_->set_collectives_in_backward(rep.model->synchronizes_replicas());
     strategy_->bind_gradients(r, rep.model->gradient_arena(), rep.model->gradient_sizes());
@@ -131,6 +135,13 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
 
   splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
   if (splits_.train.size() == 0) throw InputError("the training set is empty");
+  // The loaded labels, which validate cannot see for every source (hdf5), against the loss.
+  config::check_loss_fits_model(exp_, model().output_shape().dims(),
+                                config::LabelKind{splits_.train.y.dtype() == DType::i32, splits_.train.num_classes});
+  if (splits_.test.size() == 0)
+    throw InputError(fmt::format("{}: the test split of {} is empty, so evaluation would report nothing; give the "
+                                 "data a test split",
+                                 exp_.source_file, splits_.test.description));
   const Shape sample = splits_.train.x.shape().tail();
   if (sample != model().input_shape())
     throw ConfigError(fmt::format("{}: model.input_shape {} does not match the data's sample shape {}", exp_.source_file,
@@ -149,7 +160,13 @@ Trainer::~Trainer() {
 
 std::int64_t Trainer::global_batch_size() const {
   if (exp_.data.global_batch_size > 0) return exp_.data.global_batch_size;
-  return exp_.data.batch_size_per_replica * strategy_->num_replicas_in_sync();
+  const auto global = checked_mul(exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync());
+  if (!global)
+    // First computed inside the constructor's check, which names the file.
+    throw ConfigError(fmt::format("data.batch_size_per_replica {} times {} replicas in sync does not fit in 64 bits; "
+                                  "choose a batch that the machine can hold",
+                                  exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync()));
+  return *global;
 }
 
 std::string Trainer::header_line() const {

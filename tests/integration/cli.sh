@@ -123,6 +123,70 @@ case "$case_name" in
     head -c 100000 data/fashion_mnist_small.h5 >"$scratch/cut.h5"
     expect_error 2 "cut\.h5" -- run "$small" --set data.path="$scratch/cut.h5" --run-dir "$scratch/run"
     ;;
+  limits)
+    # Sizes, counts and thread numbers the machine or the types cannot hold are refused by validate
+    # (exit 2, one line, file:line:column of the key), never a crash, an overflow or a hang.
+    v=(validate "$small")
+    expect_error 2 "--set train.threads=100000: .*at most [0-9]+" -- "${v[@]}" --set train.threads=100000
+    expect_error 2 "--set train.threads=2147483647: .*at most" -- "${v[@]}" --set train.threads=2147483647
+    sed 's/^  input_shape: .*/  input_shape: [28, 4294967296, 1]/' "$small" >"$scratch/wide.yaml"
+    expect_error 2 "wide\.yaml:[0-9]+:[0-9]+: model\.input_shape: .*memory" -- validate "$scratch/wide.yaml"
+    sed 's/^  input_shape: .*/  input_shape: [9223372036854775807, 28, 1]/' "$small" >"$scratch/huge.yaml"
+    expect_error 2 "huge\.yaml:[0-9]+:[0-9]+: model\.input_shape: .*more than 8 EB" -- validate "$scratch/huge.yaml"
+    sed 's/^  input_shape: .*/  input_shape: [1, 1, 1, 1, 1, 1, 1, 1]/' "$small" >"$scratch/rank.yaml"
+    expect_error 2 "rank\.yaml:[0-9]+:[0-9]+: model\.input_shape: .*at most 7 dimensions" -- validate "$scratch/rank.yaml"
+    for units in 1000000000 2147483647; do
+      sed "s/^    - dense: {units: 64, activation: relu}/    - dense: {units: $units, activation: relu}/" "$small" >"$scratch/units.yaml"
+      expect_error 2 "units\.yaml:22:7: layer 'dense'.*memory" -- validate "$scratch/units.yaml"
+    done
+    # A variable larger than memory with its slots is refused before it is allocated (it took
+    # minutes to allocate and initialize, then failed): within seconds.
+    SECONDS=0
+    expect_error 2 "regression_toy\\.yaml:18:7: layer 'dense': variable 'kernel' of shape \\(1, 2147483647\\) needs" -- \
+      validate experiments/regression_toy.yaml --set model.layers.0.dense.units=2147483647
+    [ "$SECONDS" -le 10 ] || fail "a variable too large for memory took ${SECONDS}s to refuse"
+    sed 's/^    - conv2d: {filters: 32,/    - conv2d: {filters: 10000000,/' "$small" >"$scratch/filters.yaml"
+    expect_error 2 "filters\.yaml(:17:7: layer 'conv2d'|: data.batch_size_per_replica).*memory" -- validate "$scratch/filters.yaml"
+    printf '%s\n' 'model: {input_shape: [28, 28, 1], layers: [{flatten: {}}, {dense: {units: 10}}]}' \
+      'data: {source: synthetic}' 'loss: {kind: sparse_categorical_crossentropy, from_logits: true}' >"$scratch/syn.yaml"
+    expect_error 2 "--set data.train_size=1000000000: data\.train_size: .*memory" -- \
+      validate "$scratch/syn.yaml" --set data.train_size=1000000000
+    expect_error 2 "data\.batch_size_per_replica 9223372036854775807: .*memory" -- \
+      validate "$small" --set data.batch_size_per_replica=9223372036854775807
+    expect_error 2 "--set data.test_size=0: .*>= 1" -- validate "$scratch/syn.yaml" --set data.test_size=0
+    # A layer that does not fit its input is reported at the layer.
+    sed 's/^    - conv2d: {filters: 32, kernel_size: 3,/    - conv2d: {filters: 32, kernel_size: 30,/' "$small" >"$scratch/kernel.yaml"
+    expect_error 2 "kernel\.yaml:17:7: layer 'conv2d': kernel 30x30 does not fit" -- validate "$scratch/kernel.yaml"
+    # A loss the last layer cannot feed is refused by validate, at the loss.
+    expect_error 2 "fashion_mnist_small\.yaml:[0-9]+:[0-9]+: loss binary_crossentropy .* gives 10" -- \
+      "${v[@]}" --set loss.kind=binary_crossentropy --set data.source=fashion_mnist
+    # With hdf5 the labels are known once loaded: run refuses it at start, before training.
+    expect_error 2 "fashion_mnist_small\\.yaml:[0-9]+:[0-9]+: loss binary_crossentropy .* gives 10" -- \
+      run "$small" --set loss.kind=binary_crossentropy --run-dir "$scratch/binary"
+    [ ! -e "$scratch/binary/metrics.jsonl" ] || fail "binary_crossentropy with 10 units trained before it was refused"
+    expect_error 2 "syn\.yaml:3:1: loss sparse_categorical_crossentropy needs one output per class: .* has 10 classes" -- \
+      validate "$scratch/syn.yaml" --set model.layers.1.dense.units=5
+    # An empty experiment is the file's fault, not the --set's.
+    : >"$scratch/empty.yaml"
+    expect_error 2 "^dtrain: error: [^ ]*empty\.yaml:1:1: missing required key 'model'" -- \
+      validate "$scratch/empty.yaml" --set train.epochs=1
+    # Billion laughs: ten levels of aliases expand past the budget at once.
+    { echo 'a: &a [x, x, x, x, x, x, x, x, x]'
+      prev=a
+      for l in b c d e f g h i j; do
+        printf '%s: &%s [*%s, *%s, *%s, *%s, *%s, *%s, *%s, *%s, *%s]\n' $l $l $prev $prev $prev $prev $prev $prev $prev $prev $prev
+        prev=$l
+      done; } >"$scratch/laughs.yaml"
+    expect_error 2 "laughs\.yaml:[0-9]+:[0-9]+: YAML aliases expand to more than" -- validate "$scratch/laughs.yaml"
+    # Integer overflow in batch sizes (UBSan found these): a huge batch is one batch of everything.
+    "$dtrain" run "$small" --set train.epochs=1 --set train.steps_per_epoch=1 --set train.threads=1 --set train.progress=none \
+      --set data.eval_batch_size=9223372036854775807 --run-dir "$scratch/eval_batch" >"$scratch/out" 2>&1 \
+      || fail "a huge eval_batch_size failed: $(tail -3 "$scratch/out")"
+    grep -q '"test_samples": 500,' "$scratch/eval_batch/metrics.jsonl" || fail "the huge eval batch did not evaluate the 500 test samples"
+    expect_error 2 "error: experiments/fashion_mnist_small\.yaml: data\.batch_size_per_replica 4611686018427387904 times 2 replicas" -- run "$small" --set train.epochs=1 \
+      --set data.batch_size_per_replica=4611686018427387904 --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" \
+      --run-dir "$scratch/overflow"
+    ;;
   experiments_validate)
     for exp in experiments/*.yaml; do
       "$dtrain" validate "$exp" >/dev/null || fail "$exp does not validate"

@@ -2,7 +2,8 @@
 set(DTRAIN_CLI_CASES
   help info validate train_small validation_split deterministic regression_toy
   bad_unknown_key bad_type bad_data_dir bad_idx_truncated bad_idx_magic bad_hdf5
-  experiments_validate train_mirrored refused_reduction nccl_on_cpu gpu_refused rerun_refused bf16_refused)
+  experiments_validate train_mirrored refused_reduction nccl_on_cpu gpu_refused rerun_refused bf16_refused
+  limits)
 foreach(case ${DTRAIN_CLI_CASES})
   add_test(NAME cli.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/cli.sh ${case} $<TARGET_FILE:dtrain>
@@ -27,7 +28,8 @@ foreach(case ${DTRAIN_CHECKPOINT_CASES})
 endforeach()
 
 # MultiWorkerMirrored over real mpirun with 2 and 4 ranks (tests/integration/multi_worker.sh).
-set(DTRAIN_MPI_CASES equivalence mixed_bfloat16 sync_batch_norm exact_eval sharding roles resume_other_world regularization overlap kill_rank watchdog)
+set(DTRAIN_MPI_CASES equivalence mixed_bfloat16 sync_batch_norm exact_eval sharding roles resume_other_world regularization overlap kill_rank watchdog
+    uneven)
 foreach(case ${DTRAIN_MPI_CASES})
   add_test(NAME mpi.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/multi_worker.sh ${case} $<TARGET_FILE:dtrain>

@@ -331,6 +331,44 @@ EOF
       grep -q "^dtrain: rank $live: .*ranks that did not arrive: .*rank 2 (no answer" "$scratch/out" || fail "live rank $live did not report"
     done
     ;;
+  uneven)
+    # A global batch of 65, which 2 and 3 workers do not divide: each worker takes its replicas'
+    # rows of every global batch one process takes (33 + 32; 22 + 22 + 21; the short last batch
+    # of 50 too), so a whole epoch has the default strategy's 31 steps, epoch line and weights.
+    sed '/batch_size_per_replica/d' "$small" >"$scratch/g65.yaml"
+    common=(--set train.epochs=1 --set train.threads=1 --set train.progress=none --set data.global_batch_size=65)
+    "$dtrain" run "$scratch/g65.yaml" "${common[@]}" --run-dir "$scratch/default" >"$scratch/default.out" 2>&1 \
+      || fail "default run failed: $(tail -3 "$scratch/default.out")"
+    grep -q "(31 steps" "$scratch/default.out" || fail "one process: wanted 31 steps: $(head -2 "$scratch/default.out")"
+    epoch_numbers() { grep '^Epoch 1,' "$1" | grep -oE '[0-9]+\.[0-9]+'; }
+    for n in 2 3; do
+      run="$scratch/mw$n"
+      mpi "$n" "$dtrain" run "$scratch/g65.yaml" "${common[@]}" --set "$(mwm ring)" --set data.auto_shard=data \
+        --run-dir "$run" >"$run.out" 2>&1 || fail "mpirun -n $n failed: $(tail -5 "$run.out")"
+      grep -q "(31 steps" "$run.out" || fail "$n workers: wanted 31 steps: $(grep steps "$run.out" | head -2)"
+      paste <(epoch_numbers "$scratch/default.out") <(epoch_numbers "$run.out") | awk -v n="$n" '
+        { c++; d = $1 - $2; if (d < 0) d = -d; if (d > 1.5e-4 && !(NR % 2 == 0 && d <= 0.011)) bad = bad " " $1 "/" $2 }
+        END { if (c != 4 || bad != "") { print n " workers: epoch line differs:" bad " (" c " numbers)"; exit 1 } }' \
+        || fail "epoch lines: $(grep '^Epoch 1,' "$scratch/default.out") / $(grep '^Epoch 1,' "$run.out")"
+      # Float rounding alone moves 31 Adam steps of N replicas about 2e-4 from one replica; N
+      # mirrored replicas in one process take the same rows, so they match the workers closely.
+      tools/compare_weights "$run/checkpoints/ckpt-31.h5" "$scratch/default/checkpoints/ckpt-31.h5" --rtol 1e-3 \
+        || fail "$n workers differ from the default strategy after an epoch of global batch 65"
+      devices=$(seq -s, -f 'cpu:%g' 0 $((n - 1)))
+      "$dtrain" run "$scratch/g65.yaml" "${common[@]}" --set "strategy={kind: mirrored, devices: [$devices]}" \
+        --run-dir "$scratch/mirrored$n" >/dev/null 2>&1 || fail "mirrored over $n devices failed"
+      tools/compare_weights "$run/checkpoints/ckpt-31.h5" "$scratch/mirrored$n/checkpoints/ckpt-31.h5" --rtol 1e-6 \
+        || fail "$n workers differ from $n mirrored replicas after an epoch of global batch 65"
+      echo "ok: global batch 65 over $n workers: 31 steps, the default strategy's epoch line, $n mirrored replicas' weights"
+    done
+    # Where each worker reads only its own data, a global batch they do not divide is refused.
+    mpi 2 "$dtrain" run "$scratch/g65.yaml" "${common[@]}" --set "$(mwm ring)" --set data.auto_shard=off \
+      --run-dir "$scratch/off" >"$scratch/off.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "auto_shard off with global batch 65 over 2 workers: exit $rc, wanted 2"
+    grep -q "g65.yaml: data.global_batch_size 65 does not divide among the 2 workers, and under data.auto_shard off" \
+      "$scratch/off.out" || fail "no clear refusal: $(grep error "$scratch/off.out" | head -2)"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "ok [$case_name]"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config/layers.hpp"
+#include "config/model_checks.hpp"
 #include "config/parse.hpp"
 #include "config/schema.hpp"
 #include "core/error.hpp"
@@ -1035,4 +1036,106 @@ TEST_CASE("config: bad auto_shard and shards settings are refused where they are
         "t.yaml:5:8: unknown key 'auto_shrd' in data; did you mean 'auto_shard'?");
   CHECK(contains(error_of(minimal + "data: {source: hdf5, path: a.h5}\n", {"data.shards=[b.h5]"}),
                  "--set data.shards=[b.h5]: data.shards: give either data.path"));
+}
+
+// ---------------------------------------------------------------- limits (issue 15)
+
+namespace {
+
+// Ten levels of lists of nine aliases of the level below: 9^10 values from 300-odd bytes.
+std::string billion_laughs() {
+  std::string text = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  std::string previous = "a";
+  for (char level = 'b'; level <= 'j'; ++level) {
+    const std::string name(1, level);
+    text += name + ": &" + name + " [";
+    for (int i = 0; i < 9; ++i) text += (i ? ", *" : "*") + previous;
+    text += "]\n";
+    previous = name;
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("config limits: YAML aliases expand within a budget, also from a checkpoint's /experiment") {
+  const std::string laughs = billion_laughs();
+  CHECK(laughs.size() < 450);
+  for (const std::string file : {"t.yaml", "ckpt-1.h5:/experiment"}) {
+    std::string what;
+    try {
+      parse_experiment(laughs, file);
+    } catch (const ConfigError& e) {
+      what = e.what();
+    }
+    CHECK(what.rfind(file + ":", 0) == 0);
+    CHECK(contains(what, "YAML aliases expand to more than 100000 copied values"));
+  }
+  // A block reused a few times is fine.
+  CHECK(error_of(minimal + "data: &d {source: synthetic, train_size: 8, test_size: 2}\n"
+                 "x: [*d, *d, *d]\n") == "t.yaml:6:1: unknown key 'x' at top level; valid keys: name, seed, "
+                                         "precision, strategy, data, model, loss, optimizer, metrics, train, checkpoint");
+}
+
+TEST_CASE("config limits: many keys are checked for duplicates in linear time") {
+  // Quadratic duplicate detection took minutes on maps this large.
+  std::string text = minimal + "train:\n";
+  for (int i = 0; i < 60000; ++i) text += fmt::format("  k{}: 1\n", i);
+  text += "  k17: 2\n";
+  CHECK(contains(error_of(text), "duplicate key 'k17' (first given at t.yaml:"));
+  text.resize(text.size() - std::string("  k17: 2\n").size());
+  CHECK(contains(error_of(text), "unknown key 'k0' in train"));
+}
+
+TEST_CASE("config limits: sizes, counts and threads beyond what the machine or the types hold are refused") {
+  CHECK(contains(error_of(minimal, {"train.threads=100000"}), "--set train.threads=100000: train.threads"));
+  CHECK(contains(error_of(minimal, {"train.threads=2147483647"}), "at most"));
+  CHECK(error_of(minimal, {"train.threads=64"}).empty());
+  const std::string wide = R"(model:
+  input_shape: [28, 4294967296, 1]
+  layers:
+    - dense: {units: 2}
+)";
+  CHECK(contains(error_of(wide), "t.yaml:2:16: model.input_shape: one example of this shape needs"));
+  CHECK(contains(error_of(wide), "of memory"));
+  std::string overflow = wide;
+  overflow.replace(overflow.find("28, 4294967296"), 14, "9223372036854775807, 28");
+  CHECK(contains(error_of(overflow), "needs more than 8 EB"));
+  std::string rank = wide;
+  rank.replace(rank.find("28, 4294967296, 1"), 17, "1, 1, 1, 1, 1, 1, 1, 1");
+  CHECK(contains(error_of(rank), "model.input_shape: must be at most 7 dimensions"));
+  const std::string synthetic = minimal + "data: {source: synthetic, shape: [4], train_size: 1000000000000}\n";
+  CHECK(contains(error_of(synthetic), "t.yaml:5:51: data.train_size: a synthetic dataset of"));
+  CHECK(contains(error_of(minimal + "data: {source: synthetic, shape: [4], test_size: 0}\n"), "data.test_size"));
+  CHECK(contains(error_of(minimal + "data: {source: tensors, x: [1, 2, 3, 4], y: [1, 0], size: 4611686018427387904}\n"),
+                 "data.size: 4611686018427387904 repeated examples needs"));
+}
+
+TEST_CASE("config: an empty experiment is blamed on its file, not on the --set that filled it") {
+  CHECK(error_of("", {"train.epochs=1"}) == "t.yaml:1:1: missing required key 'model'");
+  CHECK(error_of("# nothing\n", {"train.epochs=1"}).rfind("t.yaml:", 0) == 0);
+}
+
+TEST_CASE("config: a loss the last layer cannot feed is refused at the loss, naming the layer") {
+  auto error_for = [](const std::string& yaml, std::vector<std::int64_t> outputs) {
+    try {
+      check_loss_fits_model(parse_experiment(yaml, "t.yaml"), outputs);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string synthetic = minimal + "data: {source: synthetic, shape: [4], classes: 3, train_size: 8, test_size: 2}\n";
+  const std::string binary = synthetic + "loss: {kind: binary_crossentropy}\n";
+  CHECK(error_for(binary, {2}).rfind("t.yaml:6:1: loss binary_crossentropy reads each integer label", 0) == 0);
+  CHECK(contains(error_for(binary, {2}), "the last layer 'dense' (at t.yaml:4:7) gives 2"));
+  CHECK(error_for(binary, {1}).empty());
+  const std::string sparse = synthetic + "loss: {kind: sparse_categorical_crossentropy}\n";
+  CHECK(contains(error_for(sparse, {2}), "data source synthetic has 3 classes, but the last layer 'dense'"));
+  CHECK(error_for(sparse, {3}).empty());
+  CHECK(contains(error_for(sparse, {3, 1}), "t.yaml:4:7: loss sparse_categorical_crossentropy needs one vector"));
+  const std::string tensors = minimal + "data: {source: tensors, x: [1, 2, 3, 4], y: [1, 0, 0], size: 4}\n"
+                                        "loss: {kind: mean_squared_error}\n";
+  CHECK(contains(error_for(tensors, {2}), "compares 2 outputs per example with the 3 targets of data.y"));
+  CHECK(error_for(tensors, {3}).empty());
 }

@@ -67,7 +67,10 @@ std::vector<WorkerEpoch> run_job(const Job& job, const std::vector<data::Dataset
   std::vector<std::int64_t> sizes;
   for (int w = 0; w < job.workers; ++w) {
     const std::int64_t n = datasets[job.shard_by_data ? 0 : static_cast<std::size_t>(w)].size();
-    sizes.push_back(job.shard_by_data ? (n > w ? (n - w + job.workers - 1) / job.workers : 0) : n);
+    // Under split_global_batch every data-sharded worker holds the whole order and takes its
+    // replicas' rows of each global batch; per_replica keeps every W-th sample.
+    const bool whole = job.mode == config::DistributeMode::split_global_batch && job.workers > 1;
+    sizes.push_back(job.shard_by_data ? (whole ? n : n > w ? (n - w + job.workers - 1) / job.workers : 0) : n);
   }
   std::vector<WorkerEpoch> out;
   for (int w = 0; w < job.workers; ++w) {
@@ -191,6 +194,58 @@ TEST_CASE("data sharding with a global batch that does not divide among the work
   // The first worker batches 4 samples, the others 3.
   CHECK(many[0].steps[0][0].size() == 4);
   CHECK(many[1].steps[0][0].size() == 3);
+}
+
+TEST_CASE("data sharding: for any global batch, W workers' replicas take one process's replicas' rows of every step") {
+  // Odd global batches, worker and replica counts, a short last batch and drop_remainder: the
+  // replicas of all workers, in (worker, local replica) order, get exactly the rows one process's
+  // replicas get (65 = 33 + 32 over 2 workers, 22 + 22 + 21 over 3).
+  for (std::int64_t n : {41, 130, 2000})
+    for (std::int64_t global : {7, 10, 65})
+      for (int workers : {2, 3})
+        for (int local : {1, 2})
+          for (bool drop : {false, true}) {
+            CAPTURE(n);
+            CAPTURE(global);
+            CAPTURE(workers);
+            CAPTURE(local);
+            CAPTURE(drop);
+            const std::vector<data::Dataset> ds = {numbered(n)};
+            const auto single = run_job({1, workers * local, global, config::DistributeMode::split_global_batch, drop}, ds, 2);
+            const auto many = run_job({workers, local, global, config::DistributeMode::split_global_batch, drop}, ds, 2);
+            check_consistent(many);
+            const std::size_t steps = static_cast<std::size_t>(drop ? n / global : (n + global - 1) / global);
+            REQUIRE(single[0].steps.size() == steps);
+            REQUIRE(many[0].steps.size() == steps);
+            for (std::size_t s = 0; s < steps; ++s) {
+              CAPTURE(s);
+              Step replicas;
+              for (const WorkerEpoch& w : many) replicas.insert(replicas.end(), w.steps[s].begin(), w.steps[s].end());
+              CHECK(replicas == single[0].steps[s]);
+              CHECK(many[0].global_samples[s] == single[0].global_samples[s]);
+            }
+          }
+}
+
+TEST_CASE("file sharding and auto_shard off refuse a global batch the workers do not divide; data takes any") {
+  config::DataConfig d;
+  for (auto policy : {config::AutoShardPolicy::file, config::AutoShardPolicy::off}) {
+    d.auto_shard = policy;
+    d.shards = {"a.h5", "b.h5", "c.h5"};
+    const data::ShardPlan plan = data::plan_shards(d, 2, 1);
+    CHECK_NOTHROW(data::check_global_batch(plan, 64));
+    try {
+      data::check_global_batch(plan, 65);
+      FAIL("expected ConfigError");
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      CHECK(what.find("data.global_batch_size 65 does not divide among the 2 workers") != std::string::npos);
+      CHECK(what.find("data.auto_shard") != std::string::npos);
+    }
+    CHECK_NOTHROW(data::check_global_batch(data::plan_shards(d, 1, 0), 65));
+  }
+  d.auto_shard = config::AutoShardPolicy::data;
+  CHECK_NOTHROW(data::check_global_batch(data::plan_shards(d, 2, 1), 65));
 }
 
 TEST_CASE("file sharding: workers with unequal shares run the same steps; the one that runs out gets empty batches") {
