@@ -8,7 +8,17 @@
 
 namespace dtrain::backends::onednn {
 
-void CpuNumerics::sgd_update(const SgdStep& step, float* __restrict w, const float* __restrict g,
+namespace {
+
+// The optimizer updates and the element-wise sums run over every parameter each step. They are
+// compiled for AVX-512, AVX2 and plain x86-64, and the loader picks the version this CPU runs
+// (GCC's target_clones, an ifunc), so one binary uses the wide registers where they exist. The
+// file is built with -fno-math-errno (so sqrt vectorizes) and -ffp-contract=off (no fused
+// multiply-add): every version rounds exactly as the plain loop does, and the numbers a run
+// prints do not depend on the CPU.
+#define DTRAIN_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+DTRAIN_VECTOR_CLONES void sgd_update_loops(const SgdStep& step, float* __restrict w, const float* __restrict g,
                              float* __restrict m, std::size_t n) {
   const float lr = step.learning_rate;
   if (step.momentum <= 0.0f) {
@@ -29,7 +39,7 @@ void CpuNumerics::sgd_update(const SgdStep& step, float* __restrict w, const flo
   }
 }
 
-void CpuNumerics::adam_update(const AdamStep& step, float* __restrict w, const float* __restrict g,
+DTRAIN_VECTOR_CLONES void adam_update_loops(const AdamStep& step, float* __restrict w, const float* __restrict g,
                               float* __restrict m, float* __restrict v, std::size_t n) {
   const float one_minus_b1 = step.one_minus_beta_1;
   const float one_minus_b2 = step.one_minus_beta_2;
@@ -42,7 +52,7 @@ void CpuNumerics::adam_update(const AdamStep& step, float* __restrict w, const f
   }
 }
 
-void CpuNumerics::rmsprop_update(const RmspropStep& step, float* __restrict w, const float* __restrict g,
+DTRAIN_VECTOR_CLONES void rmsprop_update_loops(const RmspropStep& step, float* __restrict w, const float* __restrict g,
                                  float* __restrict velocity, float* __restrict mom, float* __restrict average,
                                  std::size_t n) {
   const float rho = step.rho;
@@ -71,6 +81,32 @@ void CpuNumerics::rmsprop_update(const RmspropStep& step, float* __restrict w, c
   } else {
     for (std::size_t k = 0; k < n; ++k) w[k] -= lr * g[k] / std::sqrt(velocity[k] + eps);
   }
+}
+
+DTRAIN_VECTOR_CLONES void axpy_loops(float a, const float* __restrict x, float* __restrict y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+DTRAIN_VECTOR_CLONES void axpby_loops(float a, const float* __restrict x, float b, float* __restrict y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = y[i] * b + x[i] * a;
+}
+
+}  // namespace
+
+void CpuNumerics::sgd_update(const SgdStep& step, float* __restrict w, const float* __restrict g,
+                             float* __restrict m, std::size_t n) {
+  sgd_update_loops(step, w, g, m, n);
+}
+
+void CpuNumerics::adam_update(const AdamStep& step, float* __restrict w, const float* __restrict g,
+                              float* __restrict m, float* __restrict v, std::size_t n) {
+  adam_update_loops(step, w, g, m, v, n);
+}
+
+void CpuNumerics::rmsprop_update(const RmspropStep& step, float* __restrict w, const float* __restrict g,
+                                 float* __restrict velocity, float* __restrict mom, float* __restrict average,
+                                 std::size_t n) {
+  rmsprop_update_loops(step, w, g, velocity, mom, average, n);
 }
 
 void CpuNumerics::loss(const LossBatch& b) {
@@ -110,11 +146,11 @@ double CpuNumerics::sum_of_squares(const float* x, std::size_t n) {
 }
 
 void CpuNumerics::axpy(float a, const float* __restrict x, float* __restrict y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+  axpy_loops(a, x, y, n);
 }
 
 void CpuNumerics::axpby(float a, const float* __restrict x, float b, float* __restrict y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = y[i] * b + x[i] * a;
+  axpby_loops(a, x, b, y, n);
 }
 
 }  // namespace dtrain::backends::onednn
