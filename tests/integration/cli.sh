@@ -188,7 +188,15 @@ case "$case_name" in
       --run-dir "$scratch/overflow"
     ;;
   experiments_validate)
+    bf16=yes
+    "$dtrain" info | grep -q "^precision mixed_bfloat16: available" || bf16=no
     for exp in experiments/*.yaml; do
+      if [ "$bf16" = no ] && grep -q '^precision: mixed_bfloat16' "$exp"; then
+        # Refused on this CPU, as it should be: exit 2 at the precision key.
+        "$dtrain" validate "$exp" >/dev/null 2>&1
+        [ $? -eq 2 ] || fail "$exp: mixed_bfloat16 on a CPU without bfloat16 is not exit 2"
+        continue
+      fi
       "$dtrain" validate "$exp" >/dev/null || fail "$exp does not validate"
     done
     ;;
