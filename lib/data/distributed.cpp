@@ -45,9 +45,10 @@ DistributedIterator::DistributedIterator(const Dataset& dataset, config::Distrib
     throw ConfigError(fmt::format("a global batch of {} leaves some of the {} workers without samples; use a global "
                                   "batch of at least {}",
                                   global_batch_, pipelines, pipelines));
-  if (mode_ == config::DistributeMode::split_global_batch && options.shard_count > 1) {
+  if (mode_ == config::DistributeMode::split_global_batch && options.shard_count > 1 && pipelines > 1) {
     // Data sharding: every worker holds the same shuffled order, so each takes its replicas' rows
-    // of the global batch one process would take, whatever the batch and worker count.
+    // of the global batch one process would take, whatever the batch and worker count. (A lone
+    // pipeline over one shard, a parameter-server worker's, batches its own share below.)
     if (options.shard_count != pipelines || options.shard_index != id)
       throw InternalError(fmt::format("input pipeline {} of {} was given shard {} of {}", id, pipelines,
                                       options.shard_index, options.shard_count));
