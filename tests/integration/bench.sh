@@ -4,9 +4,7 @@
 # The table and the JSON name every layer and every phase; the phases add up to no more than the
 # step's wall time (and to most of it); the JSON parses and follows the README's schema.
 set -uo pipefail
-case_name=$1 dtrain=$2 scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
 small=experiments/fashion_mnist_small.yaml
 # 40 timed steps cross an epoch of the small set (2,000 samples: 31 steps of 64, the last short).

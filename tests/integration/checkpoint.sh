@@ -2,12 +2,7 @@
 # Checkpoints, eval and exact resume, end to end with the real binary:
 #   tests/integration/checkpoint.sh CASE DTRAIN_BINARY SCRATCH_DIR
 set -uo pipefail
-case_name=$1
-dtrain=$2
-scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
 small=experiments/fashion_mnist_small.yaml
 # One thread: slower epochs give the kill points room, and the thread layout must match between

@@ -3,12 +3,7 @@
 #   tests/integration/cli.sh CASE DTRAIN_BINARY SCRATCH_DIR
 # Each case exits non-zero with a message saying what differed.
 set -uo pipefail
-case_name=$1
-dtrain=$2
-scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
 # expect_error CODE REGEX -- ARGS...: runs dtrain, wants exit CODE and exactly one stderr line
 # matching REGEX, and no crash.

@@ -4,14 +4,8 @@
 #   tests/integration/files.sh CASE DTRAIN_BINARY SCRATCH_DIR
 # Cases that need to mount a tmpfs exit 77 (CTest: skipped) where mounting is not permitted.
 set -uo pipefail
-case_name=$1
-dtrain=$2
-scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
 py=/usr/bin/python3
 toy=experiments/regression_toy.yaml
 quiet=(--set train.progress=none --set train.threads=1)

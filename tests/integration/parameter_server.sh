@@ -2,15 +2,8 @@
 # ParameterServerStrategy over real mpirun (OpenMPI), end to end:
 #   tests/integration/parameter_server.sh CASE DTRAIN_BINARY SCRATCH_DIR
 set -uo pipefail
-case_name=$1
-dtrain=$2
-scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# Loopback only, shared memory between ranks; no network interfaces are probed.
-export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
 mpi() { local n=$1; shift; timeout 300 mpirun -n "$n" --oversubscribe "$@"; }
 # The PID of world rank $2 of the run writing into $1.
 rank_pid() {

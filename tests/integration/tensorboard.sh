@@ -3,14 +3,9 @@
 # (tests/integration/tfevents.py checks every record's CRCs and the values against metrics.jsonl).
 #   tests/integration/tensorboard.sh CASE DTRAIN_BINARY SCRATCH_DIR
 set -uo pipefail
-case_name=$1
-dtrain=$2
-scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 read_events=tests/integration/tfevents.py
 small=experiments/fashion_mnist_small.yaml
-
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
 
 case "$case_name" in
   events_match_metrics)

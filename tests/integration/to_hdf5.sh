@@ -3,14 +3,9 @@
 # on the result; bad inputs stop with exit 2 and a message naming the file and row.
 #   tests/integration/to_hdf5.sh CASE DTRAIN_BINARY SCRATCH_DIR
 set -uo pipefail
-case_name=$1
-dtrain=$2
-scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 py=/usr/bin/python3
 to_hdf5=tools/to_hdf5
-
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
 
 # A small MLP for any (H, W, C) input and K classes, one epoch.
 experiment() {  # file h5 input_shape classes [extra data keys]

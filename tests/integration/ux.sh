@@ -2,14 +2,8 @@
 # What a user sees around a run: logs under mpirun, `dtrain init`, `dtrain plot` and train.plot.
 #   tests/integration/ux.sh CASE DTRAIN_BINARY SCRATCH_DIR
 set -uo pipefail
-case_name=$1
-dtrain=$2
-scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
-fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
 small=experiments/fashion_mnist_small.yaml
 short=(--set train.epochs=2 --set train.steps_per_epoch=3 --set train.threads=1)
 # A PNG file: the 8-byte signature, then a non-empty picture.
