@@ -23,6 +23,9 @@ struct Dataset {
   Tensor x;
   Tensor y;
   int num_classes = 0;
+  // num_classes was counted from the labels (largest + 1), not declared by the source: a label
+  // past the model's outputs is then the data's fault more likely than the model's.
+  bool classes_from_labels = false;
   float x_scale = 1.0f;     // what a batch multiplies x by when it converts to f32
   std::string description;  // for logs: "fashion_mnist train (60000 examples) from /usr/share/..."
   // Where the labels were read ("<file>" or "<file> /train/y"; empty for generated data) and the

@@ -164,6 +164,7 @@ Dataset load_hdf5(const std::string& path, const std::string& group) {
       max_label = std::max(max_label, labels[i]);
     }
     ds.num_classes = declared ? *declared : max_label + 1;
+    ds.classes_from_labels = !declared;
   } else {
     if (y.shape().rank() == 1) y = y.reshaped(Shape{n, 1});
     if (y.shape().rank() != 2)

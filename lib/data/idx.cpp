@@ -280,6 +280,7 @@ Dataset load_idx_split(const std::string& dir, const std::string& prefix, int nu
   ds.y = y;
   ds.labels_source = labels_path;
   ds.num_classes = num_classes > 0 ? num_classes : max_label + 1;
+  ds.classes_from_labels = num_classes <= 0;
   ds.x_scale = images.dtype() == DType::u8 ? 1.0f / 255.0f : 1.0f;
   ds.description = fmt::format("IDX {}: {} examples, x {} {}, from {}", prefix, ds.size(), images.shape().to_string(),
                                dtype_name(images.dtype()), images_path);

@@ -8,10 +8,23 @@
 
 namespace dtrain::distribute {
 
+namespace {
+
+// The transport, or a ConfigError at the strategy's place in the experiment (no mpirun).
+std::unique_ptr<PsTransport> make_transport(const config::StrategyConfig& config) {
+  try {
+    return std::make_unique<PsTransport>(config.communication.timeout_seconds);
+  } catch (const ConfigError& e) {
+    throw ConfigError(config::location_prefix(config.where, {}) + e.what());
+  }
+}
+
+}  // namespace
+
 ParameterServerStrategy::ParameterServerStrategy(const config::StrategyConfig& config, int total_threads)
     : ReplicatedStrategy(ReplicaLayout{"parameter_server", {Device{}}}, total_threads),
       partitioner_(config.variable_partitioner),
-      transport_(std::make_unique<PsTransport>(config.communication.timeout_seconds)) {
+      transport_(make_transport(config)) {
   // The same roles the app resolved (and checked) before any rank started: resolving is a pure
   // function of the experiment, TF_CONFIG and the world.
   plan_ = resolve_roles(config.roles, std::getenv("TF_CONFIG"), transport_->size(), transport_->rank());

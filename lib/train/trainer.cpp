@@ -136,17 +136,17 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
   if (splits_.train.size() == 0) throw InputError("the training set is empty");
   // Integer labels a crossentropy loss cannot take are found now, naming the file and the sample,
-  // not when their batch trains. An idx source declares no class count (it is the largest label
-  // plus one), so there a label past the model's outputs is the data's fault and is reported as
-  // such before the model is compared with the classes; a source that declares its classes
-  // (hdf5's num_classes, fashion_mnist) has the model compared with them first.
+  // not when their batch trains. Where the source declares no class count (idx, hdf5 without
+  // num_classes: the largest label plus one), a label past the model's outputs is reported as the
+  // data's, with its file and sample, before the model is compared with the classes; a source
+  // that declares its classes (num_classes, fashion_mnist) has the model compared with them first.
   const auto check_labels = [this] {
     const Shape& outputs = model().output_shape();
     if (outputs.rank() != 1) return;  // check_loss_fits_model explains what the loss needs
     if (exp_.loss.kind == config::LossKind::binary_crossentropy) data::check_label_range(splits_, 2);
     else if (exp_.loss.kind != config::LossKind::mean_squared_error) data::check_label_range(splits_, outputs[0]);
   };
-  if (exp_.data.source == config::SourceKind::idx) check_labels();
+  if (splits_.train.classes_from_labels) check_labels();
   // The loaded labels, which validate cannot see for every source (hdf5), against the loss.
   config::check_loss_fits_model(exp_, model().output_shape().dims(),
                                 config::LabelKind{splits_.train.y.dtype() == DType::i32, splits_.train.num_classes});
