@@ -16,7 +16,13 @@ namespace {
 // file is built with -fno-math-errno (so sqrt vectorizes) and -ffp-contract=off (no fused
 // multiply-add): every version rounds exactly as the plain loop does, and the numbers a run
 // prints do not depend on the CPU.
+// ThreadSanitizer instruments the clones' resolver, which the loader runs before the TSan runtime
+// exists (a crash at start), so a TSan build keeps the one default version.
+#if defined(__SANITIZE_THREAD__)
+#define DTRAIN_VECTOR_CLONES
+#else
 #define DTRAIN_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 DTRAIN_VECTOR_CLONES void sgd_update_loops(const SgdStep& step, float* __restrict w, const float* __restrict g,
                              float* __restrict m, std::size_t n) {
