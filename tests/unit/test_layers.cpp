@@ -215,6 +215,19 @@ TEST_CASE("max_pool2d matches the reference and finite differences") {
   check_case({"2x2 valid odd input", Shape{7, 5, 2}, {pool(2, 2, Padding::valid)}, 2});
   check_case({"3x3 stride 2 same", Shape{7, 8, 3}, {pool(3, 2, Padding::same)}, 2});
   check_case({"2x2 stride 1 overlapping", Shape{5, 5, 2}, {pool(2, 1, Padding::valid)}, 1});
+  // The CPU loops' layouts and geometries: channels in blocks after a convolution (16 and 8 lanes),
+  // channels-last with 8 and with 5 lanes, windows cut by 'same' padding, stride above the pool
+  // size (rows and columns no window reads), and ties among a relu's zeros.
+  check_case({"after conv, 16 channels, 3x3 stride 2 same",
+              Shape{9, 7, 2},
+              {conv(16, 3, 1, Padding::same, Activation::linear), pool(3, 2, Padding::same)},
+              3});
+  check_case({"after conv relu, 8 channels, 2x2 same odd", Shape{7, 7, 3},
+              {conv(8, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::same)}, 2});
+  check_case({"channels last, 8 channels, stride 3 over pool 2", Shape{8, 7, 8}, {pool(2, 3, Padding::valid)}, 2});
+  check_case({"channels last, 5 channels, 3x3 same", Shape{6, 5, 5}, {pool(3, 3, Padding::same)}, 2});
+  check_case({"after conv, 24 channels, stride 1 overlapping", Shape{6, 6, 1},
+              {conv(24, 2, 1, Padding::valid, Activation::relu), pool(3, 1, Padding::valid)}, 2});
 }
 
 TEST_CASE("dense matches the reference and finite differences") {

@@ -1,6 +1,25 @@
-// MaxPooling2D on oneDNN (nn/max_pool2d.hpp has the semantics): the shared pooling kernel with
-// oneDNN's max pooling, which excludes padding from the max as TensorFlow does.
-//   x (N, H, W, C) any layout -> y (N, OH, OW, C) any layout; argmax workspace kept for backward
+// MaxPooling2D on the CPU (nn/max_pool2d.hpp has the semantics; the reference oracle is
+// MaxPool2D::reference_forward/backward, and test_layers compares the two).
+//   x  (N, H, W, C)    channels innermost: nhwc, or channel blocks of 4, 8 or 16 (nChw8c, ...)
+//   y  (N, OH, OW, C)  in the same arrangement as x
+//   ws (N, OH, OW, C)  u8: which window position won the max, kept from forward for backward
+//   dx (N, H, W, C)    written whole by backward (zero where no window's max came from)
+// f32 or bf16 (pooling moves values; it computes in whatever dtype the layer below produced).
+// 'same' padding never wins the max (excluded, as in TensorFlow).
+//
+// Why not oneDNN's pooling: 2.6's jit pooling (avx2 and avx512) runs the seed CNN's first max
+// pooling at about a tenth of the machine's memory bandwidth and, with its backward, took a sixth
+// of the training step. Pooling reads each input once and writes each output once, so loops over
+// the channel lanes (vectorized for AVX-512, AVX2 and plain x86-64, picked at load time) run near
+// memory speed. Layouts and geometries these loops do not cover (channels not innermost, windows
+// of more than 255 positions, overlapping windows in bf16) keep oneDNN's kernel.
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
 #include "backends/onednn/pooling.hpp"
 #include "nn/max_pool2d.hpp"
 
@@ -8,9 +27,383 @@ namespace dtrain::backends::onednn {
 
 namespace {
 
+using dnnl::memory;
+
+#if defined(__SANITIZE_THREAD__)  // see numerics.cpp: TSan cannot run an ifunc resolver
+#define DTRAIN_POOL_CLONES
+#else
+#define DTRAIN_POOL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
+// Where element (n, c, h, w) lives: n * n + (c / lanes) * group + h * row + w * col + c % lanes.
+// With nhwc the channels form one group of `lanes` = C.
+struct Arrangement {
+  std::int64_t lanes = 0, groups = 0;  // channel lanes per group (padded), groups
+  std::int64_t n = 0, group = 0, row = 0, col = 0;
+};
+
+// The arrangement of `md` when its channels are innermost (nhwc, or one channel block of 4, 8 or
+// 16); nothing otherwise.
+std::optional<Arrangement> arrangement_of(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0) return std::nullopt;
+  const auto& b = d.format_desc.blocking;
+  Arrangement a;
+  if (b.inner_nblks == 0 && b.strides[1] == 1) {
+    a.lanes = d.padded_dims[1];
+    a.groups = 1;
+  } else if (b.inner_nblks == 1 && b.inner_idxs[0] == 1 &&
+             (b.inner_blks[0] == 4 || b.inner_blks[0] == 8 || b.inner_blks[0] == 16)) {
+    a.lanes = b.inner_blks[0];
+    a.groups = d.padded_dims[1] / a.lanes;
+  } else {
+    return std::nullopt;
+  }
+  a.n = b.strides[0];
+  a.group = b.strides[1];
+  a.row = b.strides[2];
+  a.col = b.strides[3];
+  // Every lane of a position must sit between it and the next column (no other interleaving).
+  if (a.col < a.lanes || (a.groups > 1 && a.group < a.lanes)) return std::nullopt;
+  return a;
+}
+
+// The descriptor of `dims` arranged as `like` is (the same channel blocking).
+memory::desc arranged_like(const Arrangement& like, const memory::dims& dims, memory::data_type dt) {
+  if (like.groups == 1 && like.group <= 1) return memory::desc(dims, dt, memory::format_tag::nhwc);
+  switch (like.lanes) {
+    case 4: return memory::desc(dims, dt, memory::format_tag::nChw4c);
+    case 8: return memory::desc(dims, dt, memory::format_tag::nChw8c);
+    default: return memory::desc(dims, dt, memory::format_tag::nChw16c);
+  }
+}
+
+// bfloat16 is the high half of a float: widening is exact, and so is narrowing a value that came
+// from bfloat16.
+inline float widen(float v) { return v; }
+inline float widen(std::uint16_t v) { return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16); }
+template <class T>
+inline T narrow(float v);
+template <>
+inline float narrow<float>(float v) { return v; }
+template <>
+inline std::uint16_t narrow<std::uint16_t>(float v) { return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16); }
+
+// One pooling geometry over one (n, group) plane of H x W positions of `lanes` channels each.
+struct Geometry {
+  std::int64_t h, w, oh, ow, kh, kw, sh, sw, pad_top, pad_left, lanes;
+  Arrangement src, dst;  // dst's arrangement is also the workspace's and diff_dst's; src's is diff_src's
+  std::vector<std::int64_t> uncovered_rows, uncovered_cols;  // input rows/columns no window reads
+  bool overlapping = false;
+};
+
+// Every output position's window, as the input offsets of its valid positions (the same in every
+// plane, so worked out once when planned): the loops below then carry no bounds checks.
+struct Windows {
+  std::vector<std::int64_t> first;      // per output position (oh * OW + ow), then one past the last
+  std::vector<std::int64_t> offset;     // src offset of each valid position
+  std::vector<std::uint8_t> position;   // its index in the kh x kw window
+
+  explicit Windows(const Geometry& g) {
+    for (std::int64_t oh = 0; oh < g.oh; ++oh)
+      for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+        first.push_back(static_cast<std::int64_t>(offset.size()));
+        for (std::int64_t i = 0; i < g.kh; ++i) {
+          const std::int64_t ih = oh * g.sh - g.pad_top + i;
+          if (ih < 0 || ih >= g.h) continue;
+          for (std::int64_t j = 0; j < g.kw; ++j) {
+            const std::int64_t iw = ow * g.sw - g.pad_left + j;
+            if (iw < 0 || iw >= g.w) continue;
+            offset.push_back(ih * g.src.row + iw * g.src.col);
+            position.push_back(static_cast<std::uint8_t>(i * g.kw + j));
+          }
+        }
+      }
+    first.push_back(static_cast<std::int64_t>(offset.size()));
+  }
+};
+
+// L channel lanes at a time, written with GCC's vector extensions so that each step is one vector
+// operation on every target the clones are built for (scalar loops with a select did not
+// vectorize). The argmax is kept in 32-bit lanes beside the float maxima and narrowed when stored.
+template <class E, int L>
+struct VectorOf {
+  typedef E type __attribute__((vector_size(sizeof(E) * L)));
+};
+template <class E, int L>
+using Vec = typename VectorOf<E, L>::type;
+
+template <class V, class E>
+inline V load(const E* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <class V, class E>
+inline void store(E* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+template <int L>
+inline Vec<float, L> load_widened(const float* p) {
+  return load<Vec<float, L>>(p);
+}
+template <int L>
+inline Vec<float, L> load_widened(const std::uint16_t* p) {
+  const auto bits = __builtin_convertvector(load<Vec<std::uint16_t, L>>(p), Vec<std::uint32_t, L>) << 16;
+  return std::bit_cast<Vec<float, L>>(bits);
+}
+template <int L>
+inline void store_narrowed(float* p, const Vec<float, L>& v) {
+  store(p, v);
+}
+template <int L>
+inline void store_narrowed(std::uint16_t* p, const Vec<float, L>& v) {
+  store(p, __builtin_convertvector(std::bit_cast<Vec<std::uint32_t, L>>(v) >> 16, Vec<std::uint16_t, L>));
+}
+
+template <class T, int L>
+DTRAIN_POOL_CLONES void forward_plane(const Geometry& g, const Windows& win, const T* __restrict src,
+                                      T* __restrict dst, std::uint8_t* __restrict ws) {
+  using F = Vec<float, L>;
+  using I = Vec<std::int32_t, L>;
+  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
+      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
+      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
+      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+        F best = load_widened<L>(src + win.offset[static_cast<std::size_t>(first)] + c0);
+        I which = I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(first)]);
+        // Strictly greater: on a tie the first position in the window wins, as in TensorFlow.
+        for (std::int64_t k = first + 1; k < last; ++k) {
+          const F v = load_widened<L>(src + win.offset[static_cast<std::size_t>(k)] + c0);
+          const I more = v > best;
+          best = more ? v : best;
+          which = more ? I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]) : which;
+        }
+        store_narrowed<L>(dst + at + c0, best);
+        store(ws + at + c0, __builtin_convertvector(which, Vec<std::uint8_t, L>));
+      }
+    }
+  }
+}
+
+// Windows that do not overlap: every input position belongs to at most one window, so each
+// window's positions are written once (the gradient where the max came from, zero elsewhere) and
+// only positions outside every window need zeroing. T's bits are copied, never computed on.
+template <class T, int L>
+DTRAIN_POOL_CLONES void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict diff_dst,
+                                                const std::uint8_t* __restrict ws, T* __restrict diff_src) {
+  using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int16_t>;
+  using B = Vec<Bits, L>;
+  for (std::int64_t ih : g.uncovered_rows)
+    for (std::int64_t iw = 0; iw < g.w; ++iw)
+      std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, sizeof(T) * static_cast<std::size_t>(g.lanes));
+  for (std::int64_t iw : g.uncovered_cols)
+    for (std::int64_t ih = 0; ih < g.h; ++ih)
+      std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, sizeof(T) * static_cast<std::size_t>(g.lanes));
+  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
+      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
+      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
+      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+        const B dy = load<B>(diff_dst + at + c0);
+        const B which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), B);
+        for (std::int64_t k = first; k < last; ++k) {
+          const B here = which == static_cast<Bits>(win.position[static_cast<std::size_t>(k)]);
+          store(diff_src + win.offset[static_cast<std::size_t>(k)] + c0, B(here & dy));
+        }
+      }
+    }
+  }
+}
+
+// Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
+// window's gradient at its max.
+template <int L>
+DTRAIN_POOL_CLONES void backward_plane_overlapping(const Geometry& g, const Windows& win,
+                                                   const float* __restrict diff_dst, const std::uint8_t* __restrict ws,
+                                                   float* __restrict diff_src) {
+  using F = Vec<float, L>;
+  using I = Vec<std::int32_t, L>;
+  for (std::int64_t ih = 0; ih < g.h; ++ih)
+    for (std::int64_t iw = 0; iw < g.w; ++iw)
+      std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, sizeof(float) * static_cast<std::size_t>(g.lanes));
+  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
+      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
+      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
+      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+        const F dy = load<F>(diff_dst + at + c0);
+        const I which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), I);
+        for (std::int64_t k = first; k < last; ++k) {
+          float* dx = diff_src + win.offset[static_cast<std::size_t>(k)] + c0;
+          const I here = which == static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]);
+          store(dx, F(load<F>(dx) + (here ? dy : F{})));
+        }
+      }
+    }
+  }
+}
+
+class MaxPool2DKernel final : public nn::LayerKernel {
+ public:
+  MaxPool2DKernel(nn::MaxPool2D& layer, OnednnContext& ctx)
+      : layer_(layer), ctx_(ctx), onednn_(layer, ctx, dnnl::algorithm::pooling_max) {}
+
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override {
+    const memory::desc& src_md = md_of(src);
+    std::optional<Geometry> geometry = geometry_for(src_md);
+    if (!geometry) return onednn_.plan(batch, src);
+    Plan& p = plans_.emplace_back();
+    p.batch = batch;
+    p.geometry = std::move(*geometry);
+    p.dtype = dtype_of(src_md);
+    const Shape out = layer_.output_shape().with_batch(batch);
+    const memory::desc dst_md = arranged_like(p.geometry.src, {batch, out[3], out[1], out[2]}, src_md.data_type());
+    p.geometry.dst = *arrangement_of(dst_md);
+    p.windows = std::make_unique<Windows>(p.geometry);
+    p.workspace.assign(dst_md.get_size() / memory::data_type_size(src_md.data_type()), 0);
+    return make_layout(out, p.dtype, dst_md);
+  }
+
+  void bind(std::int64_t batch, const nn::LayerIO& io) override {
+    Plan* p = own_plan(batch);
+    if (!p) return onednn_.bind(batch, io);
+    p->src = ctx_.wrap(io.src);
+    p->dst = ctx_.wrap(io.dst);
+    p->diff_dst = ctx_.wrap(io.diff_dst);
+    if (io.diff_src) p->diff_src = ctx_.wrap(io.diff_src);
+  }
+
+  void forward(std::int64_t batch, const nn::StepContext& step) override {
+    Plan* p = own_plan(batch);
+    if (!p) return onednn_.forward(batch, step);
+    if (p->dtype == DType::bf16) return dispatch<std::uint16_t>(*p, true);
+    dispatch<float>(*p, true);
+  }
+
+  void backward(std::int64_t batch, const nn::StepContext& step) override {
+    Plan* p = own_plan(batch);
+    if (!p) return onednn_.backward(batch, step);
+    if (!p->diff_src) return;  // the first layer: nothing below wants the gradient
+    if (p->dtype == DType::bf16) return dispatch<std::uint16_t>(*p, false);
+    dispatch<float>(*p, false);
+  }
+
+ private:
+  struct Plan {
+    std::int64_t batch = 0;
+    Geometry geometry;
+    DType dtype = DType::f32;
+    std::unique_ptr<Windows> windows;
+    std::vector<std::uint8_t> workspace;
+    memory src, dst, diff_dst, diff_src;
+  };
+
+  std::optional<Geometry> geometry_for(const memory::desc& src_md) const {
+    const std::optional<Arrangement> src = arrangement_of(src_md);
+    const auto dt = src_md.data_type();
+    if (!src || (dt != memory::data_type::f32 && dt != memory::data_type::bf16)) return std::nullopt;
+    const auto& pool = layer_.params().pool_size;
+    if (pool[0] * pool[1] > std::numeric_limits<std::uint8_t>::max()) return std::nullopt;
+    Geometry g;
+    const Shape& in = layer_.input_shape();
+    g.h = in[0];
+    g.w = in[1];
+    g.oh = layer_.padding_h().out;
+    g.ow = layer_.padding_w().out;
+    g.kh = pool[0];
+    g.kw = pool[1];
+    g.sh = layer_.strides()[0];
+    g.sw = layer_.strides()[1];
+    g.pad_top = layer_.padding_h().before;
+    g.pad_left = layer_.padding_w().before;
+    g.lanes = src->lanes;
+    g.src = *src;
+    g.overlapping = g.sh < g.kh || g.sw < g.kw;
+    if (g.overlapping && dt != memory::data_type::f32) return std::nullopt;  // bf16 sums would round
+    const auto uncovered = [](std::int64_t size, std::int64_t out, std::int64_t k, std::int64_t s, std::int64_t before) {
+      std::vector<bool> covered(static_cast<std::size_t>(size), false);
+      for (std::int64_t o = 0; o < out; ++o)
+        for (std::int64_t i = o * s - before; i < o * s - before + k; ++i)
+          if (i >= 0 && i < size) covered[static_cast<std::size_t>(i)] = true;
+      std::vector<std::int64_t> rest;
+      for (std::int64_t i = 0; i < size; ++i)
+        if (!covered[static_cast<std::size_t>(i)]) rest.push_back(i);
+      return rest;
+    };
+    g.uncovered_rows = uncovered(g.h, g.oh, g.kh, g.sh, g.pad_top);
+    g.uncovered_cols = uncovered(g.w, g.ow, g.kw, g.sw, g.pad_left);
+    return g;
+  }
+
+  Plan* own_plan(std::int64_t batch) {
+    for (auto& p : plans_)
+      if (p.batch == batch) return &p;
+    return nullptr;
+  }
+
+  // The planes (n, group) are independent; the replica's OpenMP team shares them.
+  template <class T, int L>
+  void run_forward(Plan& p) {
+    const Geometry& g = p.geometry;
+    const T* src = static_cast<const T*>(p.src.get_data_handle());
+    T* dst = static_cast<T*>(p.dst.get_data_handle());
+    std::uint8_t* ws = p.workspace.data();
+    const std::int64_t planes = p.batch * g.src.groups;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t q = 0; q < planes; ++q) {
+      const std::int64_t n = q / g.src.groups, group = q % g.src.groups;
+      const std::int64_t out = n * g.dst.n + group * g.dst.group;
+      forward_plane<T, L>(g, *p.windows, src + n * g.src.n + group * g.src.group, dst + out, ws + out);
+    }
+  }
+
+  template <class T, int L>
+  void run_backward(Plan& p) {
+    const Geometry& g = p.geometry;
+    const T* diff_dst = static_cast<const T*>(p.diff_dst.get_data_handle());
+    T* diff_src = static_cast<T*>(p.diff_src.get_data_handle());
+    const std::uint8_t* ws = p.workspace.data();
+    const std::int64_t planes = p.batch * g.src.groups;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t q = 0; q < planes; ++q) {
+      const std::int64_t n = q / g.src.groups, group = q % g.src.groups;
+      const std::int64_t out = n * g.dst.n + group * g.dst.group;
+      T* dx = diff_src + n * g.src.n + group * g.src.group;
+      if constexpr (std::is_same_v<T, float>) {
+        if (g.overlapping) {
+          backward_plane_overlapping<L>(g, *p.windows, diff_dst + out, ws + out, dx);
+          continue;
+        }
+      }
+      backward_plane_disjoint<T, L>(g, *p.windows, diff_dst + out, ws + out, dx);
+    }
+  }
+
+  // The widest lane count that divides the channel lanes: 16, 8, 4 or 1.
+  template <class T>
+  void dispatch(Plan& p, bool forward) {
+    const std::int64_t lanes = p.geometry.lanes;
+    const auto run = [&]<int L>() { forward ? run_forward<T, L>(p) : run_backward<T, L>(p); };
+    if (lanes % 16 == 0) run.template operator()<16>();
+    else if (lanes % 8 == 0) run.template operator()<8>();
+    else if (lanes % 4 == 0) run.template operator()<4>();
+    else run.template operator()<1>();
+  }
+
+  nn::MaxPool2D& layer_;
+  OnednnContext& ctx_;
+  Pool2DKernel onednn_;       // for what the loops above do not cover
+  std::vector<Plan> plans_;   // one per batch size planned here (few: the batch and a last one)
+};
+
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
-  return std::make_unique<Pool2DKernel>(static_cast<nn::MaxPool2D&>(layer), OnednnContext::of(ctx),
-                                        dnnl::algorithm::pooling_max);
+  return std::make_unique<MaxPool2DKernel>(static_cast<nn::MaxPool2D&>(layer), OnednnContext::of(ctx));
 }
 
 const nn::KernelRegistration registered(kName, nn::MaxPool2D::Options::kind, &make);
