@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backends/context.hpp"
+#include "config/experiment.hpp"
 #include "core/error.hpp"
 #include "nn/layer.hpp"
 #include "nn/step.hpp"
@@ -44,6 +45,17 @@ class LayerKernel {
   virtual void backward(std::int64_t batch, const StepContext& step) = 0;
   virtual void forward_without_samples(const StepContext&) {}
   virtual void backward_without_samples(const StepContext&) {}
+
+  // Fusing an activation's backward into the layer above (called once, before the first plan).
+  // A relu's derivative zeroes the gradient where the relu's output is zero; a max pooling above it
+  // writes its input gradient only where its max came from, and that max is the relu's output, so
+  // the pooling can apply the derivative while it writes instead of the layer below reading and
+  // writing the whole gradient again. The model asks the layer below what it applies
+  // (output_activation), offers it to the layer above (take_input_activation_backward: true when
+  // it will apply it) and then tells the layer below to leave it out (skip_activation_backward).
+  virtual config::Activation output_activation() const { return config::Activation::linear; }
+  virtual bool take_input_activation_backward(config::Activation) { return false; }
+  virtual void skip_activation_backward() {}
 };
 
 // compute: the dtype the layer computes in (its variables stay f32).

@@ -132,6 +132,11 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
   std::vector<DType> compute(layers.size(), options_.compute);
   compute.back() = DType::f32;
   kernels_ = make_kernels(layers, ctx_, compute);
+  for (std::size_t i = 1; i < kernels_.size(); ++i) {
+    const config::Activation below = kernels_[i - 1]->output_activation();
+    if (below != config::Activation::linear && kernels_[i]->take_input_activation_backward(below))
+      kernels_[i - 1]->skip_activation_backward();
+  }
 }
 
 std::int64_t Sequential::activation_bytes(std::int64_t batch) const {

@@ -228,6 +228,11 @@ TEST_CASE("max_pool2d matches the reference and finite differences") {
   check_case({"channels last, 5 channels, 3x3 same", Shape{6, 5, 5}, {pool(3, 3, Padding::same)}, 2});
   check_case({"after conv, 24 channels, stride 1 overlapping", Shape{6, 6, 1},
               {conv(24, 2, 1, Padding::valid, Activation::relu), pool(3, 1, Padding::valid)}, 2});
+  // A window of 256 positions is oneDNN's pooling, which then applies the relu's derivative after it.
+  // With a 1x1 convolution a channel whose bias outweighs its weight is zero everywhere, so some
+  // maxima are zero and the derivative matters.
+  check_case({"16x16 window after conv relu (oneDNN's pooling)", Shape{16, 16, 1},
+              {conv(8, 1, 1, Padding::valid, Activation::relu), pool(16, 16, Padding::valid)}, 2});
 }
 
 TEST_CASE("dense matches the reference and finite differences") {

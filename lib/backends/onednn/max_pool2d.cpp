@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends/onednn/activation_fn.hpp"
 #include "backends/onednn/pooling.hpp"
 #include "nn/max_pool2d.hpp"
 
@@ -192,9 +193,12 @@ DTRAIN_POOL_CLONES void forward_plane(const Geometry& g, const Windows& win, con
 // Windows that do not overlap: every input position belongs to at most one window, so each
 // window's positions are written once (the gradient where the max came from, zero elsewhere) and
 // only positions outside every window need zeroing. T's bits are copied, never computed on.
-template <class T, int L>
-DTRAIN_POOL_CLONES void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict diff_dst,
-                                                const std::uint8_t* __restrict ws, T* __restrict diff_src) {
+// Relu: the input is a relu's output whose derivative this backward applies (nn/kernel.hpp): the
+// gradient goes through only where the max, which is that relu's output, is above zero.
+template <class T, int L, bool Relu>
+DTRAIN_POOL_CLONES void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict dst,
+                                                const T* __restrict diff_dst, const std::uint8_t* __restrict ws,
+                                                T* __restrict diff_src) {
   using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int16_t>;
   using B = Vec<Bits, L>;
   for (std::int64_t ih : g.uncovered_rows)
@@ -209,7 +213,8 @@ DTRAIN_POOL_CLONES void backward_plane_disjoint(const Geometry& g, const Windows
       const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
       const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
       for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
-        const B dy = load<B>(diff_dst + at + c0);
+        B dy = load<B>(diff_dst + at + c0);
+        if constexpr (Relu) dy &= __builtin_convertvector(load_widened<L>(dst + at + c0) > 0.0f, B);
         const B which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), B);
         for (std::int64_t k = first; k < last; ++k) {
           const B here = which == static_cast<Bits>(win.position[static_cast<std::size_t>(k)]);
@@ -222,8 +227,8 @@ DTRAIN_POOL_CLONES void backward_plane_disjoint(const Geometry& g, const Windows
 
 // Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
 // window's gradient at its max.
-template <int L>
-DTRAIN_POOL_CLONES void backward_plane_overlapping(const Geometry& g, const Windows& win,
+template <int L, bool Relu>
+DTRAIN_POOL_CLONES void backward_plane_overlapping(const Geometry& g, const Windows& win, const float* __restrict dst,
                                                    const float* __restrict diff_dst, const std::uint8_t* __restrict ws,
                                                    float* __restrict diff_src) {
   using F = Vec<float, L>;
@@ -237,7 +242,8 @@ DTRAIN_POOL_CLONES void backward_plane_overlapping(const Geometry& g, const Wind
       const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
       const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
       for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
-        const F dy = load<F>(diff_dst + at + c0);
+        F dy = load<F>(diff_dst + at + c0);
+        if constexpr (Relu) dy = load<F>(dst + at + c0) > 0.0f ? dy : F{};
         const I which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), I);
         for (std::int64_t k = first; k < last; ++k) {
           float* dx = diff_src + win.offset[static_cast<std::size_t>(k)] + c0;
@@ -270,9 +276,19 @@ class MaxPool2DKernel final : public nn::LayerKernel {
     return make_layout(out, p.dtype, dst_md);
   }
 
+  bool take_input_activation_backward(config::Activation below) override {
+    relu_below_ = below == config::Activation::relu;
+    return relu_below_;
+  }
+
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     Plan* p = own_plan(batch);
-    if (!p) return onednn_.bind(batch, io);
+    if (!p) {
+      onednn_.bind(batch, io);
+      if (relu_below_ && io.diff_src)
+        relu_.bind(ctx_, ctx_.wrap(io.src), ctx_.wrap(io.diff_src), fallback_relu_.emplace_back(batch, ActivationFn::Plan{}).second);
+      return;
+    }
     p->src = ctx_.wrap(io.src);
     p->dst = ctx_.wrap(io.dst);
     p->diff_dst = ctx_.wrap(io.diff_dst);
@@ -288,7 +304,14 @@ class MaxPool2DKernel final : public nn::LayerKernel {
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
     Plan* p = own_plan(batch);
-    if (!p) return onednn_.backward(batch, step);
+    if (!p) {
+      onednn_.backward(batch, step);
+      // oneDNN's pooling cannot apply the relu's derivative: it runs after it, on the gradient.
+      if (relu_below_)
+        for (auto& [planned, act] : fallback_relu_)
+          if (planned == batch) relu_.backward(ctx_, act);
+      return;
+    }
     if (!p->diff_src) return;  // the first layer: nothing below wants the gradient
     if (p->dtype == DType::bf16) return dispatch<std::uint16_t>(*p, false);
     dispatch<float>(*p, false);
@@ -366,6 +389,7 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   template <class T, int L>
   void run_backward(Plan& p) {
     const Geometry& g = p.geometry;
+    const T* dst = static_cast<const T*>(p.dst.get_data_handle());
     const T* diff_dst = static_cast<const T*>(p.diff_dst.get_data_handle());
     T* diff_src = static_cast<T*>(p.diff_src.get_data_handle());
     const std::uint8_t* ws = p.workspace.data();
@@ -377,11 +401,13 @@ class MaxPool2DKernel final : public nn::LayerKernel {
       T* dx = diff_src + n * g.src.n + group * g.src.group;
       if constexpr (std::is_same_v<T, float>) {
         if (g.overlapping) {
-          backward_plane_overlapping<L>(g, *p.windows, diff_dst + out, ws + out, dx);
+          if (relu_below_) backward_plane_overlapping<L, true>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
+          else backward_plane_overlapping<L, false>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
           continue;
         }
       }
-      backward_plane_disjoint<T, L>(g, *p.windows, diff_dst + out, ws + out, dx);
+      if (relu_below_) backward_plane_disjoint<T, L, true>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
+      else backward_plane_disjoint<T, L, false>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
     }
   }
 
@@ -400,6 +426,9 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   OnednnContext& ctx_;
   Pool2DKernel onednn_;       // for what the loops above do not cover
   std::vector<Plan> plans_;   // one per batch size planned here (few: the batch and a last one)
+  bool relu_below_ = false;   // this backward applies the derivative of the relu below
+  ActivationFn relu_{config::Activation::relu};
+  std::vector<std::pair<std::int64_t, ActivationFn::Plan>> fallback_relu_;  // per batch oneDNN pools
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {

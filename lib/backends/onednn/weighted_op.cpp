@@ -74,7 +74,7 @@ void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
 
 void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext& step) {
   WeightedOpPlan& p = plans_.get(batch);
-  act_.backward(ctx_, p.act);
+  if (!activation_backward_elsewhere_) act_.backward(ctx_, p.act);
   p.bw_src_in.run(ctx_);
   p.bw_diff_dst_in.run(ctx_);
   p.bwd_weights.run(ctx_);

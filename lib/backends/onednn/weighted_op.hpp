@@ -43,6 +43,8 @@ class WeightedOpKernel : public nn::LayerKernel {
  public:
   void forward(std::int64_t batch, const nn::StepContext&) override;
   void backward(std::int64_t batch, const nn::StepContext&) override;
+  config::Activation output_activation() const override { return act_.kind(); }
+  void skip_activation_backward() override { activation_backward_elsewhere_ = true; }
 
  protected:
   // A layer with a softmax computes in f32 whatever the policy (a softmax wants float32).
@@ -63,6 +65,8 @@ class WeightedOpKernel : public nn::LayerKernel {
   OnednnContext& ctx_;
   DType compute_;
   ActivationFn act_;
+  // The layer above applies the activation's derivative to the gradient it hands down.
+  bool activation_backward_elsewhere_ = false;
 
  private:
   nn::PlanCache<WeightedOpPlan> plans_;
