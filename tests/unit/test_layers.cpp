@@ -208,6 +208,13 @@ TEST_CASE("conv2d matches the reference and finite differences") {
   check_case({"1x1 sigmoid no bias", Shape{4, 5, 6}, {conv(7, 1, 1, Padding::valid, Activation::sigmoid, false)}, 2});
   check_case({"softmax over channels", Shape{5, 5, 2}, {conv(4, 3, 1, Padding::same, Activation::softmax)}, 2});
   check_case({"one input channel, 32 filters", Shape{10, 10, 1}, {conv(32, 3, 1, Padding::valid, Activation::relu)}, 4});
+  // The weight gradients of few input channels are the CPU backend's own loops: several sample
+  // chunks (11 samples), taps over several passes (4 channels x 9), 'same' padding, 16 lanes.
+  check_case({"4 input channels, 16 filters, same, 11 samples", Shape{7, 6, 4},
+              {conv(16, 3, 1, Padding::same, Activation::linear)}, 11});
+  check_case({"1 input channel, 5x5 stride 2 same, 24 filters", Shape{9, 9, 1},
+              {conv(24, 5, 2, Padding::same, Activation::relu)}, 3});
+  check_case({"3 input channels, 2x2 no bias", Shape{5, 5, 3}, {conv(8, 2, 1, Padding::valid, Activation::linear, false)}, 9});
 }
 
 TEST_CASE("max_pool2d matches the reference and finite differences") {

@@ -13,7 +13,6 @@
 // the channel lanes (vectorized for AVX-512, AVX2 and plain x86-64, picked at load time) run near
 // memory speed. Layouts and geometries these loops do not cover (channels not innermost, windows
 // of more than 255 positions, overlapping windows in bf16) keep oneDNN's kernel.
-#include <bit>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "backends/onednn/activation_fn.hpp"
+#include "backends/onednn/lanes.hpp"
 #include "backends/onednn/pooling.hpp"
 #include "nn/max_pool2d.hpp"
 
@@ -29,66 +29,6 @@ namespace dtrain::backends::onednn {
 namespace {
 
 using dnnl::memory;
-
-#if defined(__SANITIZE_THREAD__)  // see numerics.cpp: TSan cannot run an ifunc resolver
-#define DTRAIN_POOL_CLONES
-#else
-#define DTRAIN_POOL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-
-// Where element (n, c, h, w) lives: n * n + (c / lanes) * group + h * row + w * col + c % lanes.
-// With nhwc the channels form one group of `lanes` = C.
-struct Arrangement {
-  std::int64_t lanes = 0, groups = 0;  // channel lanes per group (padded), groups
-  std::int64_t n = 0, group = 0, row = 0, col = 0;
-};
-
-// The arrangement of `md` when its channels are innermost (nhwc, or one channel block of 4, 8 or
-// 16); nothing otherwise.
-std::optional<Arrangement> arrangement_of(const memory::desc& md) {
-  const dnnl_memory_desc_t& d = md.data;
-  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0) return std::nullopt;
-  const auto& b = d.format_desc.blocking;
-  Arrangement a;
-  if (b.inner_nblks == 0 && b.strides[1] == 1) {
-    a.lanes = d.padded_dims[1];
-    a.groups = 1;
-  } else if (b.inner_nblks == 1 && b.inner_idxs[0] == 1 &&
-             (b.inner_blks[0] == 4 || b.inner_blks[0] == 8 || b.inner_blks[0] == 16)) {
-    a.lanes = b.inner_blks[0];
-    a.groups = d.padded_dims[1] / a.lanes;
-  } else {
-    return std::nullopt;
-  }
-  a.n = b.strides[0];
-  a.group = b.strides[1];
-  a.row = b.strides[2];
-  a.col = b.strides[3];
-  // Every lane of a position must sit between it and the next column (no other interleaving).
-  if (a.col < a.lanes || (a.groups > 1 && a.group < a.lanes)) return std::nullopt;
-  return a;
-}
-
-// The descriptor of `dims` arranged as `like` is (the same channel blocking).
-memory::desc arranged_like(const Arrangement& like, const memory::dims& dims, memory::data_type dt) {
-  if (like.groups == 1 && like.group <= 1) return memory::desc(dims, dt, memory::format_tag::nhwc);
-  switch (like.lanes) {
-    case 4: return memory::desc(dims, dt, memory::format_tag::nChw4c);
-    case 8: return memory::desc(dims, dt, memory::format_tag::nChw8c);
-    default: return memory::desc(dims, dt, memory::format_tag::nChw16c);
-  }
-}
-
-// bfloat16 is the high half of a float: widening is exact, and so is narrowing a value that came
-// from bfloat16.
-inline float widen(float v) { return v; }
-inline float widen(std::uint16_t v) { return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16); }
-template <class T>
-inline T narrow(float v);
-template <>
-inline float narrow<float>(float v) { return v; }
-template <>
-inline std::uint16_t narrow<std::uint16_t>(float v) { return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16); }
 
 // One pooling geometry over one (n, group) plane of H x W positions of `lanes` channels each.
 struct Geometry {
@@ -124,47 +64,10 @@ struct Windows {
   }
 };
 
-// L channel lanes at a time, written with GCC's vector extensions so that each step is one vector
-// operation on every target the clones are built for (scalar loops with a select did not
-// vectorize). The argmax is kept in 32-bit lanes beside the float maxima and narrowed when stored.
-template <class E, int L>
-struct VectorOf {
-  typedef E type __attribute__((vector_size(sizeof(E) * L)));
-};
-template <class E, int L>
-using Vec = typename VectorOf<E, L>::type;
-
-template <class V, class E>
-inline V load(const E* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <class V, class E>
-inline void store(E* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-
-template <int L>
-inline Vec<float, L> load_widened(const float* p) {
-  return load<Vec<float, L>>(p);
-}
-template <int L>
-inline Vec<float, L> load_widened(const std::uint16_t* p) {
-  const auto bits = __builtin_convertvector(load<Vec<std::uint16_t, L>>(p), Vec<std::uint32_t, L>) << 16;
-  return std::bit_cast<Vec<float, L>>(bits);
-}
-template <int L>
-inline void store_narrowed(float* p, const Vec<float, L>& v) {
-  store(p, v);
-}
-template <int L>
-inline void store_narrowed(std::uint16_t* p, const Vec<float, L>& v) {
-  store(p, __builtin_convertvector(std::bit_cast<Vec<std::uint32_t, L>>(v) >> 16, Vec<std::uint16_t, L>));
-}
-
+// L channel lanes at a time (lanes.hpp), the argmax kept in 32-bit lanes beside the float maxima
+// and narrowed when stored.
 template <class T, int L>
-DTRAIN_POOL_CLONES void forward_plane(const Geometry& g, const Windows& win, const T* __restrict src,
+DTRAIN_LANE_CLONES void forward_plane(const Geometry& g, const Windows& win, const T* __restrict src,
                                       T* __restrict dst, std::uint8_t* __restrict ws) {
   using F = Vec<float, L>;
   using I = Vec<std::int32_t, L>;
@@ -196,7 +99,7 @@ DTRAIN_POOL_CLONES void forward_plane(const Geometry& g, const Windows& win, con
 // Relu: the input is a relu's output whose derivative this backward applies (nn/kernel.hpp): the
 // gradient goes through only where the max, which is that relu's output, is above zero.
 template <class T, int L, bool Relu>
-DTRAIN_POOL_CLONES void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict dst,
+DTRAIN_LANE_CLONES void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict dst,
                                                 const T* __restrict diff_dst, const std::uint8_t* __restrict ws,
                                                 T* __restrict diff_src) {
   using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int16_t>;
@@ -228,7 +131,7 @@ DTRAIN_POOL_CLONES void backward_plane_disjoint(const Geometry& g, const Windows
 // Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
 // window's gradient at its max.
 template <int L, bool Relu>
-DTRAIN_POOL_CLONES void backward_plane_overlapping(const Geometry& g, const Windows& win, const float* __restrict dst,
+DTRAIN_LANE_CLONES void backward_plane_overlapping(const Geometry& g, const Windows& win, const float* __restrict dst,
                                                    const float* __restrict diff_dst, const std::uint8_t* __restrict ws,
                                                    float* __restrict diff_src) {
   using F = Vec<float, L>;

@@ -75,10 +75,12 @@ void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
 void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext& step) {
   WeightedOpPlan& p = plans_.get(batch);
   if (!activation_backward_elsewhere_) act_.backward(ctx_, p.act);
-  p.bw_src_in.run(ctx_);
-  p.bw_diff_dst_in.run(ctx_);
-  p.bwd_weights.run(ctx_);
-  p.dw_out.run(ctx_);
+  if (!weight_gradients(batch, p.act.pre_grad)) {
+    p.bw_src_in.run(ctx_);
+    p.bw_diff_dst_in.run(ctx_);
+    p.bwd_weights.run(ctx_);
+    p.dw_out.run(ctx_);
+  }
   if (step.backward_marks) step.backward_marks->weights_done();  // dtrain bench: weights, then data
   if (p.has_diff_src) {
     p.bd_weights_in.run(ctx_);

@@ -61,6 +61,10 @@ class WeightedOpKernel : public nn::LayerKernel {
                  const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights);
   void bind_variables(std::int64_t batch, const nn::LayerIO& io, const dnnl::memory::desc& kernel_md,
                       Variable& kernel, Variable* bias);
+  // A layer's own loops for its variables' gradients, run in place of oneDNN's backward-weights
+  // primitive where they are faster: `pre_grad` is the gradient before the activation. Returns
+  // false to leave them to oneDNN.
+  virtual bool weight_gradients(std::int64_t /*batch*/, const dnnl::memory& /*pre_grad*/) { return false; }
 
   OnednnContext& ctx_;
   DType compute_;

@@ -1,0 +1,127 @@
+// What the CPU backend's own loops share (max pooling, the small-input convolution's weight
+// gradients): how a oneDNN memory lays out its channels, and vectors of L channel lanes.
+//
+// The loops are written with GCC's vector extensions, so each step is one vector operation on
+// every target the clones are built for (plain scalar loops with a select did not vectorize), and
+// compiled for AVX-512, AVX2 and plain x86-64 with the loader picking the version this CPU runs
+// (target_clones, as in numerics.cpp). Files using them are built with -Wno-psabi: the vector
+// values cross only inline helpers of one file, never an ABI boundary.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+namespace dtrain::backends::onednn {
+
+// The x86-64 levels: v4 has AVX-512 (F, BW, DQ, VL), v3 AVX2 with FMA; GCC's resolver picks by
+// the CPU's features, whoever made it. ThreadSanitizer instruments the clones' resolver, which the
+// loader runs before the TSan runtime exists, so a TSan build keeps the one default version.
+#if defined(__SANITIZE_THREAD__)
+#define DTRAIN_LANE_CLONES
+#else
+#define DTRAIN_LANE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+
+// Where element (n, c, h, w) lives: n * n + (c / lanes) * group + h * row + w * col + c % lanes.
+// With nhwc the channels form one group of `lanes` = C.
+struct Arrangement {
+  std::int64_t lanes = 0, groups = 0;  // channel lanes per group (padded), groups
+  std::int64_t n = 0, group = 0, row = 0, col = 0;
+};
+
+// The arrangement of a 4-D (N, C, H, W) `md` when its channels are innermost (nhwc, or one channel
+// block of 4, 8 or 16); nothing otherwise.
+inline std::optional<Arrangement> arrangement_of(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0) return std::nullopt;
+  const auto& b = d.format_desc.blocking;
+  Arrangement a;
+  if (b.inner_nblks == 0 && b.strides[1] == 1) {
+    a.lanes = d.padded_dims[1];
+    a.groups = 1;
+  } else if (b.inner_nblks == 1 && b.inner_idxs[0] == 1 &&
+             (b.inner_blks[0] == 4 || b.inner_blks[0] == 8 || b.inner_blks[0] == 16)) {
+    a.lanes = b.inner_blks[0];
+    a.groups = d.padded_dims[1] / a.lanes;
+  } else {
+    return std::nullopt;
+  }
+  a.n = b.strides[0];
+  a.group = b.strides[1];
+  a.row = b.strides[2];
+  a.col = b.strides[3];
+  // Every lane of a position must sit between it and the next column (no other interleaving).
+  if (a.col < a.lanes || (a.groups > 1 && a.group < a.lanes)) return std::nullopt;
+  return a;
+}
+
+// The descriptor of `dims` arranged as `like` is (the same channel blocking).
+inline dnnl::memory::desc arranged_like(const Arrangement& like, const dnnl::memory::dims& dims,
+                                        dnnl::memory::data_type dt) {
+  using tag = dnnl::memory::format_tag;
+  if (like.groups == 1 && like.group <= 1) return dnnl::memory::desc(dims, dt, tag::nhwc);
+  switch (like.lanes) {
+    case 4: return dnnl::memory::desc(dims, dt, tag::nChw4c);
+    case 8: return dnnl::memory::desc(dims, dt, tag::nChw8c);
+    default: return dnnl::memory::desc(dims, dt, tag::nChw16c);
+  }
+}
+
+// bfloat16 is the high half of a float: widening is exact, and so is narrowing a value that came
+// from bfloat16.
+inline float widen(float v) { return v; }
+inline float widen(std::uint16_t v) { return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16); }
+template <class T>
+inline T narrow(float v);
+template <>
+inline float narrow<float>(float v) {
+  return v;
+}
+template <>
+inline std::uint16_t narrow<std::uint16_t>(float v) {
+  return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16);
+}
+
+// L lanes of E.
+template <class E, int L>
+struct VectorOf {
+  typedef E type __attribute__((vector_size(sizeof(E) * L)));
+};
+template <class E, int L>
+using Vec = typename VectorOf<E, L>::type;
+
+template <class V, class E>
+inline V load(const E* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <class V, class E>
+inline void store(E* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// f32 lanes from f32 or bf16 memory, and back.
+template <int L>
+inline Vec<float, L> load_widened(const float* p) {
+  return load<Vec<float, L>>(p);
+}
+template <int L>
+inline Vec<float, L> load_widened(const std::uint16_t* p) {
+  const auto bits = __builtin_convertvector(load<Vec<std::uint16_t, L>>(p), Vec<std::uint32_t, L>) << 16;
+  return std::bit_cast<Vec<float, L>>(bits);
+}
+template <int L>
+inline void store_narrowed(float* p, const Vec<float, L>& v) {
+  store(p, v);
+}
+template <int L>
+inline void store_narrowed(std::uint16_t* p, const Vec<float, L>& v) {
+  store(p, __builtin_convertvector(std::bit_cast<Vec<std::uint32_t, L>>(v) >> 16, Vec<std::uint16_t, L>));
+}
+
+}  // namespace dtrain::backends::onednn
