@@ -262,10 +262,19 @@ enum class MetricKind { sparse_categorical_accuracy, accuracy, categorical_accur
 
 enum class ProgressMode { auto_detect, bar, lines, none };
 
+// How a replica uses its compute threads (train.parallelism):
+//   batch       each thread is a lane computing a slice of the replica's batch with one OpenMP
+//               thread (the way two ranks use two cores); a lane's gradients are summed into the
+//               replica's, and the lanes' batch statistics are combined, so together they compute
+//               what one thread computes on the whole batch
+//   operations  the threads share each layer's work (OpenMP inside oneDNN's primitives)
+enum class Parallelism { batch, operations };
+
 struct TrainConfig {
   int epochs = 10;
   std::int64_t steps_per_epoch = 0;  // 0 = the whole training set each epoch
   int threads = 0;                   // compute threads; 0 = all cores
+  Parallelism parallelism = Parallelism::batch;
   ProgressMode progress = ProgressMode::auto_detect;
   bool tensorboard = false;              // event files in <run dir>/tensorboard/ (the chief's)
   std::int64_t log_every_steps = 100;    // TensorBoard's step loss every N global steps; 0 = none

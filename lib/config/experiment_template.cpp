@@ -169,6 +169,8 @@ std::vector<Note> notes() {
   n.push_back({"train.epochs", "TODO(epochs): how many passes over the training set.", "", ""});
   n.push_back({"train.steps_per_epoch", "", "0 = the whole training set each epoch", ""});
   n.push_back({"train.threads", "", "compute threads; 0 = every core (shared with the other ranks on the node)", ""});
+  n.push_back({"train.parallelism", "",
+               "batch: each thread computes a slice of the batch; operations: threads share each layer", ""});
   n.push_back({"train.progress", "", "auto: a bar only on a person's terminal, never under mpirun", ""});
   n.push_back({"train.plot", "", "true: redraw <run dir>/curves.png after each epoch (needs gnuplot)", ""});
   n.push_back({"train.tensorboard", "", "true: TensorBoard event files in <run dir>/tensorboard/ (the chief's)", ""});

@@ -58,6 +58,7 @@ constexpr Named<OptimizerKind> optimizer_kinds[] = {
 constexpr Named<MetricKind> metric_kinds[] = {{"sparse_categorical_accuracy", MetricKind::sparse_categorical_accuracy},
                                               {"accuracy", MetricKind::accuracy},
                                               {"categorical_accuracy", MetricKind::categorical_accuracy}};
+constexpr Named<Parallelism> parallelisms[] = {{"batch", Parallelism::batch}, {"operations", Parallelism::operations}};
 constexpr Named<ProgressMode> progress_modes[] = {{"auto", ProgressMode::auto_detect},
                                                   {"bar", ProgressMode::bar},
                                                   {"lines", ProgressMode::lines},
@@ -592,8 +593,8 @@ std::vector<MetricKind> parse_metrics(const Node& node) {
 }
 
 TrainConfig parse_train(const Node& node) {
-  static constexpr std::string_view keys[] = {"epochs", "steps_per_epoch", "threads", "progress",
-                                              "tensorboard", "log_every_steps", "plot"};
+  static constexpr std::string_view keys[] = {"epochs",      "steps_per_epoch", "threads", "parallelism",
+                                              "progress",    "tensorboard",     "log_every_steps", "plot"};
   Section s(node, "train", keys);
   TrainConfig out;
   s.get_int("epochs", out.epochs, 1);
@@ -603,6 +604,7 @@ TrainConfig parse_train(const Node& node) {
     range_error(*s.find("threads"), s.path("threads"),
                 fmt::format("at most {} (4 per hardware thread of this machine, at least 64), or 0 for all cores",
                             max_compute_threads()));
+  s.get_enum("parallelism", out.parallelism, "parallelism", parallelisms);
   s.get_enum("progress", out.progress, "progress mode", progress_modes);
   s.get_bool("tensorboard", out.tensorboard);
   s.get_int("log_every_steps", out.log_every_steps, 0);
@@ -684,6 +686,7 @@ const char* name_of(ScheduleKind kind) { return name_in(schedule_kinds, kind); }
 const char* name_of(OptimizerKind kind) { return name_in(optimizer_kinds, kind); }
 const char* name_of(MetricKind kind) { return name_in(metric_kinds, kind); }
 const char* name_of(ProgressMode mode) { return name_in(progress_modes, mode); }
+const char* name_of(Parallelism parallelism) { return name_in(parallelisms, parallelism); }
 const char* name_of(Precision precision) { return name_in(precisions, precision); }
 
 std::string location_prefix(const SourceLocation& given, const SourceLocation& fallback) {
@@ -740,6 +743,7 @@ std::vector<std::string_view> choices_of(std::string_view key_path) {
   if (key_path == "optimizer.learning_rate.schedule") from(schedule_kinds);
   if (key_path == "metrics") from(metric_kinds);
   if (key_path == "train.progress") from(progress_modes);
+  if (key_path == "train.parallelism") from(parallelisms);
   return names;
 }
 

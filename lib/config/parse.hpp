@@ -44,6 +44,7 @@ const char* name_of(ScheduleKind kind);
 const char* name_of(OptimizerKind kind);
 const char* name_of(MetricKind kind);
 const char* name_of(ProgressMode mode);
+const char* name_of(Parallelism parallelism);
 const char* name_of(Precision precision);
 
 // The YAML names a key of the experiment takes ("strategy.kind": default, one_device, ...), from

@@ -224,6 +224,7 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::Key << "epochs" << YAML::Value << e.train.epochs;
   out << YAML::Key << "steps_per_epoch" << YAML::Value << e.train.steps_per_epoch;
   out << YAML::Key << "threads" << YAML::Value << e.train.threads;
+  out << YAML::Key << "parallelism" << YAML::Value << name_of(e.train.parallelism);
   out << YAML::Key << "progress" << YAML::Value << name_of(e.train.progress);
   out << YAML::Key << "tensorboard" << YAML::Value << e.train.tensorboard;
   out << YAML::Key << "log_every_steps" << YAML::Value << e.train.log_every_steps;

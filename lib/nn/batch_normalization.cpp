@@ -61,7 +61,8 @@ Shape BatchNormalization::build_layer(const Shape& in, Rng&) {
 }
 
 double BatchNormalization::contribution_weight(const StepContext& step, std::int64_t batch) const {
-  if (opt_.synchronized) return step.replica == 0 ? 1.0 : 0.0;
+  // Synchronized, every replica and lane holds the global statistics: one of them contributes.
+  if (opt_.synchronized) return step.replica == 0 && step.lane == 0 ? 1.0 : 0.0;
   const std::int64_t samples = step.step_samples > 0 ? step.step_samples : batch;
   return static_cast<double>(batch) / static_cast<double>(samples);
 }

@@ -46,6 +46,12 @@ struct StepContext {
   std::span<const std::int64_t> sample_ids;
   // The other replicas; null when this replica is alone (then a sum is its own values).
   CrossReplica* cross_replica = nullptr;
+  // When the replica's batch is split over lanes (train.parallelism: batch), this lane's index and
+  // the other lanes of its replica: together they are one replica, so a layer that keeps batch
+  // statistics sums them over `lanes` (cross_replica then sums over the lanes and the replicas).
+  // Null with one lane.
+  int lane = 0;
+  CrossReplica* lanes = nullptr;
   // See BackwardMarks.
   BackwardMarks* backward_marks = nullptr;
 

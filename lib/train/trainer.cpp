@@ -98,26 +98,16 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
-  // central storage the replicas compute with the parameter device's replica's variables.
+  // central storage the replicas compute with the parameter device's replica's variables. With
+  // train.parallelism: batch each of a replica's threads is a lane (train/lanes.hpp) with its own
+  // model computing with the replica's variables.
   replicas_.resize(static_cast<std::size_t>(replicas));
-  nn::ModelOptions model_options;
-  model_options.compute = nn::compute_dtype(exp_.precision);
+  const int lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
   for (int r = 0; r < replicas; ++r) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
-    try {
-      rep.ctx = backends::make_context(strategy_->replica_device(r));
-    } catch (const ConfigError& e) {
-      throw ConfigError(config::location_prefix(exp_.strategy.devices_where, exp_.strategy.where) + e.what());
-    }
-    nn::check_precision(exp_.precision, exp_.precision_where, *rep.ctx);
-    backends::Numerics& numerics = rep.ctx->numerics();
-    rep.loss = losses::make_loss(exp_.loss, numerics);
-    for (auto kind : exp_.metrics) {
-      rep.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
-      rep.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
-    }
-    rep.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *rep.ctx, model_options);
+    static_cast<Lane&>(rep) = make_lane(r);
     if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
+    backends::Numerics& numerics = rep.ctx->numerics();
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
     if (r == 0) strategy_->set_collectives_in_backward(rep.model->synchronizes_replicas());
     strategy_->bind_gradients(r, rep.model->gradient_arena(), rep.model->gradient_sizes());
@@ -125,10 +115,25 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       strategy_->gradients_ready(rc, first, count);
     };
     rep.cross_replica = std::make_unique<StrategyCrossReplica>(*strategy_, strategy_->replica_context(r));
+    if (lanes > 1) {
+      for (int l = 1; l < lanes; ++l) rep.more_lanes.push_back(make_lane(r));
+      rep.lanes = std::make_unique<Lanes>(lanes);
+      for (int l = 0; l < lanes; ++l) {
+        rep.lane(l).lane_statistics = std::make_unique<LaneStatistics>(*rep.lanes, l);
+        rep.lane(l).lanes_then_replicas = std::make_unique<LanesThenReplicas>(*rep.lanes, l, *rep.cross_replica);
+      }
+    }
   }
   std::vector<std::vector<Variable*>> variables;
   for (const Replica& rep : replicas_) variables.push_back(rep.model->variables());
   strategy_->place_variables(variables);
+  // A replica's lanes compute with its variables (after placement: under central storage those
+  // may be the holder's).
+  for (Replica& rep : replicas_)
+    for (Lane& lane : rep.more_lanes) {
+      const std::vector<Variable*>& mine = lane.model->variables();
+      for (std::size_t v = 0; v < mine.size(); ++v) mine[v]->value = rep.model->variables()[v]->value;
+    }
   replica_losses_.assign(static_cast<std::size_t>(replicas), 0.0);
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
   eval_fn_ = [this](const distribute::ReplicaContext& rc) { replica_eval_step(rc); };
@@ -165,6 +170,26 @@ Trainer::~Trainer() {
   if (null_out_) std::fclose(null_out_);
 }
 
+Trainer::Lane Trainer::make_lane(int replica) const {
+  Lane lane;
+  try {
+    lane.ctx = backends::make_context(strategy_->replica_device(replica));
+  } catch (const ConfigError& e) {
+    throw ConfigError(config::location_prefix(exp_.strategy.devices_where, exp_.strategy.where) + e.what());
+  }
+  nn::check_precision(exp_.precision, exp_.precision_where, *lane.ctx);
+  backends::Numerics& numerics = lane.ctx->numerics();
+  lane.loss = losses::make_loss(exp_.loss, numerics);
+  for (auto kind : exp_.metrics) {
+    lane.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
+    lane.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
+  }
+  nn::ModelOptions model_options;
+  model_options.compute = nn::compute_dtype(exp_.precision);
+  lane.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *lane.ctx, model_options);
+  return lane;
+}
+
 std::int64_t Trainer::global_batch_size() const {
   if (exp_.data.global_batch_size > 0) return exp_.data.global_batch_size;
   const auto global = checked_mul(exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync());
@@ -178,8 +203,11 @@ std::int64_t Trainer::global_batch_size() const {
 
 std::string Trainer::header_line() const {
   const int replicas = strategy_->num_local_replicas();
-  const std::string threads = replicas > 1 ? fmt::format("{} ({} per replica)", threads_, strategy_->threads_per_replica())
-                                           : fmt::format("{}", threads_);
+  std::string threads = replicas > 1 ? fmt::format("{} ({} per replica", threads_, strategy_->threads_per_replica())
+                                     : fmt::format("{}", threads_);
+  const int lanes = replicas_[0].lane_count();
+  if (lanes > 1) threads += fmt::format("{}batch split over {} lanes", replicas > 1 ? ", " : " (", lanes);
+  if (replicas > 1 || lanes > 1) threads += ")";
   return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | {} | "
                      "precision {}",
                      build_info::version, exp_.name, strategy_->describe(), global_batch_size(),
@@ -260,7 +288,8 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
   check_resumable(checkpoint_path, c.state, replicas_[0].train_metrics);
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   for (Replica& rep : replicas_)
-    for (auto& m : rep.train_metrics) m->reset();
+    for (int l = 0; l < rep.lane_count(); ++l)
+      for (auto& m : rep.lane(l).train_metrics) m->reset();
   for (std::size_t i = 0; strategy_->is_chief() && i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)
     replicas_[0].train_metrics[i]->merge(metrics::MetricState{c.state.metric_counts[i], c.state.metric_sums[i]});
   if (c.state.seed != exp_.seed)
@@ -314,9 +343,71 @@ nn::StepContext Trainer::step_context(const distribute::ReplicaContext& rc, nn::
   return step;
 }
 
+nn::StepContext Trainer::lane_step_context(const distribute::ReplicaContext& rc, nn::Mode mode,
+                                           const data::ReplicaBatch& batch, int lane, Lanes::Rows rows) const {
+  nn::StepContext step = step_context(rc, mode, batch);
+  if (!step.sample_ids.empty()) step.sample_ids = step.sample_ids.subspan(static_cast<std::size_t>(rows.begin),
+                                                                          static_cast<std::size_t>(rows.size()));
+  const Lane& mine = replicas_[static_cast<std::size_t>(rc.replica_id)].lane(lane);
+  step.lane = lane;
+  step.lanes = mine.lane_statistics.get();
+  step.cross_replica = mine.lanes_then_replicas.get();
+  return step;
+}
+
+void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
+  const bool divide = exp_.loss.reduction != config::Reduction::sum;
+  StepProfile* profile = rc.replica_id == 0 ? profile_ : nullptr;
+  auto lane_step = [&](int l) {
+    Lane& lane = rep.lane(l);
+    const Lanes::Rows rows = rep.lanes->rows(batch.size, l);
+    const nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, rows);
+    PhaseClock phases(l == 0 ? profile : nullptr);  // lane 0's timeline is the replica's
+    lane.data_loss = 0.0;
+    if (rows.size() > 0) {
+      const Tensor x = batch.x.slice_rows(rows.begin, rows.end), y = batch.y.slice_rows(rows.begin, rows.end);
+      const Tensor& logits = lane.model->forward(x, step);
+      phases.mark(Phase::forward);
+      lane.per_example.resize(static_cast<std::size_t>(rows.size()));
+      lane.loss->per_example(logits, y, lane.per_example);
+      // As replica_train_step: divided by the samples of the whole step.
+      lane.data_loss = divide ? losses::compute_average_loss(lane.per_example, step_samples_)
+                              : losses::reduce_loss(lane.per_example, config::Reduction::sum);
+      lane.loss->gradient(logits, y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
+                          lane.model->output_gradient());
+      phases.mark(Phase::loss);
+      lane.model->backward(step, nn::BackwardOptions{});
+      for (auto& m : lane.train_metrics) m->update(y, logits);
+    } else {
+      lane.model->step_without_samples(step);  // still takes part in the lanes' sums
+    }
+    // The replica's gradients: every lane's, summed into lane 0's in lane order.
+    rep.lanes->endpoint(l).reduce_sum_to(lane.model->gradient_arena(), 0, "lane gradients");
+    phases.mark(Phase::backward);
+  };
+  rep.lanes->run(lane_step);
+  PhaseClock phases(profile);
+  // The replica adds 1/R of the regularization gradient once, to its lanes' sum.
+  rep.model->add_regularization_gradient(1.0f / static_cast<float>(rc.num_replicas_in_sync));
+  if (strategy_->overlaps_backward()) rep.gradients_ready(0, rep.model->variables().size());
+  double data_loss = 0.0;
+  for (int l = 0; l < rep.lane_count(); ++l) data_loss += rep.lane(l).data_loss;
+  const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
+  phases.mark(Phase::loss);
+  strategy_->sum_gradients(rc);
+  phases.mark(Phase::reduction);
+  strategy_->update(rc, [&rep] {
+    rep.optimizer->apply_gradients(rep.model->trainable_variables());
+    rep.model->apply_updates();
+  });
+  phases.mark(Phase::optimizer);
+  replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
+}
+
 void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
+  if (rep.lanes) return lanes_train_step(rc, rep, batch);
   const float replicas = static_cast<float>(rc.num_replicas_in_sync);
   const bool overlap = strategy_->overlaps_backward();
   const nn::StepContext step = step_context(rc, nn::Mode::training, batch);
@@ -363,6 +454,21 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
   if (batch.size == 0) return;
+  if (rep.lanes) {
+    auto lane_step = [&](int l) {
+      Lane& lane = rep.lane(l);
+      const Lanes::Rows rows = rep.lanes->rows(batch.size, l);
+      if (rows.size() == 0) return;
+      const Tensor x = batch.x.slice_rows(rows.begin, rows.end), y = batch.y.slice_rows(rows.begin, rows.end);
+      const Tensor& logits = lane.model->forward(x, lane_step_context(rc, nn::Mode::inference, batch, l, rows));
+      lane.per_example.resize(static_cast<std::size_t>(rows.size()));
+      lane.loss->per_example(logits, y, lane.per_example);
+      lane.eval_loss_sum += std::accumulate(lane.per_example.begin(), lane.per_example.end(), 0.0);
+      for (auto& m : lane.eval_metrics) m->update(y, logits);
+    };
+    rep.lanes->run(lane_step);
+    return;
+  }
   const Tensor& logits = rep.model->forward(batch.x, step_context(rc, nn::Mode::inference, batch));
   rep.per_example.resize(static_cast<std::size_t>(batch.size));
   rep.loss->per_example(logits, batch.y, rep.per_example);
@@ -373,13 +479,15 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
 metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index) const {
   // Exact: the states (integer counts) of every replica, and then of every worker, are added.
   metrics::MetricState total;
-  for (const Replica& rep : replicas_) {
-    const metrics::MetricState st = (train ? rep.train_metrics : rep.eval_metrics)[index]->state();
-    total.counts.resize(st.counts.size());
-    total.sums.resize(st.sums.size());
-    for (std::size_t i = 0; i < st.counts.size(); ++i) total.counts[i] += st.counts[i];
-    for (std::size_t i = 0; i < st.sums.size(); ++i) total.sums[i] += st.sums[i];
-  }
+  for (const Replica& rep : replicas_)
+    for (int l = 0; l < rep.lane_count(); ++l) {
+      const Lane& lane = rep.lane(l);
+      const metrics::MetricState st = (train ? lane.train_metrics : lane.eval_metrics)[index]->state();
+      total.counts.resize(st.counts.size());
+      total.sums.resize(st.sums.size());
+      for (std::size_t i = 0; i < st.counts.size(); ++i) total.counts[i] += st.counts[i];
+      for (std::size_t i = 0; i < st.sums.size(); ++i) total.sums[i] += st.sums[i];
+    }
   strategy_->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
   strategy_->all_reduce_sum(std::span<double>(total.sums), "metric sums");
   return total;
@@ -395,17 +503,19 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
   const auto t0 = Clock::now();
   auto it = make_iterator(split, false);
   it->start_epoch(0);
-  for (Replica& rep : replicas_) {
-    rep.eval_loss_sum = 0.0;
-    for (auto& m : rep.eval_metrics) m->reset();
-  }
+  for (Replica& rep : replicas_)
+    for (int l = 0; l < rep.lane_count(); ++l) {
+      rep.lane(l).eval_loss_sum = 0.0;
+      for (auto& m : rep.lane(l).eval_metrics) m->reset();
+    }
   EvalResult r;
   while ((step_batches_ = it->next())) {
     r.samples += it->global_samples();
     strategy_->run(eval_fn_);
   }
   double loss_sum = 0.0;
-  for (const Replica& rep : replicas_) loss_sum += rep.eval_loss_sum;
+  for (const Replica& rep : replicas_)
+    for (int l = 0; l < rep.lane_count(); ++l) loss_sum += rep.lane(l).eval_loss_sum;
   strategy_->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0.0;
   if (!exp_.metrics.empty()) r.accuracy = combined_metric(false, 0);
@@ -491,7 +601,8 @@ void Trainer::begin_epoch(LoopState& state, data::DistributedIterator& input) {
   state.samples = resuming ? resume_->epoch_samples : 0;
   if (!resuming)
     for (Replica& rep : replicas_)
-      for (auto& m : rep.train_metrics) m->reset();
+      for (int l = 0; l < rep.lane_count(); ++l)
+        for (auto& m : rep.lane(l).train_metrics) m->reset();
   strategy_->take_cross_worker_seconds();
   strategy_->take_cross_worker_wait_seconds();
   input.start_epoch(state.epoch, state.step);

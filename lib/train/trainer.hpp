@@ -38,6 +38,7 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "train/callbacks.hpp"
+#include "train/lanes.hpp"
 #include "train/report.hpp"
 #include "train/step_profile.hpp"
 
@@ -109,23 +110,45 @@ class Trainer {
  private:
   // Runs fit() under ParameterServerStrategy (train/parameter_server_loop.hpp).
   friend class ParameterServerLoop;
-  struct Replica {
+  // What computes one slice of a replica's batch: the replica itself when it has one lane
+  // (train/lanes.hpp), else each of its lanes, whose models share the replica's variables.
+  struct Lane {
     std::unique_ptr<backends::Context> ctx;  // the replica's device, made by its backend
     std::unique_ptr<losses::Loss> loss;
     std::unique_ptr<nn::Sequential> model;
-    std::unique_ptr<optim::Optimizer> optimizer;
     std::vector<std::unique_ptr<metrics::Metric>> train_metrics, eval_metrics;
     std::vector<float> per_example;
     double eval_loss_sum = 0.0;
+    double data_loss = 0.0;  // this step's, from this lane's samples
+    // The other lanes (batch statistics) and, for synchronized layers, every lane of every replica.
+    std::unique_ptr<nn::CrossReplica> lane_statistics, lanes_then_replicas;
+  };
+  // A replica is its lane 0, with the optimizer of its variables and what reaches the strategy.
+  struct Replica : Lane {
+    std::unique_ptr<optim::Optimizer> optimizer;
     // Hands each layer's finished gradients to the strategy during backward (built once).
     std::function<void(std::size_t, std::size_t)> gradients_ready;
     // The other replicas, as this replica's layers reach them.
     std::unique_ptr<nn::CrossReplica> cross_replica;
+    // With train.parallelism: batch and more than one thread per replica: lanes 1, 2, ... and
+    // the threads of all of them.
+    std::vector<Lane> more_lanes;
+    std::unique_ptr<Lanes> lanes;
+    int lane_count() const { return 1 + static_cast<int>(more_lanes.size()); }
+    Lane& lane(int i) { return i == 0 ? *this : more_lanes[static_cast<std::size_t>(i - 1)]; }
+    const Lane& lane(int i) const { return i == 0 ? *this : more_lanes[static_cast<std::size_t>(i - 1)]; }
   };
+  // Builds what a lane needs on replica `replica`'s device.
+  Lane make_lane(int replica) const;
   void replica_train_step(const distribute::ReplicaContext& rc);
+  // The training step of a replica whose batch is split over its lanes.
+  void lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch);
   void replica_eval_step(const distribute::ReplicaContext& rc);
-  // What replica `rc`'s layers know about the current step.
+  // What replica `rc`'s layers know about the current step; with lanes, what lane `lane` of it
+  // knows, computing the batch's rows `rows`.
   nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch) const;
+  nn::StepContext lane_step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch,
+                                    int lane, Lanes::Rows rows) const;
   // Every replica's state of metric `index` (train or eval) merged, then summed across workers:
   // exact, and every worker must call it at the same point.
   metrics::MetricState merged_metric_state(bool train, std::size_t index) const;

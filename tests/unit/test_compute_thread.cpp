@@ -105,15 +105,15 @@ void unflush() {
   clear();
 }
 
-std::string probed_experiment(const std::string& strategy, int threads) {
+std::string probed_experiment(const std::string& strategy, int threads, const char* parallelism) {
   return testing::small_data_experiment("mxcsr", 1, strategy, 8) + fmt::format(R"(model:
   input_shape: [28, 28, 1]
   layers: [mxcsr_probe: {{}}, flatten: {{}}, dense: {{units: 10}}]
 loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}
 metrics: [sparse_categorical_accuracy]
-train: {{epochs: 1, threads: {}, progress: none}}
+train: {{epochs: 1, threads: {}, parallelism: {}, progress: none}}
 )",
-                                                                                threads);
+                                                                                threads, parallelism);
 }
 
 }  // namespace
@@ -122,16 +122,22 @@ TEST_CASE("FTZ and DAZ are set on every thread that computes a training step") {
   struct Case {
     std::string strategy;
     int threads;
+    const char* parallelism;
     std::size_t at_least;  // distinct threads the probes must have run on
   };
-  // One replica with a team of 2 on the main thread; 2 replica threads with teams of 1 and of 2.
-  for (const Case& c : {Case{"{kind: default}", 2, 2}, Case{"{kind: mirrored, devices: [cpu:0, cpu:1]}", 2, 2},
-                        Case{"{kind: mirrored, devices: [cpu:0, cpu:1]}", 4, 4}}) {
+  // Under `operations`: one replica with a team of 2 on the main thread; 2 replica threads with
+  // teams of 1 and of 2. Under `batch`: 2 lane threads; 2 replica threads with 2 lanes each.
+  for (const Case& c : {Case{"{kind: default}", 2, "operations", 2},
+                        Case{"{kind: mirrored, devices: [cpu:0, cpu:1]}", 2, "operations", 2},
+                        Case{"{kind: mirrored, devices: [cpu:0, cpu:1]}", 4, "operations", 4},
+                        Case{"{kind: default}", 2, "batch", 2},
+                        Case{"{kind: mirrored, devices: [cpu:0, cpu:1]}", 4, "batch", 4}}) {
     CAPTURE(c.strategy);
     CAPTURE(c.threads);
+    CAPTURE(c.parallelism);
     unflush();  // the replica threads the trainer starts inherit this
     REQUIRE_FALSE(denormals_flushed());
-    auto trainer = testing::make_trainer(probed_experiment(c.strategy, c.threads));
+    auto trainer = testing::make_trainer(probed_experiment(c.strategy, c.threads, c.parallelism));
     seen.clear();
     trainer->train_steps(0, 3);
     CHECK(seen.calls > 0);

@@ -314,7 +314,7 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
   CHECK(error_of(minimal + "train:\n  epoch: 3\n") ==
         "t.yaml:6:3: unknown key 'epoch' in train; did you mean 'epochs'?");
   CHECK(error_of(minimal + "train:\n  zzzzzz: 3\n") ==
-        "t.yaml:6:3: unknown key 'zzzzzz' in train; valid keys: epochs, steps_per_epoch, threads, progress, "
+        "t.yaml:6:3: unknown key 'zzzzzz' in train; valid keys: epochs, steps_per_epoch, threads, parallelism, progress, "
         "tensorboard, log_every_steps, plot");
   CHECK(error_of(minimal + "optimiser: {kind: sgd}\n") ==
         "t.yaml:5:1: unknown key 'optimiser' at top level; did you mean 'optimizer'?");

@@ -33,6 +33,7 @@
 #include "metrics/metric.hpp"
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
+#include "train/lanes.hpp"
 
 namespace {
 std::atomic<bool> counting{false};
@@ -150,6 +151,27 @@ TEST_CASE("so does a step with batch normalization, dropout and average pooling"
                nn::layer_config("gap", nn::GlobalAveragePooling2DOptions{}),
                nn::layer_config("d", d)};
   check_steps_allocate_nothing(mc);
+}
+
+TEST_CASE("a replica's lanes allocate nothing per step: run, the lanes' gradient and statistics sums") {
+  train::Lanes lanes(3);
+  std::vector<std::vector<float>> arenas(3, std::vector<float>(1330, 1.0f));
+  std::vector<std::vector<double>> statistics(3, std::vector<double>(5, 0.5));
+  std::vector<std::int64_t> rows(3, 0);
+  auto step = [&](int lane) {
+    const auto l = static_cast<std::size_t>(lane);
+    rows[l] = lanes.rows(64, lane).size();
+    train::LaneStatistics(lanes, lane).all_reduce_sum(statistics[l], "statistics");
+    lanes.endpoint(lane).reduce_sum_to(arenas[l], 0, "lane gradients");
+  };
+  lanes.run(step);
+  allocations = 0;
+  counting = true;
+  for (int i = 0; i < 3; ++i) lanes.run(step);
+  counting = false;
+  CHECK(allocations.load() == 0);
+  CHECK(rows == std::vector<std::int64_t>{22, 21, 21});
+  CHECK(arenas[0][0] == 9.0f);  // lanes 1 and 2 (1 each) added into lane 0 on each of 4 runs: 1 + 4 x 2
 }
 
 TEST_CASE("a strategy's step allocates nothing after the first: run, gradient sums, in-replica sums, reduce") {

@@ -92,8 +92,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     if (layer_.beta_index() >= 0) store(grad(static_cast<std::size_t>(layer_.beta_index())), sums_.data());
     float* dx = p.input_gradient();
     if (!dx) return;
-    if (layer_.options().synchronized && step.cross_replica)
-      step.cross_replica->all_reduce_sum(sums_, "batch normalization gradient sums");
+    if (nn::CrossReplica* group = statistics_group(step)) group->all_reduce_sum(sums_, "batch normalization gradient sums");
     // dx = gamma inv_std (dy - sum(dy) / count - xhat sum(dy xhat) / count)
     const float* gamma = layer_.gamma_index() >= 0 ? value(static_cast<std::size_t>(layer_.gamma_index())) : nullptr;
     for (std::int64_t k = 0; k < c; ++k) {
@@ -115,17 +114,23 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
 
   // A replica without samples still makes the collectives of a synchronized layer.
   void forward_without_samples(const nn::StepContext& step) override {
-    if (!layer_.options().synchronized || !step.training()) return;
+    if (!statistics_group(step) || !step.training()) return;
     statistics(nullptr, 0, step);
     write_contributions(step, 0);
   }
   void backward_without_samples(const nn::StepContext& step) override {
-    if (!layer_.options().synchronized || !step.cross_replica) return;
+    nn::CrossReplica* group = statistics_group(step);
+    if (!group) return;
     std::fill(sums_.begin(), sums_.end(), 0.0);
-    step.cross_replica->all_reduce_sum(sums_, "batch normalization gradient sums");
+    group->all_reduce_sum(sums_, "batch normalization gradient sums");
   }
 
  private:
+  // Who the batch statistics are summed over: every replica (and lane) when synchronized, else
+  // the lanes of this replica, which together are one replica; null when alone.
+  nn::CrossReplica* statistics_group(const nn::StepContext& step) const {
+    return layer_.options().synchronized ? step.cross_replica : step.lanes;
+  }
 
   static std::size_t idx(std::int64_t k) { return static_cast<std::size_t>(k); }
   std::int64_t rows_of(std::int64_t batch) const { return batch * (layer_.input_shape().numel() / channels_); }
@@ -156,16 +161,15 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
         sums_[idx(k)] += partials_[static_cast<std::size_t>(t) * static_cast<std::size_t>(2 * c) + idx(k)];
   }
 
-  // The batch statistics into mean_ and inv_std_ (and batch_variance_), over this replica or, when
-  // synchronized, over every replica; x may be null with rows 0.
+  // The batch statistics into mean_ and inv_std_ (and batch_variance_), over this replica (all its
+  // lanes) or, when synchronized, over every replica; x may be null with rows 0.
   void statistics(const float* x, std::int64_t rows, const nn::StepContext& step) {
     const std::int64_t c = channels_;
-    const bool sync = layer_.options().synchronized && step.cross_replica;
+    nn::CrossReplica* group = statistics_group(step);
     // The sums of x, then the row count right after them: one collective of C + 1 values.
     channel_sums(rows, [&](std::int64_t r, std::int64_t k, double* acc) { acc[k] += x[r * c + k]; });
     sums_[idx(c)] = static_cast<double>(rows);
-    if (sync)
-      step.cross_replica->all_reduce_sum(std::span<double>(sums_.data(), idx(c) + 1), "batch normalization mean");
+    if (group) group->all_reduce_sum(std::span<double>(sums_.data(), idx(c) + 1), "batch normalization mean");
     count_ = sums_[idx(c)];
     batch_mean_.resize(idx(c));
     for (std::int64_t k = 0; k < c; ++k) batch_mean_[idx(k)] = count_ > 0 ? sums_[idx(k)] / count_ : 0.0;
@@ -174,7 +178,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
       const double d = x[r * c + k] - m[k];
       acc[k] += d * d;
     });
-    if (sync) step.cross_replica->all_reduce_sum(std::span<double>(sums_.data(), idx(c)), "batch normalization variance");
+    if (group) group->all_reduce_sum(std::span<double>(sums_.data(), idx(c)), "batch normalization variance");
     batch_variance_.resize(idx(c));
     for (std::int64_t k = 0; k < c; ++k) {
       batch_variance_[idx(k)] = count_ > 0 ? sums_[idx(k)] / count_ : 0.0;

@@ -1,0 +1,49 @@
+#include "train/lanes.hpp"
+
+#include <algorithm>
+#include <vector>
+
+namespace dtrain::train {
+
+namespace {
+
+std::vector<distribute::ReplicaContext> lane_contexts(int count) {
+  std::vector<distribute::ReplicaContext> contexts(static_cast<std::size_t>(count));
+  for (int lane = 0; lane < count; ++lane) {
+    contexts[static_cast<std::size_t>(lane)].replica_id = lane;
+    contexts[static_cast<std::size_t>(lane)].num_replicas_in_sync = count;
+    contexts[static_cast<std::size_t>(lane)].global_replica_id = lane;
+  }
+  return contexts;
+}
+
+}  // namespace
+
+Lanes::Lanes(int count)
+    : group_(count, distribute::CrossDeviceOp::reduction_to_one_device),
+      threads_(lane_contexts(count), /*threads_per_replica=*/1, group_.barrier()),
+      run_task_([this](const distribute::ReplicaContext& lane) { call_(task_, lane.replica_id); }) {}
+
+void Lanes::run_erased(void* fn, void (*call)(void*, int)) {
+  task_ = fn;
+  call_ = call;
+  threads_.run(run_task_);
+  task_ = nullptr;
+}
+
+Lanes::Rows Lanes::rows(std::int64_t rows, int lane) const {
+  const std::int64_t lanes = size(), base = rows / lanes, extra = rows % lanes;
+  Rows r;
+  r.begin = lane * base + std::min<std::int64_t>(lane, extra);
+  r.end = r.begin + base + (lane < extra ? 1 : 0);
+  return r;
+}
+
+void LanesThenReplicas::all_reduce_sum(std::span<double> values, const char* what) {
+  distribute::ThreadCommunicator& lanes = lanes_.endpoint(lane_);
+  lanes.all_reduce_sum(values, what);
+  if (lane_ == 0) replicas_.all_reduce_sum(values, what);
+  lanes.broadcast(values, 0, what);
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,86 @@
+// The lanes of one replica (train.parallelism: batch): each of the replica's compute threads takes
+// a slice of the replica's batch through its own copy of the model's activations, with one OpenMP
+// thread, the way two ranks use two cores. The lanes share the replica's variables; their
+// gradients are summed into lane 0's (the replica's), and layers that keep batch statistics
+// combine them over the lanes (StepContext::lanes), so together the lanes compute what one thread
+// computes on the whole batch, up to the order of float additions.
+//
+// Why: oneDNN's primitives on a small model split each layer across the OpenMP team, meet at a
+// barrier per primitive and spin while they wait. On two cores that wasted most of the second
+// core, and with another busy process on the machine the spinning threads collapsed a run to a
+// tenth of its speed. Lanes meet twice per step, and block (not spin) while they wait.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "distribute/replica_threads.hpp"
+#include "distribute/strategy.hpp"
+#include "distribute/thread_group.hpp"
+#include "nn/step.hpp"
+
+namespace dtrain::train {
+
+class Lanes {
+ public:
+  // count >= 2 threads, each with one OpenMP thread and FTZ/DAZ set (core/compute_thread.hpp).
+  explicit Lanes(int count);
+  int size() const { return group_.size(); }
+
+  // Runs fn(lane) on every lane and returns when all have finished; the first exception of a lane
+  // is rethrown here (the other lanes are released from any sum they wait in). fn is called
+  // through a pointer, never copied into a std::function: a step allocates nothing.
+  template <class Fn>
+  void run(Fn& fn) {
+    run_erased(&fn, [](void* f, int lane) { (*static_cast<Fn*>(f))(lane); });
+  }
+  // Inside run(): lane's endpoint of the lanes' sums (in lane order, deterministic).
+  distribute::ThreadCommunicator& endpoint(int lane) { return group_.endpoint(lane); }
+
+  // Rows [begin, end) of a batch of `rows` that `lane` computes: the first rows % lanes lanes take
+  // one row more, as the replicas split a global batch.
+  struct Rows {
+    std::int64_t begin = 0, end = 0;
+    std::int64_t size() const { return end - begin; }
+  };
+  Rows rows(std::int64_t rows, int lane) const;
+
+ private:
+  void run_erased(void* fn, void (*call)(void*, int));
+
+  distribute::ThreadGroup group_;
+  distribute::ReplicaThreads threads_;
+  void* task_ = nullptr;
+  void (*call_)(void*, int) = nullptr;
+  distribute::Strategy::ReplicaFn run_task_;  // built once: calls the task on each lane
+};
+
+// What a lane's layers reach of the other lanes: batch statistics summed over the lanes.
+class LaneStatistics final : public nn::CrossReplica {
+ public:
+  LaneStatistics(Lanes& lanes, int lane) : lanes_(lanes), lane_(lane) {}
+  void all_reduce_sum(std::span<double> values, const char* what) override {
+    lanes_.endpoint(lane_).all_reduce_sum(values, what);
+  }
+
+ private:
+  Lanes& lanes_;
+  int lane_;
+};
+
+// Synchronized layers under lanes: the sum over the replica's lanes, then (lane 0 for them all)
+// over every replica in sync, copied back to every lane.
+class LanesThenReplicas final : public nn::CrossReplica {
+ public:
+  LanesThenReplicas(Lanes& lanes, int lane, nn::CrossReplica& replicas) : lanes_(lanes), lane_(lane), replicas_(replicas) {}
+  void all_reduce_sum(std::span<double> values, const char* what) override;
+
+ private:
+  Lanes& lanes_;
+  int lane_;
+  nn::CrossReplica& replicas_;
+};
+
+}  // namespace dtrain::train
