@@ -30,7 +30,8 @@ case "$case_name" in
     steps=(--set train.epochs=2 --set train.steps_per_epoch=4)
     "$dtrain" run "$small" "${common[@]}" "${steps[@]}" --run-dir "$scratch/default" >"$scratch/default.out" \
       || fail "default run failed"
-    for layout in "1 {kind: none}" "2 {kind: fixed_shards, num_shards: 3}" "2 {kind: max_size, max_shard_bytes: 4096}"; do
+    for layout in "1 {kind: none}" "2 {kind: fixed_shards, num_shards: 3}" "2 {kind: max_size, max_shard_bytes: 4096}" \
+                  "3 {kind: min_size, min_shard_bytes: 1000, max_shards: 5}"; do
       servers=${layout%% *}
       partitioner=${layout#* }
       run="$scratch/ps$servers-${partitioner//[^a-z0-9]/}"
@@ -45,6 +46,16 @@ case "$case_name" in
       grep -q "staleness mean 0.00 max 0 updates" "$run.out" || fail "one worker must see no staleness: $(grep samples/s "$run.out")"
       echo "ok: 1 worker, $servers server(s), partitioner $partitioner: the default strategy's weights (1e-6) and epoch lines"
     done
+    # min_size cut the dense kernel into 5 shards, over all 3 servers.
+    grep -q "dense/kernel \[0:320) -> ps [0-2], .*\[1280:1600) -> ps [0-2]" "$scratch/ps3-kindminsizeminshardbytes1000maxshards5.out" \
+      || fail "min_size placement: $(sed -n 2p "$scratch/ps3-kindminsizeminshardbytes1000maxshards5.out")"
+    grep -q -- "-> ps 2" "$scratch/ps3-kindminsizeminshardbytes1000maxshards5.out" || fail "the third server holds nothing"
+    # Sharded against whole variables directly, not only each against the default strategy.
+    for sharded in ps2-kindfixedshardsnumshards3 ps2-kindmaxsizemaxshardbytes4096 ps3-kindminsizeminshardbytes1000maxshards5; do
+      tools/compare_weights "$scratch/$sharded/checkpoints/ckpt-8.h5" "$scratch/ps1-kindnone/checkpoints/ckpt-8.h5" --rtol 1e-6 \
+        || fail "$sharded: sharded weights differ from the unsharded run's"
+    done
+    echo "ok: sharded variables (fixed_shards, max_size, min_size over 3 servers) give the unsharded run's weights (1e-6)"
     ;;
   async)
     # 1 chief, 2 workers, 2 servers: it trains, its checkpoint evaluates to the printed test
@@ -72,6 +83,16 @@ case "$case_name" in
       || fail "resume under parameter_server failed: $(tail -5 "$scratch/back.out")"
     grep -q "^Epoch 4" "$scratch/back.out" || fail "no epoch 4 after resuming under parameter servers: $(tail -3 "$scratch/back.out")"
     echo "ok: parameter servers continue the default strategy's checkpoint"
+    # And a multi_worker_mirrored run's.
+    mwm="$scratch/mwm"
+    mpi 2 "$dtrain" run "$small" "${common[@]}" --set train.epochs=1 --set train.steps_per_epoch=4 \
+      --set "strategy={kind: multi_worker_mirrored, communication: {timeout_seconds: 60}}" --run-dir "$mwm" \
+      >"$mwm.out" 2>&1 || fail "multi_worker_mirrored run failed: $(tail -5 "$mwm.out")"
+    mpi 4 "$dtrain" resume "$mwm" --set "$(ps 1 2 "{kind: none}")" --set train.epochs=2 >"$mwm.resume" 2>&1 \
+      || fail "resume of the multi_worker_mirrored run under parameter_server failed: $(tail -5 "$mwm.resume")"
+    grep -q "Resuming from .*ckpt-4.h5 at epoch 2" "$mwm.resume" || fail "did not resume: $(head -3 "$mwm.resume")"
+    grep -q "^Epoch 2" "$mwm.resume" || fail "no epoch 2 after resuming under parameter servers: $(tail -3 "$mwm.resume")"
+    echo "ok: parameter servers continue a multi_worker_mirrored checkpoint"
     ;;
   roles)
     # The roles from TF_CONFIG with "ps" tasks, and the checks on a world that disagrees.
