@@ -5,8 +5,8 @@
 //   chief -> worker   an order: run global step g of epoch e, or stop
 //   worker -> chief   a step's result (loss, samples, staleness, metric state), as doubles
 //   worker -> server  pull (the server's shards, and its version: updates applied so far), or
-//                     push (gradients read at a version; the server applies them at once and
-//                     answers how many updates landed in between: the staleness)
+//                     push (gradients read at a version; the server applies them as they arrive
+//                     and answers how many updates landed in between: the staleness)
 //   chief -> server   gather (values, optimizer slots, iterations), or stop
 //
 // Nothing waits without a limit on one peer: every wait polls (giving the core away, for
