@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -22,13 +23,19 @@ namespace dtrain::app {
 
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {
   if (workers.size() == 1) return body();
+  int code = kOk;
   try {
-    return body();
+    code = body();
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
-    workers.abort(exit_code_for(e));
+    code = exit_code_for(e);
+    if (!workers.rank_lost()) workers.abort(code);
   }
+  // After a lost process, neither MPI_Finalize (on return) nor MPI_Abort (worker_group.hpp): every
+  // survivor ends here with its own code, the coordinator's being the job's.
+  if (workers.rank_lost()) workers.end_without_finalize(code);
+  return code;
 }
 
 int report_interrupted(const train::Interrupted& stop, const std::string& run_dir) {
@@ -56,6 +63,15 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
     return options.stop_requested && options.stop_requested->load() != 0 ? kInterrupted : kOk;
   }
   train::Trainer trainer(std::move(experiment), options);
+  // A process lost during training, noted before the trainer goes on every way out (the worker
+  // group outlives it), so that run_as_worker ends this process without finalizing MPI.
+  auto note_loss = [&] {
+    if (trainer.strategy().lost_a_rank()) workers.note_rank_lost();
+  };
+  struct NoteOnExit {
+    const std::function<void()> note;
+    ~NoteOnExit() { note(); }
+  } noted{note_loss};
   if (roles && roles->evaluators > 0 && trainer.strategy().is_chief())
     fmt::print(options.out, "roles ({}): {}; rank {} evaluates each new checkpoint\n", roles->source, roles->describe(),
                roles->training_ranks());
@@ -63,6 +79,7 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
   // The evaluator stops once the chief says training has ended, stopped or not.
   auto tell_evaluators = [&] {
     if (!roles || !trainer.strategy().is_chief()) return;
+    note_loss();  // passed on: an evaluator must not finalize either
     for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
   };
   try {
@@ -70,6 +87,14 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
   } catch (const train::Interrupted& stop) {
     tell_evaluators();
     return report_interrupted(stop, options.run_dir);
+  } catch (const std::exception&) {
+    // After a lost rank no MPI_Abort ends the evaluator (run_as_worker): it is told. Best effort:
+    // the error on its way out says why the job ends.
+    try {
+      if (trainer.strategy().lost_a_rank()) tell_evaluators();
+    } catch (const std::exception&) {
+    }
+    throw;
   }
   tell_evaluators();
   return kOk;

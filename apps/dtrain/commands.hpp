@@ -91,6 +91,8 @@ int exit_code_for(const std::exception& error);
 
 // Runs a training subcommand's body on every worker: a failure that only this worker sees must
 // not leave the others waiting in a collective, so with several workers it ends the whole job.
+// After a process of the job was lost (WorkerGroup::rank_lost) it ends this process alone, with
+// the body's exit code or its error's, without finalizing MPI.
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body);
 
 // What run and resume do on every rank: under a strategy that spans the workers the roles

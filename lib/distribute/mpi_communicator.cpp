@@ -105,7 +105,7 @@ void MpiCommunicator::split(bool trains) {
 }
 
 void MpiCommunicator::send_training_done(int world_rank) {
-  int done = 1;
+  int done = rank_lost() ? 2 : 1;
   // Buffered by MPI (one int), so the chief never waits for an evaluator busy evaluating.
   MPI_Request request;
   succeeded(MPI_Isend(&done, 1, MPI_INT, world_rank, kTrainingDoneTag, MPI_COMM_WORLD, &request), "MPI_Isend",
@@ -122,6 +122,7 @@ bool MpiCommunicator::training_done() {
   int done = 0;
   succeeded(MPI_Recv(&done, 1, MPI_INT, status.MPI_SOURCE, kTrainingDoneTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
             "MPI_Recv", Failure::raise);
+  if (done == 2) note_rank_lost();
   return true;
 }
 

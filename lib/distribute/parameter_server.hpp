@@ -33,6 +33,7 @@ class ParameterServerStrategy final : public ReplicatedStrategy {
   // Gradients go to the servers, which apply them: nothing is applied where they are computed.
   bool update(const ReplicaContext&, const std::function<void()>&) override { return false; }
   bool schedules_steps() const override { return role_ != Role::evaluator; }
+  bool lost_a_rank() const override { return transport_->peer_lost(); }
 
   Role role() const { return role_; }
   const RolePlan& plan() const { return plan_; }

@@ -5,8 +5,6 @@
 #include <chrono>
 #include <algorithm>
 #include <climits>
-#include <cstdio>
-#include <cstdlib>
 #include <list>
 #include <string>
 #include <thread>
@@ -77,6 +75,7 @@ bool wait_for(MPI_Request* requests, int count, double seconds) {
 
 struct PsTransport::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
+  bool peer_lost = false;
   // A server's replies still travelling (a reply to a dead worker never completes: it stays here).
   struct Outgoing {
     MPI_Request request[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
@@ -111,6 +110,7 @@ struct PsTransport::Impl {
     check(MPI_Irecv(header, 2, MPI_INT64_T, from, kReplyTag, comm, &req), "MPI_Irecv");
     if (!wait_for(&req, 1, seconds)) {
       MPI_Cancel(&req);
+      peer_lost = true;
       throw ServerLost(from, fmt::format("parameter server rank {} did not answer a {} within {:g} s: it is lost, and "
                                          "the job cannot go on without its variables; continue with dtrain resume",
                                          from, what, seconds));
@@ -123,9 +123,11 @@ struct PsTransport::Impl {
         int flag = 0;
         check(MPI_Iprobe(from, kValuesTag, comm, &flag, &status), "MPI_Iprobe");
         if (flag) break;
-        if (poll.expired())
+        if (poll.expired()) {
+          peer_lost = true;
           throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s; continue with "
                                              "dtrain resume", from, what, seconds));
+        }
         poll.pause();
       }
       int n = 0;
@@ -138,6 +140,7 @@ struct PsTransport::Impl {
       check(MPI_Irecv(values.data(), count_of(values.size()), MPI_FLOAT, from, kValuesTag, comm, &vreq), "MPI_Irecv");
       if (!wait_for(&vreq, 1, seconds)) {
         MPI_Cancel(&vreq);
+        peer_lost = true;
         throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s; continue with "
                                            "dtrain resume", from, what, seconds));
       }
@@ -153,6 +156,24 @@ struct PsTransport::Impl {
     check(MPI_Isend(o.header, static_cast<int>(values.size()), MPI_INT64_T, to, tag, comm, &o.request[0]), "MPI_Isend");
   }
   void request(int to, std::int64_t kind, std::int64_t version) { post(to, kRequestTag, {kind, version}); }
+
+  // A server's push whose gradients have not all arrived.
+  struct Push {
+    int from = 0;
+    std::int64_t read_version = 0;
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<float> gradients;
+    Clock::time_point since;
+  };
+  // Pushes given up on. A receive that had started already cannot be cancelled and may still
+  // complete (a sender late rather than dead): its buffer is kept while the transport lives.
+  std::list<Push> abandoned;
+  void abandon(Push&& push) {
+    MPI_Cancel(&push.request);
+    int done = 0;
+    if (MPI_Test(&push.request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return;
+    abandoned.push_back(std::move(push));
+  }
 };
 
 PsTransport::PsTransport(double timeout_seconds) : impl_(std::make_unique<Impl>()), timeout_(timeout_seconds) {
@@ -168,13 +189,11 @@ PsTransport::PsTransport(double timeout_seconds) : impl_(std::make_unique<Impl>(
 }
 
 // The communicator is not freed: freeing is collective, and a lost rank would never take part.
-// MPI_Finalize releases it (and the replies to a lost worker that never completed).
-PsTransport::~PsTransport() {
-  if (!peer_lost_) return;
-  // Training has ended and everything is written; MPI_Finalize would hang on the dead rank.
-  std::fflush(nullptr);
-  std::_Exit(0);
-}
+// MPI_Finalize releases it, or the process ends without it after a lost rank (peer_lost()).
+PsTransport::~PsTransport() = default;
+
+void PsTransport::mark_peer_lost() { impl_->peer_lost = true; }
+bool PsTransport::peer_lost() const { return impl_->peer_lost; }
 
 void PsTransport::send_order(int worker_rank, const StepOrder& order) {
   impl_->post(worker_rank, kOrderTag, {order.kind, order.global_step, order.epoch});
@@ -205,36 +224,40 @@ std::optional<StepResultMessage> PsTransport::poll_result() {
 std::int64_t PsTransport::gather(int server_rank, std::vector<float>& state) {
   impl_->request(server_rank, gather_request, 0);
   std::int64_t iterations = 0;
-  impl_->await_reply(server_rank, &iterations, {}, &state, timeout_, "gather");
+  impl_->await_reply(server_rank, &iterations, {}, &state, server_timeout(), "gather");
   return iterations;
 }
 
 void PsTransport::stop_server(int server_rank) {
-  impl_->post(server_rank, kRequestTag, {stop_request, peer_lost_ ? 1 : 0});
+  impl_->post(server_rank, kRequestTag, {stop_request, impl_->peer_lost ? 1 : 0});
 }
 
-StepOrder PsTransport::receive_order(double patience_seconds) {
+StepOrder PsTransport::receive_order() {
   std::int64_t o[3] = {0, 0, 0};
   MPI_Request req;
   check(MPI_Irecv(o, 3, MPI_INT64_T, 0, kOrderTag, impl_->comm, &req), "MPI_Irecv");
-  if (!wait_for(&req, 1, patience_seconds)) {
+  if (!wait_for(&req, 1, coordinator_timeout())) {
     MPI_Cancel(&req);
-    throw PeerLostError(fmt::format("rank {}: no order from the coordinator (rank 0) for {:g} s: it is lost", rank_,
-                                    patience_seconds));
+    impl_->peer_lost = true;
+    // The app names this rank in front of the message.
+    throw PeerLostError(fmt::format("no order from the coordinator (rank 0) for {:g} s: it is lost; continue with dtrain "
+                                    "resume", coordinator_timeout()));
   }
   if (o[0] == StepOrder::stop_after_loss) {
-    peer_lost_ = true;
+    impl_->peer_lost = true;
     o[0] = StepOrder::stop;
   }
   return StepOrder{o[0], o[1], o[2]};
 }
 
-void PsTransport::send_result(std::span<const double> payload) {
+void PsTransport::send_result(std::span<const double> payload, double seconds) {
   MPI_Request req;
   check(MPI_Isend(payload.data(), count_of(payload.size()), MPI_DOUBLE, 0, kResultTag, impl_->comm, &req), "MPI_Isend");
-  if (!wait_for(&req, 1, timeout_))
-    throw PeerLostError(fmt::format("rank {}: the coordinator (rank 0) did not take a step's result within {:g} s: it is "
-                                    "lost", rank_, timeout_));
+  if (!wait_for(&req, 1, seconds)) {
+    impl_->peer_lost = true;
+    throw PeerLostError(fmt::format("the coordinator (rank 0) did not take a step's result within {:g} s: it is lost; "
+                                    "continue with dtrain resume", seconds));
+  }
 }
 
 std::int64_t PsTransport::pull(int server_rank, std::span<float> values) {
@@ -254,22 +277,54 @@ std::int64_t PsTransport::push(int server_rank, std::int64_t read_version, std::
   return staleness;
 }
 
-void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_floats, double patience_seconds) {
-  std::vector<float> gradients(gradient_floats);
+void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_floats) {
   std::int64_t version = 0;
+  // Pushes whose gradients are still on their way: at most one per worker, which waits for the
+  // answer before it sends this server anything else. The server goes on answering the others
+  // meanwhile: waiting here for a worker that died between its request and its gradients would
+  // keep the others waiting, and they give up on a server after server_timeout() (T / 2), which
+  // would name a healthy server lost.
+  std::list<Impl::Push> pushes;
+  std::vector<std::vector<float>> spare;  // the buffers of applied pushes, for the next ones
+  Poll idle(coordinator_timeout());
   for (;;) {
-    Poll idle(patience_seconds);
-    MPI_Status status;
-    for (;;) {
-      impl_->reap();
-      int flag = 0;
-      check(MPI_Iprobe(MPI_ANY_SOURCE, kRequestTag, impl_->comm, &flag, &status), "MPI_Iprobe");
-      if (flag) break;
-      if (idle.expired())
-        throw PeerLostError(fmt::format("parameter server rank {}: no request for {:g} s: the coordinator is lost", rank_,
-                                        patience_seconds));
-      idle.pause();
+    impl_->reap();
+    bool applied = false;
+    for (auto it = pushes.begin(); it != pushes.end();) {
+      int done = 0;
+      // An error (the sender died while sending) drops the push like a timeout: it is that
+      // worker's failure, not this server's.
+      const bool failed = MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS;
+      if (!failed && done) {
+        handlers.apply(it->gradients);
+        impl_->reply(it->from, version + 1, version - it->read_version, nullptr);
+        ++version;
+        spare.push_back(std::move(it->gradients));
+        it = pushes.erase(it);
+        applied = true;
+      } else if (failed || std::chrono::duration<double>(Clock::now() - it->since).count() > timeout_) {
+        // Only its worker waits for it, and after T the coordinator has given that worker's
+        // steps to the others.
+        impl_->abandon(std::move(*it));
+        it = pushes.erase(it);
+      } else {
+        ++it;
+      }
     }
+    int flag = 0;
+    MPI_Status status;
+    check(MPI_Iprobe(MPI_ANY_SOURCE, kRequestTag, impl_->comm, &flag, &status), "MPI_Iprobe");
+    if (!flag) {
+      if (applied) continue;
+      if (idle.expired()) {
+        impl_->peer_lost = true;
+        throw PeerLostError(fmt::format("this parameter server had no request for {:g} s: the coordinator (rank 0) is lost; "
+                                        "continue with dtrain resume", coordinator_timeout()));
+      }
+      idle.pause();
+      continue;
+    }
+    idle = Poll(coordinator_timeout());
     std::int64_t r[2] = {0, 0};
     const int from = status.MPI_SOURCE;
     check(MPI_Recv(r, 2, MPI_INT64_T, from, kRequestTag, impl_->comm, MPI_STATUS_IGNORE), "MPI_Recv");
@@ -281,18 +336,19 @@ void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_flo
         break;
       }
       case push_request: {
-        MPI_Request req;
-        check(MPI_Irecv(gradients.data(), count_of(gradients.size()), MPI_FLOAT, from, kPushDataTag, impl_->comm, &req),
-              "MPI_Irecv");
-        // A worker that died while sending: drop its push and go on serving the others.
-        if (!wait_for(&req, 1, timeout_)) {
-          MPI_Cancel(&req);
-          MPI_Request_free(&req);
-          break;
+        Impl::Push& push = pushes.emplace_back();
+        push.from = from;
+        push.read_version = r[1];
+        push.since = Clock::now();
+        if (spare.empty()) {
+          push.gradients.resize(gradient_floats);
+        } else {
+          push.gradients = std::move(spare.back());
+          spare.pop_back();
         }
-        handlers.apply(gradients);
-        impl_->reply(from, version + 1, version - r[1], nullptr);
-        ++version;
+        check(MPI_Irecv(push.gradients.data(), count_of(gradient_floats), MPI_FLOAT, from, kPushDataTag, impl_->comm,
+                        &push.request),
+              "MPI_Irecv");
         break;
       }
       case gather_request: {
@@ -302,9 +358,10 @@ void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_flo
         break;
       }
       case stop_request: {
-        if (r[1] != 0) peer_lost_ = true;
-        // The chief's last message; replies still travelling to live ranks finish first (those
-        // to a lost worker never do).
+        if (r[1] != 0) impl_->peer_lost = true;
+        // The chief's last message: every step has been answered, unless the job is failing.
+        for (Impl::Push& push : pushes) impl_->abandon(std::move(push));
+        // Replies still travelling to live ranks finish first (those to a lost worker never do).
         Poll drain(std::min(timeout_, 2.0));
         while (!impl_->outgoing.empty() && !drain.expired()) {
           impl_->reap();

@@ -5,15 +5,25 @@
 //   chief -> worker   an order: run global step g of epoch e, or stop
 //   worker -> chief   a step's result (loss, samples, staleness, metric state), as doubles
 //   worker -> server  pull (the server's shards, and its version: updates applied so far), or
-//                     push (gradients read at a version; the server applies them at once and
-//                     answers how many updates landed in between: the staleness)
+//                     push (gradients read at a version; the server applies them as they arrive
+//                     and answers how many updates landed in between: the staleness)
 //   chief -> server   gather (values, optimizer slots, iterations), or stop
 //
 // Nothing waits without a limit on one peer: every wait polls (giving the core away, for
-// oversubscribed ranks) until `timeout_seconds`, and a peer that does not answer by then is named
-// in the exception. A server never blocks on a worker: replies are sent without waiting, and a
-// push whose data does not arrive in time is dropped. This is what lets the coordinator survive a
-// worker that dies (under mpirun --enable-recovery, where the other ranks keep running).
+// oversubscribed ranks) until a limit, and a peer that does not answer by then is named in the
+// exception. A server never blocks on a worker: replies are sent without waiting, and it keeps
+// answering the others while a push's gradients are on their way (a push whose data does not
+// arrive in time is dropped). This is what lets the coordinator survive a worker that dies (under
+// mpirun --enable-recovery, where the other ranks keep running).
+//
+// The limits, with T = communication.timeout_seconds:
+//   T      the coordinator's patience with a worker that has steps in flight (then it is lost)
+//   T / 2  a worker's or the coordinator's with a server (server_timeout): a worker stuck on a
+//          lost server reports it before the coordinator would give up on that worker
+//   T      a server's with the gradients of a push: only that worker's push waits (the server
+//          answers the others meanwhile), and by then the coordinator has given its steps away
+//   2 T    a worker's or a server's with the coordinator (coordinator_timeout), which may be
+//          evaluating the test split or writing a checkpoint meanwhile
 #pragma once
 
 #include <cstdint>
@@ -62,32 +72,38 @@ class PsTransport {
   PsTransport(const PsTransport&) = delete;
   PsTransport& operator=(const PsTransport&) = delete;
 
-  // A rank of the job died (a lost worker survived). MPI_Finalize would then wait forever for it
-  // (OpenMPI 4.1.4 under --enable-recovery fences over every rank, the dead one too: measured), so
-  // this process ends when the transport goes, without finalizing. The coordinator marks it and
-  // passes it on with its stop messages.
-  void mark_peer_lost() { peer_lost_ = true; }
-  bool peer_lost() const { return peer_lost_; }
+  // Whether a rank of the job is known to be gone (a worker, server or coordinator that stopped
+  // answering, or the coordinator's word that one did). MPI_Finalize must then not be called:
+  // with OpenMPI 4.1.4 under --enable-recovery it waits forever for the dead rank over TCP, and
+  // over shared memory too once another survivor has ended without it (measured). The strategy
+  // reports it (Strategy::lost_a_rank) and the app ends the process without finalizing. The
+  // coordinator passes it on with its stop messages, so that every survivor knows.
+  void mark_peer_lost();
+  bool peer_lost() const;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   double timeout_seconds() const { return timeout_; }
-  // How long a worker waits for a server: half the coordinator's patience with a worker, so that
-  // a worker stuck on a lost server reports it before the coordinator gives up on the worker.
+  // How long a worker or the coordinator waits for a server's answer, and a worker or a server
+  // for the coordinator's next message (the limits above).
   double server_timeout() const { return timeout_ / 2; }
+  double coordinator_timeout() const { return 2 * timeout_; }
 
   // ---- coordinator
   void send_order(int worker_rank, const StepOrder& order);
   // A result that has arrived, else nullopt after a short wait.
   std::optional<StepResultMessage> poll_result();
-  // The server's values and optimizer state; returns its iterations.
+  // The server's values and optimizer state; returns its iterations. ServerLost when the server
+  // does not answer within server_timeout().
   std::int64_t gather(int server_rank, std::vector<float>& state);
   void stop_server(int server_rank);
 
   // ---- worker
-  // The next order from the chief; waits up to `patience_seconds` (InternalError after).
-  StepOrder receive_order(double patience_seconds);
-  void send_result(std::span<const double> payload);
+  // The next order from the chief; PeerLostError after coordinator_timeout() without one.
+  StepOrder receive_order();
+  // Waits up to `seconds` for the coordinator to take it (a small message: at once, unless the
+  // coordinator is gone).
+  void send_result(std::span<const double> payload, double seconds);
   // Returns the server's version; `values` must have the size of its shards. ServerLost when the
   // server does not answer within server_timeout().
   std::int64_t pull(int server_rank, std::span<float> values);
@@ -95,15 +111,14 @@ class PsTransport {
   std::int64_t push(int server_rank, std::int64_t read_version, std::span<const float> gradients);
 
   // ---- server: answers requests until the chief says stop. `gradient_floats` is the size of a
-  // push. InternalError when no request at all came for `patience_seconds` (the chief is gone).
-  void serve(const ServerHandlers& handlers, std::size_t gradient_floats, double patience_seconds);
+  // push. PeerLostError when no request at all came for coordinator_timeout() (the chief is gone).
+  void serve(const ServerHandlers& handlers, std::size_t gradient_floats);
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
   double timeout_ = 60.0;
-  bool peer_lost_ = false;
 };
 
 }  // namespace dtrain::distribute

@@ -139,9 +139,9 @@ RolePlan resolve_roles(const config::RolesConfig& roles, const char* tf_config, 
     if (tf.task_type == "evaluator" && tf.task_index >= 0 && tf.task_index < tf.evaluators)
       expected = tf.chiefs + tf.workers + tf.ps + tf.task_index;
     if (expected < 0)
-      throw ConfigError(fmt::format("TF_CONFIG task {{type: {}, index: {}}} is not in its cluster ({} chief, {} workers, "
+      throw ConfigError(fmt::format("TF_CONFIG task {{type: {}, index: {}}} is not in its cluster ({} chief, {} workers{}, "
                                     "{} evaluator)",
-                                    tf.task_type, tf.task_index, tf.chiefs, tf.workers, tf.evaluators));
+                                    tf.task_type, tf.task_index, tf.chiefs, tf.workers, tf_ps, tf.evaluators));
     if (expected != world_rank)
       throw ConfigError(fmt::format("TF_CONFIG says this process is {} {}, which is rank {} in dtrain's order (chief, "
                                     "workers, ps, evaluator), but mpirun started it as rank {}; give each rank the TF_CONFIG "

@@ -132,6 +132,10 @@ class Strategy {
   // to workers) says so here; the trainer's loop then is not the one that runs steps
   // (parameter_server.hpp).
   virtual bool schedules_steps() const { return false; }
+  // Whether a process of the job died and this one outlived it (a parameter-server job under
+  // mpirun --enable-recovery): MPI_Finalize could then wait for the dead one forever, and the app
+  // ends the process without it (WorkerGroup::note_rank_lost).
+  virtual bool lost_a_rank() const { return false; }
 };
 
 // The strategy of `config` for this process: total_threads are the compute threads it may use;

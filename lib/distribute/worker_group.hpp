@@ -25,16 +25,29 @@ class WorkerGroup : public Communicator {
   // the job calls it once, before its first collective. A process not started by an MPI launcher
   // has no roles: nullopt, and nothing changes.
   virtual std::optional<RolePlan> assign_roles(const config::RolesConfig& roles, const char* tf_config) = 0;
-  // The chief tells an evaluator (by world rank) that training has ended; the evaluator polls.
+  // The chief tells an evaluator (by world rank) that training has ended, and whether a process
+  // was lost (rank_lost()); the evaluator polls, and a lost process told is noted here too.
   virtual void send_training_done(int world_rank) = 0;
   virtual bool training_done() = 0;
   // Ends every process of the job at once with this exit code (after this one failed alone: the
   // others would wait for it in their next collective).
   [[noreturn]] void abort(int exit_code);
 
+  // A process of the job died and this one outlived it (Strategy::lost_a_rank). With OpenMPI
+  // 4.1.4 under mpirun --enable-recovery (measured), MPI_Finalize then waits forever over TCP,
+  // and over shared memory too once another survivor has ended without finalizing; MPI_Abort
+  // ends the other survivors before they report. Such a process ends with end_without_finalize.
+  void note_rank_lost() { rank_lost_ = true; }
+  bool rank_lost() const { return rank_lost_; }
+  // Ends this process with exit_code, its output flushed, without MPI_Finalize.
+  [[noreturn]] void end_without_finalize(int exit_code);
+
  protected:
   // Ends the other processes of the job, best effort; abort() then ends this one.
   virtual void end_job(int exit_code) = 0;
+
+ private:
+  bool rank_lost_ = false;
 };
 
 // The worker group of this process: MPI when launched by an MPI launcher, else a group of one.

@@ -50,10 +50,6 @@ Layout layout_of(const std::vector<Variable*>& vars, const ParameterServerStrate
 float* slice(Tensor& t, const distribute::Shard& s) { return t.data<float>() + s.offset; }
 const float* slice(const Tensor& t, const distribute::Shard& s) { return t.data<float>() + s.offset; }
 
-// How long a worker or a server waits for the coordinator's next message before it decides the
-// coordinator is lost: the coordinator may be evaluating or writing a checkpoint meanwhile.
-double patience(const ParameterServerStrategy& ps) { return 10.0 * ps.timeout_seconds(); }
-
 // The result of a step, as a worker sends it: global step, loss, samples, staleness, then each
 // metric's counts and sums.
 constexpr std::size_t kResultHead = 4;
@@ -146,7 +142,7 @@ void ParameterServerLoop::serve() {
       }
     return optimizer->iterations();
   };
-  ps.transport().serve(handlers, layout.server_floats[me], patience(ps));
+  ps.transport().serve(handlers, layout.server_floats[me]);
 }
 
 // ------------------------------------------------------------------------------------- worker
@@ -225,7 +221,7 @@ void ParameterServerLoop::work() {
   };
   std::int64_t epoch = -1;
   for (;;) {
-    const distribute::StepOrder order = transport.receive_order(patience(ps));
+    const distribute::StepOrder order = transport.receive_order();
     if (order.kind == distribute::StepOrder::stop) return;
     if (order.epoch != epoch) {
       epoch = order.epoch;
@@ -244,8 +240,10 @@ void ParameterServerLoop::work() {
       staleness = exchange(*batches, order.global_step);
     } catch (const distribute::ServerLost& lost) {
       // Tell the coordinator first, so that it ends the job naming the server, not this worker.
+      // Briefly: a message this small leaves at once unless the coordinator is gone too, and
+      // this process is ending.
       const double report[2] = {kServerLost, static_cast<double>(lost.server_rank)};
-      transport.send_result(report);
+      transport.send_result(report, std::min(transport.timeout_seconds(), 2.0));
       throw;
     }
     result.assign({static_cast<double>(order.global_step), t_.replica_losses_[0], static_cast<double>(t_.step_samples_),
@@ -255,7 +253,7 @@ void ParameterServerLoop::work() {
       for (std::int64_t c : st.counts) result.push_back(static_cast<double>(c));
       result.insert(result.end(), st.sums.begin(), st.sums.end());
     }
-    transport.send_result(result);
+    transport.send_result(result, transport.timeout_seconds());
   }
 }
 
@@ -386,35 +384,37 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
         }
       }
       const std::optional<distribute::StepResultMessage> got = transport.poll_result();
-      if (!got) {
-        // A worker that has not answered for the timeout is lost: its unfinished steps go back.
-        for (int w = 0; w < workers; ++w) {
-          const auto i = static_cast<std::size_t>(w);
-          if (lost[i] || in_flight[i].empty() ||
-              std::chrono::duration<double>(Clock::now() - last_heard[i]).count() <= timeout)
-            continue;
-          lost[i] = true;
-          transport.mark_peer_lost();
-          const std::string note = fmt::format("worker rank {} was lost at epoch {}, step {} (no answer for {:g} s)",
-                                               ps.worker_rank(w), state.epoch + 1, state.step, timeout);
-          fmt::print(stderr, "dtrain: warning: {}; its {} unfinished step(s) go to the other workers\n", note,
-                     in_flight[i].size());
-          lost_notes.push_back(note);
-          pending.insert(pending.begin(), in_flight[i].begin(), in_flight[i].end());
-          std::sort(pending.begin(), pending.end());
-          in_flight[i].clear();
-        }
-        if (std::all_of(lost.begin(), lost.end(), [](bool l) { return l; }))
-          throw PeerLostError(fmt::format("every worker is lost ({}); continue with dtrain resume", lost_notes.back()));
-        continue;
+      // A worker that has not answered for the timeout is lost: its unfinished steps go back.
+      // Checked whatever arrived, so that the others' results do not hide it until they run dry
+      // (the worker just heard from is not lost).
+      for (int w = 0; w < workers; ++w) {
+        const auto i = static_cast<std::size_t>(w);
+        if (lost[i] || in_flight[i].empty() || (got && got->worker_rank == ps.worker_rank(w)) ||
+            std::chrono::duration<double>(Clock::now() - last_heard[i]).count() <= timeout)
+          continue;
+        lost[i] = true;
+        transport.mark_peer_lost();
+        const std::string note = fmt::format("worker rank {} was lost at epoch {}, step {} (no answer for {:g} s)",
+                                             ps.worker_rank(w), state.epoch + 1, state.step, timeout);
+        fmt::print(stderr, "dtrain: warning: {}; its {} unfinished step(s) go to the other workers\n", note,
+                   in_flight[i].size());
+        lost_notes.push_back(note);
+        pending.insert(pending.begin(), in_flight[i].begin(), in_flight[i].end());
+        std::sort(pending.begin(), pending.end());
+        in_flight[i].clear();
       }
+      if (std::all_of(lost.begin(), lost.end(), [](bool l) { return l; }))
+        throw PeerLostError(fmt::format("every worker is lost ({}); continue with dtrain resume", lost_notes.back()));
+      if (!got) continue;
       const auto i = static_cast<std::size_t>(got->worker_rank - ps.worker_rank(0));
       if (i >= lost.size() || lost[i]) continue;  // a lost worker's late answer: its step ran elsewhere
       const std::vector<double>& r = got->payload;
-      if (r.at(0) == kServerLost)
+      if (r.at(0) == kServerLost) {
+        transport.mark_peer_lost();  // passed on to the others by StopEveryone
         throw PeerLostError(fmt::format("parameter server rank {} is lost: worker rank {} got no answer from it within {:g} "
                                         "s; the job cannot go on without its variables; continue with dtrain resume",
                                         static_cast<int>(r.at(1)), got->worker_rank, transport.server_timeout()));
+      }
       const auto k = static_cast<std::int64_t>(r[0]) - base + first;
       const auto pos = std::find(in_flight[i].begin(), in_flight[i].end(), k);
       DTRAIN_CHECK(pos != in_flight[i].end(), fmt::format("worker rank {} reported step {}, which it was not given",

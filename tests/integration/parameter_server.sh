@@ -5,13 +5,36 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
 mpi() { local n=$1; shift; timeout 300 mpirun -n "$n" --oversubscribe "$@"; }
-# The PID of world rank $2 of the run writing into $1.
+# However the script ends (a failed check too), the mpirun jobs left in the background end with
+# their ranks: no test leaves a process behind.
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+  kill -KILL "$1" 2>/dev/null
+}
+trap 'for job in $(jobs -p); do kill_tree "$job"; done' EXIT
+# The PID of world rank $2 of the run writing into $1 (the dtrain process, not a wrapper's shell).
 rank_pid() {
   for pid in $(pgrep -f -- "--run-dir $1"); do
+    [ "$(readlink -f "/proc/$pid/exe")" = "$(readlink -f "$dtrain")" ] || continue
     r=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
     [ "$r" = "$2" ] && echo "$pid"
   done
 }
+# Runs a rank (the command after $1) and writes its exit code into $1.rcRANK: under
+# --enable-recovery mpirun exits 0 whatever its ranks return (OpenMPI 4.1.4), so the tests read
+# the chief's own code there.
+cat >"$scratch/rc.sh" <<'EOS'
+#!/usr/bin/env bash
+out=$1
+shift
+"$@"
+rc=$?
+echo "$rc" >"$out.rc$OMPI_COMM_WORLD_RANK"
+exit "$rc"
+EOS
+chmod +x "$scratch/rc.sh"
+chief_rc() { cat "$1.rc0" 2>/dev/null || echo "none"; }
 # Waits (up to 120 s) until the file $1 holds a line matching $2.
 wait_for_line() {
   for _ in $(seq 1 1200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
@@ -30,7 +53,8 @@ case "$case_name" in
     steps=(--set train.epochs=2 --set train.steps_per_epoch=4)
     "$dtrain" run "$small" "${common[@]}" "${steps[@]}" --run-dir "$scratch/default" >"$scratch/default.out" \
       || fail "default run failed"
-    for layout in "1 {kind: none}" "2 {kind: fixed_shards, num_shards: 3}" "2 {kind: max_size, max_shard_bytes: 4096}"; do
+    for layout in "1 {kind: none}" "2 {kind: fixed_shards, num_shards: 3}" "2 {kind: max_size, max_shard_bytes: 4096}" \
+                  "3 {kind: min_size, min_shard_bytes: 1000, max_shards: 5}"; do
       servers=${layout%% *}
       partitioner=${layout#* }
       run="$scratch/ps$servers-${partitioner//[^a-z0-9]/}"
@@ -45,6 +69,16 @@ case "$case_name" in
       grep -q "staleness mean 0.00 max 0 updates" "$run.out" || fail "one worker must see no staleness: $(grep samples/s "$run.out")"
       echo "ok: 1 worker, $servers server(s), partitioner $partitioner: the default strategy's weights (1e-6) and epoch lines"
     done
+    # min_size cut the dense kernel into 5 shards, over all 3 servers.
+    grep -q "dense/kernel \[0:320) -> ps [0-2], .*\[1280:1600) -> ps [0-2]" "$scratch/ps3-kindminsizeminshardbytes1000maxshards5.out" \
+      || fail "min_size placement: $(sed -n 2p "$scratch/ps3-kindminsizeminshardbytes1000maxshards5.out")"
+    grep -q -- "-> ps 2" "$scratch/ps3-kindminsizeminshardbytes1000maxshards5.out" || fail "the third server holds nothing"
+    # Sharded against whole variables directly, not only each against the default strategy.
+    for sharded in ps2-kindfixedshardsnumshards3 ps2-kindmaxsizemaxshardbytes4096 ps3-kindminsizeminshardbytes1000maxshards5; do
+      tools/compare_weights "$scratch/$sharded/checkpoints/ckpt-8.h5" "$scratch/ps1-kindnone/checkpoints/ckpt-8.h5" --rtol 1e-6 \
+        || fail "$sharded: sharded weights differ from the unsharded run's"
+    done
+    echo "ok: sharded variables (fixed_shards, max_size, min_size over 3 servers) give the unsharded run's weights (1e-6)"
     ;;
   async)
     # 1 chief, 2 workers, 2 servers: it trains, its checkpoint evaluates to the printed test
@@ -72,6 +106,16 @@ case "$case_name" in
       || fail "resume under parameter_server failed: $(tail -5 "$scratch/back.out")"
     grep -q "^Epoch 4" "$scratch/back.out" || fail "no epoch 4 after resuming under parameter servers: $(tail -3 "$scratch/back.out")"
     echo "ok: parameter servers continue the default strategy's checkpoint"
+    # And a multi_worker_mirrored run's.
+    mwm="$scratch/mwm"
+    mpi 2 "$dtrain" run "$small" "${common[@]}" --set train.epochs=1 --set train.steps_per_epoch=4 \
+      --set "strategy={kind: multi_worker_mirrored, communication: {timeout_seconds: 60}}" --run-dir "$mwm" \
+      >"$mwm.out" 2>&1 || fail "multi_worker_mirrored run failed: $(tail -5 "$mwm.out")"
+    mpi 4 "$dtrain" resume "$mwm" --set "$(ps 1 2 "{kind: none}")" --set train.epochs=2 >"$mwm.resume" 2>&1 \
+      || fail "resume of the multi_worker_mirrored run under parameter_server failed: $(tail -5 "$mwm.resume")"
+    grep -q "Resuming from .*ckpt-4.h5 at epoch 2" "$mwm.resume" || fail "did not resume: $(head -3 "$mwm.resume")"
+    grep -q "^Epoch 2" "$mwm.resume" || fail "no epoch 2 after resuming under parameter servers: $(tail -3 "$mwm.resume")"
+    echo "ok: parameter servers continue a multi_worker_mirrored checkpoint"
     ;;
   roles)
     # The roles from TF_CONFIG with "ps" tasks, and the checks on a world that disagrees.
@@ -104,10 +148,12 @@ EOS
     ;;
   lost_worker)
     # kill -9 of a worker mid-run under --enable-recovery: the coordinator notices it after the
-    # timeout, gives its steps to the other worker, and training ends with every epoch line.
+    # timeout, gives its steps to the other worker, and training ends with every epoch line. The
+    # evaluator rank (5) is told of the loss and ends too.
     run="$scratch/lost"
-    mpi 5 --enable-recovery "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 \
-      --set "$(ps 2 2 "{kind: none}" 3)" --set checkpoint.every_steps=5 --run-dir "$run" >"$run.out" 2>"$run.err" &
+    mpi 6 --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 \
+      --set "strategy={kind: parameter_server, roles: {chief: 1, ps: 2, worker: 2, evaluator: 1}, communication: {timeout_seconds: 3}}" \
+      --set checkpoint.every_steps=5 --run-dir "$run" >"$run.out" 2>"$run.err" &
     job=$!
     wait_for_line "$run.out" "^variables on the parameter servers"
     sleep 0.5
@@ -116,26 +162,82 @@ EOS
     kill -9 "$victim"
     start=$(date +%s)
     wait "$job"
-    rc=$?
     took=$(($(date +%s) - start))
-    [ "$rc" -eq 0 ] || fail "the job failed (exit $rc) after losing a worker: $(tail -5 "$run.err")"
+    [ "$(chief_rc "$run")" = 0 ] || fail "the chief exited $(chief_rc "$run") after losing a worker: $(tail -5 "$run.err")"
     # Not hung in MPI_Finalize, which would wait for the dead rank.
     [ "$took" -le 60 ] || fail "the job took $took s to end after the kill"
     [ "$(grep -c '^Epoch' "$run.out")" -eq 3 ] || fail "wanted 3 epoch lines: $(cat "$run.out")"
     grep -q "warning: worker rank 2 was lost at epoch" "$run.err" || fail "no warning naming rank 2: $(cat "$run.err")"
     [ -f "$run/checkpoints/ckpt-96.h5" ] || fail "no final checkpoint: $(ls "$run/checkpoints")"
+    [ "$(cat "$run.rc5" 2>/dev/null)" = 0 ] || fail "the evaluator exited $(cat "$run.rc5" 2>/dev/null)"
+    grep -q "^Evaluator: ckpt-96.h5" "$run.out" || fail "the evaluator did not evaluate the last checkpoint: $(grep Evaluator "$run.out")"
     echo "ok: a worker killed with kill -9 is survived: $(grep -m1 'was lost' "$run.err")"
+    ;;
+  lost_mid_push)
+    # A worker that dies between a push's request and its gradients: the server goes on answering
+    # the other worker meanwhile (it is not reported lost), and the job finishes without the dead one.
+    command -v mpicc >/dev/null || fail "mpicc not found (libopenmpi-dev: tools/setup installs it)"
+    mpicc -shared -fPIC -o "$scratch/die_mid_push.so" tests/integration/die_mid_push.c || fail "cannot build the preload"
+    cat >"$scratch/mid_push.sh" <<EOS
+#!/usr/bin/env bash
+[ "\$OMPI_COMM_WORLD_RANK" = 2 ] && export LD_PRELOAD="$scratch/die_mid_push.so" DTRAIN_TEST_DIE_AT_PUSH=10
+exec "\$@"
+EOS
+    chmod +x "$scratch/mid_push.sh"
+    run="$scratch/mid_push"
+    mpi 4 --enable-recovery "$scratch/rc.sh" "$run" "$scratch/mid_push.sh" "$dtrain" run "$small" "${common[@]}" \
+      --set train.epochs=2 --set "$(ps 1 2 "{kind: none}" 3)" --run-dir "$run" >"$run.out" 2>"$run.err"
+    [ "$(cat "$run.rc2" 2>/dev/null)" = 137 ] || fail "rank 2 did not die at its 10th push: $(cat "$run.rc2" 2>/dev/null)"
+    [ "$(chief_rc "$run")" = 0 ] || fail "the chief exited $(chief_rc "$run"): $(grep dtrain: "$run.err")"
+    ! grep -q "parameter server rank 3" "$run.err" || fail "the healthy server was reported lost: $(grep dtrain: "$run.err")"
+    grep -q "warning: worker rank 2 was lost at epoch" "$run.err" || fail "no warning naming rank 2: $(grep dtrain: "$run.err")"
+    [ "$(grep -c '^Epoch' "$run.out")" -eq 2 ] || fail "wanted 2 epoch lines: $(cat "$run.out")"
+    echo "ok: a worker dead in mid-push is survived, the server still serving: $(grep -m1 'was lost' "$run.err")"
+    ;;
+  lost_exit_codes)
+    # After a lost worker the survivors end without MPI_Finalize, but each with its own exit code:
+    # the chief's is the job's (mpirun says 0 under --enable-recovery whatever happened).
+    # Starts a job writing into $1 (50 epochs: still training when the test acts), loses worker
+    # rank 2 in it, then runs the rest of the arguments after $2 and $3 (the next blow); the chief
+    # must end with exit code $2 and a line matching the regular expression $3 on its stderr.
+    lost_then() {
+      local run=$1 want=$2 line=$3
+      shift 3
+      mpi 5 --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 \
+        --set "$(ps 2 2 "{kind: none}" 3)" --run-dir "$run" >"$run.out" 2>"$run.err" &
+      local job=$!
+      wait_for_line "$run.out" "^Epoch 1"
+      kill -9 "$(rank_pid "$run" 2)"
+      wait_for_line "$run.err" "warning: worker rank 2 was lost"
+      "$@"
+      wait "$job"
+      [ "$(chief_rc "$run")" = "$want" ] || fail "${run##*/}: the chief exited $(chief_rc "$run"), wanted $want: $(tail -3 "$run.err")"
+      grep -Eq "$line" "$run.err" || fail "${run##*/}: no line '$line': $(tail -3 "$run.err")"
+    }
+    kill_rank() { kill "-$1" $(for r in "${@:3}"; do rank_pid "$2" "$r"; done); }
+    # Then SIGTERM to the others: stopped with a checkpoint, exit 4.
+    lost_then "$scratch/term" 4 "^dtrain: stopped at epoch [0-9]+, step [0-9]+ of it; checkpoint .*ckpt-[0-9]+.h5" \
+      kill_rank TERM "$scratch/term" 0 1 3 4
+    echo "ok: a lost worker, then SIGTERM: the chief exits 4 with its checkpoint"
+    # Then the other worker: the job ends, saying so, exit 5.
+    lost_then "$scratch/both" 5 "^dtrain: error: rank 0: every worker is lost \(worker rank 1 was lost at epoch .*\); continue with dtrain resume" \
+      kill_rank KILL "$scratch/both" 1
+    echo "ok: both workers lost: the chief exits 5: $(grep -o 'every worker is lost.*' "$scratch/both.err")"
+    # Then a server: it is named, exit 5.
+    lost_then "$scratch/server" 5 "^dtrain: error: rank 0: parameter server rank 3 (is lost|did not answer)" \
+      kill_rank KILL "$scratch/server" 3
+    echo "ok: a lost worker, then a lost server: the chief exits 5 naming rank 3"
     ;;
   lost_ps)
     # kill -9 of a parameter server ends the job naming it, and dtrain resume continues from the
     # last checkpoint. Without --enable-recovery mpirun ends every rank at once, exit non-zero.
     # With it the job outlives the server: the worker waiting for it gives up after half the
-    # timeout and tells the coordinator, which names the server, stops the others and fails (but
-    # mpirun 4.1 then exits 0 whatever its ranks returned: measured, see the README).
+    # timeout and tells the coordinator, which names the server, stops the others and exits 5
+    # (but mpirun 4.1 then exits 0 whatever its ranks returned: measured, see the README).
     for recovery in no yes; do
       run="$scratch/lost_ps_$recovery"
       flags=()
-      [ "$recovery" = yes ] && flags=(--enable-recovery)
+      [ "$recovery" = yes ] && flags=(--enable-recovery "$scratch/rc.sh" "$run")
       mpi 4 "${flags[@]}" "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 --set train.steps_per_epoch=10 \
         --set "$(ps 1 2 "{kind: none}" 4)" --set checkpoint.every_steps=5 --run-dir "$run" >"$run.out" 2>"$run.err" &
       job=$!
@@ -153,12 +255,36 @@ EOS
         # Named by the coordinator: told by a worker, or met in its own gather at a checkpoint.
         grep -Eq "rank 0: parameter server rank 3 (is lost: worker rank [12] got no answer from it within 2 s|did not answer a gather)" "$run.err" \
           || fail "the coordinator did not name rank 3: $(grep dtrain "$run.err")"
+        rc=$(chief_rc "$run")
+        [ "$rc" = 5 ] || fail "the chief exited $rc, wanted 5"
         ! grep -q "^Epoch 3" "$run.out" || fail "training went on without its parameter server"
       fi
       "$dtrain" resume "$run" --set "strategy={kind: default}" >"$run.resume" 2>&1 || fail "resume failed: $(tail -5 "$run.resume")"
       grep -q "^Epoch 3" "$run.resume" || fail "no epoch 3 after resume"
-      echo "ok: $recovery recovery: a lost parameter server ends the job in $took s (mpirun exit $rc) naming rank 3; dtrain resume continues"
+      echo "ok: $recovery recovery: a lost parameter server ends the job in $took s (exit $rc) naming rank 3; dtrain resume continues"
     done
+    ;;
+  lost_coordinator)
+    # kill -9 of the coordinator under --enable-recovery: the workers and the server give up on it
+    # after 2 x the timeout (here 8 s), each with exit 5 and the error.
+    run="$scratch/chief"
+    mpi 4 --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 \
+      --set "$(ps 1 2 "{kind: none}" 4)" --run-dir "$run" >"$run.out" 2>"$run.err" &
+    job=$!
+    wait_for_line "$run.out" "^Epoch 1"
+    start=$(date +%s)
+    kill -9 "$(rank_pid "$run" 0)"
+    wait "$job"
+    took=$(($(date +%s) - start))
+    for r in 1 2 3; do
+      [ "$(cat "$run.rc$r" 2>/dev/null)" = 5 ] || fail "rank $r exited $(cat "$run.rc$r" 2>/dev/null), wanted 5: $(grep dtrain: "$run.err")"
+    done
+    grep -q "dtrain: error: rank 1: no order from the coordinator (rank 0) for 8 s: it is lost; continue with dtrain resume" "$run.err" \
+      || fail "the worker did not name the coordinator: $(grep dtrain: "$run.err")"
+    grep -q "dtrain: error: rank 3: this parameter server had no request for 8 s: the coordinator (rank 0) is lost" "$run.err" \
+      || fail "the server did not name the coordinator: $(grep dtrain: "$run.err")"
+    [ "$took" -le 20 ] || fail "the job took $took s to end after the kill, wanted about 8"
+    echo "ok: a lost coordinator ends the workers and the server in $took s (2 x the timeout), exit 5"
     ;;
   sigterm)
     # SIGTERM to every rank (what Slurm's scancel does): the coordinator lets the steps in flight

@@ -138,6 +138,10 @@ TEST_CASE("roles: parameter servers come after the workers") {
     return "no error";
   };
   CHECK(error(from_env, tf, 5, 3).find("TF_CONFIG says this process is ps 1, which is rank 4") != std::string::npos);
+  // A task past its cluster: the message counts every kind of task, the servers too.
+  const char* past = R"({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]}, "task": {"type": "ps", "index": 2}})";
+  CHECK(error(from_env, past, 5, 4) ==
+        "TF_CONFIG task {type: ps, index: 2} is not in its cluster (1 chief, 2 workers, 2 ps, 0 evaluator)");
   CHECK(error(from_env, nullptr, 3, 0).find("parameter_server needs parameter servers") != std::string::npos);
   roles.evaluator = 0;
   CHECK(error(roles, tf, 5, 4).find("disagrees") == std::string::npos);
