@@ -194,7 +194,7 @@ void ParameterServerLoop::work() {
     t_.step_batches_ = &batches;
     t_.step_samples_ = input->global_samples();
     t_.global_step_ = global_step;
-    for (auto& m : rep.train_metrics) m->reset();
+    t_.reset_train_metrics();
     t_.strategy_->set_step(global_step);
     t_.strategy_->run(t_.train_fn_);
     rep.model->apply_updates();  // the moving statistics' new values: their change is pushed
@@ -248,8 +248,8 @@ void ParameterServerLoop::work() {
     }
     result.assign({static_cast<double>(order.global_step), t_.replica_losses_[0], static_cast<double>(t_.step_samples_),
                    static_cast<double>(staleness)});
-    for (const auto& m : rep.train_metrics) {
-      const metrics::MetricState st = m->state();
+    for (std::size_t i = 0; i < t_.exp_.metrics.size(); ++i) {
+      const metrics::MetricState st = t_.local_metric_state(true, i);  // every lane's counts
       for (std::int64_t c : st.counts) result.push_back(static_cast<double>(c));
       result.insert(result.end(), st.sums.begin(), st.sums.end());
     }

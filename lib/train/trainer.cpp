@@ -287,9 +287,7 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
   }
   check_resumable(checkpoint_path, c.state, replicas_[0].train_metrics);
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
-  for (Replica& rep : replicas_)
-    for (int l = 0; l < rep.lane_count(); ++l)
-      for (auto& m : rep.lane(l).train_metrics) m->reset();
+  reset_train_metrics();
   for (std::size_t i = 0; strategy_->is_chief() && i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)
     replicas_[0].train_metrics[i]->merge(metrics::MetricState{c.state.metric_counts[i], c.state.metric_sums[i]});
   if (c.state.seed != exp_.seed)
@@ -476,8 +474,8 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
   for (auto& m : rep.eval_metrics) m->update(batch.y, logits);
 }
 
-metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index) const {
-  // Exact: the states (integer counts) of every replica, and then of every worker, are added.
+metrics::MetricState Trainer::local_metric_state(bool train, std::size_t index) const {
+  // Exact: the states (integer counts) of every replica and lane are added.
   metrics::MetricState total;
   for (const Replica& rep : replicas_)
     for (int l = 0; l < rep.lane_count(); ++l) {
@@ -488,6 +486,18 @@ metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index)
       for (std::size_t i = 0; i < st.counts.size(); ++i) total.counts[i] += st.counts[i];
       for (std::size_t i = 0; i < st.sums.size(); ++i) total.sums[i] += st.sums[i];
     }
+  return total;
+}
+
+void Trainer::reset_train_metrics() {
+  for (Replica& rep : replicas_)
+    for (int l = 0; l < rep.lane_count(); ++l)
+      for (auto& m : rep.lane(l).train_metrics) m->reset();
+}
+
+metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index) const {
+  // Exact: this process's states, then every worker's, are added.
+  metrics::MetricState total = local_metric_state(train, index);
   strategy_->all_reduce_sum(std::span<std::int64_t>(total.counts), "metric counts");
   strategy_->all_reduce_sum(std::span<double>(total.sums), "metric sums");
   return total;
@@ -599,10 +609,7 @@ void Trainer::begin_epoch(LoopState& state, data::DistributedIterator& input) {
   state.step = resuming ? std::min(resume_->step_in_epoch, state.steps) : 0;
   state.loss_sum = resuming ? resume_->epoch_loss_sum : 0.0;
   state.samples = resuming ? resume_->epoch_samples : 0;
-  if (!resuming)
-    for (Replica& rep : replicas_)
-      for (int l = 0; l < rep.lane_count(); ++l)
-        for (auto& m : rep.lane(l).train_metrics) m->reset();
+  if (!resuming) reset_train_metrics();
   strategy_->take_cross_worker_seconds();
   strategy_->take_cross_worker_wait_seconds();
   input.start_epoch(state.epoch, state.step);

@@ -149,9 +149,12 @@ class Trainer {
   nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch) const;
   nn::StepContext lane_step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch,
                                     int lane, Lanes::Rows rows) const;
-  // Every replica's state of metric `index` (train or eval) merged, then summed across workers:
-  // exact, and every worker must call it at the same point.
+  // The state of metric `index` (train or eval) merged over this process's replicas and lanes.
+  metrics::MetricState local_metric_state(bool train, std::size_t index) const;
+  // That state summed across workers: exact, and every worker must call it at the same point.
   metrics::MetricState merged_metric_state(bool train, std::size_t index) const;
+  // Every replica's and lane's training metrics start afresh.
+  void reset_train_metrics();
   // Its result.
   double combined_metric(bool train, std::size_t index) const;
   // The callbacks of fit(), in the order they run.
