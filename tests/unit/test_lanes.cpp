@@ -60,9 +60,16 @@ TEST_CASE("a batch split over lanes computes the steps one thread computes on th
   auto reference = make_trainer(experiment("{kind: default}", 30, 1, "batch"));
   const auto steps = testing::trajectory_of(*reference, 14);
   const auto test = reference->evaluate_split("test");
-  // 2 lanes of 15, 3 of 10, 4 of 8, 8, 7, 7; and the threads sharing each layer instead.
+  // 2 lanes of 15, 3 of 10, 4 of 8, 8, 7, 7; and the threads sharing each layer instead (not under
+  // ThreadSanitizer: an OpenMP team of several threads runs in libgomp, which is not instrumented,
+  // so TSan cannot see its synchronization).
+#if defined(__SANITIZE_THREAD__)
+  const std::vector<const char*> parallelisms = {"batch"};
+#else
+  const std::vector<const char*> parallelisms = {"batch", "operations"};
+#endif
   for (int threads : {2, 3, 4}) {
-    for (const char* parallelism : {"batch", "operations"}) {
+    for (const char* parallelism : parallelisms) {
       CAPTURE(threads);
       CAPTURE(parallelism);
       auto t = make_trainer(experiment("{kind: default}", 30, threads, parallelism));
