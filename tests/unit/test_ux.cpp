@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -120,19 +121,77 @@ TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record w
   CHECK(*run.epochs[1].samples_per_s == 400.0);
   CHECK_FALSE(run.epochs[1].accuracy.has_value());
 
-  // The picture names its series: one run by split, several by run and split.
+  // The key names the splits' styles, and for several runs each run's colour.
   const std::string one = train::gnuplot_script({run}, "x.png");
   CHECK(contains(one, "title 'train'"));
   CHECK(contains(one, "title 'test'"));
   CHECK_FALSE(contains(one, "title 'validation'"));  // no record has validation figures now
+  CHECK_FALSE(contains(one, "title 'dtrain_test_ux_plot'"));  // the picture's title names the one run
   CHECK(contains(one, "set ylabel 'accuracy (%)'"));
   CHECK(contains(one, "1 2.5 25 NaN NaN 2.25 50 384\n"));
   train::RunCurves other = run;
   other.label = "it's";
   const std::string two = train::gnuplot_script({run, other}, "x.png");
-  CHECK(contains(two, "title 'dtrain_test_ux_plot train'"));
-  CHECK(contains(two, "title 'it''s test'"));  // gnuplot's quoting
+  CHECK(contains(two, "title 'dtrain_test_ux_plot'"));
+  CHECK(contains(two, "title 'it''s'"));  // gnuplot's quoting
+  CHECK(contains(two, "title 'train'"));
   std::ofstream(dir / "metrics.jsonl") << "not json\n";
   CHECK_THROWS_AS(train::read_run_curves(dir.string()), InputError);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// The numbers after `prefix` on each line of the script that starts with it.
+std::vector<double> values_after(const std::string& script, const std::string& prefix) {
+  std::vector<double> out;
+  std::istringstream lines(script);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(std::stod(line.substr(prefix.size())));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("plot: the key lies below the panels, outside every plotting area, for 1 to 8 runs") {
+  train::RunCurves run;
+  run.label = "a_run_with_a_long_name";
+  for (int epoch = 1; epoch <= 5; ++epoch) {
+    train::EpochPoint p;
+    p.epoch = epoch;
+    p.loss = 2.0 / epoch;
+    p.accuracy = 0.1 + 0.02 * epoch;  // low accuracy: the curves run along the bottom
+    p.val_loss = p.loss + 0.1;
+    p.val_accuracy = *p.accuracy;
+    p.test_loss = p.loss + 0.2;
+    p.test_accuracy = *p.accuracy;
+    p.samples_per_s = 1000.0;
+    run.epochs.push_back(p);
+  }
+  int previous_height = 0;
+  for (std::size_t n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    std::vector<train::RunCurves> runs;
+    for (std::size_t i = 0; i < n; ++i) {
+      runs.push_back(run);
+      runs.back().label += std::to_string(i);
+    }
+    const std::string script = train::gnuplot_script(runs, "x.png");
+    // Every curve is untitled: only the key's empty plots carry titles.
+    std::istringstream lines(script);
+    for (std::string line; std::getline(lines, line);)
+      if (contains(line, " using ")) CHECK_MESSAGE(contains(line, "notitle"), line);
+    // The panels' plotting areas end at the first bottom margin; every key's top is below it.
+    const std::vector<double> bottoms = values_after(script, "set bmargin at screen ");
+    const std::vector<double> keys = values_after(script, "set key at screen 0.5, ");
+    REQUIRE_FALSE(bottoms.empty());
+    REQUIRE(keys.size() == (n == 1 ? 1U : 2U));  // the splits' styles; the runs' colours
+    for (double top : keys) CHECK(top < bottoms.front());
+    CHECK(contains(script, "unset key\n"));  // before the first panel
+    // More runs than fit one row of the key make the picture taller, not the panels smaller.
+    const auto size = script.find("size ");
+    const int height = std::stoi(script.substr(script.find(',', size) + 1));
+    CHECK(height >= previous_height);
+    previous_height = height;
+  }
 }
