@@ -56,7 +56,7 @@ endfunction()
 dtrain_script_cases(tensorboard events_match_metrics resume chief_only)
 dtrain_script_cases(to_hdf5 convert_and_train bad_inputs png_16bit csv_class_names)
 # Logs under mpirun, dtrain init, dtrain plot and train.plot (tests/integration/ux.sh).
-set(DTRAIN_UX_CASES mpi_log bar_on_terminal init_strategies init_overwrite plot plot_errors train_plot)
+set(DTRAIN_UX_CASES mpi_log bar_on_terminal init_strategies init_default_trains init_overwrite plot plot_errors train_plot)
 foreach(case ${DTRAIN_UX_CASES})
   add_test(NAME ux.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/ux.sh ${case} $<TARGET_FILE:dtrain>

@@ -56,6 +56,17 @@ case "$case_name" in
     "$dtrain" init --model mlp >"$scratch/mlp.yaml" || fail "init --model mlp failed"
     "$dtrain" validate "$scratch/mlp.yaml" >/dev/null || fail "the mlp template does not validate"
     ;;
+  init_default_trains)
+    # The default template exactly as written, on the Fashion-MNIST tools/setup installs: only
+    # shortened to two steps.
+    "$dtrain" init -o "$scratch/first.yaml" >/dev/null || fail "init failed"
+    "$dtrain" run "$scratch/first.yaml" --set train.steps_per_epoch=2 --set train.epochs=1 --run-dir "$scratch/run" \
+      >"$scratch/out" 2>&1 || fail "the default template does not train: $(tail -5 "$scratch/out")"
+    cat "$scratch/out"
+    grep -Eq '^Epoch 1, Loss: [0-9.]+, Accuracy: [0-9.]+, Test Loss: [0-9.]+, Test Accuracy: [0-9.]+$' "$scratch/out" \
+      || fail "no epoch line"
+    grep -q '(2 steps' "$scratch/out" || fail "not the two steps asked for"
+    ;;
   init_overwrite)
     "$dtrain" init -o "$scratch/e.yaml" >/dev/null || fail "first init failed"
     echo "# mine" >"$scratch/e.yaml"

@@ -95,6 +95,86 @@ TEST_CASE("init: the choices beside a key come from the parser's tables") {
   CHECK_THROWS_AS(config::experiment_template(bad), ConfigError);
 }
 
+namespace {
+
+// The text after "# " of every commented line of `text` that starts (after "# ") with `start`,
+// its own trailing comment removed.
+std::vector<std::string> commented(const std::string& text, const std::string& start) {
+  std::vector<std::string> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto hash = line.find("# ");
+    if (hash == std::string::npos || line.find_first_not_of(' ') != hash) continue;
+    std::string body = line.substr(hash + 2);
+    if (body.rfind(start, 0) != 0) continue;
+    out.push_back(body.substr(0, body.find("   #")));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("init: every learning-rate schedule and data source is shown with its keys, and reads back") {
+  const std::string text = config::experiment_template({});
+  // One commented learning_rate line per schedule but the plain number, each one the parser takes.
+  const std::vector<std::string> rates = commented(text, "learning_rate: {schedule: ");
+  for (std::string_view kind : config::choices_of("optimizer.learning_rate.schedule")) {
+    if (kind == "constant") continue;
+    CAPTURE(kind);
+    const auto line = std::find_if(rates.begin(), rates.end(), [&](const std::string& l) {
+      return contains(l, fmt::format("{{schedule: {},", kind));
+    });
+    REQUIRE(line != rates.end());
+    const std::string value = line->substr(std::string("learning_rate: ").size());
+    const config::Experiment e = config::parse_experiment(text, "init.yaml", {"optimizer.learning_rate=" + value});
+    CHECK(config::name_of(e.optimizer.learning_rate.kind) == kind);
+  }
+  CHECK(contains(text, "boundaries: [1000, 2000], values: [0.001, 0.0005, 0.0001]"));
+  CHECK(contains(text, "decay_steps: 10000, alpha: 0.0"));  // the default the parser writes
+  // The keys only some sources take, on one line each, which read back with their source.
+  for (const char* source : {"synthetic", "tensors"}) {
+    CAPTURE(source);
+    std::string keys;
+    for (const std::string& line : commented(text, ""))
+      if (contains(text, fmt::format("# {}   # source: {} only", line, source))) keys = line;
+    REQUIRE_FALSE(keys.empty());
+    const config::Experiment e =
+        config::parse_experiment(text, "init.yaml", {fmt::format("data={{source: {}, {}}}", source, keys)});
+    CHECK(config::name_of(e.data.source) == std::string(source));
+  }
+  CHECK(contains(text, "# x: [1.0], y: [1.0], size: 100   # source: tensors only"));
+}
+
+TEST_CASE("init: each strategy's template shows only the keys that strategy takes") {
+  auto of = [](const char* kind) {
+    config::TemplateOptions options;
+    options.strategy = kind;
+    return config::experiment_template(options);
+  };
+  const std::string mwm = of("multi_worker_mirrored");
+  CHECK(contains(mwm, "implementation: auto | ring | mpi | nccl"));
+  CHECK(contains(mwm, "# roles: {chief: 1, evaluator: 0}"));
+  // The commented roles line is one the parser takes under this strategy.
+  CHECK_NOTHROW(config::parse_experiment(mwm, "init.yaml", {"strategy.roles={chief: 1, evaluator: 0}"}));
+  const std::string ps = of("parameter_server");
+  CHECK_FALSE(contains(ps, "# roles:"));  // its roles are written out; without ps it would be refused
+  CHECK_FALSE(contains(ps, "bytes_per_pack"));
+  CHECK_FALSE(contains(ps, "implementation"));
+  CHECK_FALSE(contains(ps, "overlap"));
+  CHECK(contains(ps, "communication: {timeout_seconds: 300.0}"));
+  CHECK(contains(ps, "`mpirun -n 5 dtrain run FILE`"));
+  for (const char* local : {"default", "one_device", "mirrored", "central_storage"}) {
+    CAPTURE(local);
+    const std::string text = of(local);
+    CHECK_FALSE(contains(text, "communication"));
+    CHECK_FALSE(contains(text, "roles"));
+    CHECK_FALSE(contains(text, "mpirun -n 5"));
+    CHECK(contains(text, "`dtrain run FILE`"));
+  }
+  CHECK(config::launcher_for("multi_worker_mirrored") == "mpirun -n 2 ");
+  CHECK(config::launcher_for("default").empty());
+}
+
 TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record winning") {
   const auto dir = std::filesystem::temp_directory_path() / "dtrain_test_ux_plot";
   std::filesystem::remove_all(dir);
