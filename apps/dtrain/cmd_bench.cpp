@@ -21,6 +21,8 @@ int bench_command(const BenchArgs& args) {
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+    refuse_local_strategy_under_launcher(exp, *workers, "each would time its own steps alone on the shared cores "
+                                                        "and print its own table");
     if (distribute::spans_workers(exp.strategy)) {
       const auto roles = workers->assign_roles(exp.strategy.roles, std::getenv("TF_CONFIG"));
       if (roles && roles->evaluators > 0)

@@ -39,7 +39,7 @@ int init_command(const InitArgs& args) {
   out.close();
   if (!out) throw IoError(fmt::format("cannot write {}; check that its directory exists and is writable", args.output));
   fmt::print("wrote {}: edit the TODOs, then `dtrain validate {}` checks it and `{}dtrain run {}` trains it\n",
-             args.output, args.output, args.strategy == "multi_worker_mirrored" ? "mpirun -n 2 " : "", args.output);
+             args.output, args.output, config::launcher_for(args.strategy), args.output);
   return kOk;
 }
 

@@ -123,6 +123,7 @@ int resume_command(const ResumeArgs& args) {
   }
   config::Experiment exp =
       config::parse_experiment(stored.experiment_yaml, candidates[first] + ":/experiment", args.overrides);
+  refuse_local_strategy_under_launcher(exp, *workers, "each would resume alone, all into one run directory");
 
   train::TrainerOptions options;
   options.run_dir =

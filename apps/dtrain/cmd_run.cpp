@@ -22,11 +22,18 @@
 namespace dtrain::app {
 
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {
-  if (workers.size() == 1) return body();
+  const bool alone = workers.size() == 1;  // before the body: roles may split the group
   int code = kOk;
   try {
     code = body();
+  } catch (const SameOnEveryRank& e) {
+    if (workers.world_rank() == 0) {
+      std::fflush(stdout);
+      fmt::print(stderr, "dtrain: error: {}\n", e.what());
+    }
+    return kBadInput;
   } catch (const std::exception& e) {
+    if (alone) throw;  // main() reports it
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
     code = exit_code_for(e);
@@ -36,6 +43,20 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
   // survivor ends here with its own code, the coordinator's being the job's.
   if (workers.rank_lost()) workers.end_without_finalize(code);
   return code;
+}
+
+void refuse_local_strategy_under_launcher(const config::Experiment& experiment, const distribute::WorkerGroup& workers,
+                                          const std::string& consequence) {
+  if (workers.world_size() <= 1 || distribute::spans_workers(experiment.strategy)) return;
+  // The kind's place: file:line:column, the --set that gave it, or the file when it was left out.
+  const config::SourceLocation& where = experiment.strategy.where;
+  const bool left_out = where.line == 0 && !where.file.starts_with("--set");
+  throw SameOnEveryRank(fmt::format(
+      "{}strategy kind {}{} runs in one process, but mpirun started {} processes: {}; to train across the processes "
+      "use strategy kind multi_worker_mirrored (or parameter_server), or run without mpirun",
+      config::location_prefix(where, left_out ? config::SourceLocation{experiment.source_file, 0, 0} : where),
+      config::name_of(experiment.strategy.kind), left_out ? " (strategy left out)" : "", workers.world_size(),
+      consequence));
 }
 
 int report_interrupted(const train::Interrupted& stop, const std::string& run_dir) {
@@ -108,6 +129,7 @@ int run_command(const RunArgs& args) {
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+    refuse_local_strategy_under_launcher(exp, *workers, "each would train alone, all into one run directory");
     train::TrainerOptions options;
     options.workers = workers.get();
     const bool chief = workers->world_rank() == 0;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <span>
+#include <sstream>
 #include <string_view>
 #include <vector>
 
@@ -69,9 +71,122 @@ std::string layer_catalogue() {
   return out;
 }
 
-std::vector<Note> notes() {
-  const DataConfig data;
-  const OptimizerConfig optimizer;
+// The lines of top-level section `section` of to_yaml's block text, without their indentation
+// (every value there is one line: a scalar or a flow collection).
+std::vector<std::string> section_lines(const std::string& yaml, std::string_view section) {
+  std::vector<std::string> out;
+  std::istringstream in(yaml);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] != ' ') {
+      inside = line == std::string(section) + ":";
+      continue;
+    }
+    if (inside && line.compare(0, 2, "  ") == 0) out.push_back(line.substr(2));
+  }
+  return out;
+}
+
+std::string key_of(const std::string& line) { return line.substr(0, line.find(':')); }
+
+// Another kind of something than the template's (data source, schedule, optimizer) as the parser
+// reads and to_yaml writes it: the skeleton with `assignment` (a --set) applied, resolved. So the
+// keys each kind takes, and their defaults, are the parser's own. An InternalError when the
+// parser refuses the example: a kind that needs values this file has no example of.
+std::string resolved_with(const std::string& skeleton, const std::string& assignment) {
+  try {
+    return to_yaml(parse_experiment(skeleton, "dtrain init", {assignment}));
+  } catch (const ConfigError& e) {
+    throw InternalError(fmt::format("dtrain init has no valid example for --set {}: {}", assignment, e.what()));
+  }
+}
+
+// Example values for the kinds whose keys are required (the others are written with their
+// defaults), and what each kind does, for the comment beside it.
+struct Example {
+  std::string_view kind;
+  std::string_view value;  // the YAML of the whole map
+  std::string_view what;
+};
+constexpr Example source_examples[] = {
+    {"idx", "{source: idx, path: my_idx_files}", ""},
+    {"hdf5", "{source: hdf5, path: my_data.h5}", ""},
+    {"synthetic", "{source: synthetic}", "random images of `classes` classes"},
+    {"tensors", "{source: tensors, x: [1.0], y: [1.0], size: 100}",
+     "one example (x, y) repeated `size` times, as tf.data.Dataset.from_tensors(...).repeat(size)"},
+};
+constexpr Example schedule_examples[] = {
+    {"exponential_decay",
+     "{schedule: exponential_decay, initial_learning_rate: 0.001, decay_steps: 1000, decay_rate: 0.96}",
+     "initial_learning_rate * decay_rate ^ (step / decay_steps); staircase: true floors the exponent"},
+    {"piecewise_constant", "{schedule: piecewise_constant, boundaries: [1000, 2000], values: [0.001, 0.0005, 0.0001]}",
+     "values[0] up to step boundaries[0], then values[1], ...: one more value than boundaries"},
+    {"cosine_decay", "{schedule: cosine_decay, initial_learning_rate: 0.001, decay_steps: 10000}",
+     "from initial_learning_rate down to alpha times it over decay_steps, along a half cosine"},
+};
+
+const Example* example_of(std::span<const Example> examples, std::string_view kind) {
+  for (const Example& e : examples)
+    if (e.kind == kind) return &e;
+  return nullptr;
+}
+
+// "   # what it does" beside an example line, or nothing.
+std::string comment_of(const Example* example) {
+  return example && !example->what.empty() ? "   # " + std::string(example->what) : std::string();
+}
+
+// The keys of the data sources other than `chosen`, each source's on one commented line: the keys
+// its section has that the chosen source's has not.
+std::string other_sources(const std::string& skeleton, const std::string& yaml, std::string_view chosen) {
+  std::vector<std::string> known;
+  for (const std::string& line : section_lines(yaml, "data")) known.push_back(key_of(line));
+  std::string out;
+  for (std::string_view kind : choices_of("data.source")) {
+    if (kind == chosen) continue;
+    const Example* example = example_of(source_examples, kind);
+    const std::string value = example ? std::string(example->value) : fmt::format("{{source: {}}}", kind);
+    std::vector<std::string> own;
+    for (const std::string& line : section_lines(resolved_with(skeleton, "data=" + value), "data"))
+      if (std::find(known.begin(), known.end(), key_of(line)) == known.end()) own.push_back(line);
+    if (own.empty()) continue;  // a source that only reads another path
+    out += fmt::format("{}   # source: {} only{}\n", fmt::join(own, ", "), kind,
+                       example && !example->what.empty() ? ": " + std::string(example->what) : "");
+  }
+  if (!out.empty()) out.pop_back();  // the note's last line ends without a newline
+  return out;
+}
+
+// One commented line per learning-rate schedule other than a plain number.
+std::string schedules(const std::string& skeleton) {
+  std::string out;
+  for (std::string_view kind : choices_of("optimizer.learning_rate.schedule")) {
+    if (kind == name_of(ScheduleKind::constant)) continue;  // the number the template writes
+    const Example* example = example_of(schedule_examples, kind);
+    const std::string value = example ? std::string(example->value) : fmt::format("{{schedule: {}}}", kind);
+    const std::string resolved = resolved_with(skeleton, "optimizer.learning_rate=" + value);
+    for (const std::string& line : section_lines(resolved, "optimizer"))
+      if (key_of(line) == "learning_rate") out += line + comment_of(example) + "\n";
+  }
+  if (!out.empty()) out.pop_back();
+  return out;
+}
+
+// The keys each optimizer kind adds to kind and learning_rate, with their defaults.
+std::string optimizer_keys(const std::string& skeleton) {
+  std::vector<std::string> kinds;
+  for (std::string_view kind : choices_of("optimizer.kind")) {
+    std::vector<std::string> own;
+    const std::string resolved = resolved_with(skeleton, fmt::format("optimizer={{kind: {}}}", kind));
+    for (const std::string& line : section_lines(resolved, "optimizer"))
+      if (key_of(line) != "kind" && key_of(line) != "learning_rate") own.push_back(line);
+    kinds.push_back(fmt::format("{} takes {}", kind, fmt::join(own, ", ")));
+  }
+  return fmt::format("{}", fmt::join(kinds, "; "));
+}
+
+std::vector<Note> notes(const std::string& skeleton, const Experiment& experiment, const std::string& yaml) {
+  const StrategyKind strategy = experiment.strategy.kind;
   const RolesConfig roles;
   std::vector<Note> n;
   n.push_back({"name", "", "names the run directory: runs/<name>", ""});
@@ -86,20 +201,28 @@ std::vector<Note> notes() {
                "", ""});
   n.push_back({"strategy.kind", "", "", ""});
   n.push_back({"strategy.device", "", "the one device: cpu:N", ""});
-  n.push_back({"strategy.devices", "", "auto: one CPU replica per core (per rank across workers), or [cpu:0, cpu:1]", ""});
+  n.push_back({"strategy.devices", "",
+               strategy == StrategyKind::multi_worker_mirrored
+                   ? "auto: one CPU replica per rank, or [cpu:0, cpu:1]: replicas in each rank"
+                   : "auto: one CPU replica per core, or [cpu:0, cpu:1]",
+               ""});
   n.push_back({"strategy.cross_device_ops", "", "how the replicas' gradients are summed; auto says what it chose", ""});
   n.push_back({"strategy.parameter_device", "", "where the one copy of the variables lives: one of devices", ""});
-  {
-    std::vector<std::string_view> implementations = choices_of("strategy.communication.implementation");
+  if (strategy == StrategyKind::multi_worker_mirrored) {
     n.push_back({"strategy.communication",
                  fmt::format("implementation: {}; bytes_per_pack: gradients per all-reduce, 0 = one pack;\n"
                              "overlap: start a pack's all-reduce while backward computes the earlier layers;\n"
                              "timeout_seconds: a collective that takes longer aborts the job (exit 5)",
-                             joined(implementations, " | ")),
+                             joined(choices_of("strategy.communication.implementation"), " | ")),
                  "",
                  fmt::format("roles: {{chief: {}, evaluator: {}}}   # worker left out: every other rank; evaluator: 1 "
                              "adds a rank that evaluates each checkpoint",
                              roles.chief, roles.evaluator)});
+  } else {
+    n.push_back({"strategy.communication",
+                 "timeout_seconds: how long a rank waits for another (coordinator, worker, parameter server)\n"
+                 "before counting it lost; a lost server or coordinator, or every worker lost, ends the job (exit 5)",
+                 "", ""});
   }
   n.push_back({"strategy.roles", "", "the ranks in rank order: chief, workers, parameter servers, evaluator", ""});
   n.push_back({"strategy.variable_partitioner", "",
@@ -111,9 +234,7 @@ std::vector<Note> notes() {
                "(optionally .gz); hdf5 reads one file with groups /train and /test holding x (images, channels\n"
                "last) and y (labels); synthetic makes random images; tensors repeats one example.",
                "", ""});
-  n.push_back({"data.source", "", "",
-               fmt::format("shape: {}, classes: {}, train_size: {}, test_size: {}   # source: synthetic only",
-                           fmt::format("[{}]", fmt::join(data.shape, ", ")), data.classes, data.train_size, data.test_size)});
+  n.push_back({"data.source", "", "", other_sources(skeleton, yaml, name_of(experiment.data.source))});
   n.push_back({"data.path", "", "fashion_mnist, idx: a directory; hdf5: a file",
                "shards: [x-00000-of-00002.h5, x-00001-of-00002.h5]   # hdf5 only, instead of path: the data split "
                "into files (tools/make_shards)"});
@@ -144,16 +265,10 @@ std::vector<Note> notes() {
                "average over one replica's share, so they are refused under every strategy but default.",
                "", ""});
   n.push_back({"optimizer", "", "", ""});
-  n.push_back({"optimizer.kind", "", "Keras (3) formulas and defaults",
-               fmt::format("sgd takes momentum: {}, nesterov: {}; adam beta_1: {}, beta_2: {}, epsilon: {}; rmsprop "
-                           "rho: {}, momentum: {}, epsilon: {}, centered: {}",
-                           yaml_number(optimizer.momentum), optimizer.nesterov, yaml_number(optimizer.beta_1),
-                           yaml_number(optimizer.beta_2), yaml_number(optimizer.epsilon), yaml_number(optimizer.rho),
-                           yaml_number(optimizer.momentum), yaml_number(optimizer.epsilon), optimizer.centered)});
+  n.push_back({"optimizer.kind", "", "Keras (3) formulas and defaults", optimizer_keys(skeleton)});
   n.push_back({"optimizer.learning_rate", "",
                fmt::format("a number, or {{schedule: {}, ...}}", joined(choices_of("optimizer.learning_rate.schedule"), " | ")),
-               "learning_rate: {schedule: exponential_decay, initial_learning_rate: 0.001, decay_steps: 1000, "
-               "decay_rate: 0.96, staircase: false}"});
+               schedules(skeleton)});
   n.push_back({"optimizer.beta_1", "", "decay of the gradient's running mean", ""});
   n.push_back({"optimizer.beta_2", "", "decay of the squared gradient's running mean", ""});
   n.push_back({"optimizer.epsilon", "", "added to the denominator for stability", ""});
@@ -196,8 +311,8 @@ void comment_lines(std::string& out, std::size_t indent, const std::string& text
 }
 
 // Adds the notes to to_yaml's block-style text, following each line's key path by indentation.
-std::string annotate(const std::string& yaml) {
-  const std::vector<Note> all = notes();
+std::string annotate(const std::string& skeleton, const Experiment& experiment, const std::string& yaml) {
+  const std::vector<Note> all = notes(skeleton, experiment, yaml);
   std::vector<std::pair<std::size_t, std::string>> open;  // (indent, key) of the enclosing maps
   std::string out;
   std::size_t start = 0;
@@ -249,6 +364,12 @@ std::string annotate(const std::string& yaml) {
 
 }  // namespace
 
+std::string launcher_for(std::string_view strategy) {
+  if (strategy == name_of(StrategyKind::multi_worker_mirrored)) return "mpirun -n 2 ";
+  if (strategy == name_of(StrategyKind::parameter_server)) return "mpirun -n 5 ";  // the roles below
+  return "";
+}
+
 std::string experiment_template(const TemplateOptions& options) {
   std::string_view layers;
   if (options.model == "cnn") layers = cnn_layers;
@@ -272,10 +393,9 @@ std::string experiment_template(const TemplateOptions& options) {
   std::string out = fmt::format(
       "# A dtrain experiment (strategy {}, model {}) written by `dtrain init`: every key with its\n"
       "# default value, the values a key takes beside it, and TODOs where a custom training loop\n"
-      "# needs your choices. `dtrain validate FILE` checks it; {}dtrain run FILE` trains it.\n\n",
-      options.strategy, options.model,
-      options.strategy == "multi_worker_mirrored" ? "`mpirun -n 2 " : parameter_server ? "`mpirun -n 5 " : "`");
-  return out + annotate(to_yaml(experiment));
+      "# needs your choices. `dtrain validate FILE` checks it; `{}dtrain run FILE` trains it.\n\n",
+      options.strategy, options.model, launcher_for(options.strategy));
+  return out + annotate(skeleton, experiment, to_yaml(experiment));
 }
 
 }  // namespace dtrain::config

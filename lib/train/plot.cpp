@@ -60,15 +60,17 @@ std::string column(const std::optional<double>& value, double scale = 1.0) {
 // One colour per run (the Tableau palette: distinct, and readable on white).
 constexpr const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+const char* colour_of(std::size_t run) { return colours[run % std::size(colours)]; }
 
 struct Series {
   int column;        // in the run's datablock
-  const char* split; // legend suffix
+  const char* split; // the key's name of the split
   const char* style; // dash type and point type of the split
 };
 // Train solid with dots, validation dotted with rings, test dashed with squares.
 constexpr Series loss_series[] = {{2, "train", "dt 1 pt 7"}, {4, "validation", "dt 3 pt 6"}, {6, "test", "dt 2 pt 5"}};
 constexpr Series accuracy_series[] = {{3, "train", "dt 1 pt 7"}, {5, "validation", "dt 3 pt 6"}, {7, "test", "dt 2 pt 5"}};
+constexpr int throughput_column = 8;
 
 bool has_column(const RunCurves& run, int col) {
   return std::any_of(run.epochs.begin(), run.epochs.end(), [&](const EpochPoint& e) {
@@ -84,35 +86,53 @@ bool has_column(const RunCurves& run, int col) {
   });
 }
 
-// Room above (loss: it falls) or below (accuracy: it rises) the curves for a legend of `entries`
-// lines, so that the legend never hides a point: the y range grows by that fraction.
-std::string legend_room(std::size_t entries, bool at_top) {
-  const double fraction = std::min(0.6, 0.045 + 0.055 * static_cast<double>(entries));
-  const double grow = fraction / (1.0 - fraction);
-  return at_top ? fmt::format("set offsets 0, 0, graph {:.3f}, 0\n", grow)
-                : fmt::format("set offsets 0, 0, 0, graph {:.3f}\n", grow);
+bool any_has_column(const std::vector<RunCurves>& runs, int col) {
+  return std::any_of(runs.begin(), runs.end(), [&](const RunCurves& r) { return has_column(r, col); });
 }
 
-std::size_t entries(const std::vector<RunCurves>& runs, std::span<const Series> series) {
-  std::size_t n = 0;
-  for (const RunCurves& run : runs)
-    for (const Series& s : series) n += has_column(run, s.column) ? 1 : 0;
-  return n;
-}
-
-// "plot" with every series the runs have, or "" when none has any.
-std::string plot_command(const std::vector<RunCurves>& runs, std::span<const Series> series, bool several) {
+// The curves of one panel: every series of `series` the runs have, in the run's colour and the
+// split's style, untitled (the one key below the panels names them). "" when none has any.
+std::string panel_plot(const std::vector<RunCurves>& runs, std::span<const Series> series, const std::string& points) {
   std::vector<std::string> parts;
-  for (std::size_t r = 0; r < runs.size(); ++r) {
-    for (const Series& s : series) {
-      if (!has_column(runs[r], s.column)) continue;
-      const std::string title = several ? fmt::format("{} {}", runs[r].label, s.split) : s.split;
-      parts.push_back(fmt::format("$run{} using 1:{} with linespoints lw 2 ps 0.7 lc rgb '{}' {} title {}", r, s.column,
-                                  colours[r % std::size(colours)], s.style, quoted(title)));
-    }
-  }
-  return parts.empty() ? std::string() : "plot " + fmt::format("{}", fmt::join(parts, ", \\\n     ")) + "\n";
+  for (std::size_t r = 0; r < runs.size(); ++r)
+    for (const Series& s : series)
+      if (has_column(runs[r], s.column))
+        parts.push_back(fmt::format("$run{} using 1:{} with linespoints lw 2 {} lc rgb '{}' {} notitle", r, s.column,
+                                    points, colour_of(r), s.style));
+  return parts.empty() ? std::string() : fmt::format("plot {}\n", fmt::join(parts, ", \\\n     "));
 }
+
+// The picture, in pixels. The key sits in a strip below the panels, outside every plotting area,
+// so that it never covers a curve whatever the curves do; its rows are counted here because the
+// strip's height has to be known before gnuplot lays the key out.
+constexpr int panel_width = 460;
+constexpr int title_height = 62;     // the picture's title and the panel's title above the plot area
+constexpr int plot_height = 290;
+constexpr int axis_height = 62;      // the tic labels and "epoch" below the plot area, and a gap
+constexpr int key_row_height = 20;
+constexpr int key_padding = 14;      // a key's box around its rows, and the gap to the next
+constexpr double char_width = 7.5;   // sans 10 in pixels, generously: too wide only adds rows
+
+// A strip below the panels with one horizontal key: its entries ("NaN with ... title '...'": an
+// empty plot that only draws its sample in the key), `columns` per row.
+struct KeyStrip {
+  std::vector<std::string> entries;
+  int columns = 1;
+  int rows() const { return (static_cast<int>(entries.size()) + columns - 1) / columns; }
+  int height() const { return rows() * key_row_height + key_padding; }
+};
+
+// As many entries per row as fit the picture's width, the widest title deciding (gnuplot makes
+// every column of a key as wide as its widest title).
+int columns_for(const std::vector<std::string>& titles, int width) {
+  std::size_t longest = 1;
+  for (const std::string& t : titles) longest = std::max(longest, t.size());
+  const double column = char_width * static_cast<double>(longest + 2) + 60.0;  // + the line sample and gaps
+  const int fit = std::max(1, static_cast<int>((width - 40) / column));
+  return std::min(fit, static_cast<int>(titles.size()));
+}
+
+std::string screen(double pixels, int total) { return fmt::format("{:.4f}", pixels / total); }
 
 }  // namespace
 
@@ -154,12 +174,43 @@ std::string gnuplot_script(const std::vector<RunCurves>& runs, const std::string
   int last_epoch = 1;
   for (const RunCurves& run : runs)
     for (const EpochPoint& e : run.epochs) last_epoch = std::max(last_epoch, e.epoch);
-  const bool accuracy = std::any_of(runs.begin(), runs.end(), [](const RunCurves& r) { return has_column(r, 3); });
+  const bool accuracy = any_has_column(runs, 3);
   const int panels = accuracy ? 3 : 2;
+  const int width = panel_width * panels;
+
+  // The key: the splits' line styles (in the run's colour for one run, neutral for several), then
+  // for several runs one colour swatch per run.
+  std::vector<KeyStrip> keys;
+  {
+    KeyStrip splits;
+    const char* colour = several ? "#444444" : colour_of(0);
+    for (std::size_t i = 0; i < std::size(loss_series); ++i) {
+      const Series& l = loss_series[i];
+      if (!any_has_column(runs, l.column) && !any_has_column(runs, accuracy_series[i].column)) continue;
+      splits.entries.push_back(fmt::format("NaN with linespoints lw 2 ps 0.8 lc rgb '{}' {} title {}", colour, l.style,
+                                           quoted(l.split)));
+    }
+    splits.columns = static_cast<int>(splits.entries.size());  // at most three: one row
+    keys.push_back(std::move(splits));
+  }
+  if (several) {
+    KeyStrip named;
+    std::vector<std::string> titles;
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      named.entries.push_back(
+          fmt::format("NaN with lines lw 6 lc rgb '{}' title {}", colour_of(r), quoted(runs[r].label)));
+      titles.push_back(runs[r].label);
+    }
+    named.columns = columns_for(titles, width);
+    keys.push_back(std::move(named));
+  }
+  int keys_height = 0;
+  for (const KeyStrip& k : keys) keys_height += k.height();
+  const int height = title_height + plot_height + axis_height + keys_height + 6;
 
   std::ostringstream s;
   // noenhanced: run names are shown as written (enhanced text would make "_" a subscript).
-  s << fmt::format("set terminal pngcairo noenhanced size {},420 font 'sans,10'\n", 460 * panels);
+  s << fmt::format("set terminal pngcairo noenhanced size {},{} font 'sans,10'\n", width, height);
   s << "set output " << quoted(png) << "\n";
   for (std::size_t r = 0; r < runs.size(); ++r) {
     s << fmt::format("$run{} << EOD\n", r);
@@ -171,27 +222,55 @@ std::string gnuplot_script(const std::vector<RunCurves>& runs, const std::string
   }
   std::vector<std::string> labels;
   for (const RunCurves& r : runs) labels.push_back(r.label);
-  s << fmt::format("set multiplot layout 1,{} title {} font 'sans,12'\n", panels,
-                   quoted(fmt::format("dtrain: {}", fmt::join(labels, " vs "))));
-  s << "set grid lc rgb '#dddddd'\nset border lc rgb '#555555'\nset xlabel 'epoch'\n";
-  s << "set key box opaque Left reverse samplen 3 spacing 1.1 width 1\n";
-  // Whole epochs on the axis; a run of one epoch still gets a visible range.
+  const std::string all = fmt::format("dtrain: {}", fmt::join(labels, " vs "));
+  // Past 100 characters the title would run off the picture; the key names the runs.
+  const std::string title = all.size() <= 100 ? all : fmt::format("dtrain: {} runs", runs.size());
+  s << fmt::format("set multiplot title {} font 'sans,12'\n", quoted(title));
+  s << "set grid lc rgb '#dddddd'\nset border lc rgb '#555555'\nset xlabel 'epoch'\nunset key\n";
+  // A little room above and below the curves: a point on the border is half hidden by it.
+  s << "set offsets 0, 0, graph 0.05, graph 0.05\n";
+  // Whole epochs on the axis; a run of one epoch still gets a visible range. Past 20 epochs a
+  // point on every epoch would blur the line: every n-th then.
   s << fmt::format("set xrange [{}:{}]\n", last_epoch > 1 ? 1.0 : 0.5, last_epoch > 1 ? last_epoch : 1.5);
   s << (last_epoch <= 20 ? "set xtics 1\n" : "set xtics format '%.0f'\n");
-  s << "set title 'Loss (mean per example)'\nset ylabel 'loss'\nset key top right\n";
-  s << legend_room(entries(runs, loss_series), true) << plot_command(runs, loss_series, several);
+  const int every = (last_epoch + 19) / 20;
+  const std::string points = every > 1 ? fmt::format("ps 0.7 pi {}", every) : std::string("ps 0.7");
+  // Every panel's plotting area at fixed screen positions, so that the panels line up and the
+  // strip below them stays free for the key.
+  s << fmt::format("set tmargin at screen {}\nset bmargin at screen {}\n", screen(height - title_height, height),
+                   screen(height - title_height - plot_height, height));
+  int panel = 0;
+  auto place = [&] {
+    s << fmt::format("set lmargin at screen {}\nset rmargin at screen {}\n", screen(panel * panel_width + 80, width),
+                     screen((panel + 1) * panel_width - 25, width));
+    ++panel;
+  };
+  place();
+  s << "set title 'Loss (mean per example)'\nset ylabel 'loss'\n" << panel_plot(runs, loss_series, points);
   if (accuracy) {
-    s << "set title 'Accuracy'\nset ylabel 'accuracy (%)'\nset yrange [0<*:*<100]\nset key bottom right\n";
-    s << legend_room(entries(runs, accuracy_series), false) << plot_command(runs, accuracy_series, several);
+    place();
+    s << "set title 'Accuracy'\nset ylabel 'accuracy (%)'\nset yrange [0<*:*<100]\n"
+      << panel_plot(runs, accuracy_series, points);
   }
+  place();
+  // Room above the highest point: a flat line at the top border would be hard to see.
   s << "set title 'Training throughput'\nset ylabel 'samples/s'\nset yrange [0:*]\nset offsets 0, 0, graph 0.1, 0\n";
-  s << (several ? "set key bottom right\n" : "unset key\n");
-  std::vector<std::string> throughput;
-  for (std::size_t r = 0; r < runs.size(); ++r)
-    if (has_column(runs[r], 8))
-      throughput.push_back(fmt::format("$run{} using 1:8 with linespoints lw 2 ps 0.7 lc rgb '{}' dt 1 pt 7 title {}", r,
-                                       colours[r % std::size(colours)], quoted(runs[r].label)));
-  if (!throughput.empty()) s << "plot " << fmt::format("{}", fmt::join(throughput, ", \\\n     ")) << "\n";
+  constexpr Series throughput[] = {{throughput_column, "train", "dt 1 pt 7"}};
+  s << panel_plot(runs, throughput, points);
+
+  // The key strips: empty plots whose only content is their key, centred under the panels.
+  s << "unset title\nunset xlabel\nunset ylabel\nunset grid\nunset border\nunset tics\nset offsets 0, 0, 0, 0\n"
+       "set xrange [0:1]\nset yrange [0:1]\nset lmargin at screen 0\nset rmargin at screen 1\n";
+  int top = height - title_height - plot_height - axis_height;
+  for (const KeyStrip& k : keys) {
+    s << fmt::format("set tmargin at screen {}\nset bmargin at screen {}\n", screen(top, height),
+                     screen(top - k.height() + key_padding / 2, height));
+    s << fmt::format("set key at screen 0.5, {} center top horizontal maxcols {} Left reverse samplen 4 width 1 "
+                     "spacing 1.25 box lc rgb '#cccccc'\n",
+                     screen(top, height), k.columns);
+    s << fmt::format("plot {}\n", fmt::join(k.entries, ", \\\n     "));
+    top -= k.height();
+  }
   s << "unset multiplot\nset output\n";
   return s.str();
 }

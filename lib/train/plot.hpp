@@ -1,7 +1,8 @@
 // Learning curves of one or more runs, read from their metrics.jsonl and drawn by gnuplot into a
 // PNG: loss and accuracy per epoch (train, validation when the run has one, test) and the
-// training throughput, the runs overlaid, one colour per run. `dtrain plot` and the `train.plot`
-// callback both draw through here.
+// training throughput, the runs overlaid, one colour per run. One key below the panels, outside
+// every plotting area so that it never hides a curve, names the splits' line styles and the runs'
+// colours. `dtrain plot` and the `train.plot` callback both draw through here.
 #pragma once
 
 #include <optional>

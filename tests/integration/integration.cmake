@@ -54,9 +54,10 @@ endfunction()
 # train.tensorboard's event files read back with Python's protobuf, and tools/to_hdf5 from
 # generated images, CSV and NumPy files to a dtrain run.
 dtrain_script_cases(tensorboard events_match_metrics resume chief_only)
-dtrain_script_cases(to_hdf5 convert_and_train bad_inputs)
+dtrain_script_cases(to_hdf5 convert_and_train bad_inputs png_16bit csv_class_names)
 # Logs under mpirun, dtrain init, dtrain plot and train.plot (tests/integration/ux.sh).
-set(DTRAIN_UX_CASES mpi_log bar_on_terminal init_strategies init_overwrite plot plot_errors train_plot)
+set(DTRAIN_UX_CASES mpi_log bar_on_terminal init_strategies init_default_trains init_overwrite plot plot_errors train_plot
+    local_strategy_under_mpirun)
 foreach(case ${DTRAIN_UX_CASES})
   add_test(NAME ux.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/ux.sh ${case} $<TARGET_FILE:dtrain>
@@ -64,7 +65,7 @@ foreach(case ${DTRAIN_UX_CASES})
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(ux.${case} PROPERTIES TIMEOUT 300)
 endforeach()
-set_tests_properties(ux.mpi_log ux.init_strategies PROPERTIES RUN_SERIAL TRUE)
+set_tests_properties(ux.mpi_log ux.init_strategies ux.local_strategy_under_mpirun PROPERTIES RUN_SERIAL TRUE)
 # ParameterServerStrategy over real mpirun with 3 to 5 ranks (tests/integration/parameter_server.sh).
 dtrain_script_cases(parameter_server sync_equals_default async roles sigterm lost_worker lost_mid_push lost_exit_codes lost_ps lost_coordinator)
 # dtrain bench: the table and the JSON, in one process and under mpirun -n 2.

@@ -156,6 +156,86 @@ EOF
     expect_bad "x\.npy: 4 values per sample do not fill --shape 3 3" -- npy "$scratch/x.npy" "$scratch/y_big.npy" --shape 3 3 -o "$scratch/o.h5"
     [ ! -e "$scratch/o.h5" ] && [ ! -e "$scratch/o.h5.tmp" ] || fail "a failed conversion left a file behind"
     ;;
+  png_16bit)
+    # A 16-bit grayscale PNG is scaled by 255/65535 (Pillow's convert("L") clips all of these to
+    # 255); 8-bit images beside it keep their values, and rgb repeats the gray channel.
+    $py - "$scratch" <<'EOF' || fail "cannot generate the inputs"
+import os, sys
+import numpy as np
+from PIL import Image
+root = sys.argv[1]
+for name in ("deep", "plain"):
+    os.makedirs(f"{root}/images/{name}")
+for i, value in enumerate((0, 1000, 30000, 65535)):
+    Image.fromarray(np.full((6, 5), value, dtype=np.uint16)).save(f"{root}/images/deep/{i}.png")
+    Image.fromarray(np.full((6, 5), 7 * i, dtype=np.uint8)).save(f"{root}/images/plain/{i}.png")
+with Image.open(f"{root}/images/deep/1.png") as image:
+    assert image.mode.startswith("I"), image.mode  # what Pillow makes of a 16-bit grayscale PNG
+EOF
+    for color in grayscale rgb; do
+      "$to_hdf5" images "$scratch/images" --shape 3 3 --color $color --test "$scratch/images" \
+        -o "$scratch/$color.h5" >"$scratch/out" || fail "$color: 16-bit images did not convert: $(cat "$scratch/out")"
+      $py - "$scratch/$color.h5" <<'EOF' || fail "$color: 16-bit gray is not scaled to 8 bits"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1]) as f:
+    x, y = f["test/x"][()], f["test/y"][()]
+    names = [s.decode() if isinstance(s, bytes) else s for s in f["test"].attrs["class_names"]]
+assert names == ["deep", "plain"], names
+assert x.dtype == np.uint8
+for image in x:
+    assert (image == image.flat[0]).all(), "a flat image is no longer flat"
+deep = sorted(int(image.flat[0]) for image, label in zip(x, y) if label == 0)
+plain = sorted(int(image.flat[0]) for image, label in zip(x, y) if label == 1)
+# round(v * 255 / 65535): 0, 3.89, 116.7, 255
+assert deep == [0, 4, 117, 255], deep
+assert plain == [0, 7, 14, 21], plain
+EOF
+    done
+    ;;
+  csv_class_names)
+    # Class names in the label column become class indices in sorted order, the names stored as
+    # image folders' are; --test is numbered with the same names.
+    $py - "$scratch" <<'EOF' || fail "cannot generate the inputs"
+import csv, sys
+import numpy as np
+root = sys.argv[1]
+rng = np.random.default_rng(3)
+species = ["virginica", "setosa", "versicolor"]  # not in sorted order
+for name, rows in (("train", 240), ("test", 60)):
+    with open(f"{root}/{name}.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "species", "b", "c"])
+        for i in range(rows):
+            k = i % 3
+            v = rng.normal(size=3) + 3 * k
+            w.writerow([f"{v[0]:.3f}", f" {species[k]}", f"{v[1]:.3f}", f"{v[2]:.3f}"])
+open(f"{root}/bad.csv", "w").write("a,species,b,c\n1,setosa,2,3\n4,virginica,five,6\n")
+EOF
+    "$to_hdf5" csv "$scratch/train.csv" --label species --test "$scratch/test.csv" -o "$scratch/iris.h5" \
+      >"$scratch/out" || fail "class names did not convert: $(cat "$scratch/out")"
+    cat "$scratch/out"
+    grep -q "classes: 0 setosa, 1 versicolor, 2 virginica" "$scratch/out" || fail "the classes are not listed"
+    $py - "$scratch/iris.h5" "$scratch/test.csv" <<'EOF' || fail "iris.h5 has the wrong labels"
+import csv, sys, h5py, numpy as np
+with h5py.File(sys.argv[1]) as f:
+    for group in ("train", "test"):
+        names = [s.decode() if isinstance(s, bytes) else s for s in f[group].attrs["class_names"]]
+        assert names == ["setosa", "versicolor", "virginica"], names
+        assert int(f[group].attrs["num_classes"]) == 3
+        assert f[group]["y"].dtype == np.int32 and f[group]["x"].shape[1:] == (3,)
+    # /test is the file's rows in the file's order, each name numbered, its features kept beside it.
+    rows = list(csv.DictReader(open(sys.argv[2])))
+    assert f["test/y"][()].tolist() == [names.index(r["species"].strip()) for r in rows]
+    assert np.allclose(f["test/x"][()][:, 0], [float(r["a"]) for r in rows], atol=1e-3)
+EOF
+    experiment "$scratch/iris.yaml" "$scratch/iris.h5" "[3]" 3 ""
+    "$dtrain" run "$scratch/iris.yaml" --run-dir "$scratch/run" >"$scratch/train" || fail "dtrain did not train on iris.h5"
+    grep -E '^Epoch 1' "$scratch/train" || fail "no epoch line for iris.h5"
+    # A feature cell that is not a number is still an error naming the file and row.
+    expect_bad "bad\.csv:3: column 'b' holds 'five', not a number" -- csv "$scratch/bad.csv" --label species -o "$scratch/o.h5"
+    expect_bad "train\.csv: 3 classes \(setosa, versicolor, virginica\), but --num-classes 2" -- \
+      csv "$scratch/train.csv" --label species --num-classes 2 -o "$scratch/o.h5"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"

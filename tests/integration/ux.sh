@@ -56,6 +56,60 @@ case "$case_name" in
     "$dtrain" init --model mlp >"$scratch/mlp.yaml" || fail "init --model mlp failed"
     "$dtrain" validate "$scratch/mlp.yaml" >/dev/null || fail "the mlp template does not validate"
     ;;
+  init_default_trains)
+    # The default template exactly as written, on the Fashion-MNIST tools/setup installs: only
+    # shortened to two steps.
+    "$dtrain" init -o "$scratch/first.yaml" >/dev/null || fail "init failed"
+    "$dtrain" run "$scratch/first.yaml" --set train.steps_per_epoch=2 --set train.epochs=1 --run-dir "$scratch/run" \
+      >"$scratch/out" 2>&1 || fail "the default template does not train: $(tail -5 "$scratch/out")"
+    cat "$scratch/out"
+    grep -Eq '^Epoch 1, Loss: [0-9.]+, Accuracy: [0-9.]+, Test Loss: [0-9.]+, Test Accuracy: [0-9.]+$' "$scratch/out" \
+      || fail "no epoch line"
+    grep -q '(2 steps' "$scratch/out" || fail "not the two steps asked for"
+    ;;
+  local_strategy_under_mpirun)
+    # A strategy that runs in one process, under mpirun -n 2: every rank would train alone into
+    # one run directory. Refused at start: exit 2, one line naming the strategy's place, nothing
+    # written.
+    expect_refused() {  # name what-regex -- command...
+      local name=$1 regex=$2; shift 3
+      "$@" >"$scratch/$name.out" 2>"$scratch/$name.err"
+      local rc=$?
+      cat "$scratch/$name.err"
+      [ "$rc" -eq 2 ] || fail "$name: exit $rc, wanted 2"
+      [ "$(grep -c 'dtrain' "$scratch/$name.err")" -eq 1 ] || fail "$name: wanted one line from dtrain: $(cat "$scratch/$name.err")"
+      grep -Eq "^dtrain: error: $regex.*mpirun started 2 processes: .* use strategy kind multi_worker_mirrored \(or parameter_server\), or run without mpirun$" \
+        "$scratch/$name.err" || fail "$name: message: $(cat "$scratch/$name.err")"
+      [ -s "$scratch/$name.out" ] && fail "$name: printed on stdout: $(cat "$scratch/$name.out")"
+      return 0
+    }
+    mpi2=(mpirun -n 2 --oversubscribe "$dtrain")
+    expect_refused default "experiments/fashion_mnist_small\.yaml:6:[0-9]+: strategy kind default runs in one process" \
+      -- "${mpi2[@]}" run "$small" "${short[@]}" --run-dir "$scratch/run"
+    [ -e "$scratch/run" ] && fail "the refused run wrote $scratch/run"
+    for kind in one_device mirrored central_storage; do
+      expect_refused "$kind" "--set strategy=\{kind: $kind\}: strategy kind $kind runs in one process" \
+        -- "${mpi2[@]}" run "$small" "${short[@]}" --set "strategy={kind: $kind}" --run-dir "$scratch/run_$kind"
+      [ -e "$scratch/run_$kind" ] && fail "the refused $kind run wrote its run directory"
+    done
+    # One process under mpirun is a job of one: it trains.
+    mpirun -n 1 "$dtrain" run "$small" "${short[@]}" --set train.progress=none --run-dir "$scratch/one" \
+      >"$scratch/one.out" 2>&1 || fail "mpirun -n 1 failed: $(tail -5 "$scratch/one.out")"
+    [ "$(grep -c '^Epoch' "$scratch/one.out")" -eq 2 ] || fail "mpirun -n 1 did not train its 2 epochs"
+    # resume and bench refuse alike; eval splits the test set over the processes and prints once.
+    cp -r "$scratch/one" "$scratch/resumed"
+    expect_refused resume "$scratch/resumed/checkpoints/ckpt-6\.h5:/experiment:[0-9]+:[0-9]+: strategy kind default" \
+      -- "${mpi2[@]}" resume "$scratch/resumed" --set train.epochs=3
+    cmp "$scratch/one/metrics.jsonl" "$scratch/resumed/metrics.jsonl" || fail "the refused resume changed metrics.jsonl"
+    expect_refused bench "experiments/fashion_mnist_small\.yaml:6:[0-9]+: strategy kind default" \
+      -- "${mpi2[@]}" bench "$small" --steps 2 --warmup 1
+    "${mpi2[@]}" eval --checkpoint "$scratch/one/checkpoints/ckpt-6.h5" >"$scratch/eval.out" 2>&1 \
+      || fail "eval under mpirun -n 2 failed: $(cat "$scratch/eval.out")"
+    [ "$(grep -c '^Test Loss: ' "$scratch/eval.out")" -eq 1 ] || fail "eval did not print once: $(cat "$scratch/eval.out")"
+    "$dtrain" eval --checkpoint "$scratch/one/checkpoints/ckpt-6.h5" >"$scratch/eval1.out" 2>&1 || fail "eval failed"
+    [ "$(grep '^Test Loss: ' "$scratch/eval.out")" = "$(grep '^Test Loss: ' "$scratch/eval1.out")" ] \
+      || fail "eval over 2 processes differs from one: $(cat "$scratch/eval.out" "$scratch/eval1.out")"
+    ;;
   init_overwrite)
     "$dtrain" init -o "$scratch/e.yaml" >/dev/null || fail "first init failed"
     echo "# mine" >"$scratch/e.yaml"

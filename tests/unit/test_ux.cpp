@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -94,6 +95,86 @@ TEST_CASE("init: the choices beside a key come from the parser's tables") {
   CHECK_THROWS_AS(config::experiment_template(bad), ConfigError);
 }
 
+namespace {
+
+// The text after "# " of every commented line of `text` that starts (after "# ") with `start`,
+// its own trailing comment removed.
+std::vector<std::string> commented(const std::string& text, const std::string& start) {
+  std::vector<std::string> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto hash = line.find("# ");
+    if (hash == std::string::npos || line.find_first_not_of(' ') != hash) continue;
+    std::string body = line.substr(hash + 2);
+    if (body.rfind(start, 0) != 0) continue;
+    out.push_back(body.substr(0, body.find("   #")));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("init: every learning-rate schedule and data source is shown with its keys, and reads back") {
+  const std::string text = config::experiment_template({});
+  // One commented learning_rate line per schedule but the plain number, each one the parser takes.
+  const std::vector<std::string> rates = commented(text, "learning_rate: {schedule: ");
+  for (std::string_view kind : config::choices_of("optimizer.learning_rate.schedule")) {
+    if (kind == "constant") continue;
+    CAPTURE(kind);
+    const auto line = std::find_if(rates.begin(), rates.end(), [&](const std::string& l) {
+      return contains(l, fmt::format("{{schedule: {},", kind));
+    });
+    REQUIRE(line != rates.end());
+    const std::string value = line->substr(std::string("learning_rate: ").size());
+    const config::Experiment e = config::parse_experiment(text, "init.yaml", {"optimizer.learning_rate=" + value});
+    CHECK(config::name_of(e.optimizer.learning_rate.kind) == kind);
+  }
+  CHECK(contains(text, "boundaries: [1000, 2000], values: [0.001, 0.0005, 0.0001]"));
+  CHECK(contains(text, "decay_steps: 10000, alpha: 0.0"));  // the default the parser writes
+  // The keys only some sources take, on one line each, which read back with their source.
+  for (const char* source : {"synthetic", "tensors"}) {
+    CAPTURE(source);
+    std::string keys;
+    for (const std::string& line : commented(text, ""))
+      if (contains(text, fmt::format("# {}   # source: {} only", line, source))) keys = line;
+    REQUIRE_FALSE(keys.empty());
+    const config::Experiment e =
+        config::parse_experiment(text, "init.yaml", {fmt::format("data={{source: {}, {}}}", source, keys)});
+    CHECK(config::name_of(e.data.source) == std::string(source));
+  }
+  CHECK(contains(text, "# x: [1.0], y: [1.0], size: 100   # source: tensors only"));
+}
+
+TEST_CASE("init: each strategy's template shows only the keys that strategy takes") {
+  auto of = [](const char* kind) {
+    config::TemplateOptions options;
+    options.strategy = kind;
+    return config::experiment_template(options);
+  };
+  const std::string mwm = of("multi_worker_mirrored");
+  CHECK(contains(mwm, "implementation: auto | ring | mpi | nccl"));
+  CHECK(contains(mwm, "# roles: {chief: 1, evaluator: 0}"));
+  // The commented roles line is one the parser takes under this strategy.
+  CHECK_NOTHROW(config::parse_experiment(mwm, "init.yaml", {"strategy.roles={chief: 1, evaluator: 0}"}));
+  const std::string ps = of("parameter_server");
+  CHECK_FALSE(contains(ps, "# roles:"));  // its roles are written out; without ps it would be refused
+  CHECK_FALSE(contains(ps, "bytes_per_pack"));
+  CHECK_FALSE(contains(ps, "implementation"));
+  CHECK_FALSE(contains(ps, "overlap"));
+  CHECK(contains(ps, "communication: {timeout_seconds: 300.0}"));
+  CHECK(contains(ps, "`mpirun -n 5 dtrain run FILE`"));
+  for (const char* local : {"default", "one_device", "mirrored", "central_storage"}) {
+    CAPTURE(local);
+    const std::string text = of(local);
+    CHECK_FALSE(contains(text, "communication"));
+    CHECK_FALSE(contains(text, "roles"));
+    CHECK_FALSE(contains(text, "mpirun -n 5"));
+    CHECK(contains(text, "`dtrain run FILE`"));
+  }
+  CHECK(config::launcher_for("multi_worker_mirrored") == "mpirun -n 2 ");
+  CHECK(config::launcher_for("default").empty());
+}
+
 TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record winning") {
   const auto dir = std::filesystem::temp_directory_path() / "dtrain_test_ux_plot";
   std::filesystem::remove_all(dir);
@@ -120,19 +201,77 @@ TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record w
   CHECK(*run.epochs[1].samples_per_s == 400.0);
   CHECK_FALSE(run.epochs[1].accuracy.has_value());
 
-  // The picture names its series: one run by split, several by run and split.
+  // The key names the splits' styles, and for several runs each run's colour.
   const std::string one = train::gnuplot_script({run}, "x.png");
   CHECK(contains(one, "title 'train'"));
   CHECK(contains(one, "title 'test'"));
   CHECK_FALSE(contains(one, "title 'validation'"));  // no record has validation figures now
+  CHECK_FALSE(contains(one, "title 'dtrain_test_ux_plot'"));  // the picture's title names the one run
   CHECK(contains(one, "set ylabel 'accuracy (%)'"));
   CHECK(contains(one, "1 2.5 25 NaN NaN 2.25 50 384\n"));
   train::RunCurves other = run;
   other.label = "it's";
   const std::string two = train::gnuplot_script({run, other}, "x.png");
-  CHECK(contains(two, "title 'dtrain_test_ux_plot train'"));
-  CHECK(contains(two, "title 'it''s test'"));  // gnuplot's quoting
+  CHECK(contains(two, "title 'dtrain_test_ux_plot'"));
+  CHECK(contains(two, "title 'it''s'"));  // gnuplot's quoting
+  CHECK(contains(two, "title 'train'"));
   std::ofstream(dir / "metrics.jsonl") << "not json\n";
   CHECK_THROWS_AS(train::read_run_curves(dir.string()), InputError);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// The numbers after `prefix` on each line of the script that starts with it.
+std::vector<double> values_after(const std::string& script, const std::string& prefix) {
+  std::vector<double> out;
+  std::istringstream lines(script);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(std::stod(line.substr(prefix.size())));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("plot: the key lies below the panels, outside every plotting area, for 1 to 8 runs") {
+  train::RunCurves run;
+  run.label = "a_run_with_a_long_name";
+  for (int epoch = 1; epoch <= 5; ++epoch) {
+    train::EpochPoint p;
+    p.epoch = epoch;
+    p.loss = 2.0 / epoch;
+    p.accuracy = 0.1 + 0.02 * epoch;  // low accuracy: the curves run along the bottom
+    p.val_loss = p.loss + 0.1;
+    p.val_accuracy = *p.accuracy;
+    p.test_loss = p.loss + 0.2;
+    p.test_accuracy = *p.accuracy;
+    p.samples_per_s = 1000.0;
+    run.epochs.push_back(p);
+  }
+  int previous_height = 0;
+  for (std::size_t n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    std::vector<train::RunCurves> runs;
+    for (std::size_t i = 0; i < n; ++i) {
+      runs.push_back(run);
+      runs.back().label += std::to_string(i);
+    }
+    const std::string script = train::gnuplot_script(runs, "x.png");
+    // Every curve is untitled: only the key's empty plots carry titles.
+    std::istringstream lines(script);
+    for (std::string line; std::getline(lines, line);)
+      if (contains(line, " using ")) CHECK_MESSAGE(contains(line, "notitle"), line);
+    // The panels' plotting areas end at the first bottom margin; every key's top is below it.
+    const std::vector<double> bottoms = values_after(script, "set bmargin at screen ");
+    const std::vector<double> keys = values_after(script, "set key at screen 0.5, ");
+    REQUIRE_FALSE(bottoms.empty());
+    REQUIRE(keys.size() == (n == 1 ? 1U : 2U));  // the splits' styles; the runs' colours
+    for (double top : keys) CHECK(top < bottoms.front());
+    CHECK(contains(script, "unset key\n"));  // before the first panel
+    // More runs than fit one row of the key make the picture taller, not the panels smaller.
+    const auto size = script.find("size ");
+    const int height = std::stoi(script.substr(script.find(',', size) + 1));
+    CHECK(height >= previous_height);
+    previous_height = height;
+  }
 }
