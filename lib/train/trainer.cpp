@@ -353,8 +353,40 @@ nn::StepContext Trainer::lane_step_context(const distribute::ReplicaContext& rc,
   return step;
 }
 
-void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
+double Trainer::compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, const nn::StepContext& step,
+                                  const nn::BackwardOptions& backward, PhaseClock& phases) {
+  const Tensor& logits = lane.model->forward(x, step);
+  phases.mark(Phase::forward);
+  lane.per_example.resize(static_cast<std::size_t>(x.shape()[0]));
+  lane.loss->per_example(logits, y, lane.per_example);
+  // Divide by the samples of the whole step (all replicas and lanes), never by this one's share.
   const bool divide = exp_.loss.reduction != config::Reduction::sum;
+  const double data_loss = divide ? losses::compute_average_loss(lane.per_example, step_samples_)
+                                  : losses::reduce_loss(lane.per_example, config::Reduction::sum);
+  lane.loss->gradient(logits, y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
+                      lane.model->output_gradient());
+  phases.mark(Phase::loss);
+  lane.model->backward(step, backward);
+  phases.mark(Phase::backward);
+  for (auto& m : lane.train_metrics) m->update(y, logits);
+  return data_loss;
+}
+
+void Trainer::finish_replica_step(const distribute::ReplicaContext& rc, Replica& rep, double data_loss,
+                                  PhaseClock& phases) {
+  const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
+  phases.mark(Phase::loss);  // the metrics' updates and the regularization loss
+  strategy_->sum_gradients(rc);
+  phases.mark(Phase::reduction);
+  strategy_->update(rc, [&rep] {
+    rep.optimizer->apply_gradients(rep.model->trainable_variables());
+    rep.model->apply_updates();
+  });
+  phases.mark(Phase::optimizer);
+  replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
+}
+
+void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
   StepProfile* profile = rc.replica_id == 0 ? profile_ : nullptr;
   auto lane_step = [&](int l) {
     Lane& lane = rep.lane(l);
@@ -362,23 +394,11 @@ void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& re
     const nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, rows);
     PhaseClock phases(l == 0 ? profile : nullptr);  // lane 0's timeline is the replica's
     lane.data_loss = 0.0;
-    if (rows.size() > 0) {
-      const Tensor x = batch.x.slice_rows(rows.begin, rows.end), y = batch.y.slice_rows(rows.begin, rows.end);
-      const Tensor& logits = lane.model->forward(x, step);
-      phases.mark(Phase::forward);
-      lane.per_example.resize(static_cast<std::size_t>(rows.size()));
-      lane.loss->per_example(logits, y, lane.per_example);
-      // As replica_train_step: divided by the samples of the whole step.
-      lane.data_loss = divide ? losses::compute_average_loss(lane.per_example, step_samples_)
-                              : losses::reduce_loss(lane.per_example, config::Reduction::sum);
-      lane.loss->gradient(logits, y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
-                          lane.model->output_gradient());
-      phases.mark(Phase::loss);
-      lane.model->backward(step, nn::BackwardOptions{});
-      for (auto& m : lane.train_metrics) m->update(y, logits);
-    } else {
+    if (rows.size() > 0)
+      lane.data_loss = compute_gradients(lane, batch.x.slice_rows(rows.begin, rows.end),
+                                         batch.y.slice_rows(rows.begin, rows.end), step, nn::BackwardOptions{}, phases);
+    else
       lane.model->step_without_samples(step);  // still takes part in the lanes' sums
-    }
     // The replica's gradients: every lane's, summed into lane 0's in lane order.
     rep.lanes->endpoint(l).reduce_sum_to(lane.model->gradient_arena(), 0, "lane gradients");
     phases.mark(Phase::backward);
@@ -390,16 +410,7 @@ void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& re
   if (strategy_->overlaps_backward()) rep.gradients_ready(0, rep.model->variables().size());
   double data_loss = 0.0;
   for (int l = 0; l < rep.lane_count(); ++l) data_loss += rep.lane(l).data_loss;
-  const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
-  phases.mark(Phase::loss);
-  strategy_->sum_gradients(rc);
-  phases.mark(Phase::reduction);
-  strategy_->update(rc, [&rep] {
-    rep.optimizer->apply_gradients(rep.model->trainable_variables());
-    rep.model->apply_updates();
-  });
-  phases.mark(Phase::optimizer);
-  replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
+  finish_replica_step(rc, rep, data_loss, phases);
 }
 
 void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
@@ -412,22 +423,10 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   PhaseClock phases(rc.replica_id == 0 ? profile_ : nullptr);
   double data_loss = 0.0;
   if (batch.size > 0) {
-    const Tensor& logits = rep.model->forward(batch.x, step);
-    phases.mark(Phase::forward);
-    rep.per_example.resize(static_cast<std::size_t>(batch.size));
-    rep.loss->per_example(logits, batch.y, rep.per_example);
-    // Divide by the samples of the whole step (all replicas), never by this replica's share.
-    const bool divide = exp_.loss.reduction != config::Reduction::sum;
-    data_loss = divide ? losses::compute_average_loss(rep.per_example, step_samples_)
-                       : losses::reduce_loss(rep.per_example, config::Reduction::sum);
-    rep.loss->gradient(logits, batch.y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
-                       rep.model->output_gradient());
-    phases.mark(Phase::loss);
     // Each replica adds 1/R of the regularization gradient: summed over replicas, it is added once.
     // The per-layer hand-over only when the strategy sums across workers while backward runs.
-    rep.model->backward(step, nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr});
-    phases.mark(Phase::backward);
-    for (auto& m : rep.train_metrics) m->update(batch.y, logits);
+    data_loss = compute_gradients(rep, batch.x, batch.y, step,
+                                  nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr}, phases);
   } else {
     // No samples for this replica on a short last batch: it still adds its share of the
     // regularization gradient and takes part in the collectives.
@@ -436,16 +435,7 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
     if (overlap) rep.gradients_ready(0, rep.model->variables().size());
     phases.mark(Phase::backward);
   }
-  const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
-  phases.mark(Phase::loss);  // the metrics' updates and the regularization loss
-  strategy_->sum_gradients(rc);
-  phases.mark(Phase::reduction);
-  strategy_->update(rc, [&rep] {
-    rep.optimizer->apply_gradients(rep.model->trainable_variables());
-    rep.model->apply_updates();
-  });
-  phases.mark(Phase::optimizer);
-  replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
+  finish_replica_step(rc, rep, data_loss, phases);
 }
 
 void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {

@@ -143,6 +143,13 @@ class Trainer {
   void replica_train_step(const distribute::ReplicaContext& rc);
   // The training step of a replica whose batch is split over its lanes.
   void lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch);
+  // Forward, loss and backward of `lane` on its rows x, y of the step; its metrics updated.
+  // Returns the lane's share of the step's data loss.
+  double compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, const nn::StepContext& step,
+                           const nn::BackwardOptions& backward, PhaseClock& phases);
+  // After the replica's gradients are complete: its regularization loss, the strategy's sum and
+  // update, and its step loss.
+  void finish_replica_step(const distribute::ReplicaContext& rc, Replica& rep, double data_loss, PhaseClock& phases);
   void replica_eval_step(const distribute::ReplicaContext& rc);
   // What replica `rc`'s layers know about the current step; with lanes, what lane `lane` of it
   // knows, computing the batch's rows `rows`.

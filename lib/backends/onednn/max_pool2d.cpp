@@ -35,6 +35,7 @@ struct Geometry {
   std::int64_t h, w, oh, ow, kh, kw, sh, sw, pad_top, pad_left, lanes;
   Arrangement src, dst;  // dst's arrangement is also the workspace's and diff_dst's; src's is diff_src's
   std::vector<std::int64_t> uncovered_rows, uncovered_cols;  // input rows/columns no window reads
+  std::vector<std::int64_t> all_rows;                        // 0 .. h - 1
   bool overlapping = false;
 };
 
@@ -64,6 +65,31 @@ struct Windows {
   }
 };
 
+// Calls body(at, first, last, c0) for every output position of a plane and every L lanes of its
+// channels: `at` is the position's offset in the output plane, [first, last) its window's valid
+// positions in `win`. Inlined into each clone below, so the body is compiled for the clone's ISA.
+template <int L, class Body>
+[[gnu::always_inline]] inline void for_each_window(const Geometry& g, const Windows& win, Body&& body) {
+  for (std::int64_t oh = 0; oh < g.oh; ++oh)
+    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
+      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
+      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
+      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) body(at, first, last, c0);
+    }
+}
+
+// Zeroes the input positions of a plane: `rows` whole (every column), then `cols` whole.
+template <class T>
+void zero_positions(const Geometry& g, T* diff_src, const std::vector<std::int64_t>& rows,
+                    const std::vector<std::int64_t>& cols) {
+  const auto bytes = sizeof(T) * static_cast<std::size_t>(g.lanes);
+  for (std::int64_t ih : rows)
+    for (std::int64_t iw = 0; iw < g.w; ++iw) std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, bytes);
+  for (std::int64_t iw : cols)
+    for (std::int64_t ih = 0; ih < g.h; ++ih) std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, bytes);
+}
+
 // L channel lanes at a time (lanes.hpp), the argmax kept in 32-bit lanes beside the float maxima
 // and narrowed when stored.
 template <class T, int L>
@@ -71,26 +97,19 @@ DTRAIN_LANE_CLONES void forward_plane(const Geometry& g, const Windows& win, con
                                       T* __restrict dst, std::uint8_t* __restrict ws) {
   using F = Vec<float, L>;
   using I = Vec<std::int32_t, L>;
-  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
-    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
-      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
-      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
-      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
-        F best = load_widened<L>(src + win.offset[static_cast<std::size_t>(first)] + c0);
-        I which = I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(first)]);
-        // Strictly greater: on a tie the first position in the window wins, as in TensorFlow.
-        for (std::int64_t k = first + 1; k < last; ++k) {
-          const F v = load_widened<L>(src + win.offset[static_cast<std::size_t>(k)] + c0);
-          const I more = v > best;
-          best = more ? v : best;
-          which = more ? I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]) : which;
-        }
-        store_narrowed<L>(dst + at + c0, best);
-        store(ws + at + c0, __builtin_convertvector(which, Vec<std::uint8_t, L>));
-      }
+  for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    F best = load_widened<L>(src + win.offset[static_cast<std::size_t>(first)] + c0);
+    I which = I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(first)]);
+    // Strictly greater: on a tie the first position in the window wins, as in TensorFlow.
+    for (std::int64_t k = first + 1; k < last; ++k) {
+      const F v = load_widened<L>(src + win.offset[static_cast<std::size_t>(k)] + c0);
+      const I more = v > best;
+      best = more ? v : best;
+      which = more ? I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]) : which;
     }
-  }
+    store_narrowed<L>(dst + at + c0, best);
+    store(ws + at + c0, __builtin_convertvector(which, Vec<std::uint8_t, L>));
+  });
 }
 
 // Windows that do not overlap: every input position belongs to at most one window, so each
@@ -104,28 +123,16 @@ DTRAIN_LANE_CLONES void backward_plane_disjoint(const Geometry& g, const Windows
                                                 T* __restrict diff_src) {
   using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int16_t>;
   using B = Vec<Bits, L>;
-  for (std::int64_t ih : g.uncovered_rows)
-    for (std::int64_t iw = 0; iw < g.w; ++iw)
-      std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, sizeof(T) * static_cast<std::size_t>(g.lanes));
-  for (std::int64_t iw : g.uncovered_cols)
-    for (std::int64_t ih = 0; ih < g.h; ++ih)
-      std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, sizeof(T) * static_cast<std::size_t>(g.lanes));
-  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
-    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
-      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
-      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
-      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
-        B dy = load<B>(diff_dst + at + c0);
-        if constexpr (Relu) dy &= __builtin_convertvector(load_widened<L>(dst + at + c0) > 0.0f, B);
-        const B which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), B);
-        for (std::int64_t k = first; k < last; ++k) {
-          const B here = which == static_cast<Bits>(win.position[static_cast<std::size_t>(k)]);
-          store(diff_src + win.offset[static_cast<std::size_t>(k)] + c0, B(here & dy));
-        }
-      }
+  zero_positions(g, diff_src, g.uncovered_rows, g.uncovered_cols);
+  for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    B dy = load<B>(diff_dst + at + c0);
+    if constexpr (Relu) dy &= __builtin_convertvector(load_widened<L>(dst + at + c0) > 0.0f, B);
+    const B which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), B);
+    for (std::int64_t k = first; k < last; ++k) {
+      const B here = which == static_cast<Bits>(win.position[static_cast<std::size_t>(k)]);
+      store(diff_src + win.offset[static_cast<std::size_t>(k)] + c0, B(here & dy));
     }
-  }
+  });
 }
 
 // Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
@@ -136,26 +143,17 @@ DTRAIN_LANE_CLONES void backward_plane_overlapping(const Geometry& g, const Wind
                                                    float* __restrict diff_src) {
   using F = Vec<float, L>;
   using I = Vec<std::int32_t, L>;
-  for (std::int64_t ih = 0; ih < g.h; ++ih)
-    for (std::int64_t iw = 0; iw < g.w; ++iw)
-      std::memset(diff_src + ih * g.src.row + iw * g.src.col, 0, sizeof(float) * static_cast<std::size_t>(g.lanes));
-  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
-    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
-      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
-      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
-      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
-        F dy = load<F>(diff_dst + at + c0);
-        if constexpr (Relu) dy = load<F>(dst + at + c0) > 0.0f ? dy : F{};
-        const I which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), I);
-        for (std::int64_t k = first; k < last; ++k) {
-          float* dx = diff_src + win.offset[static_cast<std::size_t>(k)] + c0;
-          const I here = which == static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]);
-          store(dx, F(load<F>(dx) + (here ? dy : F{})));
-        }
-      }
+  zero_positions(g, diff_src, g.all_rows, {});
+  for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    F dy = load<F>(diff_dst + at + c0);
+    if constexpr (Relu) dy = load<F>(dst + at + c0) > 0.0f ? dy : F{};
+    const I which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), I);
+    for (std::int64_t k = first; k < last; ++k) {
+      float* dx = diff_src + win.offset[static_cast<std::size_t>(k)] + c0;
+      const I here = which == static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]);
+      store(dx, F(load<F>(dx) + (here ? dy : F{})));
     }
-  }
+  });
 }
 
 class MaxPool2DKernel final : public nn::LayerKernel {
@@ -264,6 +262,7 @@ class MaxPool2DKernel final : public nn::LayerKernel {
     };
     g.uncovered_rows = uncovered(g.h, g.oh, g.kh, g.sh, g.pad_top);
     g.uncovered_cols = uncovered(g.w, g.ow, g.kw, g.sw, g.pad_left);
+    for (std::int64_t ih = 0; ih < g.h; ++ih) g.all_rows.push_back(ih);
     return g;
   }
 
