@@ -91,7 +91,7 @@ int run_command(const RunArgs& args) {
       // runs/<name>, or the next runs/<name>-N when it holds an earlier run: the chief looks, and
       // every rank (the evaluator too) learns its choice before anyone writes.
       const std::string base = "runs/" + exp.name;
-      const int mine = chief && !args.overwrite ? train::free_run_number(base) : 0;
+      const int mine = chief && !args.overwrite ? train::free_run_number(base, exp.checkpoint) : 0;
       const int number = workers->all_reduce_max(mine, "run directory");
       options.run_dir = train::numbered_run_dir(base, number);
       if (chief && number > 0)

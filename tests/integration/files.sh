@@ -162,6 +162,52 @@ EOF
     grep -q "^Resuming from $scratch/elsewhere/ckpt-20.h5" "$scratch/out" || fail "$(cat "$scratch/out")"
     [ -f "$scratch/elsewhere/ckpt-30.h5" ] || fail "the resumed run did not save into checkpoint.dir"
     ;;
+  relative_checkpoint_dir)
+    # A relative checkpoint.dir lies inside the run directory: two runs started in different
+    # directories never share it, and `dtrain resume RUN_DIR` from a third finds the run's own.
+    toy_abs="$PWD/$toy"
+    mkdir -p "$scratch/A" "$scratch/B"
+    (cd "$scratch/A" && "$dtrain" run "$toy_abs" "${quiet[@]}" --set train.epochs=2 --set checkpoint.dir=myck \
+      --run-dir r) >/dev/null 2>&1 || fail "run in A failed"
+    [ -f "$scratch/A/r/myck/ckpt-20.h5" ] || fail "checkpoint.dir myck is not inside the run directory: $(find "$scratch/A")"
+    (cd "$scratch/B" && "$dtrain" run "$toy_abs" "${quiet[@]}" --set train.epochs=2 --set checkpoint.dir=myck \
+      --set optimizer.learning_rate=0.5 --run-dir other) >/dev/null 2>&1 || fail "run in B failed"
+    other_before=$(cd "$scratch/B" && sha256sum other/myck/* other/metrics.jsonl)
+    (cd "$scratch/B" && "$dtrain" resume ../A/r --set train.epochs=3) >"$scratch/out" 2>"$scratch/err" \
+      || fail "resume from B failed: $(cat "$scratch/err")"
+    grep -q "^Resuming from ../A/r/myck/ckpt-20.h5" "$scratch/out" || fail "not the run's checkpoint: $(cat "$scratch/out")"
+    [ "$(wc -l <"$scratch/A/r/metrics.jsonl")" -eq 3 ] || fail "A/r/metrics.jsonl: $(cat "$scratch/A/r/metrics.jsonl")"
+    [ -f "$scratch/A/r/myck/ckpt-30.h5" ] || fail "the resumed run did not save into its own checkpoint.dir"
+    [ "$other_before" = "$(cd "$scratch/B" && sha256sum other/myck/* other/metrics.jsonl)" ] || fail "the other run changed"
+    [ ! -e "$scratch/B/myck" ] || fail "a checkpoint directory appeared in the current directory"
+    # --checkpoint alone finds the run directory above a relative checkpoint.dir.
+    (cd "$scratch/B" && "$dtrain" resume --checkpoint ../A/r/myck/ckpt-30.h5 --set train.epochs=4) >"$scratch/out2" \
+      2>&1 || fail "resume --checkpoint failed: $(cat "$scratch/out2")"
+    [ "$(wc -l <"$scratch/A/r/metrics.jsonl")" -eq 4 ] || fail "resume --checkpoint did not continue A/r's metrics.jsonl"
+    ;;
+  shared_checkpoint_dir)
+    # An absolute checkpoint.dir that holds another run's checkpoints: a new run is refused naming
+    # checkpoint.dir (resuming the new run directory could not continue them), and a run whose
+    # checkpoints were replaced (--overwrite) refuses to resume from the other run's.
+    shared="$scratch/shared"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$shared" --run-dir "$scratch/X" \
+      >/dev/null 2>&1 || fail "run X failed"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$shared" --run-dir "$scratch/Y" \
+      >/dev/null 2>"$scratch/refused.err"
+    one_line_error 2 $? "$scratch/refused.err" "checkpoint.dir $shared already holds another run's checkpoints" \
+      "$shared/ckpt-20.h5"
+    grep -q "dtrain resume $scratch/Y" "$scratch/refused.err" && fail "suggests resuming the new run: $(cat "$scratch/refused.err")"
+    [ ! -e "$scratch/Y" ] || fail "the refused run wrote $scratch/Y"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$shared" --overwrite \
+      --set optimizer.learning_rate=0.5 --run-dir "$scratch/Y" >/dev/null 2>&1 || fail "run Y --overwrite failed"
+    x_metrics=$(sha256sum <"$scratch/X/metrics.jsonl")
+    "$dtrain" resume "$scratch/X" --set train.epochs=3 >"$scratch/out" 2>"$scratch/err"
+    one_line_error 2 $? "$scratch/err" "$shared/ckpt-20.h5: not a checkpoint of the run in $scratch/X" \
+      "$scratch/X/config.yaml" "learning_rate: 0.5"
+    [ "$x_metrics" = "$(sha256sum <"$scratch/X/metrics.jsonl")" ] || fail "X's metrics.jsonl changed"
+    grep -q '^Epoch' "$scratch/out" && fail "trained from another run's checkpoint"
+    true
+    ;;
   metrics_once)
     # Epoch 3 is logged but not checkpointed (every 2 epochs): the resumed run trains it again and
     # the log must hold it once.
@@ -244,8 +290,11 @@ with open(path, "r+b") as f:
 EOF
     "$dtrain" eval --checkpoint "$ckpt" >/dev/null 2>"$scratch/eval.err"
     one_line_error 2 $? "$scratch/eval.err" "$ckpt:/experiment"
-    "$dtrain" resume "$scratch/run" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
+    "$dtrain" resume "$scratch/run" --checkpoint "$ckpt" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
     one_line_error 2 $? "$scratch/resume.err" "$ckpt:/experiment"
+    # Through the run directory it is not the run's experiment at all (config.yaml differs).
+    "$dtrain" resume "$scratch/run" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
+    one_line_error 2 $? "$scratch/resume.err" "$ckpt: not a checkpoint of the run in $scratch/run"
     ;;
   double_signal)
     # A second signal exits at once (128 + signal) and leaves no temporary behind, whenever it comes.
