@@ -46,8 +46,8 @@ class StrategyCrossReplica final : public nn::CrossReplica {
 // What checkpoint::restore cannot know: whether the stored metric state fits this experiment's
 // metrics. One of another layout is a corrupt or foreign file, refused as such before anything is
 // merged from it.
-void check_resumable(const std::string& path, const checkpoint::TrainingState& state,
-                     const std::vector<std::unique_ptr<metrics::Metric>>& metrics) {
+void check_metric_state(const std::string& path, const checkpoint::TrainingState& state,
+                        const std::vector<std::unique_ptr<metrics::Metric>>& metrics) {
   if (state.step_in_epoch == 0 && state.metric_counts.empty()) return;  // an epoch boundary carries no metrics
   if (state.metric_counts.size() != metrics.size())
     throw InputError(fmt::format("{}: /state/metrics holds {} metrics, the experiment has {}; the checkpoint is corrupt",
@@ -161,6 +161,13 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   check_labels();
 }
 
+void Trainer::check_stored_state(const std::string& path, const checkpoint::TrainingState& state,
+                                 const config::Experiment& stored) const {
+  std::vector<std::unique_ptr<metrics::Metric>> kept;
+  for (auto kind : stored.metrics) kept.push_back(metrics::make_metric(kind, stored.loss, replicas_[0].ctx->numerics()));
+  check_metric_state(path, state, kept);
+}
+
 Trainer::~Trainer() {
   if (null_out_) std::fclose(null_out_);
 }
@@ -257,7 +264,7 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
     }
     rep.optimizer->set_iterations(first.optimizer->iterations());
   }
-  check_resumable(checkpoint_path, c.state, replicas_[0].train_metrics);
+  check_metric_state(checkpoint_path, c.state, replicas_[0].train_metrics);
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   for (Replica& rep : replicas_)
     for (auto& m : rep.train_metrics) m->reset();
