@@ -24,6 +24,14 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
   if (workers.size() == 1) return body();
   try {
     return body();
+  } catch (const JobConfigError& e) {
+    // Every worker raised it alike before any waits for another: one report, and the job ends
+    // with its code without an abort.
+    if (workers.world_rank() == 0) {
+      std::fflush(stdout);
+      fmt::print(stderr, "dtrain: error: {}\n", e.what());
+    }
+    return exit_code_for(e);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
@@ -55,16 +63,23 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
     train::run_evaluator(trainer, workers, eval);
     return options.stop_requested && options.stop_requested->load() != 0 ? kInterrupted : kOk;
   }
-  train::Trainer trainer(std::move(experiment), options);
+  // The evaluator stops once the chief says training has ended, stopped or not.
+  auto tell_evaluators = [&] {
+    if (!roles || workers.world_rank() != 0) return;
+    for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
+  };
+  std::unique_ptr<train::Trainer> built;
+  try {
+    built = std::make_unique<train::Trainer>(std::move(experiment), options);
+  } catch (const JobConfigError&) {
+    tell_evaluators();  // the training ranks all end here, without an abort that would end the evaluator
+    throw;
+  }
+  train::Trainer& trainer = *built;
   if (roles && roles->evaluators > 0 && trainer.strategy().is_chief())
     fmt::print(options.out, "roles ({}): {}; rank {} evaluates each new checkpoint\n", roles->source, roles->describe(),
                roles->training_ranks());
   prepare(trainer);
-  // The evaluator stops once the chief says training has ended, stopped or not.
-  auto tell_evaluators = [&] {
-    if (!roles || !trainer.strategy().is_chief()) return;
-    for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
-  };
   try {
     trainer.fit();
   } catch (const train::Interrupted& stop) {

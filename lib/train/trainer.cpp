@@ -80,12 +80,27 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
   strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
-  try {
+  // The experiment against the job's worker count: every worker finds the same at the same point,
+  // so the chief alone reports it (JobConfigError), at the key that decides it.
+  const auto for_every_worker = [](const std::string& where, const std::function<void()>& check) {
+    try {
+      check();
+    } catch (const ConfigError& e) {
+      throw JobConfigError(where + e.what());
+    }
+  };
+  for_every_worker(exp_.source_file + ": ", [&] {
     shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
+  });
+  const config::BatchKey batch = config::batch_key(exp_, false), eval_batch = config::batch_key(exp_, true);
+  for_every_worker(batch.where, [&] {
+    data::check_batch_reaches_workers(strategy_->workers(), global_batch_size(), batch.name);
     data::check_global_batch(shards_, global_batch_size());
-  } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}: {}", exp_.source_file, e.what()));
-  }
+  });
+  if (exp_.data.eval_batch_size > 0)
+    for_every_worker(eval_batch.where, [&] {
+      data::check_batch_reaches_workers(strategy_->workers(), exp_.data.eval_batch_size, eval_batch.name);
+    });
   if (!strategy_->is_chief()) {
     // Workers other than the chief compute and take part in every collective, silently.
     null_out_ = std::fopen("/dev/null", "w");
@@ -154,6 +169,14 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     throw InputError(fmt::format("{}: the test split of {} is empty, so evaluation would report nothing; give the "
                                  "data a test split",
                                  exp_.source_file, splits_.test.description));
+  // The largest batch a replica holds in training and in evaluation (never more than the split),
+  // against the memory, naming the batch key and the layer that decide it.
+  const std::int64_t in_sync = strategy_->num_replicas_in_sync();
+  const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
+  const std::int64_t eval_samples =
+      std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
+  model().check_batch_memory(std::min(ceil_div(global_batch_size(), in_sync), splits_.train.size()), batch);
+  model().check_batch_memory(std::min(ceil_div(eval_global, in_sync), eval_samples), eval_batch);
   const Shape sample = splits_.train.x.shape().tail();
   if (sample != model().input_shape())
     throw ConfigError(fmt::format("{}: model.input_shape {} does not match the data's sample shape {}", exp_.source_file,
@@ -176,7 +199,7 @@ std::int64_t Trainer::global_batch_size() const {
   if (exp_.data.global_batch_size > 0) return exp_.data.global_batch_size;
   const auto global = checked_mul(exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync());
   if (!global)
-    // First computed inside the constructor's check, which names the file.
+    // First computed inside the constructor's check, which names where the batch was given.
     throw ConfigError(fmt::format("data.batch_size_per_replica {} times {} replicas in sync does not fit in 64 bits; "
                                   "choose a batch that the machine can hold",
                                   exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync()));

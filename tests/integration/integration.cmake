@@ -29,7 +29,7 @@ endforeach()
 
 # MultiWorkerMirrored over real mpirun with 2 and 4 ranks (tests/integration/multi_worker.sh).
 set(DTRAIN_MPI_CASES equivalence mixed_bfloat16 sync_batch_norm exact_eval sharding roles resume_other_world regularization overlap kill_rank watchdog
-    uneven)
+    uneven tiny_batch)
 foreach(case ${DTRAIN_MPI_CASES})
   add_test(NAME mpi.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/multi_worker.sh ${case} $<TARGET_FILE:dtrain>
