@@ -223,10 +223,11 @@ void Trainer::write_run_files() {
   fs::create_directories(opt_.run_dir, ec);
   if (ec) throw IoError(fmt::format("cannot create the run directory {}: {}; pass --run-dir to choose another",
                                     opt_.run_dir, ec.message()));
-  std::ofstream cfg(fs::path(opt_.run_dir) / "config.yaml");
-  cfg << "# resolved experiment, written by dtrain " << build_info::version << "\n" << config::to_yaml(exp_);
-  cfg.flush();
-  if (!cfg) throw IoError(fmt::format("cannot write into the run directory {}", opt_.run_dir));
+  // Written like a checkpoint's manifest: a failure says why (read-only, full, permissions), and a
+  // crash leaves the previous config.yaml of a resumed run whole.
+  checkpoint::write_file_atomically((fs::path(opt_.run_dir) / "config.yaml").string(),
+                                    fmt::format("# resolved experiment, written by dtrain {}\n{}", build_info::version,
+                                                config::to_yaml(exp_)));
 }
 
 std::string Trainer::checkpoint_dir() const { return checkpoint_dir_of(opt_.run_dir, exp_.checkpoint); }

@@ -44,8 +44,10 @@ case "$case_name" in
     "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --run-dir "$run" >/dev/null 2>"$scratch/first.err" \
       || fail "first run failed: $(cat "$scratch/first.err")"
     before=$(cd "$run/checkpoints" && sha256sum ckpt-*.h5 checkpoint)
-    # Fill the disk, then continue: the next checkpoint cannot be written.
+    # Fill the disk but for two pages, then continue: config.yaml (rewritten atomically at the
+    # start, one page) fits, the next checkpoint (three) cannot be written.
     dd if=/dev/zero of="$mnt/filler" bs=64k >/dev/null 2>&1
+    truncate -s -8192 "$mnt/filler"
     "$dtrain" resume "$run" --set train.epochs=4 >/dev/null 2>"$scratch/full.err"
     rc=$?
     cat "$scratch/full.err"
@@ -64,7 +66,7 @@ case "$case_name" in
     mkdir -p "$mnt/run"
     mount -o remount,ro "$mnt" || fail "cannot remount read-only"
     "$dtrain" run "$toy" "${quiet[@]}" --run-dir "$mnt/run" >/dev/null 2>"$scratch/ro.err"
-    one_line_error 3 $? "$scratch/ro.err" "$mnt/run"
+    one_line_error 3 $? "$scratch/ro.err" "$mnt/run" "Read-only file system"
     ;;
   unwritable_checkpoint_dir)
     # Found before the first epoch, not at the first save.
