@@ -131,7 +131,7 @@ int resume_command(const ResumeArgs& args) {
   StopOnSignal signals;
   signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
-  return run_as_worker(*workers, [&] {
+  return signals.finished(run_as_worker(*workers, [&] {
   // Only the chief speaks; every worker restores the same checkpoint.
   std::FILE* say = workers->rank() == 0 ? stderr : nullptr;
   if (args.run_dir.empty() && args.checkpoint.empty())
@@ -193,7 +193,7 @@ int resume_command(const ResumeArgs& args) {
                         stored.state.step_in_epoch, stored.state.global_step);
   });
   });
-  });
+  }));
 }
 
 }  // namespace dtrain::app

@@ -96,7 +96,7 @@ int run_command(const RunArgs& args) {
   StopOnSignal signals;
   signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
-  return run_as_worker(*workers, [&] {
+  return signals.finished(run_as_worker(*workers, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
     train::TrainerOptions options;
     options.workers = workers.get();
@@ -126,7 +126,7 @@ int run_command(const RunArgs& args) {
     options.stop_requested = &signals.requested();
     signals.set_checkpoint_dir(train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
-  });
+  }));
 }
 
 }  // namespace dtrain::app
