@@ -1,4 +1,5 @@
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -61,6 +62,19 @@ int eval_command(const EvalArgs& args) {
     });
     train::Trainer& trainer = *built;
     checkpoint::restore_model(args.checkpoint, trainer.model());
+    // Evaluating reads no /state figures, but a file holding corrupt ones is refused as resume
+    // refuses it. They belong to the stored experiment; with --experiment, one that no longer
+    // reads has nothing to check them against.
+    std::optional<config::Experiment> written_with;
+    if (args.experiment.empty()) {
+      written_with = trainer.experiment();
+    } else {
+      try {
+        written_with = config::parse_experiment(stored.experiment_yaml, args.checkpoint + ":/experiment");
+      } catch (const ConfigError&) {
+      }
+    }
+    if (written_with) trainer.check_stored_state(args.checkpoint, stored.state, *written_with);
     const train::EvalResult r = trainer.evaluate_split(args.split);
     const char* label = args.split == "test" ? "Test" : args.split == "validation" ? "Validation" : "Train";
     if (!trainer.strategy().is_chief()) return static_cast<int>(kOk);

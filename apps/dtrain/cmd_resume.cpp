@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -24,7 +27,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The overrides a resumed run may take without leaving the path of the run it continues.
+// The overrides a resumed run may take without leaving the path of the run it continues (the keys
+// check_belongs_to_run lets differ).
 bool keeps_results(const std::string& override_text) {
   const std::string key = override_text.substr(0, override_text.find('='));
   return key == "train.epochs" || key == "train.progress" || key == "train.tensorboard" ||
@@ -51,19 +55,60 @@ std::size_t first_valid(const std::vector<std::string>& candidates, std::size_t 
   }
 }
 
-// Where the run in `run_dir` keeps its checkpoints: its config.yaml's checkpoint.dir when set, else
-// <run_dir>/checkpoints.
-std::string checkpoint_dir_of_run(const std::string& run_dir, std::FILE* say) {
+// The run in `run_dir` as its config.yaml describes it; nullopt when it has none, or one that does
+// not read (then with a warning on `say`: its checkpoints are looked for in the default place).
+std::optional<config::Experiment> experiment_of_run(const std::string& run_dir, std::FILE* say) {
   const fs::path config_file = fs::path(run_dir) / "config.yaml";
   std::error_code ec;
-  if (fs::is_regular_file(config_file, ec)) {
-    try {
-      return train::checkpoint_dir_of(run_dir, config::load_experiment(config_file.string(), {}).checkpoint);
-    } catch (const Error& e) {
-      if (say) fmt::print(say, "dtrain: warning: {}; looking for checkpoints in {}/checkpoints\n", e.what(), run_dir);
-    }
+  if (!fs::is_regular_file(config_file, ec)) return std::nullopt;
+  try {
+    return config::load_experiment(config_file.string(), {});
+  } catch (const Error& e) {
+    if (say) fmt::print(say, "dtrain: warning: {}; looking for checkpoints in {}/checkpoints\n", e.what(), run_dir);
+    return std::nullopt;
   }
-  return (fs::path(run_dir) / "checkpoints").string();
+}
+
+// The first line where two texts differ, trimmed, for each of them.
+std::pair<std::string, std::string> first_difference(const std::string& a, const std::string& b) {
+  std::istringstream in_a(a), in_b(b);
+  std::string line_a, line_b;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(in_a, line_a)), more_b = static_cast<bool>(std::getline(in_b, line_b));
+    if (!more_a) line_a.clear();
+    if (!more_b) line_b.clear();
+    if (line_a != line_b || (!more_a && !more_b)) break;
+  }
+  const auto trim = [](std::string s) {
+    s.erase(0, s.find_first_not_of(' '));
+    return s.empty() ? std::string("(nothing)") : s;
+  };
+  return {trim(line_a), trim(line_b)};
+}
+
+// A checkpoint found through RUN_DIR must be that run's: the experiment stored in it is the one in
+// RUN_DIR/config.yaml but for the keys a resume may change without changing the results (those of
+// keeps_results). Another run's checkpoints (two runs that shared a checkpoint.dir, one replaced with
+// --overwrite; a config.yaml of an older dtrain whose relative checkpoint.dir meant the current
+// directory) are refused, never continued under this run's name. A ConfigError: it is not a
+// damaged file that an older checkpoint could stand in for.
+void check_belongs_to_run(const std::string& path, const std::string& stored_yaml, const config::Experiment& run,
+                          const std::string& run_dir) {
+  config::Experiment stored = config::parse_experiment(stored_yaml, path + ":/experiment", {});
+  stored.train.epochs = run.train.epochs;
+  stored.train.progress = run.train.progress;
+  stored.train.tensorboard = run.train.tensorboard;
+  stored.train.log_every_steps = run.train.log_every_steps;
+  stored.train.plot = run.train.plot;
+  const std::string ours = config::to_yaml(run), theirs = config::to_yaml(stored);
+  if (ours == theirs) return;
+  const auto [in_run, in_checkpoint] = first_difference(ours, theirs);
+  const std::string config_file = (fs::path(run_dir) / "config.yaml").string();
+  throw ConfigError(fmt::format("{}: not a checkpoint of the run in {}: the experiment stored in it differs from {} "
+                                "(`{}` in the checkpoint, `{}` in config.yaml); resume the run that wrote it, or, if "
+                                "a resume with --set changed this run since, continue from it with `dtrain resume {} "
+                                "--checkpoint {}`",
+                                path, run_dir, config_file, in_checkpoint, in_run, run_dir, path));
 }
 
 // A checkpoint whose epoch lies past the end of the experiment stored with it cannot come from
@@ -86,17 +131,20 @@ int resume_command(const ResumeArgs& args) {
   StopOnSignal signals;
   signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
-  return run_as_worker(*workers, [&] {
+  return signals.finished(run_as_worker(*workers, [&] {
   // Only the chief speaks; every worker restores the same checkpoint.
   std::FILE* say = workers->rank() == 0 ? stderr : nullptr;
   if (args.run_dir.empty() && args.checkpoint.empty())
     throw ConfigError("resume needs a run directory or --checkpoint FILE");
   // Candidates, newest first: the one named, or the run's complete checkpoints.
   std::vector<std::string> candidates;
+  std::optional<config::Experiment> run;  // RUN_DIR/config.yaml when the candidates come from RUN_DIR
   if (!args.checkpoint.empty()) {
     candidates.push_back(args.checkpoint);
   } else {
-    const std::string dir = checkpoint_dir_of_run(args.run_dir, say);
+    run = experiment_of_run(args.run_dir, say);
+    const std::string dir = run ? train::checkpoint_dir_of(args.run_dir, run->checkpoint)
+                                : (fs::path(args.run_dir) / "checkpoints").string();
     std::string warning;
     candidates = checkpoint::list_checkpoints(dir, &warning);
     if (say && !warning.empty()) fmt::print(say, "dtrain: warning: {}\n", warning);
@@ -110,6 +158,7 @@ int resume_command(const ResumeArgs& args) {
                                         [&](const std::string& path) {
                                           stored = checkpoint::peek(path);
                                           check_epoch_in_run(path, stored);
+                                          if (run) check_belongs_to_run(path, stored.experiment_yaml, *run, args.run_dir);
                                         });
 
   std::vector<std::string> changing;
@@ -126,8 +175,7 @@ int resume_command(const ResumeArgs& args) {
   refuse_local_strategy_under_launcher(exp, *workers, "each would resume alone, all into one run directory");
 
   train::TrainerOptions options;
-  options.run_dir =
-      !args.run_dir.empty() ? args.run_dir : fs::path(candidates[first]).parent_path().parent_path().string();
+  options.run_dir = !args.run_dir.empty() ? args.run_dir : train::run_dir_of_checkpoint(candidates[first], exp.checkpoint);
   options.out = stdout;
   options.out_is_tty = train::progress_reaches_a_terminal(stdout);
   options.workers = workers.get();
@@ -146,7 +194,7 @@ int resume_command(const ResumeArgs& args) {
                         stored.state.step_in_epoch, stored.state.global_step);
   });
   });
-  });
+  }));
 }
 
 }  // namespace dtrain::app

@@ -26,12 +26,14 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
   int code = kOk;
   try {
     code = body();
-  } catch (const SameOnEveryRank& e) {
+  } catch (const JobConfigError& e) {
+    // Every worker raised it alike before any waits for another: one report, and the job ends
+    // with its code without an abort.
     if (workers.world_rank() == 0) {
       std::fflush(stdout);
       fmt::print(stderr, "dtrain: error: {}\n", e.what());
     }
-    return kBadInput;
+    return exit_code_for(e);
   } catch (const std::exception& e) {
     if (alone) throw;  // main() reports it
     std::fflush(stdout);
@@ -51,7 +53,7 @@ void refuse_local_strategy_under_launcher(const config::Experiment& experiment, 
   // The kind's place: file:line:column, the --set that gave it, or the file when it was left out.
   const config::SourceLocation& where = experiment.strategy.where;
   const bool left_out = where.line == 0 && !where.file.starts_with("--set");
-  throw SameOnEveryRank(fmt::format(
+  throw JobConfigError(fmt::format(
       "{}strategy kind {}{} runs in one process, but mpirun started {} processes: {}; to train across the processes "
       "use strategy kind multi_worker_mirrored (or parameter_server), or run without mpirun",
       config::location_prefix(where, left_out ? config::SourceLocation{experiment.source_file, 0, 0} : where),
@@ -83,12 +85,26 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
     train::run_evaluator(trainer, workers, eval);
     return options.stop_requested && options.stop_requested->load() != 0 ? kInterrupted : kOk;
   }
-  train::Trainer trainer(std::move(experiment), options);
+  std::unique_ptr<train::Trainer> built;
   // A process lost during training, noted before the trainer goes on every way out (the worker
   // group outlives it), so that run_as_worker ends this process without finalizing MPI.
   auto note_loss = [&] {
-    if (trainer.strategy().lost_a_rank()) workers.note_rank_lost();
+    if (built && built->strategy().lost_a_rank()) workers.note_rank_lost();
   };
+  // The evaluator stops once the chief says training has ended, stopped or not. Before the
+  // trainer exists the chief is world rank 0.
+  auto tell_evaluators = [&] {
+    if (!roles || !(built ? built->strategy().is_chief() : workers.world_rank() == 0)) return;
+    note_loss();  // passed on: an evaluator must not finalize either
+    for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
+  };
+  try {
+    built = std::make_unique<train::Trainer>(std::move(experiment), options);
+  } catch (const JobConfigError&) {
+    tell_evaluators();  // the training ranks all end here, without an abort that would end the evaluator
+    throw;
+  }
+  train::Trainer& trainer = *built;
   struct NoteOnExit {
     const std::function<void()> note;
     ~NoteOnExit() { note(); }
@@ -97,12 +113,6 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
     fmt::print(options.out, "roles ({}): {}; rank {} evaluates each new checkpoint\n", roles->source, roles->describe(),
                roles->training_ranks());
   prepare(trainer);
-  // The evaluator stops once the chief says training has ended, stopped or not.
-  auto tell_evaluators = [&] {
-    if (!roles || !trainer.strategy().is_chief()) return;
-    note_loss();  // passed on: an evaluator must not finalize either
-    for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
-  };
   try {
     trainer.fit();
   } catch (const train::Interrupted& stop) {
@@ -127,7 +137,7 @@ int run_command(const RunArgs& args) {
   StopOnSignal signals;
   signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
-  return run_as_worker(*workers, [&] {
+  return signals.finished(run_as_worker(*workers, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
     refuse_local_strategy_under_launcher(exp, *workers, "each would train alone, all into one run directory");
     train::TrainerOptions options;
@@ -138,7 +148,7 @@ int run_command(const RunArgs& args) {
       // runs/<name>, or the next runs/<name>-N when it holds an earlier run: the chief looks, and
       // every rank (the evaluator too) learns its choice before anyone writes.
       const std::string base = "runs/" + exp.name;
-      const int mine = chief && !args.overwrite ? train::free_run_number(base) : 0;
+      const int mine = chief && !args.overwrite ? train::free_run_number(base, exp.checkpoint) : 0;
       const int number = workers->all_reduce_max(mine, "run directory");
       options.run_dir = train::numbered_run_dir(base, number);
       if (chief && number > 0)
@@ -158,7 +168,7 @@ int run_command(const RunArgs& args) {
     options.stop_requested = &signals.requested();
     signals.set_checkpoint_dir(train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
-  });
+  }));
 }
 
 }  // namespace dtrain::app

@@ -4,7 +4,6 @@
 #include "backends/context.hpp"
 #include "config/model_checks.hpp"
 #include "config/parse.hpp"
-#include "core/machine.hpp"
 #include "nn/model.hpp"
 
 namespace dtrain::app {
@@ -17,13 +16,10 @@ int validate_command(const ValidateArgs& args) {
   nn::check_precision(exp.precision, exp.precision_where, *ctx);
   nn::Sequential model(exp.model, exp.seed, *ctx, nn::ModelOptions{nn::compute_dtype(exp.precision), false});
   config::check_loss_fits_model(exp, model.output_shape().dims());
-  // A replica's batch must fit in memory (the replica count is known only at run: one is assumed).
-  const std::int64_t batch = exp.data.global_batch_size > 0 ? exp.data.global_batch_size : exp.data.batch_size_per_replica;
-  if (model.activation_bytes(batch) > physical_memory_bytes())
-    throw ConfigError(fmt::format("{}: data.{} {}: a batch that large needs {} of activations, more than this "
-                                  "machine's {} of memory; choose a smaller batch",
-                                  exp.source_file, exp.data.global_batch_size > 0 ? "global_batch_size" : "batch_size_per_replica",
-                                  batch, format_bytes(model.activation_bytes(batch)), format_bytes(physical_memory_bytes())));
+  // A replica's batches must fit in memory (the replica count is known only at run: one is assumed).
+  const config::BatchKey batch = config::batch_key(exp, false);
+  model.check_batch_memory(batch.value, batch);
+  if (exp.data.eval_batch_size > 0) model.check_batch_memory(exp.data.eval_batch_size, config::batch_key(exp, true));
   fmt::print("# {}: valid\n{}", args.experiment, config::to_yaml(exp));
   fmt::print("# model\n");
   std::string summary = model.summary();

@@ -93,20 +93,14 @@ int exit_code_for(const std::exception& error);
 // Runs a training subcommand's body on every worker: a failure that only this worker sees must
 // not leave the others waiting in a collective, so with several workers it ends the whole job.
 // After a process of the job was lost (WorkerGroup::rank_lost) it ends this process alone, with
-// the body's exit code or its error's, without finalizing MPI. A SameOnEveryRank error is the
-// other exception: the chief alone reports it and every rank returns its exit code, none ending
-// the others.
+// the body's exit code or its error's, without finalizing MPI. A JobConfigError (core/error.hpp)
+// is the other exception: every rank raised it alike, so the chief alone reports it and every
+// rank returns its exit code, none ending the others.
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body);
-
-// An error every rank of the job raises alike, from what they all read, before any collective:
-// no rank waits for another, so none needs ending, and one line says it instead of one per rank.
-struct SameOnEveryRank : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // Under an MPI launcher that started more than one process, a strategy that does not span worker
 // processes (default, one_device, mirrored, central_storage) would have each process train alone
-// (`consequence` says what that does to the command). Refused (SameOnEveryRank, exit 2) before
+// (`consequence` says what that does to the command). Refused (JobConfigError, exit 2) before
 // anything is written, naming the strategy's place in the experiment and what to use instead.
 void refuse_local_strategy_under_launcher(const config::Experiment& experiment, const distribute::WorkerGroup& workers,
                                           const std::string& consequence);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <string>
 
+#include "commands.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::app {
@@ -98,6 +99,11 @@ StopOnSignal::~StopOnSignal() {
   if (restore_mask_) pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
 }
 
+int StopOnSignal::finished(int exit_code) {
+  if (exit_code == kInterrupted) stop_completed_ = true;
+  return exit_code;
+}
+
 void StopOnSignal::set_checkpoint_dir(const std::string& dir) {
   const std::lock_guard lock(checkpoint_dir_mutex_);
   checkpoint_dir_ = dir;
@@ -121,6 +127,7 @@ void StopOnSignal::watch() {
     signalfd_siginfo info;
     if (read(signal_fd_, &info, sizeof info) != static_cast<ssize_t>(sizeof info)) continue;
     const int sig = static_cast<int>(info.ssi_signo);
+    if (stop_completed_) _exit(kInterrupted);  // nothing is left to save or to remove
     if (stop_signal_.exchange(sig) != 0) {
       // Second signal: the user means it. No checkpoint, no destructors; only the temporary of a
       // save in flight goes, so that no half-written file is left behind.

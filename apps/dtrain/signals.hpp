@@ -49,6 +49,12 @@ class StopOnSignal {
   // death by signal.
   void keep_blocked() { restore_mask_ = false; }
 
+  // The command is done and returns `exit_code` (returned here). When that is 4, the stop a
+  // signal asked for is complete (checkpoint saved, resume command printed), and a signal while
+  // the process shuts down ends it quietly with 4 instead of "exiting without a checkpoint":
+  // under mpirun that is the SIGTERM mpirun sends the chief once another rank has exited 4.
+  int finished(int exit_code);
+
   // Where checkpoints are written: on a second signal the watcher removes this process's
   // temporaries there (<name>.tmp-<pid>) before it exits. Set it before training starts.
   void set_checkpoint_dir(const std::string& dir);
@@ -58,6 +64,7 @@ class StopOnSignal {
   void close_fds() noexcept;
 
   std::atomic<int> stop_signal_{0};
+  std::atomic<bool> stop_completed_{false};
   bool restore_mask_ = true;
   std::mutex checkpoint_dir_mutex_;
   std::string checkpoint_dir_;

@@ -562,14 +562,20 @@ class Reader {
     if (present < 0) corrupt(fmt::format("attribute {} of {}: {}", attr_name, object, hdf5_detail()));
     if (present == 0) return std::nullopt;
     H5Id attr(H5Aopen_by_name(file_.get(), object.c_str(), attr_name, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    H5Id type(attr.valid() ? H5Aget_type(attr.get()) : -1, H5Tclose);
-    H5Id space(attr.valid() ? H5Aget_space(attr.get()) : -1, H5Sclose);
-    if (!type.valid() || !space.valid()) corrupt(fmt::format("attribute {} of {}: {}", attr_name, object, hdf5_detail()));
+    return single_integer(attr.get(), fmt::format("attribute {} of {}", attr_name, object));
+  }
+
+  // The value of an attribute that must hold one integer. Checked first: H5Aread writes every
+  // element there is, so an array put in its place would overrun the one value read into.
+  long long single_integer(hid_t attr, const std::string& what) const {
+    H5Id type(attr >= 0 ? H5Aget_type(attr) : -1, H5Tclose);
+    H5Id space(attr >= 0 ? H5Aget_space(attr) : -1, H5Sclose);
+    if (!type.valid() || !space.valid()) corrupt(fmt::format("{}: {}", what, hdf5_detail()));
     if (H5Tget_class(type.get()) != H5T_INTEGER || H5Sget_simple_extent_npoints(space.get()) != 1)
-      bad(fmt::format("attribute {} of {} is not a single integer", attr_name, object));
+      bad(fmt::format("{} is not a single integer; the checkpoint is corrupt", what));
     long long value = 0;
-    if (H5Aread(attr.get(), H5T_NATIVE_LLONG, &value) < 0)
-      corrupt(fmt::format("reading attribute {} of {} failed ({})", attr_name, object, hdf5_detail()));
+    if (H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0)
+      corrupt(fmt::format("reading {} failed ({})", what, hdf5_detail()));
     return value;
   }
 
@@ -658,11 +664,9 @@ class Reader {
     if (present < 0) corrupt(fmt::format("{}: {}", name, hdf5_detail()));
     if (present == 0) bad(fmt::format("{} has no crc32 attribute; the checkpoint was not written by dtrain", name));
     H5Id attr(H5Aopen(dataset, "crc32", H5P_DEFAULT), H5Aclose);
-    std::uint32_t stored = 0;
-    if (!attr.valid() || H5Aread(attr.get(), H5T_NATIVE_UINT32, &stored) < 0)
-      corrupt(fmt::format("reading the crc32 of {} failed ({})", name, hdf5_detail()));
+    const long long stored = single_integer(attr.get(), fmt::format("the crc32 attribute of {}", name));
     const std::uint32_t computed = crc32_of(data, bytes);
-    if (stored != computed)
+    if (stored != static_cast<long long>(computed))
       bad(fmt::format("checksum mismatch in {} (stored crc32 {:08x}, computed {:08x}); the file is corrupt: use "
                       "another checkpoint",
                       name, stored, computed));

@@ -296,6 +296,10 @@ struct Experiment {
   std::uint64_t seed = 42;
   Precision precision = Precision::float32;
   SourceLocation precision_where;  // line 0 when left out
+  // Where the batch sizes come from (the value's file:line:column or its --set; the data section
+  // when left out), for the errors they decide: memory, workers.
+  SourceLocation batch_where;       // data.global_batch_size, else data.batch_size_per_replica
+  SourceLocation eval_batch_where;  // data.eval_batch_size, else batch_where
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

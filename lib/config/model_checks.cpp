@@ -13,9 +13,7 @@ void check_loss_fits_model(const Experiment& e, std::span<const std::int64_t> ou
   const LayerConfig& last = e.model.layers.back();
   const SourceLocation file{e.source_file, 0, 0};
   // The loss as written: in the file, or in the --set that replaced it.
-  const std::string at_loss = e.loss.where.line == 0 && e.loss.where.file.starts_with("--set ")
-                                  ? e.loss.where.file + ": "
-                                  : location_prefix(e.loss.where, file);
+  const std::string at_loss = given_prefix(e.loss.where, file);
   const std::string last_layer = fmt::format("the last layer '{}'{}", last.name,
                                              last.where.line > 0 ? fmt::format(" (at {}:{}:{})", last.where.file,
                                                                                last.where.line, last.where.column)

@@ -309,7 +309,8 @@ std::vector<std::string> read_shards(const Node& node, const std::string& path) 
   return out;
 }
 
-DataConfig parse_data(const Node& node) {
+// `batch_where` and `eval_batch_where` (Experiment) are set too.
+DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocation& eval_batch_where) {
   static constexpr std::string_view keys[] = {
       "source",   "path",     "shape",          "classes",       "train_size",      "test_size",
       "x",        "y",        "size",           "batch_size_per_replica", "global_batch_size", "shuffle_buffer", "drop_remainder",
@@ -394,6 +395,9 @@ DataConfig parse_data(const Node& node) {
   s.get_number("validation_split", out.validation_split, unit_interval_open, "in [0, 1)");
   s.get_int("eval_batch_size", out.eval_batch_size, 0);
   s.get_bool("prefetch", out.prefetch);
+  const Node* batch = s.find("global_batch_size") ? s.find("global_batch_size") : s.find("batch_size_per_replica");
+  batch_where = (batch ? batch->origin : node.origin).location();
+  eval_batch_where = s.find("eval_batch_size") ? s.find("eval_batch_size")->origin.location() : batch_where;
   return out;
 }
 
@@ -652,7 +656,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
     return node ? *node : empty;
   };
   out.strategy = parse_strategy(section("strategy"), s.find("strategy") ? s.key_origin("strategy") : empty.origin);
-  out.data = parse_data(section("data"));
+  out.data = parse_data(section("data"), out.batch_where, out.eval_batch_where);
   out.model = parse_model(s.require("model"));
   out.loss = parse_loss(section("loss"), s.find("loss") ? s.key_origin("loss") : empty.origin);
   out.optimizer = parse_optimizer(section("optimizer"));
@@ -693,6 +697,20 @@ std::string location_prefix(const SourceLocation& given, const SourceLocation& f
   const SourceLocation& loc = given.line > 0 ? given : fallback;
   if (loc.line > 0) return fmt::format("{}:{}:{}: ", loc.file, loc.line, loc.column);
   return loc.file.empty() ? std::string() : loc.file + ": ";
+}
+
+std::string given_prefix(const SourceLocation& given, const SourceLocation& fallback) {
+  if (given.line == 0 && given.file.starts_with("--set ")) return given.file + ": ";
+  return location_prefix(given, fallback);
+}
+
+BatchKey batch_key(const Experiment& e, bool eval) {
+  const SourceLocation file{e.source_file, 0, 0};
+  if (eval && e.data.eval_batch_size > 0)
+    return {given_prefix(e.eval_batch_where, file), "data.eval_batch_size", e.data.eval_batch_size};
+  if (e.data.global_batch_size > 0)
+    return {given_prefix(e.batch_where, file), "data.global_batch_size", e.data.global_batch_size};
+  return {given_prefix(e.batch_where, file), "data.batch_size_per_replica", e.data.batch_size_per_replica};
 }
 
 Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,

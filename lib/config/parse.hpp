@@ -27,6 +27,18 @@ std::string to_yaml(const Experiment& experiment);
 // "file:line:col: " of `given`, or of `fallback` when `given` was not written in a file (a default
 // or --set); "file: " or "" without a line: the prefix of errors raised after parsing.
 std::string location_prefix(const SourceLocation& given, const SourceLocation& fallback);
+// The same, but a value given with --set is named by its "--set key=value: ".
+std::string given_prefix(const SourceLocation& given, const SourceLocation& fallback);
+
+// The key that sets the training batch (`eval`: the evaluation batch), for the errors a batch
+// decides (memory, workers): where it was given (given_prefix, the file for a default), its name
+// and its value.
+struct BatchKey {
+  std::string where;
+  std::string name;  // data.global_batch_size, data.batch_size_per_replica or data.eval_batch_size
+  std::int64_t value = 0;
+};
+BatchKey batch_key(const Experiment& experiment, bool eval);
 
 // Names used in YAML for the enums, for messages and reports elsewhere.
 const char* name_of(StrategyKind kind);

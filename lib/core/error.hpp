@@ -27,6 +27,13 @@ class Error : public std::runtime_error {
 struct ConfigError : Error {
   explicit ConfigError(const std::string& message) : Error(ErrorKind::config, message) {}
 };
+// A ConfigError that every worker of a job raises alike, at the same point and before any of
+// them waits for another: a check of the experiment against the job's size (the global batch
+// against the worker count). The chief alone reports it and every worker exits with its code,
+// instead of one report per rank and an aborted job.
+struct JobConfigError : ConfigError {
+  explicit JobConfigError(const std::string& message) : ConfigError(message) {}
+};
 struct InputError : Error {
   explicit InputError(const std::string& message) : Error(ErrorKind::input, message) {}
 };

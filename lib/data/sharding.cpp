@@ -72,4 +72,11 @@ void check_global_batch(const ShardPlan& plan, std::int64_t global_batch) {
       plan.workers));
 }
 
+void check_batch_reaches_workers(int workers, std::int64_t batch, std::string_view key) {
+  if (batch >= workers) return;
+  throw ConfigError(fmt::format("{} {} leaves some of the {} workers without samples; give a global batch of at least "
+                                "{} (one sample per worker), or run fewer ranks",
+                                key, batch, workers, workers));
+}
+
 }  // namespace dtrain::data

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/experiment.hpp"
@@ -45,5 +46,8 @@ ShardPlan plan_shards(const config::DataConfig& data, int workers, int worker);
 // the workers do not divide cannot be split as one process splits it (under data every worker
 // holds the whole order and any global batch works). Throws ConfigError naming the keys then.
 void check_global_batch(const ShardPlan& plan, std::int64_t global_batch);
+// Throws ConfigError when a global batch of `batch` (`key` names it) leaves some of the `workers`
+// without samples.
+void check_batch_reaches_workers(int workers, std::int64_t batch, std::string_view key);
 
 }  // namespace dtrain::data

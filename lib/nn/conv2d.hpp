@@ -33,6 +33,7 @@ class Conv2D final : public Layer {
 
   Conv2D(std::string name, const Options& options) : Layer(std::move(name)), opt_(options) {}
   std::string_view kind() const override { return Options::kind; }
+  std::string_view size_option() const override { return "filters"; }
   const Options& options() const { return opt_; }
   // The explicit padding of each spatial axis (after build).
   const Padding1D& padding_h() const { return pad_h_; }

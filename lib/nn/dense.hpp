@@ -28,6 +28,7 @@ class Dense final : public Layer {
 
   Dense(std::string name, const Options& options) : Layer(std::move(name)), opt_(options) {}
   std::string_view kind() const override { return Options::kind; }
+  std::string_view size_option() const override { return "units"; }
   const Options& options() const { return opt_; }
 
   double regularization_loss(backends::Numerics& numerics) const override;

@@ -74,6 +74,9 @@ class Layer {
   const std::string& name() const { return name_; }
   // The registered YAML kind (conv2d, dense, ...).
   virtual std::string_view kind() const = 0;
+  // The option that sets the width of its outputs (filters, units): what an error about their
+  // memory asks to make smaller. Empty for a kind whose outputs follow its input.
+  virtual std::string_view size_option() const { return {}; }
 
   // Per-example shapes (no batch dimension), channels last. ConfigError naming the layer when the
   // input does not fit. `position`: the layer's index in the model (it keys per-layer random

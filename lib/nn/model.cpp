@@ -10,7 +10,6 @@
 #include "config/parse.hpp"
 #include "core/checked.hpp"
 #include "core/error.hpp"
-#include "config/parse.hpp"
 #include "core/machine.hpp"
 #include "core/rng.hpp"
 #include "nn/registry.hpp"
@@ -102,6 +101,7 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
             !sum || *sum > memory ? "activations" : "parameters", format_bytes(memory)));
       activation_bytes_per_example_ = *sum;
       layers_.push_back(std::move(layer));
+      layer_where_.push_back(where.where);
     } catch (const ConfigError& e) {
       throw at_layer(e.what());
     } catch (const std::bad_alloc&) {
@@ -141,6 +141,25 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, ba
 
 std::int64_t Sequential::activation_bytes(std::int64_t batch) const {
   return checked_mul(batch, activation_bytes_per_example_).value_or(std::numeric_limits<std::int64_t>::max());
+}
+
+void Sequential::check_batch_memory(std::int64_t batch, const config::BatchKey& batch_key) const {
+  const std::int64_t memory = physical_memory_bytes();
+  if (activation_bytes(batch) <= memory) return;
+  std::size_t largest = 0;
+  for (std::size_t i = 1; i < layers_.size(); ++i)
+    if (layers_[i]->output_shape().numel() > layers_[largest]->output_shape().numel()) largest = i;
+  const Layer& layer = *layers_[largest];
+  const config::SourceLocation& at = layer_where_[largest];
+  const std::string smaller = layer.size_option().empty() ? std::string("a smaller input to that layer")
+                                                           : fmt::format("fewer {} in that layer", layer.size_option());
+  throw ConfigError(fmt::format(
+      "{}{} {}: a batch of {} on a replica needs {} of activations, more than this machine's {} of memory; layer '{}'{} "
+      "takes the most, {} per example: choose a smaller {}, or {}",
+      batch_key.where, batch_key.name, batch_key.value, batch, format_bytes(activation_bytes(batch)),
+      format_bytes(memory), layer.name(),
+      at.line > 0 ? fmt::format(" ({}:{}:{})", at.file, at.line, at.column) : std::string(),
+      layer.output_shape().to_string(), batch_key.name, smaller));
 }
 
 std::int64_t Sequential::num_parameters() const {

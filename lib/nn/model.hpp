@@ -20,6 +20,7 @@
 
 #include "backends/context.hpp"
 #include "config/experiment.hpp"
+#include "config/parse.hpp"
 #include "core/tensor.hpp"
 #include "core/variable.hpp"
 #include "nn/kernel.hpp"
@@ -85,6 +86,11 @@ class Sequential {
   // The bytes a batch of `batch` examples needs for activations and their gradients (the largest
   // int64 when that overflows); forward refuses batches the machine cannot hold.
   std::int64_t activation_bytes(std::int64_t batch) const;
+  // ConfigError when a batch of `batch` examples on one replica needs more activation memory than
+  // this machine has, naming both keys that decide it: `batch_key` (where it was given) and the
+  // layer whose outputs take the most, at its place in the experiment with the option that sizes
+  // them (filters, units).
+  void check_batch_memory(std::int64_t batch, const config::BatchKey& batch_key) const;
   // Every variable's grad, contiguous, in variables() order, and how many floats each takes.
   std::span<float> gradient_arena() { return gradients_.span<float>(); }
   std::span<const std::size_t> gradient_sizes() const { return gradient_sizes_; }
@@ -134,6 +140,7 @@ class Sequential {
   Shape input_shape_, output_shape_;
   std::int64_t activation_bytes_per_example_ = 0;  // activations and their gradients, bytes
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<config::SourceLocation> layer_where_;  // each layer's place in the experiment
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
   std::vector<Variable*> variables_, trainable_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <iterator>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
 #include <string_view>
 #include <filesystem>
 #include <fstream>
@@ -89,7 +91,9 @@ void MetricsLog::on_train_begin(LoopState&) {
     }
   }
   std::ofstream metrics(path(), resumed_epoch_ ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw IoError(fmt::format("cannot write {}; check that the run directory is writable", path()));
+  if (!metrics)
+    throw IoError(fmt::format("cannot write {} ({}); check that the run directory is writable", path(),
+                              std::strerror(errno)));
 }
 
 void MetricsLog::on_epoch_end(LoopState&, const EpochLog& log) {

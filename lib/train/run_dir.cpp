@@ -12,9 +12,41 @@ namespace dtrain::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Whether `path` lies in `dir` or below it (after resolving `.`, `..` and symbolic links).
+bool inside(const std::string& path, const std::string& dir) {
+  if (path.empty() || dir.empty()) return false;
+  std::error_code path_ec, dir_ec;
+  const fs::path p = fs::weakly_canonical(path, path_ec), d = fs::weakly_canonical(dir, dir_ec);
+  if (path_ec || dir_ec) return false;
+  const fs::path relative = p.lexically_relative(d);
+  return !relative.empty() && *relative.begin() != "..";
+}
+
+}  // namespace
+
 std::string checkpoint_dir_of(const std::string& run_dir, const config::CheckpointConfig& checkpoint) {
-  if (!checkpoint.dir.empty()) return checkpoint.dir;
-  return run_dir.empty() ? std::string() : (fs::path(run_dir) / "checkpoints").string();
+  // A relative checkpoint.dir is the run's, like the default `checkpoints`: resolved against the
+  // run directory, never the current one, so that `dtrain resume RUN_DIR` from anywhere finds the
+  // run's own checkpoints (and two runs started in different directories never share them).
+  const fs::path dir(checkpoint.dir.empty() ? std::string("checkpoints") : checkpoint.dir);
+  if (dir.is_absolute()) return dir.string();
+  return run_dir.empty() ? std::string() : (fs::path(run_dir) / dir).string();
+}
+
+std::string run_dir_of_checkpoint(const std::string& checkpoint_file, const config::CheckpointConfig& checkpoint) {
+  const fs::path file(checkpoint_file);
+  const fs::path dir(checkpoint.dir.empty() ? std::string("checkpoints") : checkpoint.dir);
+  fs::path run = file.parent_path();
+  bool inside = !dir.is_absolute();
+  for (const fs::path& part : dir.lexically_normal()) {
+    if (part.empty() || part == ".") continue;
+    // `..` and absolute directories lead out of the run directory: it cannot be told from the path.
+    inside = inside && part != ".." && run.has_parent_path();
+    if (inside) run = run.parent_path();
+  }
+  return (inside ? run : file.parent_path().parent_path()).string();
 }
 
 std::vector<std::string> earlier_run_files(const std::string& run_dir, const std::string& checkpoint_dir) {
@@ -45,12 +77,16 @@ std::vector<std::string> earlier_run_files(const std::string& run_dir, const std
   return found;
 }
 
-int free_run_number(const std::string& base) {
-  if (earlier_run_files(base, (fs::path(base) / "checkpoints").string()).empty()) return 0;
-  for (int n = 2;; ++n) {
-    const std::string candidate = numbered_run_dir(base, n);
-    if (earlier_run_files(candidate, (fs::path(candidate) / "checkpoints").string()).empty()) return n;
-  }
+int free_run_number(const std::string& base, const config::CheckpointConfig& checkpoint) {
+  // Only a checkpoint directory inside the run directory moves with the number; one outside is the
+  // same for every number, and refuse_to_overwrite() speaks about it.
+  const auto holds_a_run = [&](const std::string& run_dir) {
+    const std::string checkpoints = checkpoint_dir_of(run_dir, checkpoint);
+    return !earlier_run_files(run_dir, inside(checkpoints, run_dir) ? checkpoints : std::string()).empty();
+  };
+  if (!holds_a_run(base)) return 0;
+  for (int n = 2;; ++n)
+    if (!holds_a_run(numbered_run_dir(base, n))) return n;
 }
 
 std::string numbered_run_dir(const std::string& base, int number) {
@@ -63,6 +99,14 @@ void refuse_to_overwrite(const std::string& run_dir, const std::string& checkpoi
   std::string listed;
   for (std::size_t i = 0; i < found.size() && i < 3; ++i) listed += (i ? ", " : "") + found[i];
   if (found.size() > 3) listed += fmt::format(" and {} more", found.size() - 3);
+  // Only the checkpoints of a checkpoint.dir outside the run directory: they are another run's,
+  // which `dtrain resume` of this run directory would not continue.
+  if (!inside(checkpoint_dir, run_dir) && earlier_run_files(run_dir, "").empty())
+    throw ConfigError(fmt::format("checkpoint.dir {} already holds another run's checkpoints ({}); this run would prune "
+                                  "them: give it a checkpoint.dir of its own (a relative one lies inside its run "
+                                  "directory), continue the run that wrote them with `dtrain resume` and that run's "
+                                  "directory, or pass --overwrite to replace them",
+                                  checkpoint_dir, listed));
   throw ConfigError(fmt::format("{} already holds a run ({}); a new run would overwrite it: give another --run-dir to "
                                 "keep it, `dtrain resume {}` to continue it, or --overwrite to replace it",
                                 run_dir, listed, run_dir));

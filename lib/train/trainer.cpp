@@ -46,8 +46,8 @@ class StrategyCrossReplica final : public nn::CrossReplica {
 // What checkpoint::restore cannot know: whether the stored metric state fits this experiment's
 // metrics. One of another layout is a corrupt or foreign file, refused as such before anything is
 // merged from it.
-void check_resumable(const std::string& path, const checkpoint::TrainingState& state,
-                     const std::vector<std::unique_ptr<metrics::Metric>>& metrics) {
+void check_metric_state(const std::string& path, const checkpoint::TrainingState& state,
+                        const std::vector<std::unique_ptr<metrics::Metric>>& metrics) {
   if (state.step_in_epoch == 0 && state.metric_counts.empty()) return;  // an epoch boundary carries no metrics
   if (state.metric_counts.size() != metrics.size())
     throw InputError(fmt::format("{}: /state/metrics holds {} metrics, the experiment has {}; the checkpoint is corrupt",
@@ -80,12 +80,27 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
   strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
-  try {
+  // The experiment against the job's worker count: every worker finds the same at the same point,
+  // so the chief alone reports it (JobConfigError), at the key that decides it.
+  const auto for_every_worker = [](const std::string& where, const std::function<void()>& check) {
+    try {
+      check();
+    } catch (const ConfigError& e) {
+      throw JobConfigError(where + e.what());
+    }
+  };
+  for_every_worker(exp_.source_file + ": ", [&] {
     shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
+  });
+  const config::BatchKey batch = config::batch_key(exp_, false), eval_batch = config::batch_key(exp_, true);
+  for_every_worker(batch.where, [&] {
+    data::check_batch_reaches_workers(strategy_->workers(), global_batch_size(), batch.name);
     data::check_global_batch(shards_, global_batch_size());
-  } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}: {}", exp_.source_file, e.what()));
-  }
+  });
+  if (exp_.data.eval_batch_size > 0)
+    for_every_worker(eval_batch.where, [&] {
+      data::check_batch_reaches_workers(strategy_->workers(), exp_.data.eval_batch_size, eval_batch.name);
+    });
   if (!strategy_->is_chief()) {
     // Workers other than the chief compute and take part in every collective, silently.
     null_out_ = std::fopen("/dev/null", "w");
@@ -159,11 +174,26 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     throw InputError(fmt::format("{}: the test split of {} is empty, so evaluation would report nothing; give the "
                                  "data a test split",
                                  exp_.source_file, splits_.test.description));
+  // The largest batch a replica holds in training and in evaluation (never more than the split),
+  // against the memory, naming the batch key and the layer that decide it.
+  const std::int64_t in_sync = strategy_->num_replicas_in_sync();
+  const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
+  const std::int64_t eval_samples =
+      std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
+  model().check_batch_memory(std::min(ceil_div(global_batch_size(), in_sync), splits_.train.size()), batch);
+  model().check_batch_memory(std::min(ceil_div(eval_global, in_sync), eval_samples), eval_batch);
   const Shape sample = splits_.train.x.shape().tail();
   if (sample != model().input_shape())
     throw ConfigError(fmt::format("{}: model.input_shape {} does not match the data's sample shape {}", exp_.source_file,
                                   model().input_shape().to_string(), sample.to_string()));
   check_labels();
+}
+
+void Trainer::check_stored_state(const std::string& path, const checkpoint::TrainingState& state,
+                                 const config::Experiment& stored) const {
+  std::vector<std::unique_ptr<metrics::Metric>> kept;
+  for (auto kind : stored.metrics) kept.push_back(metrics::make_metric(kind, stored.loss, replicas_[0].ctx->numerics()));
+  check_metric_state(path, state, kept);
 }
 
 Trainer::~Trainer() {
@@ -194,7 +224,7 @@ std::int64_t Trainer::global_batch_size() const {
   if (exp_.data.global_batch_size > 0) return exp_.data.global_batch_size;
   const auto global = checked_mul(exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync());
   if (!global)
-    // First computed inside the constructor's check, which names the file.
+    // First computed inside the constructor's check, which names where the batch was given.
     throw ConfigError(fmt::format("data.batch_size_per_replica {} times {} replicas in sync does not fit in 64 bits; "
                                   "choose a batch that the machine can hold",
                                   exp_.data.batch_size_per_replica, strategy_->num_replicas_in_sync()));
@@ -221,10 +251,11 @@ void Trainer::write_run_files() {
   fs::create_directories(opt_.run_dir, ec);
   if (ec) throw IoError(fmt::format("cannot create the run directory {}: {}; pass --run-dir to choose another",
                                     opt_.run_dir, ec.message()));
-  std::ofstream cfg(fs::path(opt_.run_dir) / "config.yaml");
-  cfg << "# resolved experiment, written by dtrain " << build_info::version << "\n" << config::to_yaml(exp_);
-  cfg.flush();
-  if (!cfg) throw IoError(fmt::format("cannot write into the run directory {}", opt_.run_dir));
+  // Written like a checkpoint's manifest: a failure says why (read-only, full, permissions), and a
+  // crash leaves the previous config.yaml of a resumed run whole.
+  checkpoint::write_file_atomically((fs::path(opt_.run_dir) / "config.yaml").string(),
+                                    fmt::format("# resolved experiment, written by dtrain {}\n{}", build_info::version,
+                                                config::to_yaml(exp_)));
 }
 
 std::string Trainer::checkpoint_dir() const { return checkpoint_dir_of(opt_.run_dir, exp_.checkpoint); }
@@ -285,7 +316,7 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
     }
     rep.optimizer->set_iterations(first.optimizer->iterations());
   }
-  check_resumable(checkpoint_path, c.state, replicas_[0].train_metrics);
+  check_metric_state(checkpoint_path, c.state, replicas_[0].train_metrics);
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   reset_train_metrics();
   for (std::size_t i = 0; strategy_->is_chief() && i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)

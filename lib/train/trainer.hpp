@@ -75,6 +75,12 @@ class Trainer {
   // optimizer slots and iterations, the epoch and step to go on at, and the unfinished epoch's
   // running loss and metrics. Call before fit(). Returns the checkpoint's training state.
   checkpoint::TrainingState restore(const std::string& checkpoint_path);
+  // Refuses (InputError naming `path`: the checkpoint is corrupt) a /state whose running metric
+  // figures do not fit the metrics of `stored`, the experiment written with it. restore() checks
+  // this against its own metrics; `dtrain eval`, which does not use the figures, checks it so as
+  // to refuse every checkpoint resume refuses.
+  void check_stored_state(const std::string& path, const checkpoint::TrainingState& state,
+                          const config::Experiment& stored) const;
   // Trains the remaining epochs and returns their logs.
   std::vector<EpochLog> fit();
   // Runs `steps` training steps of epoch `epoch` from its start (tests, benchmarks); returns the

@@ -141,12 +141,19 @@ case "$case_name" in
       validate experiments/regression_toy.yaml --set model.layers.0.dense.units=2147483647
     [ "$SECONDS" -le 10 ] || fail "a variable too large for memory took ${SECONDS}s to refuse"
     sed 's/^    - conv2d: {filters: 32,/    - conv2d: {filters: 10000000,/' "$small" >"$scratch/filters.yaml"
-    expect_error 2 "filters\.yaml(:17:7: layer 'conv2d'|: data.batch_size_per_replica).*memory" -- validate "$scratch/filters.yaml"
+    expect_error 2 "filters\.yaml(:17:7: layer 'conv2d'|:11:27: data.batch_size_per_replica).*memory" -- validate "$scratch/filters.yaml"
+    # Memory a batch decides: named at both keys that decide it, the batch's (in the file or its
+    # --set) and the layer whose outputs take the most, with the option that sizes them.
+    sed 's/^    - conv2d: {filters: 32,/    - conv2d: {filters: 1000000,/' "$small" >"$scratch/filters.yaml"
+    both="filters\.yaml:11:27: data\.batch_size_per_replica 64: .*memory; layer 'conv2d' \([^ ]*filters\.yaml:17:7\) takes the most.*fewer filters"
+    expect_error 2 "$both" -- validate "$scratch/filters.yaml"
+    expect_error 2 "$both" -- run "$scratch/filters.yaml" --run-dir "$scratch/filters_run"
+    [ ! -e "$scratch/filters_run" ] || fail "the run wrote its directory before refusing the batch"
     printf '%s\n' 'model: {input_shape: [28, 28, 1], layers: [{flatten: {}}, {dense: {units: 10}}]}' \
       'data: {source: synthetic}' 'loss: {kind: sparse_categorical_crossentropy, from_logits: true}' >"$scratch/syn.yaml"
     expect_error 2 "--set data.train_size=1000000000: data\.train_size: .*memory" -- \
       validate "$scratch/syn.yaml" --set data.train_size=1000000000
-    expect_error 2 "data\.batch_size_per_replica 9223372036854775807: .*memory" -- \
+    expect_error 2 "--set data\.batch_size_per_replica=9223372036854775807: data\.batch_size_per_replica 9223372036854775807: .*memory" -- \
       validate "$small" --set data.batch_size_per_replica=9223372036854775807
     expect_error 2 "--set data.test_size=0: .*>= 1" -- validate "$scratch/syn.yaml" --set data.test_size=0
     # A layer that does not fit its input is reported at the layer.
@@ -178,7 +185,7 @@ case "$case_name" in
       --set data.eval_batch_size=9223372036854775807 --run-dir "$scratch/eval_batch" >"$scratch/out" 2>&1 \
       || fail "a huge eval_batch_size failed: $(tail -3 "$scratch/out")"
     grep -q '"test_samples": 500,' "$scratch/eval_batch/metrics.jsonl" || fail "the huge eval batch did not evaluate the 500 test samples"
-    expect_error 2 "error: experiments/fashion_mnist_small\.yaml: data\.batch_size_per_replica 4611686018427387904 times 2 replicas" -- run "$small" --set train.epochs=1 \
+    expect_error 2 "error: --set data\.batch_size_per_replica=4611686018427387904: data\.batch_size_per_replica 4611686018427387904 times 2 replicas" -- run "$small" --set train.epochs=1 \
       --set data.batch_size_per_replica=4611686018427387904 --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" \
       --run-dir "$scratch/overflow"
     ;;

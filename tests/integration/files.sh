@@ -44,8 +44,10 @@ case "$case_name" in
     "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --run-dir "$run" >/dev/null 2>"$scratch/first.err" \
       || fail "first run failed: $(cat "$scratch/first.err")"
     before=$(cd "$run/checkpoints" && sha256sum ckpt-*.h5 checkpoint)
-    # Fill the disk, then continue: the next checkpoint cannot be written.
+    # Fill the disk but for two pages, then continue: config.yaml (rewritten atomically at the
+    # start, one page) fits, the next checkpoint (three) cannot be written.
     dd if=/dev/zero of="$mnt/filler" bs=64k >/dev/null 2>&1
+    truncate -s -8192 "$mnt/filler"
     "$dtrain" resume "$run" --set train.epochs=4 >/dev/null 2>"$scratch/full.err"
     rc=$?
     cat "$scratch/full.err"
@@ -64,7 +66,7 @@ case "$case_name" in
     mkdir -p "$mnt/run"
     mount -o remount,ro "$mnt" || fail "cannot remount read-only"
     "$dtrain" run "$toy" "${quiet[@]}" --run-dir "$mnt/run" >/dev/null 2>"$scratch/ro.err"
-    one_line_error 3 $? "$scratch/ro.err" "$mnt/run"
+    one_line_error 3 $? "$scratch/ro.err" "$mnt/run" "Read-only file system"
     ;;
   unwritable_checkpoint_dir)
     # Found before the first epoch, not at the first save.
@@ -162,6 +164,52 @@ EOF
     grep -q "^Resuming from $scratch/elsewhere/ckpt-20.h5" "$scratch/out" || fail "$(cat "$scratch/out")"
     [ -f "$scratch/elsewhere/ckpt-30.h5" ] || fail "the resumed run did not save into checkpoint.dir"
     ;;
+  relative_checkpoint_dir)
+    # A relative checkpoint.dir lies inside the run directory: two runs started in different
+    # directories never share it, and `dtrain resume RUN_DIR` from a third finds the run's own.
+    toy_abs="$PWD/$toy"
+    mkdir -p "$scratch/A" "$scratch/B"
+    (cd "$scratch/A" && "$dtrain" run "$toy_abs" "${quiet[@]}" --set train.epochs=2 --set checkpoint.dir=myck \
+      --run-dir r) >/dev/null 2>&1 || fail "run in A failed"
+    [ -f "$scratch/A/r/myck/ckpt-20.h5" ] || fail "checkpoint.dir myck is not inside the run directory: $(find "$scratch/A")"
+    (cd "$scratch/B" && "$dtrain" run "$toy_abs" "${quiet[@]}" --set train.epochs=2 --set checkpoint.dir=myck \
+      --set optimizer.learning_rate=0.5 --run-dir other) >/dev/null 2>&1 || fail "run in B failed"
+    other_before=$(cd "$scratch/B" && sha256sum other/myck/* other/metrics.jsonl)
+    (cd "$scratch/B" && "$dtrain" resume ../A/r --set train.epochs=3) >"$scratch/out" 2>"$scratch/err" \
+      || fail "resume from B failed: $(cat "$scratch/err")"
+    grep -q "^Resuming from ../A/r/myck/ckpt-20.h5" "$scratch/out" || fail "not the run's checkpoint: $(cat "$scratch/out")"
+    [ "$(wc -l <"$scratch/A/r/metrics.jsonl")" -eq 3 ] || fail "A/r/metrics.jsonl: $(cat "$scratch/A/r/metrics.jsonl")"
+    [ -f "$scratch/A/r/myck/ckpt-30.h5" ] || fail "the resumed run did not save into its own checkpoint.dir"
+    [ "$other_before" = "$(cd "$scratch/B" && sha256sum other/myck/* other/metrics.jsonl)" ] || fail "the other run changed"
+    [ ! -e "$scratch/B/myck" ] || fail "a checkpoint directory appeared in the current directory"
+    # --checkpoint alone finds the run directory above a relative checkpoint.dir.
+    (cd "$scratch/B" && "$dtrain" resume --checkpoint ../A/r/myck/ckpt-30.h5 --set train.epochs=4) >"$scratch/out2" \
+      2>&1 || fail "resume --checkpoint failed: $(cat "$scratch/out2")"
+    [ "$(wc -l <"$scratch/A/r/metrics.jsonl")" -eq 4 ] || fail "resume --checkpoint did not continue A/r's metrics.jsonl"
+    ;;
+  shared_checkpoint_dir)
+    # An absolute checkpoint.dir that holds another run's checkpoints: a new run is refused naming
+    # checkpoint.dir (resuming the new run directory could not continue them), and a run whose
+    # checkpoints were replaced (--overwrite) refuses to resume from the other run's.
+    shared="$scratch/shared"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$shared" --run-dir "$scratch/X" \
+      >/dev/null 2>&1 || fail "run X failed"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$shared" --run-dir "$scratch/Y" \
+      >/dev/null 2>"$scratch/refused.err"
+    one_line_error 2 $? "$scratch/refused.err" "checkpoint.dir $shared already holds another run's checkpoints" \
+      "$shared/ckpt-20.h5"
+    grep -q "dtrain resume $scratch/Y" "$scratch/refused.err" && fail "suggests resuming the new run: $(cat "$scratch/refused.err")"
+    [ ! -e "$scratch/Y" ] || fail "the refused run wrote $scratch/Y"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$shared" --overwrite \
+      --set optimizer.learning_rate=0.5 --run-dir "$scratch/Y" >/dev/null 2>&1 || fail "run Y --overwrite failed"
+    x_metrics=$(sha256sum <"$scratch/X/metrics.jsonl")
+    "$dtrain" resume "$scratch/X" --set train.epochs=3 >"$scratch/out" 2>"$scratch/err"
+    one_line_error 2 $? "$scratch/err" "$shared/ckpt-20.h5: not a checkpoint of the run in $scratch/X" \
+      "$scratch/X/config.yaml" "learning_rate: 0.5"
+    [ "$x_metrics" = "$(sha256sum <"$scratch/X/metrics.jsonl")" ] || fail "X's metrics.jsonl changed"
+    grep -q '^Epoch' "$scratch/out" && fail "trained from another run's checkpoint"
+    true
+    ;;
   metrics_once)
     # Epoch 3 is logged but not checkpointed (every 2 epochs): the resumed run trains it again and
     # the log must hold it once.
@@ -191,10 +239,12 @@ for path in glob.glob(run + "/checkpoints/ckpt-*.h5"):
 EOF
     ;;
   damaged_state)
-    # /state values rewritten with valid checksums (and the seal recomputed): refused by eval,
-    # skipped by resume; a flipped bit in the seal's magic does not switch the whole-file check off.
-    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --run-dir "$scratch/ref" >/dev/null || fail "run failed"
-    for change in "global_step 9223372036854775807" "epoch 4611686018427387904" "magic"; do
+    # /state values rewritten with valid checksums (and the seal recomputed), metric counts of the
+    # wrong length among them: refused by eval (which does not use them), skipped by resume; a
+    # flipped bit in the seal's magic does not switch the whole-file check off.
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --set 'metrics=[accuracy]' --run-dir "$scratch/ref" \
+      >/dev/null || fail "run failed"
+    for change in "global_step 9223372036854775807" "epoch 4611686018427387904" "magic" "metrics 3"; do
       set -- $change
       run="$scratch/$1"
       cp -r "$scratch/ref" "$run"
@@ -207,10 +257,15 @@ if name == "magic":
         f.write(b"DTRAINCJ")
     sys.exit(0)
 with h5py.File(path, "r+") as h:
-    value = np.array(int(sys.argv[3]), dtype=np.int64)
-    del h["state/" + name]
-    ds = h.create_dataset("state/" + name, data=value)
-    ds.attrs.create("crc32", zlib.crc32(value.tobytes()), dtype=np.uint32)
+    if name == "metrics":  # the accuracy's running counts, one too many (it keeps 2)
+        for what, value in (("counts", np.arange(int(sys.argv[3]), dtype=np.int64)), ("sums", np.zeros(2))):
+            ds = h.create_dataset("state/metrics/0/" + what, data=value)
+            ds.attrs.create("crc32", zlib.crc32(value.tobytes()), dtype=np.uint32)
+    else:
+        value = np.array(int(sys.argv[3]), dtype=np.int64)
+        del h["state/" + name]
+        ds = h.create_dataset("state/" + name, data=value)
+        ds.attrs.create("crc32", zlib.crc32(value.tobytes()), dtype=np.uint32)
 with open(path, "r+b") as f:
     body = open(path, "rb").read()[512:]
     f.seek(12)
@@ -218,6 +273,7 @@ with open(path, "r+b") as f:
 EOF
       "$dtrain" eval --checkpoint "$run/checkpoints/ckpt-30.h5" >/dev/null 2>"$run.eval.err"
       one_line_error 2 $? "$run.eval.err" "$run/checkpoints/ckpt-30.h5"
+      [ "$1" = metrics ] && { grep -q "/state/metrics/0 holds 3 counts" "$run.eval.err" || fail "metrics: $(cat "$run.eval.err")"; }
       "$dtrain" resume "$run" --set train.epochs=4 >"$run.out" 2>"$run.err" || fail "$1: resume failed: $(cat "$run.err")"
       grep -q "skipping $run/checkpoints/ckpt-30.h5" "$run.err" || fail "$1: not skipped: $(cat "$run.err")"
       grep -q "^Resuming from $run/checkpoints/ckpt-20.h5" "$run.out" || fail "$1: $(cat "$run.out")"
@@ -244,8 +300,11 @@ with open(path, "r+b") as f:
 EOF
     "$dtrain" eval --checkpoint "$ckpt" >/dev/null 2>"$scratch/eval.err"
     one_line_error 2 $? "$scratch/eval.err" "$ckpt:/experiment"
-    "$dtrain" resume "$scratch/run" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
+    "$dtrain" resume "$scratch/run" --checkpoint "$ckpt" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
     one_line_error 2 $? "$scratch/resume.err" "$ckpt:/experiment"
+    # Through the run directory it is not the run's experiment at all (config.yaml differs).
+    "$dtrain" resume "$scratch/run" --set train.epochs=2 >/dev/null 2>"$scratch/resume.err"
+    one_line_error 2 $? "$scratch/resume.err" "$ckpt: not a checkpoint of the run in $scratch/run"
     ;;
   double_signal)
     # A second signal exits at once (128 + signal) and leaves no temporary behind, whenever it comes.

@@ -359,8 +359,29 @@ EOF
       --run-dir "$scratch/off" >"$scratch/off.out" 2>&1
     rc=$?
     [ "$rc" -eq 2 ] || fail "auto_shard off with global batch 65 over 2 workers: exit $rc, wanted 2"
-    grep -q "g65.yaml: data.global_batch_size 65 does not divide among the 2 workers, and under data.auto_shard off" \
+    grep -q "^dtrain: error: --set data.global_batch_size=65: data.global_batch_size 65 does not divide among the 2 workers, and under data.auto_shard off" \
       "$scratch/off.out" || fail "no clear refusal: $(grep error "$scratch/off.out" | head -2)"
+    [ "$(grep -c '^dtrain: error:' "$scratch/off.out")" -eq 1 ] || fail "wanted the chief's error alone: $(cat "$scratch/off.out")"
+    ;;
+  tiny_batch)
+    # A global (or evaluation) batch smaller than the worker count: every rank finds it alike, so
+    # the chief reports it once, at the key's --set or file:line:column, and every rank exits 2
+    # without an MPI abort and before writing anything.
+    sed '/batch_size_per_replica/d' "$small" >"$scratch/g.yaml"
+    for key in global_batch_size eval_batch_size; do
+      extra=(--set data.global_batch_size=4)
+      [ "$key" = global_batch_size ] && extra=()
+      mpi 2 "$dtrain" run "$scratch/g.yaml" "${one_step[@]}" --set "$(mwm mpi)" "${extra[@]}" --set "data.$key=1" \
+        --run-dir "$scratch/$key" >"$scratch/$key.out" 2>"$scratch/$key.err"
+      rc=$?
+      cat "$scratch/$key.err"
+      [ "$rc" -eq 2 ] || fail "$key 1 over 2 workers: exit $rc, wanted 2"
+      [ "$(grep -c '^dtrain: error:' "$scratch/$key.err")" -eq 1 ] || fail "$key: wanted one error line, the chief's"
+      grep -q "^dtrain: error: --set data.$key=1: data.$key 1 leaves some of the 2 workers without samples" \
+        "$scratch/$key.err" || fail "$key: no located error"
+      grep -q "MPI_ABORT" "$scratch/$key.err" "$scratch/$key.out" && fail "$key: the job was aborted"
+      [ ! -e "$scratch/$key" ] || fail "$key: the run directory was written"
+    done
     ;;
   *) fail "unknown case" ;;
 esac

@@ -582,6 +582,37 @@ TEST_CASE("checkpoint: /state values no run can reach are refused as corrupt") {
   refused([](auto& s) { s.metric_counts[0][1] = -3; }, "/state/metrics/0/counts holds a negative count");
 }
 
+TEST_CASE("checkpoint: a crc32 attribute that is not a single integer is refused, never read past") {
+  // The fuzz harness rewrote one as an array (and resealed the file): reading it overran the
+  // single value it was read into (AddressSanitizer: stack-buffer-overflow in H5Aread).
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  write_sample(path);
+  remove_seal(path);
+  {
+    hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(file >= 0);
+    hid_t ds = H5Dopen2(file, "/optimizer/v/dense/bias", H5P_DEFAULT);
+    REQUIRE(ds >= 0);
+    REQUIRE(H5Adelete(ds, "crc32") >= 0);
+    const hsize_t two = 2;
+    hid_t space = H5Screate_simple(1, &two, nullptr);
+    hid_t attr = H5Acreate2(ds, "crc32", H5T_STD_U64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    const std::uint64_t values[2] = {1, 2};
+    REQUIRE(H5Awrite(attr, H5T_NATIVE_UINT64, values) >= 0);
+    H5Aclose(attr);
+    H5Sclose(space);
+    H5Dclose(ds);
+    H5Fclose(file);
+  }
+  nn::Sequential model(model_config(), 2, testing::cpu());
+  auto optimizer = make_optimizer();
+  const std::string message = error_of([&] { ckpt::restore(path, model, *optimizer); });
+  CHECK_MESSAGE(message.find("the crc32 attribute of /optimizer/v/dense/bias is not a single integer") != std::string::npos,
+                message);
+  CHECK(message.find(path) != std::string::npos);
+}
+
 TEST_CASE("checkpoint: a file without the seal's magic or HDF5's signature at byte 0 is not trusted") {
   TempDir dir;
   const std::string path = dir.file("ckpt.h5");

@@ -56,6 +56,8 @@ Experiment without_locations(Experiment e) {
   e.strategy.communication.implementation_where = {};
   e.strategy.roles.where = {};
   e.precision_where = {};
+  e.batch_where = {};
+  e.eval_batch_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }

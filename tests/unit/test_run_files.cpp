@@ -1,6 +1,7 @@
 // What a run writes besides checkpoints, when training goes wrong: metrics.jsonl stays JSON with
 // non-finite figures, a non-finite loss stops training before a checkpoint is written, and a
-// resumed run cuts its metrics log back to the epoch it resumes.
+// resumed run cuts its metrics log back to the epoch it resumes; a relative checkpoint.dir lies
+// inside the run directory.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "core/error.hpp"
 #include "train/callbacks.hpp"
 #include "train/report.hpp"
+#include "train/run_dir.hpp"
 
 using namespace dtrain;
 using namespace dtrain::train;
@@ -61,4 +63,23 @@ TEST_CASE("a resumed run's metrics.jsonl keeps the epochs before the one it resu
         "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 2, \"loss\": 2}\n{\"epoch\": 2, \"loss\": 2.5}\n");
   CHECK(metrics_lines_through(log, 0).empty());
   CHECK(metrics_lines_through("garbage\n{\"epoch\": 1}\n", 5) == "{\"epoch\": 1}\n");
+}
+
+TEST_CASE("a relative checkpoint.dir lies inside the run directory, whatever the current directory") {
+  config::CheckpointConfig c;
+  CHECK(checkpoint_dir_of("A/r", c) == "A/r/checkpoints");
+  c.dir = "myck";
+  CHECK(checkpoint_dir_of("A/r", c) == "A/r/myck");
+  CHECK(checkpoint_dir_of("", c).empty());
+  c.dir = "/scratch/ck";
+  CHECK(checkpoint_dir_of("A/r", c) == "/scratch/ck");
+  // And back, for `dtrain resume --checkpoint FILE` alone.
+  c.dir = "deep/ck";
+  CHECK(run_dir_of_checkpoint("../A/r/deep/ck/ckpt-30.h5", c) == "../A/r");
+  c.dir = "";
+  CHECK(run_dir_of_checkpoint("runs/x/checkpoints/ckpt-30.h5", c) == "runs/x");
+  c.dir = "/scratch/ck";
+  CHECK(run_dir_of_checkpoint("/scratch/ck/ckpt-30.h5", c) == "/scratch");
+  c.dir = "../shared";
+  CHECK(run_dir_of_checkpoint("A/shared/ckpt-30.h5", c) == "A");
 }

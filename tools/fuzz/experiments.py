@@ -9,15 +9,20 @@ aliases (shared blocks and "billion laughs"), unicode, duplicated keys, broken Y
 --set overrides. Every case runs `dtrain validate`; those that validate also run a short
 `dtrain run` (one epoch of two steps, one thread) on the small Fashion-MNIST subset in data/.
 
+With --min-experiments N it goes on past --seconds, up to --max-seconds, until N mutated
+experiments have run, and says whether it got there.
+
 Each outcome must be exit 0, or exit 2/3 with one `dtrain: error:` line on stderr that names the
 experiment file (with line:column when the YAML itself is wrong) or the --set text; warnings
 (`dtrain: warning:`) may come before it. A signal, an abort, a sanitizer report, exit 1, any other
 code, other text on stderr or a time-out is a bad outcome: its reproducer (the YAML, the command,
-stdout and stderr) is saved under OUT/bad-NNNN/. Prints a summary; exits 1 when any outcome was
-bad. Deterministic for a given --seed (apart from which case the time limit stops at).
+stdout and stderr) is saved under OUT/bad-NNNN/. Prints a summary (also OUT/summary.json); exits 1
+when any outcome was bad, 3 when a --min-experiments target was not reached in time.
+Deterministic for a given --seed (apart from which case the time limit stops at).
 """
 import argparse
 import copy
+import json
 import math
 import os
 import random
@@ -373,6 +378,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtrain", required=True, help="the dtrain binary (the ASan build)")
     ap.add_argument("--seconds", type=float, required=True, help="stop starting cases after this long")
+    ap.add_argument("--min-experiments", type=int, default=0, help="go on past --seconds (up to --max-seconds) "
+                    "until this many mutated experiments have run")
+    ap.add_argument("--max-seconds", type=float, default=0, help="hard cap for --min-experiments (default: "
+                    "--seconds, no overtime)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True, help="directory for reproducers and scratch files")
     ap.add_argument("--run-fraction", type=float, default=0.5, help=argparse.SUPPRESS)
@@ -395,16 +404,28 @@ def main():
     campaign = Campaign(args)
     start = time.monotonic()
     index = 0
-    while time.monotonic() - start < args.seconds:
+    cap = max(args.seconds, args.max_seconds)
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= cap or (elapsed >= args.seconds and campaign.counts["experiments"] >= args.min_experiments):
+            break
         campaign.case(rng, bases, index)
         index += 1
     c = campaign.counts
+    met = c["experiments"] >= args.min_experiments
     print(f"experiments.py: {c['experiments']} mutated experiments ({c['set_cases']} with --set), "
           f"{c['validate']} validate and {c['run']} run invocations: {c['ok']} exit 0, {c['refused']} refused "
           f"with one error line, {c['bad']} bad, in {time.monotonic() - start:.0f} s (seed {args.seed})")
+    if args.min_experiments:
+        print(f"experiments.py: target of {args.min_experiments} experiments {'met' if met else 'NOT met'}")
     for problem, n in sorted(campaign.kinds.items()):
         print(f"  {n:5d} {problem}")
-    sys.exit(1 if campaign.bad else 0)
+    with open(os.path.join(campaign.out, "summary.json"), "w") as f:
+        json.dump({"seconds": round(time.monotonic() - start), "experiments": c["experiments"],
+                   "set_cases": c["set_cases"], "validate": c["validate"], "run": c["run"], "ok": c["ok"],
+                   "refused": c["refused"], "bad": c["bad"], "min_experiments": args.min_experiments,
+                   "targets_met": met}, f)
+    sys.exit(1 if campaign.bad else 3 if not met else 0)
 
 
 if __name__ == "__main__":

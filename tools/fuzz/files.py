@@ -4,9 +4,13 @@
     tools/fuzz/files.py --dtrain build-asan/dtrain --seconds 120 --seed 1 --out /tmp/fuzz
 
 Cases, each run with a timeout, within --seconds (the fixed ones first come interleaved with the
-random ones; a short budget runs some of the fixed ones and says how many):
+random ones; a short budget runs some of the fixed ones and says how many). With
+--min-checkpoints N it goes on past --seconds, up to --max-seconds, until N corrupted checkpoints
+and every data-file case have run (then without signal cases, the slow ones), and says whether
+it got there:
   data     every mutation of the IDX and HDF5 data files in a fixed list (truncations, bit flips,
-           wrong and huge dimensions, NaN and infinite values, labels out of range, special files)
+           wrong and huge dimensions, NaN and infinite values, labels out of range, an empty test
+           split, special files)
   ckpt     corrupted checkpoints, drawn at random until the time is up: bit flips in every region
            (seal, superblock, metadata, data), truncations, /state values and datasets rewritten
            with h5py with their checksums and the seal recomputed; each one through `dtrain eval`
@@ -16,8 +20,10 @@ random ones; a short budget runs some of the fixed ones and says how many):
            (SIGUSR1, SIGTERM) when mpirun is installed
 Every outcome must be exit 0, or exit 2/3 with one line naming the file (4, or 128 + the signal
 for a second signal, in the signal cases, with no *.tmp-* file left behind); never a signal death,
-an abort, a sanitizer report, exit 1 or a hang. Prints a summary; exits 1 on any bad outcome, with
-a reproducer (the files, the command and its output) saved under OUT/bad-N.
+an abort, a sanitizer report, exit 1 or a hang. The one exception is SIGTERM/SIGINT to mpirun,
+which returns 1 whatever its ranks do (README, "Checkpoints, eval and resume"). Prints a summary
+(also OUT/summary.json); exits 1 on any bad outcome, with a reproducer (the files, the command and
+its output) saved under OUT/bad-N, 3 when a --min-checkpoints target was not reached in time.
 """
 import argparse
 import json
@@ -79,7 +85,12 @@ class Harness:
         self.dtrain = os.path.abspath(args.dtrain)
         self.out = os.path.abspath(args.out)
         self.rng = random.Random(args.seed)
-        self.deadline = time.monotonic() + args.seconds
+        self.started = time.monotonic()
+        self.deadline = self.started + args.seconds
+        # Past --seconds only to reach the targets, and never past --max-seconds.
+        self.cap = self.started + max(args.seconds, args.max_seconds or 0)
+        self.min_checkpoints = args.min_checkpoints
+        self.checkpoints = 0  # corrupted checkpoints tried, each through eval and resume
         self.work = os.path.join(self.out, "work")
         shutil.rmtree(self.work, ignore_errors=True)
         os.makedirs(self.work)
@@ -97,6 +108,15 @@ class Harness:
 
     def time_left(self):
         return self.deadline - time.monotonic()
+
+    def targets_met(self):
+        return not self.fixed and self.checkpoints >= self.min_checkpoints
+
+    def going_on(self):
+        """Whether to start another round: within --seconds, or after it while a target is unmet
+        and the cap is not reached."""
+        now = time.monotonic()
+        return now < self.deadline or (not self.targets_met() and now < self.cap)
 
     # ------------------------------------------------------------------ running and judging
 
@@ -313,6 +333,8 @@ train: {epochs: 2, threads: 1, progress: none}
         variant("x-strings", replace("train/x", np.array([b"abc"] * 64)))
         variant("x-huge", huge("train/x"))
         variant("no-test", edit(lambda h: h.__delitem__("test")))
+        variant("test-empty", lambda p: (replace("test/x", np.zeros((0, 8, 8, 1), dtype=np.float32))(p),
+                                         replace("test/y", np.zeros(0, dtype=np.int32))(p)))
         variant("y-missing", edit(lambda h: h.__delitem__("train/y")))
         variant("x-int-overflow", replace("train/x", np.full((64, 8, 8, 1), 1000, dtype=np.int32)))
         for n in (0, 8, 100, 512, size // 3, size // 2, size - 1):
@@ -454,6 +476,7 @@ train: {epochs: 2, threads: 1, progress: none}
         except Exception as e:  # h5py could not open a file an earlier mutation left unreadable
             what = "mutation failed (%s): left as is" % type(e).__name__
         name = "%d: %s" % (index, what)
+        self.checkpoints += 1
         argv = [self.dtrain, "eval", "--checkpoint", target]
         rc, out, err = self.run(argv)
         ok = self.judge("ckpt-eval", name, argv, rc, out, err, names=(self.newest,), files=[target])
@@ -594,7 +617,9 @@ train: {epochs: 2, threads: 1, progress: none}
 
     def campaign(self, mpi):
         """Within the time: the fixed data-file cases (in a seeded order) interleaved with random
-        corrupted checkpoints, a signal case every fifth round; then checkpoints until the end."""
+        corrupted checkpoints (all from one base run), a signal case every eighth round (every
+        third of them under mpirun); then checkpoints until the end. Past --seconds, while a
+        target is unmet, only what it lacks runs."""
         self.fixed = []
         self.idx_cases()
         self.hdf5_cases()
@@ -604,20 +629,32 @@ train: {epochs: 2, threads: 1, progress: none}
         self.base_run()
         self.manifest_cases()
         i = 0
-        while self.time_left() > 0:
+        while self.going_on():
             i += 1
+            overtime = self.time_left() <= 0
             for _ in range(3):
-                if self.fixed and self.time_left() > 0:
+                if self.fixed and (self.time_left() > 0 or overtime):
                     self.fixed.pop()()
-            self.checkpoint_case(i)
-            if i % 5 == 0 and self.time_left() > 0:
-                self.signal_case(i, mpi=mpi and i % 10 == 0)
+            if not overtime or self.checkpoints < self.min_checkpoints:
+                self.checkpoint_case(i)
+            if i % 8 == 0 and self.time_left() > 0:
+                self.signal_case(i, mpi=mpi and i % 24 == 0)
 
     def summary(self):
         total = sum(self.counts.values())
-        print("files.py: %d outcomes: %s" % (total, ", ".join("%s %d" % kv for kv in sorted(self.counts.items()))))
+        seconds = time.monotonic() - self.started
+        print("files.py: %d outcomes in %.0f s: %s" % (total, seconds,
+                                                       ", ".join("%s %d" % kv for kv in sorted(self.counts.items()))))
         print("files.py: data-file cases run: %d of %d%s" % (self.fixed_total - len(self.fixed), self.fixed_total,
                                                              "" if not self.fixed else " (give more --seconds for all)"))
+        print("files.py: corrupted checkpoints: %d%s" % (
+            self.checkpoints, " (target %d: %s)" % (self.min_checkpoints, "met" if self.targets_met() else "NOT met")
+            if self.min_checkpoints else ""))
+        with open(os.path.join(self.out, "summary.json"), "w") as f:
+            json.dump({"seconds": round(seconds), "data_cases": self.fixed_total - len(self.fixed),
+                       "data_cases_total": self.fixed_total, "checkpoints": self.checkpoints,
+                       "min_checkpoints": self.min_checkpoints, "targets_met": self.targets_met(),
+                       "outcomes": self.counts, "bad": len(self.bad)}, f)
         if self.bad:
             print("files.py: %d bad outcomes:" % len(self.bad))
             for b in self.bad:
@@ -631,6 +668,10 @@ def main():
     parser.add_argument("--dtrain", required=True, help="the dtrain binary to test (the ASan build)")
     parser.add_argument("--seconds", type=float, default=120, help="time budget (the base run and the case running "
                         "when it ends come on top)")
+    parser.add_argument("--min-checkpoints", type=int, default=0, help="go on past --seconds (up to --max-seconds) "
+                        "until this many corrupted checkpoints and every data-file case have run")
+    parser.add_argument("--max-seconds", type=float, default=0, help="hard cap for --min-checkpoints (default: "
+                        "--seconds, no overtime)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", required=True, help="directory for the work files and the reproducers")
     parser.add_argument("--no-mpi", action="store_true", help="skip the mpirun -n 2 signal cases")
@@ -643,7 +684,9 @@ def main():
     else:
         h.campaign(mpi)
     h.summary()
-    return 1 if h.bad else 0
+    if h.bad:
+        return 1
+    return 3 if args.min_checkpoints and not h.targets_met() else 0
 
 
 if __name__ == "__main__":
