@@ -180,7 +180,7 @@ int resume_command(const ResumeArgs& args) {
   options.out_is_tty = train::progress_reaches_a_terminal(stdout);
   options.workers = workers.get();
   options.stop_requested = &signals.requested();
-  signals.set_checkpoint_dir(train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
+  signals.set_directories(options.run_dir, train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
   return naming_source(candidates[first] + ":/experiment", [&] {
   return train_or_evaluate(*workers, exp, options, [&](train::Trainer& trainer) {
     // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.

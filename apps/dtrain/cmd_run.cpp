@@ -166,7 +166,7 @@ int run_command(const RunArgs& args) {
     options.out = stdout;
     options.out_is_tty = train::progress_reaches_a_terminal(stdout);
     options.stop_requested = &signals.requested();
-    signals.set_checkpoint_dir(train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
+    signals.set_directories(options.run_dir, train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
   }));
 }

@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 
+#include "checkpoint/checkpoint.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
 
@@ -51,6 +53,11 @@ void remove_temporaries(const std::string& dir) {
       std::filesystem::remove(it->path(), ignored);
     }
   }
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return a == b || std::filesystem::equivalent(a, b, ec);
 }
 
 void say(const char* text, std::size_t size) {
@@ -104,9 +111,10 @@ int StopOnSignal::finished(int exit_code) {
   return exit_code;
 }
 
-void StopOnSignal::set_checkpoint_dir(const std::string& dir) {
-  const std::lock_guard lock(checkpoint_dir_mutex_);
-  checkpoint_dir_ = dir;
+void StopOnSignal::set_directories(const std::string& run_dir, const std::string& checkpoint_dir) {
+  const std::lock_guard lock(directories_mutex_);
+  run_dir_ = run_dir;
+  checkpoint_dir_ = checkpoint_dir;
 }
 
 void StopOnSignal::close_fds() noexcept {
@@ -131,9 +139,16 @@ void StopOnSignal::watch() {
     if (stop_signal_.exchange(sig) != 0) {
       // Second signal: the user means it. No checkpoint, no destructors; only the temporary of a
       // save in flight goes, so that no half-written file is left behind.
-      {
-        const std::lock_guard lock(checkpoint_dir_mutex_);
-        remove_temporaries(checkpoint_dir_);
+      // The locks are held until _exit: a write in flight then blocks before it creates or
+      // renames a temporary, so none appears after the removal.
+      const std::lock_guard lock(directories_mutex_);
+      using Names = checkpoint::TemporaryNamesLock;
+      std::optional<Names> held[2];
+      for (int d = 0; d < 2; ++d) {
+        const std::string& dir = d == 0 ? run_dir_ : checkpoint_dir_;
+        if (dir.empty() || (d == 1 && same_directory(dir, run_dir_))) continue;  // a second flock would wait on the first
+        held[d].emplace(dir, Names::Mode::exclusive);
+        remove_temporaries(dir);
       }
       constexpr char msg[] = "\ndtrain: second signal, exiting without a checkpoint\n";
       say(msg, sizeof msg - 1);

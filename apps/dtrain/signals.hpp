@@ -1,6 +1,6 @@
 // SIGINT/SIGTERM/SIGUSR1 during training: the first asks the trainer to stop at the next step
 // boundary (it saves a checkpoint and says how to resume); a second exits at once, removing the
-// temporary of a checkpoint being written (set_checkpoint_dir) so that none is ever left behind.
+// temporary of a file being written (set_directories) so that none is ever left behind.
 //
 // SIGUSR1 is there for mpirun: OpenMPI 4.1's mpirun forwards SIGUSR1 (and SIGUSR2) to every rank
 // and lets the job end by itself, so the ranks stop at an agreed step, the chief saves, every rank
@@ -55,9 +55,12 @@ class StopOnSignal {
   // under mpirun that is the SIGTERM mpirun sends the chief once another rank has exited 4.
   int finished(int exit_code);
 
-  // Where checkpoints are written: on a second signal the watcher removes this process's
-  // temporaries there (<name>.tmp-<pid>) before it exits. Set it before training starts.
-  void set_checkpoint_dir(const std::string& dir);
+  // Where the run writes files (the run directory, with config.yaml and the metrics, and the
+  // checkpoint directory): on a second signal the watcher takes each one's TemporaryNamesLock
+  // (checkpoint/checkpoint.hpp) exclusive, removes this process's temporaries there
+  // (<name>.tmp-<pid>) and exits holding the locks, so that no write in flight leaves a new one.
+  // Set them before training starts.
+  void set_directories(const std::string& run_dir, const std::string& checkpoint_dir);
 
  private:
   void watch();
@@ -66,7 +69,8 @@ class StopOnSignal {
   std::atomic<int> stop_signal_{0};
   std::atomic<bool> stop_completed_{false};
   bool restore_mask_ = true;
-  std::mutex checkpoint_dir_mutex_;
+  std::mutex directories_mutex_;
+  std::string run_dir_;
   std::string checkpoint_dir_;
   sigset_t previous_mask_{};
   int signal_fd_ = -1;

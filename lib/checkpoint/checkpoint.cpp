@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -353,10 +354,33 @@ void sync_directory_of(const std::string& path) {
   if (status != 0 && errno != EINVAL) throw_errno(path, fmt::format("fsync of directory {}", dir.string()));
 }
 
+TemporaryNamesLock::TemporaryNamesLock(const std::string& directory, Mode mode) {
+  fd_ = ::open(directory.empty() ? "." : directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  int status;
+  do {
+    status = ::flock(fd_, mode == Mode::exclusive ? LOCK_EX : LOCK_SH);
+  } while (status != 0 && errno == EINTR);
+  if (status != 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+TemporaryNamesLock::~TemporaryNamesLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
+}
+
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string temporary = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
+  const std::string directory = fs::path(path).parent_path().string();
+  using Names = TemporaryNamesLock;
   try {
-    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd;
+    {
+      const Names names(directory, Names::Mode::shared);
+      fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    }
     if (fd < 0) throw_errno(path, fmt::format("creating {}", temporary));
     std::size_t written = 0;
     while (written < text.size()) {
@@ -377,12 +401,16 @@ void write_file_atomically(const std::string& path, const std::string& text) {
       throw_errno(path, fmt::format("fsync of {}", temporary));
     }
     std::error_code ec;
-    fs::rename(temporary, path, ec);
+    {
+      const Names names(directory, Names::Mode::shared);
+      fs::rename(temporary, path, ec);
+    }
     if (ec)
       throw IoError(fmt::format("{}: cannot rename {} to it ({}); check the directory's permissions", path, temporary,
                                 ec.message()));
     sync_directory_of(path);
   } catch (...) {
+    const Names names(directory, Names::Mode::shared);
     std::error_code ignored;
     fs::remove(temporary, ignored);
     throw;

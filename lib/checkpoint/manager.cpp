@@ -132,6 +132,7 @@ CheckpointManager::CheckpointManager(std::string directory, int max_to_keep)
   // (root ignores them, a read-only mount does not show in them): a file is created and removed.
   // Its name is a temporary's, so one left by a killed process is removed like the others.
   const std::string probe = (fs::path(directory_) / fmt::format(".write-probe.tmp-{}", static_cast<long>(::getpid()))).string();
+  const TemporaryNamesLock names(directory_, TemporaryNamesLock::Mode::shared);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     throw IoError(fmt::format("{}: the checkpoint directory is not writable ({}); make it writable or set "

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/checkpoint.hpp"
 #include "signals.hpp"
 
 using dtrain::app::StopOnSignal;
@@ -163,16 +165,25 @@ TEST_CASE("a second signal exits at once with 128 + the signal") {
   }
 }
 
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 TEST_CASE("SIGUSR1 (what mpirun forwards) asks for a stop; a second signal removes this process's temporaries") {
-  const std::string dir =
+  const std::string run_dir =
       (std::filesystem::temp_directory_path() / ("dtrain_test_signals_" + std::to_string(getpid()))).string();
-  std::filesystem::remove_all(dir);
+  const std::string dir = run_dir + "/checkpoints";
+  std::filesystem::remove_all(run_dir);
   std::filesystem::create_directories(dir);
-  const ChildResult r = in_child([&dir] {
+  const ChildResult r = in_child([&] {
     StopOnSignal signals;
-    signals.set_checkpoint_dir(dir);
-    // A save in flight in this process, and another process's temporary (not ours to remove).
+    signals.set_directories(run_dir, dir);
+    // Saves in flight in this process, and another process's temporary (not ours to remove).
     std::ofstream(dir + "/ckpt-5.h5.tmp-" + std::to_string(getpid())) << "partial";
+    std::ofstream(run_dir + "/metrics.jsonl.tmp-" + std::to_string(getpid())) << "partial";
     std::ofstream(dir + "/ckpt-3.h5.tmp-1") << "someone else's";
     kill(getpid(), SIGUSR1);
     if (!wait_for(signals.requested(), SIGUSR1)) return 10;
@@ -181,8 +192,41 @@ TEST_CASE("SIGUSR1 (what mpirun forwards) asks for a stop; a second signal remov
     return 11;
   });
   CHECK_MESSAGE(exited_with(r, 128 + SIGUSR1), "status ", r.status, ", stderr: ", r.err);
-  std::vector<std::string> left;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) left.push_back(entry.path().filename().string());
-  CHECK(left == std::vector<std::string>{"ckpt-3.h5.tmp-1"});
-  std::filesystem::remove_all(dir);
+  CHECK(names_in(dir) == std::vector<std::string>{"ckpt-3.h5.tmp-1"});
+  CHECK(names_in(run_dir) == std::vector<std::string>{"checkpoints"});
+  std::filesystem::remove_all(run_dir);
+}
+
+TEST_CASE("a second signal during back-to-back atomic writes leaves no temporary behind") {
+  // Writers create and rename temporaries as fast as they can, in the run directory and in the
+  // checkpoint directory, while the second signal arrives: without the directories' locks a
+  // temporary created after the watcher's removal was left behind.
+  const std::string run_dir =
+      (std::filesystem::temp_directory_path() / ("dtrain_test_signals_race_" + std::to_string(getpid()))).string();
+  const std::string dir = run_dir + "/checkpoints";
+  for (int round = 0; round < 20; ++round) {
+    std::filesystem::remove_all(run_dir);
+    std::filesystem::create_directories(dir);
+    const ChildResult r = in_child([&] {
+      StopOnSignal signals;
+      signals.set_directories(run_dir, dir);
+      const std::string text(4096, 'x');
+      auto keep_writing = [&text](const std::string& path) {
+        for (;;) dtrain::checkpoint::write_file_atomically(path, text);
+      };
+      std::thread(keep_writing, dir + "/checkpoint").detach();
+      std::thread(keep_writing, run_dir + "/metrics.jsonl").detach();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 + round));
+      kill(getpid(), SIGTERM);
+      if (!wait_for(signals.requested(), SIGTERM)) return 10;
+      std::this_thread::sleep_for(std::chrono::microseconds(round * 100));
+      kill(getpid(), SIGTERM);
+      std::this_thread::sleep_for(5s);
+      return 11;
+    });
+    REQUIRE_MESSAGE(exited_with(r, 128 + SIGTERM), "round ", round, ": status ", r.status, ", stderr: ", r.err);
+    CHECK_MESSAGE(names_in(dir) == std::vector<std::string>{"checkpoint"}, "round ", round);
+    CHECK_MESSAGE(names_in(run_dir) == (std::vector<std::string>{"checkpoints", "metrics.jsonl"}), "round ", round);
+  }
+  std::filesystem::remove_all(run_dir);
 }
