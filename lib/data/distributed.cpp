@@ -127,8 +127,7 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
   if (mode_ == config::DistributeMode::split_global_batch) {
     const Batch* b = pipeline_->next();
     const std::int64_t size = b ? b->size : 0;
-    const std::int64_t base = size / replicas_, extra = size % replicas_;
-    auto rows_before = [&](std::int64_t r) { return r * base + std::min(r, extra); };
+    auto rows_before = [&](int r) { return part_offset(size, replicas_, r); };
     for (int r = 0; r < replicas_; ++r) {
       ReplicaBatch& rb = out_[static_cast<std::size_t>(r)];
       const std::int64_t begin = rows_before(r), end = rows_before(r + 1);

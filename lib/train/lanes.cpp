@@ -1,7 +1,8 @@
 #include "train/lanes.hpp"
 
-#include <algorithm>
 #include <vector>
+
+#include "data/pipeline.hpp"
 
 namespace dtrain::train {
 
@@ -32,11 +33,7 @@ void Lanes::run_erased(void* fn, void (*call)(void*, int)) {
 }
 
 Lanes::Rows Lanes::rows(std::int64_t rows, int lane) const {
-  const std::int64_t lanes = size(), base = rows / lanes, extra = rows % lanes;
-  Rows r;
-  r.begin = lane * base + std::min<std::int64_t>(lane, extra);
-  r.end = r.begin + base + (lane < extra ? 1 : 0);
-  return r;
+  return {data::part_offset(rows, size(), lane), data::part_offset(rows, size(), lane + 1)};
 }
 
 void LanesThenReplicas::all_reduce_sum(std::span<double> values, const char* what) {

@@ -93,23 +93,21 @@ void check_bf16_pooling(memory::format_tag tag, const Shape& in, int pool, int s
   layer.reference_forward({n, x, {}, y}, step);
   std::vector<std::vector<double>> none;
   layer.reference_backward({n, x, y, dy, {}, dx, none}, step);
-  int wrong_y = 0, wrong_dx = 0;
-  const auto* ys = static_cast<const std::uint16_t*>(dst.get());
-  const auto* dxs = static_cast<const std::uint16_t*>(diff_src.get());
-  for (std::int64_t b = 0; b < n; ++b)
-    for (std::int64_t h = 0; h < out[0]; ++h)
-      for (std::int64_t w = 0; w < out[1]; ++w)
-        for (std::int64_t k = 0; k < c; ++k)
-          wrong_y += from_bf16(ys[offset_of(dst_md, b, k, h, w)]) !=
-                     y[static_cast<std::size_t>(((b * out[0] + h) * out[1] + w) * c + k)];
-  for (std::int64_t b = 0; b < n; ++b)
-    for (std::int64_t h = 0; h < in[0]; ++h)
-      for (std::int64_t w = 0; w < in[1]; ++w)
-        for (std::int64_t k = 0; k < c; ++k)
-          wrong_dx += from_bf16(dxs[offset_of(src_md, b, k, h, w)]) !=
-                      dx[static_cast<std::size_t>(((b * in[0] + h) * in[1] + w) * c + k)];
-  CHECK(wrong_y == 0);
-  CHECK(wrong_dx == 0);
+  // bf16 values in the kernel's layout against the oracle's channels-last doubles.
+  auto mismatches = [&](const void* values, const auto& md, const std::vector<double>& expected,
+                        const Shape& hw) {
+    const auto* bits = static_cast<const std::uint16_t*>(values);
+    int wrong = 0;
+    for (std::int64_t b = 0; b < n; ++b)
+      for (std::int64_t h = 0; h < hw[0]; ++h)
+        for (std::int64_t w = 0; w < hw[1]; ++w)
+          for (std::int64_t k = 0; k < c; ++k)
+            wrong += from_bf16(bits[offset_of(md, b, k, h, w)]) !=
+                     expected[static_cast<std::size_t>(((b * hw[0] + h) * hw[1] + w) * c + k)];
+    return wrong;
+  };
+  CHECK(mismatches(dst.get(), dst_md, y, out) == 0);
+  CHECK(mismatches(diff_src.get(), src_md, dx, in) == 0);
 }
 
 }  // namespace
