@@ -2,6 +2,7 @@
 // differences. Shapes are drawn to cover strides, both paddings (odd sizes make 'same' pad
 // asymmetrically), every activation, and stacks where oneDNN's blocked layouts meet.
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -215,6 +216,35 @@ TEST_CASE("conv2d matches the reference and finite differences") {
   check_case({"1 input channel, 5x5 stride 2 same, 24 filters", Shape{9, 9, 1},
               {conv(24, 5, 2, Padding::same, Activation::relu)}, 3});
   check_case({"3 input channels, 2x2 no bias", Shape{5, 5, 3}, {conv(8, 2, 1, Padding::valid, Activation::linear, false)}, 9});
+}
+
+TEST_CASE("the weight gradients of a few-channel input have the same bits on 1, 2 and 3 OpenMP threads") {
+  // The CPU backend's own loops sum samples in fixed chunks of 8 and add the chunks in order,
+  // whichever thread took a chunk: 19 samples are 3 chunks, 16 filters 2 vectors of 8 on AVX2.
+  config::ModelConfig mc;
+  mc.input_shape = {7, 6, 3};
+  mc.layers.push_back(nn::layer_config("conv2d", conv(16, 3, 1, Padding::same, Activation::relu)));
+  const std::int64_t batch = 19;
+  Tensor x(Shape{batch, 7, 6, 3});
+  Rng rng(5, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const int threads_before = omp_get_max_threads();
+  std::vector<std::vector<float>> runs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    nn::Sequential model(mc, 3, testing::cpu());
+    const nn::StepContext step = testing::step_of(nn::Mode::training, batch);
+    model.forward(x, step);
+    Rng grads(6, RngStream::test);
+    for (auto& v : model.output_gradient().span<float>()) v = grads.uniform(-1.0f, 1.0f);
+    model.backward(step);
+    std::vector<float> bits;
+    for (auto& v : model.layer(0).variables()) bits.insert(bits.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+    runs.push_back(std::move(bits));
+  }
+  omp_set_num_threads(threads_before);
+  CHECK(runs[1] == runs[0]);
+  CHECK(runs[2] == runs[0]);
 }
 
 TEST_CASE("max_pool2d matches the reference and finite differences") {

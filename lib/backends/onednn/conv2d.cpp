@@ -47,14 +47,17 @@ constexpr int kMaxTapsPerPass = 12;           // accumulators held in registers 
 constexpr std::int64_t kMaxInputChannels = 4;
 constexpr std::int64_t kMaxTaps = 64;
 
-// One sample of x, zero-padded and channels last: padded[(ih * padded_w + iw) * C + c].
+// One sample of x, channels last, into the inside of `padded`: padded[(ih * padded_w + iw) * C + c].
+// The padding around it stays zero: it is zeroed once, when the buffer is sized, and never written.
 void pad_sample(const SmallInputGeometry& g, const float* x, float* padded) {
-  std::fill_n(padded, g.padded_h * g.padded_w * g.c, 0.0f);
-  for (std::int64_t ih = 0; ih < g.h; ++ih)
+  std::array<std::int64_t, kMaxInputChannels> channel{};
+  for (std::int64_t c = 0; c < g.c; ++c) channel[static_cast<std::size_t>(c)] = (c / g.x.lanes) * g.x.group + c % g.x.lanes;
+  for (std::int64_t ih = 0; ih < g.h; ++ih) {
+    float* row = padded + ((ih + g.pad_top) * g.padded_w + g.pad_left) * g.c;
+    const float* from = x + ih * g.x.row;
     for (std::int64_t iw = 0; iw < g.w; ++iw)
-      for (std::int64_t c = 0; c < g.c; ++c)
-        padded[((ih + g.pad_top) * g.padded_w + iw + g.pad_left) * g.c + c] =
-            x[(c / g.x.lanes) * g.x.group + ih * g.x.row + iw * g.x.col + c % g.x.lanes];
+      for (std::int64_t c = 0; c < g.c; ++c) row[iw * g.c + c] = from[iw * g.x.col + channel[static_cast<std::size_t>(c)]];
+  }
 }
 
 // Adds, for taps [first, first + G), sum over (oh, ow) of padded x at the tap times dy's L lanes
@@ -156,28 +159,29 @@ class Conv2DKernel final : public WeightedOpKernel {
     const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
     const std::int64_t per_item = (taps + 1) * g.lanes;  // taps, then the bias
     const std::int64_t sample_chunks = (g.batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
-    const std::int64_t items = sample_chunks * g.filter_chunks;
     const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
-    // Sized when planned for the thread count then; grows only if the team grew since.
+    // Sized when planned for the thread count then; grows (zeroed) only if the team grew since.
     const auto scratch = static_cast<std::size_t>(std::max(1, omp_get_max_threads()) * padded_size);
-    if (s->padded.size() < scratch) s->padded.resize(scratch);
+    if (s->padded.size() < scratch) s->padded.resize(scratch, 0.0f);
     std::fill(s->partial.begin(), s->partial.end(), 0.0f);
+    // A thread takes a chunk of samples and pads each sample once for all its filter chunks; each
+    // (chunk, filter chunk) partial sum still adds its samples in order.
 #pragma omp parallel for schedule(static)
-    for (std::int64_t item = 0; item < items; ++item) {
-      const std::int64_t chunk = item / g.filter_chunks, fc = item % g.filter_chunks;
-      float* acc = s->partial.data() + item * per_item;
+    for (std::int64_t chunk = 0; chunk < sample_chunks; ++chunk) {
       float* padded = s->padded.data() + omp_get_thread_num() * padded_size;
-      const std::int64_t first_lane = fc * g.lanes;
-      const std::int64_t dy_chunk = (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
       for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
         pad_sample(g, x + n * g.x.n, padded);
-        const float* dy_n = dy + n * g.dy.n + dy_chunk;
-        for (std::int64_t t = 0; t < taps; t += kMaxTapsPerPass) {
-          const std::int64_t count = std::min<std::int64_t>(kMaxTapsPerPass, taps - t);
-          accumulate_fn(g.lanes, count)(g, t, padded, dy_n, acc + t * g.lanes);
+        for (std::int64_t fc = 0; fc < g.filter_chunks; ++fc) {
+          float* acc = s->partial.data() + (chunk * g.filter_chunks + fc) * per_item;
+          const std::int64_t first_lane = fc * g.lanes;
+          const float* dy_n = dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
+          for (std::int64_t t = 0; t < taps; t += kMaxTapsPerPass) {
+            const std::int64_t count = std::min<std::int64_t>(kMaxTapsPerPass, taps - t);
+            accumulate_fn(g.lanes, count)(g, t, padded, dy_n, acc + t * g.lanes);
+          }
+          if (g.lanes == 16) accumulate_bias<16>(g, dy_n, acc + taps * g.lanes);
+          else accumulate_bias<8>(g, dy_n, acc + taps * g.lanes);
         }
-        if (g.lanes == 16) accumulate_bias<16>(g, dy_n, acc + taps * g.lanes);
-        else accumulate_bias<8>(g, dy_n, acc + taps * g.lanes);
       }
     }
     // The chunks' partial sums, added in chunk order, into the Keras-layout gradients.
@@ -205,7 +209,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     std::int64_t batch = 0;
     SmallInputGeometry geometry;
     std::vector<float> partial;  // per (sample chunk, filter chunk): taps x L, then the bias's L
-    std::vector<float> padded;   // one padded sample per OpenMP thread
+    std::vector<float> padded;   // one padded sample per OpenMP thread; the padding stays zero
     memory src;
   };
 
