@@ -216,6 +216,13 @@ TEST_CASE("conv2d matches the reference and finite differences") {
   check_case({"1 input channel, 5x5 stride 2 same, 24 filters", Shape{9, 9, 1},
               {conv(24, 5, 2, Padding::same, Activation::relu)}, 3});
   check_case({"3 input channels, 2x2 no bias", Shape{5, 5, 3}, {conv(8, 2, 1, Padding::valid, Activation::linear, false)}, 9});
+  // Middle layers, whose input comes in channel blocks: the same loops with taps in passes over
+  // pairs of filter vectors (and one vector alone when their count is odd), 12 channels filling
+  // one block and a half, stride 2 'same'; and the seed CNN's second layer's channel counts.
+  check_case({"middle layer: 12 channels in blocks, 40 filters, stride 2 same", Shape{9, 8, 2},
+              {conv(12, 3, 1, Padding::valid, Activation::relu), conv(40, 3, 2, Padding::same, Activation::linear)}, 10});
+  check_case({"middle layer: 32 channels, 64 filters, 13 samples", Shape{8, 8, 3},
+              {conv(32, 3, 1, Padding::same, Activation::relu), conv(64, 3, 1, Padding::valid, Activation::relu)}, 13});
 }
 
 TEST_CASE("the weight gradients of a few-channel input have the same bits on 1, 2 and 3 OpenMP threads") {

@@ -216,6 +216,14 @@ TEST_CASE("a second signal during back-to-back atomic writes leaves no temporary
       };
       std::thread(keep_writing, dir + "/checkpoint").detach();
       std::thread(keep_writing, run_dir + "/metrics.jsonl").detach();
+      // Both writers have finished a write (on a loaded machine they may not have been scheduled
+      // yet), so each file must be there, whole, whenever the signal lands.
+      for (int waited_ms = 0; !(std::filesystem::exists(dir + "/checkpoint") &&
+                                std::filesystem::exists(run_dir + "/metrics.jsonl"));
+           ++waited_ms) {
+        if (waited_ms > 30000) return 12;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(5 + round));
       kill(getpid(), SIGTERM);
       if (!wait_for(signals.requested(), SIGTERM)) return 10;

@@ -5,16 +5,19 @@
 // src, weights, dst and their gradients in the compute dtype (f32 or bf16); bias and the kernel's
 // gradient always f32.
 //
-// The weights' gradients of a convolution over an input of few channels (a network's first layer
-// on grayscale or RGB images) are this file's own loops: oneDNN 2.6's AVX2 backward-weights kernel
-// pads such an input to a block of 8 channels, computes 8 times the work and reached 6 GFLOP/s
-// on the seed CNN's first layer, a fifth of the training step. Its oracle is the same as the
-// primitive's (Conv2D::reference_backward, test_layers).
+// The weights' gradients are this file's own loops when a sample's planes fit in the caches: a
+// first layer on grayscale or RGB images (oneDNN 2.6's AVX2 backward-weights kernel pads such an
+// input to a block of 8 channels, computes 8 times the work and reached 6 GFLOP/s on the seed
+// CNN's first layer) and small middle layers (the seed CNN's second convolution: 52-66 GFLOP/s
+// in oneDNN's kernel, 85-92 in these loops on one AVX2 core, its largest single item). Their
+// oracle is the same as the primitive's (Conv2D::reference_backward, test_layers).
 //   dW[kh][kw][c][f] = sum over n, oh, ow of x[n][oh*sh + kh - pt][ow*sw + kw - pl][c] * dy[n][oh][ow][f]
 //   db[f]            = sum over n, oh, ow of dy[n][oh][ow][f]
-// Each (kh, kw, c) is a tap; every tap's sum runs over L output channels at once (a vector), with
-// the taps of a pass kept in registers (G accumulators). Samples are summed in fixed chunks whose
-// partial sums are added in chunk order, so the bits do not depend on the thread count.
+// Each (kh, kw, c) is a tap; every tap's sum runs over L output channels at once (a vector). A
+// pass holds G taps x V vectors of accumulators in registers and reads each output gradient
+// vector once per G taps and each input value once per V vectors. Samples are summed in fixed
+// chunks whose partial sums are added in chunk order, so the bits depend neither on the thread
+// count nor on how taps and vectors are grouped into passes.
 #include <omp.h>
 
 #include <algorithm>
@@ -33,58 +36,73 @@ namespace {
 using dnnl::memory;
 
 // What the loops need of one planned batch.
-struct SmallInputGeometry {
+struct WeightLoopsGeometry {
   std::int64_t batch, c, h, w, oh, ow, kh, kw, sh, sw, pad_top, pad_left, filters;
   std::int64_t padded_h, padded_w;  // the input with its padding, as the loops read it
   Arrangement x, dy;
   int lanes;                         // L: output channels per vector
   std::int64_t filter_chunks;        // ceil(filters / L)
+  int vectors;                       // V: filter vectors per pass, 1 or 2
   std::vector<std::int64_t> taps;    // offset of tap (kh, kw, c) in a padded sample, in HWIO order
 };
 
 constexpr std::int64_t kSamplesPerChunk = 8;  // samples per partial sum
-constexpr int kMaxTapsPerPass = 12;           // accumulators held in registers (AVX2 has 16)
-constexpr std::int64_t kMaxInputChannels = 4;
-constexpr std::int64_t kMaxTaps = 64;
+constexpr int kAccumulators = 12;             // vectors held in registers per pass (AVX2 has 16)
+// Beyond these the loops would stream a sample's planes from memory once per pass, where oneDNN's
+// blocking wins: a padded input sample, and one pass's output gradient vectors of a sample.
+constexpr std::int64_t kMaxPaddedSampleBytes = 128 * 1024;
+constexpr std::int64_t kMaxGradientPlaneBytes = 64 * 1024;
+constexpr std::int64_t kMaxPartialFloats = std::int64_t{4} << 20;  // the chunks' partial sums: 16 MiB
 
 // One sample of x, channels last, into the inside of `padded`: padded[(ih * padded_w + iw) * C + c].
 // The padding around it stays zero: it is zeroed once, when the buffer is sized, and never written.
-void pad_sample(const SmallInputGeometry& g, const float* x, float* padded) {
-  std::array<std::int64_t, kMaxInputChannels> channel{};
-  for (std::int64_t c = 0; c < g.c; ++c) channel[static_cast<std::size_t>(c)] = (c / g.x.lanes) * g.x.group + c % g.x.lanes;
+// Blocks of 8 channels move as vectors (a call to memmove per block cost as much as the copy).
+DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __restrict x, float* __restrict padded) {
+  const bool whole_vectors = g.x.lanes % 8 == 0 && g.c % 8 == 0;
   for (std::int64_t ih = 0; ih < g.h; ++ih) {
     float* row = padded + ((ih + g.pad_top) * g.padded_w + g.pad_left) * g.c;
     const float* from = x + ih * g.x.row;
     for (std::int64_t iw = 0; iw < g.w; ++iw)
-      for (std::int64_t c = 0; c < g.c; ++c) row[iw * g.c + c] = from[iw * g.x.col + channel[static_cast<std::size_t>(c)]];
+      for (std::int64_t c = 0; c < g.c; c += whole_vectors ? 8 : 1) {
+        const float* value = from + iw * g.x.col + (c / g.x.lanes) * g.x.group + c % g.x.lanes;
+        if (whole_vectors) store(row + iw * g.c + c, load<Vec<float, 8>>(value));
+        else row[iw * g.c + c] = *value;
+      }
   }
 }
 
-// Adds, for taps [first, first + G), sum over (oh, ow) of padded x at the tap times dy's L lanes
-// into acc[t][lane].
-template <int L, int G>
-DTRAIN_LANE_CLONES void accumulate_taps(const SmallInputGeometry& g, std::int64_t first, const float* __restrict padded,
-                                        const float* __restrict dy, float* __restrict acc) {
+// Adds, for the G taps at `taps` and V filter vectors, sum over (oh, ow) of padded x at the tap
+// times dy's L lanes into acc[v][t * L + lane]; dy[v] is vector v's output gradient at (0, 0).
+template <int L, int V, int G>
+DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std::int64_t* taps,
+                                        const float* __restrict padded, const float* const* dy, float* const* acc) {
   using F = Vec<float, L>;
-  F sums[G];
+  F sums[G][V];
   std::int64_t offset[G];
+  const float* __restrict gradient[V];
+  for (int v = 0; v < V; ++v) gradient[v] = dy[v];
   for (int t = 0; t < G; ++t) {
-    sums[t] = load<F>(acc + t * L);
-    offset[t] = g.taps[static_cast<std::size_t>(first + t)];
+    offset[t] = taps[t];
+    for (int v = 0; v < V; ++v) sums[t][v] = load<F>(acc[v] + t * L);
   }
   for (std::int64_t oh = 0; oh < g.oh; ++oh) {
     const float* row = padded + oh * g.sh * g.padded_w * g.c;
     for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-      const F d = load<F>(dy + oh * g.dy.row + ow * g.dy.col);
+      F d[V];
+      for (int v = 0; v < V; ++v) d[v] = load<F>(gradient[v] + oh * g.dy.row + ow * g.dy.col);
       const float* at = row + ow * g.sw * g.c;
-      for (int t = 0; t < G; ++t) sums[t] += at[offset[t]] * d;
+      for (int t = 0; t < G; ++t) {
+        const float xv = at[offset[t]];
+        for (int v = 0; v < V; ++v) sums[t][v] += xv * d[v];
+      }
     }
   }
-  for (int t = 0; t < G; ++t) store(acc + t * L, sums[t]);
+  for (int t = 0; t < G; ++t)
+    for (int v = 0; v < V; ++v) store(acc[v] + t * L, sums[t][v]);
 }
 
 template <int L>
-DTRAIN_LANE_CLONES void accumulate_bias(const SmallInputGeometry& g, const float* __restrict dy, float* __restrict acc) {
+DTRAIN_LANE_CLONES void accumulate_bias(const WeightLoopsGeometry& g, const float* __restrict dy, float* __restrict acc) {
   using F = Vec<float, L>;
   F sum = load<F>(acc);
   for (std::int64_t oh = 0; oh < g.oh; ++oh)
@@ -92,18 +110,23 @@ DTRAIN_LANE_CLONES void accumulate_bias(const SmallInputGeometry& g, const float
   store(acc, sum);
 }
 
-using AccumulateFn = void (*)(const SmallInputGeometry&, std::int64_t, const float*, const float*, float*);
+using AccumulateFn = void (*)(const WeightLoopsGeometry&, const std::int64_t*, const float*, const float* const*,
+                              float* const*);
 
-template <int L, std::size_t... G>
+template <int L, int V, std::size_t... G>
 std::array<AccumulateFn, sizeof...(G)> accumulate_table(std::index_sequence<G...>) {
-  return {&accumulate_taps<L, static_cast<int>(G) + 1>...};
+  return {&accumulate_taps<L, V, static_cast<int>(G) + 1>...};
 }
 
-// The pass over taps [first, first + count), count in 1..kMaxTapsPerPass.
-AccumulateFn accumulate_fn(int lanes, std::int64_t count) {
-  static const auto by8 = accumulate_table<8>(std::make_index_sequence<kMaxTapsPerPass>{});
-  static const auto by16 = accumulate_table<16>(std::make_index_sequence<kMaxTapsPerPass>{});
-  return (lanes == 16 ? by16 : by8)[static_cast<std::size_t>(count - 1)];
+// The pass over `count` taps and `vectors` filter vectors, count in 1..kAccumulators / vectors.
+AccumulateFn accumulate_fn(int lanes, int vectors, std::int64_t count) {
+  static const auto by8 = accumulate_table<8, 1>(std::make_index_sequence<kAccumulators>{});
+  static const auto by16 = accumulate_table<16, 1>(std::make_index_sequence<kAccumulators>{});
+  static const auto pairs_by8 = accumulate_table<8, 2>(std::make_index_sequence<kAccumulators / 2>{});
+  static const auto pairs_by16 = accumulate_table<16, 2>(std::make_index_sequence<kAccumulators / 2>{});
+  const auto i = static_cast<std::size_t>(count - 1);
+  if (vectors == 2) return (lanes == 16 ? pairs_by16 : pairs_by8)[i];
+  return (lanes == 16 ? by16 : by8)[i];
 }
 
 class Conv2DKernel final : public WeightedOpKernel {
@@ -136,7 +159,7 @@ class Conv2DKernel final : public WeightedOpKernel {
         dnnl::convolution_backward_weights::desc(algo, src, diff_weights_md(weights), bias, dst, strides, pad_before,
                                                  pad_after),
         ctx_.engine, fwd_pd);
-    plan_small_input(batch, md_of(src_layout), fwd_pd.dst_desc());
+    plan_weight_loops(batch, md_of(src_layout), fwd_pd.dst_desc());
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd);
   }
 
@@ -146,14 +169,14 @@ class Conv2DKernel final : public WeightedOpKernel {
     bind_variables(batch, io,
                    hwio_md(o.kernel_size[0], o.kernel_size[1], static_cast<int>(layer_.input_shape()[2]), o.filters),
                    vars[nn::Conv2D::kKernel], o.use_bias ? &vars[nn::Conv2D::kBias] : nullptr);
-    if (SmallInput* s = small_input(batch)) s->src = ctx_.wrap(io.src);
+    if (WeightLoops* s = weight_loops(batch)) s->src = ctx_.wrap(io.src);
   }
 
  protected:
   bool weight_gradients(std::int64_t batch, const memory& pre_grad) override {
-    SmallInput* s = small_input(batch);
+    WeightLoops* s = weight_loops(batch);
     if (!s) return false;
-    const SmallInputGeometry& g = s->geometry;
+    const WeightLoopsGeometry& g = s->geometry;
     const auto* x = static_cast<const float*>(s->src.get_data_handle());
     const auto* dy = static_cast<const float*>(pre_grad.get_data_handle());
     const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
@@ -171,16 +194,25 @@ class Conv2DKernel final : public WeightedOpKernel {
       float* padded = s->padded.data() + omp_get_thread_num() * padded_size;
       for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
         pad_sample(g, x + n * g.x.n, padded);
-        for (std::int64_t fc = 0; fc < g.filter_chunks; ++fc) {
-          float* acc = s->partial.data() + (chunk * g.filter_chunks + fc) * per_item;
-          const std::int64_t first_lane = fc * g.lanes;
-          const float* dy_n = dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
-          for (std::int64_t t = 0; t < taps; t += kMaxTapsPerPass) {
-            const std::int64_t count = std::min<std::int64_t>(kMaxTapsPerPass, taps - t);
-            accumulate_fn(g.lanes, count)(g, t, padded, dy_n, acc + t * g.lanes);
+        for (std::int64_t fc = 0; fc < g.filter_chunks; fc += g.vectors) {
+          const int vectors = static_cast<int>(std::min<std::int64_t>(g.vectors, g.filter_chunks - fc));
+          const float* dy_n[2] = {};
+          float* acc[2] = {};
+          for (int v = 0; v < vectors; ++v) {
+            const std::int64_t first_lane = (fc + v) * g.lanes;
+            dy_n[v] = dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
+            acc[v] = s->partial.data() + (chunk * g.filter_chunks + fc + v) * per_item;
           }
-          if (g.lanes == 16) accumulate_bias<16>(g, dy_n, acc + taps * g.lanes);
-          else accumulate_bias<8>(g, dy_n, acc + taps * g.lanes);
+          const std::int64_t per_pass = kAccumulators / vectors;
+          for (std::int64_t t = 0; t < taps; t += per_pass) {
+            const std::int64_t count = std::min(per_pass, taps - t);
+            float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
+            accumulate_fn(g.lanes, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
+          }
+          for (int v = 0; v < vectors; ++v) {
+            if (g.lanes == 16) accumulate_bias<16>(g, dy_n[v], acc[v] + taps * g.lanes);
+            else accumulate_bias<8>(g, dy_n[v], acc[v] + taps * g.lanes);
+          }
         }
       }
     }
@@ -205,28 +237,40 @@ class Conv2DKernel final : public WeightedOpKernel {
   }
 
  private:
-  struct SmallInput {
+  struct WeightLoops {
     std::int64_t batch = 0;
-    SmallInputGeometry geometry;
+    WeightLoopsGeometry geometry;
     std::vector<float> partial;  // per (sample chunk, filter chunk): taps x L, then the bias's L
     std::vector<float> padded;   // one padded sample per OpenMP thread; the padding stays zero
     memory src;
   };
 
-  // Whether this batch's weight gradients are this file's loops: f32, few input channels, and x
-  // and the output gradient with their channels innermost.
-  void plan_small_input(std::int64_t batch, const memory::desc& src_md, const memory::desc& dst_md) {
+  // Whether this batch's weight gradients are this file's loops: f32, x and the output gradient
+  // with their channels innermost, and a sample's planes small enough to stay in the caches.
+  void plan_weight_loops(std::int64_t batch, const memory::desc& src_md, const memory::desc& dst_md) {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
-    const std::int64_t taps = std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2];
-    if (compute_ != DType::f32 || in[2] > kMaxInputChannels || taps > kMaxTaps) return;
+    if (compute_ != DType::f32) return;
     const std::optional<Arrangement> x = arrangement_of(src_md), dy = arrangement_of(dst_md);
     if (!x || !dy || dst_md.data_type() != memory::data_type::f32) return;
-    const int lanes = dy->lanes % 16 == 0 ? 16 : dy->lanes % 8 == 0 ? 8 : 0;
+    // Vectors of 16 where the CPU has 512-bit registers; 8 (two 128-bit halves below AVX2) elsewhere.
+    const bool wide = dy->lanes % 16 == 0 && __builtin_cpu_supports("avx512f");
+    const int lanes = wide ? 16 : dy->lanes % 8 == 0 ? 8 : 0;
     if (lanes == 0) return;
-    SmallInput& s = small_inputs_.emplace_back();
+    const std::int64_t padded_h = in[0] + layer_.padding_h().before + layer_.padding_h().after;
+    const std::int64_t padded_w = in[1] + layer_.padding_w().before + layer_.padding_w().after;
+    const std::int64_t out_plane = layer_.padding_h().out * layer_.padding_w().out;
+    const std::int64_t taps = std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2];
+    const std::int64_t filter_chunks = (o.filters + lanes - 1) / lanes;
+    const int vectors = filter_chunks >= 2 && taps > kAccumulators ? 2 : 1;
+    const std::int64_t sample_chunks = (batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
+    const std::int64_t partial = sample_chunks * filter_chunks * (taps + 1) * lanes;
+    if (padded_h * padded_w * in[2] * 4 > kMaxPaddedSampleBytes ||
+        out_plane * vectors * lanes * 4 > kMaxGradientPlaneBytes || partial > kMaxPartialFloats)
+      return;
+    WeightLoops& s = weight_loops_.emplace_back();
     s.batch = batch;
-    SmallInputGeometry& g = s.geometry;
+    WeightLoopsGeometry& g = s.geometry;
     g.batch = batch;
     g.c = in[2];
     g.h = in[0];
@@ -239,29 +283,29 @@ class Conv2DKernel final : public WeightedOpKernel {
     g.sw = o.strides[1];
     g.pad_top = layer_.padding_h().before;
     g.pad_left = layer_.padding_w().before;
-    g.padded_h = g.h + layer_.padding_h().before + layer_.padding_h().after;
-    g.padded_w = g.w + layer_.padding_w().before + layer_.padding_w().after;
+    g.padded_h = padded_h;
+    g.padded_w = padded_w;
     g.filters = o.filters;
     g.x = *x;
     g.dy = *dy;
     g.lanes = lanes;
-    g.filter_chunks = (g.filters + lanes - 1) / lanes;
+    g.filter_chunks = filter_chunks;
+    g.vectors = vectors;
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j)
         for (std::int64_t c = 0; c < g.c; ++c) g.taps.push_back((i * g.padded_w + j) * g.c + c);
-    const std::int64_t sample_chunks = (batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
-    s.partial.resize(static_cast<std::size_t>(sample_chunks * g.filter_chunks * (taps + 1) * lanes));
+    s.partial.resize(static_cast<std::size_t>(partial));
     s.padded.resize(static_cast<std::size_t>(std::max(1, omp_get_max_threads()) * g.padded_h * g.padded_w * g.c));
   }
 
-  SmallInput* small_input(std::int64_t batch) {
-    for (SmallInput& s : small_inputs_)
+  WeightLoops* weight_loops(std::int64_t batch) {
+    for (WeightLoops& s : weight_loops_)
       if (s.batch == batch) return &s;
     return nullptr;
   }
 
   nn::Conv2D& layer_;
-  std::vector<SmallInput> small_inputs_;  // per planned batch size that uses the loops above
+  std::vector<WeightLoops> weight_loops_;  // per planned batch size that uses the loops above
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
