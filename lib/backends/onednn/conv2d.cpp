@@ -8,8 +8,8 @@
 // The weights' gradients are this file's own loops when a sample's planes fit in the caches: a
 // first layer on grayscale or RGB images (oneDNN 2.6's AVX2 backward-weights kernel pads such an
 // input to a block of 8 channels, computes 8 times the work and reached 6 GFLOP/s on the seed
-// CNN's first layer) and small middle layers (the seed CNN's second convolution: 52-66 GFLOP/s
-// in oneDNN's kernel, 85-92 in these loops on one AVX2 core, its largest single item). Their
+// CNN's first layer) and small middle layers (the seed CNN's second convolution, the largest
+// single item of its step: 56-58 GFLOP/s in oneDNN's kernel, 68-77 in these loops, one AVX2 core). Their
 // oracle is the same as the primitive's (Conv2D::reference_backward, test_layers).
 //   dW[kh][kw][c][f] = sum over n, oh, ow of x[n][oh*sh + kh - pt][ow*sw + kw - pl][c] * dy[n][oh][ow][f]
 //   db[f]            = sum over n, oh, ow of dy[n][oh][ow][f]
