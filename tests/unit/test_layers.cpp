@@ -223,6 +223,10 @@ TEST_CASE("conv2d matches the reference and finite differences") {
               {conv(12, 3, 1, Padding::valid, Activation::relu), conv(40, 3, 2, Padding::same, Activation::linear)}, 10});
   check_case({"middle layer: 32 channels, 64 filters, 13 samples", Shape{8, 8, 3},
               {conv(32, 3, 1, Padding::same, Activation::relu), conv(64, 3, 1, Padding::valid, Activation::relu)}, 13});
+  // A padded sample above the loops' cache bound (38 x 38 x 24 floats): oneDNN's kernel, below a
+  // one-channel first layer that stays the loops' whatever its size.
+  check_case({"a large middle layer (oneDNN's kernel) above a one-channel layer", Shape{36, 36, 1},
+              {conv(24, 3, 1, Padding::same, Activation::relu), conv(8, 3, 1, Padding::same, Activation::linear)}, 2});
 }
 
 TEST_CASE("the weight gradients of a few-channel input have the same bits on 1, 2 and 3 OpenMP threads") {

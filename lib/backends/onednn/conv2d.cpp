@@ -5,12 +5,13 @@
 // src, weights, dst and their gradients in the compute dtype (f32 or bf16); bias and the kernel's
 // gradient always f32.
 //
-// The weights' gradients are this file's own loops when a sample's planes fit in the caches: a
-// first layer on grayscale or RGB images (oneDNN 2.6's AVX2 backward-weights kernel pads such an
-// input to a block of 8 channels, computes 8 times the work and reached 6 GFLOP/s on the seed
-// CNN's first layer) and small middle layers (the seed CNN's second convolution, the largest
-// single item of its step: 56-58 GFLOP/s in oneDNN's kernel, 68-77 in these loops, one AVX2 core). Their
-// oracle is the same as the primitive's (Conv2D::reference_backward, test_layers).
+// The weights' gradients are this file's own loops for a first layer on grayscale or RGB images
+// (oneDNN 2.6's AVX2 backward-weights kernel pads such an input to a block of 8 channels, computes
+// 8 times the work and reached 6 GFLOP/s on the seed CNN's first layer), and for layers whose
+// sample planes fit in the caches, such as small middle layers (the seed CNN's second
+// convolution, the largest single item of its step: 56-58 GFLOP/s in oneDNN's kernel, 68-77 in
+// these loops, one AVX2 core). Their oracle is the same as the primitive's
+// (Conv2D::reference_backward, test_layers).
 //   dW[kh][kw][c][f] = sum over n, oh, ow of x[n][oh*sh + kh - pt][ow*sw + kw - pl][c] * dy[n][oh][ow][f]
 //   db[f]            = sum over n, oh, ow of dy[n][oh][ow][f]
 // Each (kh, kw, c) is a tap; every tap's sum runs over L output channels at once (a vector). A
@@ -53,6 +54,8 @@ constexpr int kAccumulators = 12;             // vectors held in registers per p
 constexpr std::int64_t kMaxPaddedSampleBytes = 128 * 1024;
 constexpr std::int64_t kMaxGradientPlaneBytes = 64 * 1024;
 constexpr std::int64_t kMaxPartialFloats = std::int64_t{4} << 20;  // the chunks' partial sums: 16 MiB
+constexpr std::int64_t kFewInputChannels = 4;
+constexpr std::int64_t kMaxTapsOfFewChannels = 64;
 
 // One sample of x, channels last, into the inside of `padded`: padded[(ih * padded_w + iw) * C + c].
 // The padding around it stays zero: it is zeroed once, when the buffer is sized, and never written.
@@ -186,7 +189,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     // Sized when planned for the thread count then; grows (zeroed) only if the team grew since.
     const auto scratch = static_cast<std::size_t>(std::max(1, omp_get_max_threads()) * padded_size);
     if (s->padded.size() < scratch) s->padded.resize(scratch, 0.0f);
-    std::fill(s->partial.begin(), s->partial.end(), 0.0f);
+    s->partial.assign(s->partial_size, 0.0f);
     // A thread takes a chunk of samples and pads each sample once for all its filter chunks; each
     // (chunk, filter chunk) partial sum still adds its samples in order.
 #pragma omp parallel for schedule(static)
@@ -241,6 +244,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     std::int64_t batch = 0;
     WeightLoopsGeometry geometry;
     std::vector<float> partial;  // per (sample chunk, filter chunk): taps x L, then the bias's L
+    std::size_t partial_size = 0;
     std::vector<float> padded;   // one padded sample per OpenMP thread; the padding stays zero
     memory src;
   };
@@ -265,9 +269,12 @@ class Conv2DKernel final : public WeightedOpKernel {
     const int vectors = filter_chunks >= 2 && taps > kAccumulators ? 2 : 1;
     const std::int64_t sample_chunks = (batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
     const std::int64_t partial = sample_chunks * filter_chunks * (taps + 1) * lanes;
-    if (padded_h * padded_w * in[2] * 4 > kMaxPaddedSampleBytes ||
-        out_plane * vectors * lanes * 4 > kMaxGradientPlaneBytes || partial > kMaxPartialFloats)
-      return;
+    // A few input channels always (oneDNN's kernel computes 8 times the work there, whatever the
+    // size); more where a sample's planes stay in the caches.
+    const bool few_channels = in[2] <= kFewInputChannels && taps <= kMaxTapsOfFewChannels;
+    const bool in_cache = padded_h * padded_w * in[2] * 4 <= kMaxPaddedSampleBytes &&
+                          out_plane * vectors * lanes * 4 <= kMaxGradientPlaneBytes;
+    if (!(few_channels || in_cache) || partial > kMaxPartialFloats) return;
     WeightLoops& s = weight_loops_.emplace_back();
     s.batch = batch;
     WeightLoopsGeometry& g = s.geometry;
@@ -294,7 +301,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j)
         for (std::int64_t c = 0; c < g.c; ++c) g.taps.push_back((i * g.padded_w + j) * g.c + c);
-    s.partial.resize(static_cast<std::size_t>(partial));
+    s.partial_size = static_cast<std::size_t>(partial);  // allocated by the first backward: most plans are evaluation's
     s.padded.resize(static_cast<std::size_t>(std::max(1, omp_get_max_threads()) * g.padded_h * g.padded_w * g.c));
   }
 
