@@ -143,13 +143,15 @@ void StopOnSignal::watch() {
       // renames a temporary, so none appears after the removal.
       const std::lock_guard lock(directories_mutex_);
       using Names = checkpoint::TemporaryNamesLock;
-      std::optional<Names> held[2];
-      for (int d = 0; d < 2; ++d) {
-        const std::string& dir = d == 0 ? run_dir_ : checkpoint_dir_;
-        if (dir.empty() || (d == 1 && same_directory(dir, run_dir_))) continue;  // a second flock would wait on the first
-        held[d].emplace(dir, Names::Mode::exclusive);
+      std::optional<Names> run_dir_names, checkpoint_dir_names;
+      auto clear = [](std::optional<Names>& names, const std::string& dir) {
+        if (dir.empty()) return;
+        names.emplace(dir, Names::Mode::exclusive);
         remove_temporaries(dir);
-      }
+      };
+      clear(run_dir_names, run_dir_);
+      // The same directory twice: a second flock would wait on the first.
+      if (!same_directory(checkpoint_dir_, run_dir_)) clear(checkpoint_dir_names, checkpoint_dir_);
       constexpr char msg[] = "\ndtrain: second signal, exiting without a checkpoint\n";
       say(msg, sizeof msg - 1);
       _exit(128 + sig);

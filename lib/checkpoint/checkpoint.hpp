@@ -102,7 +102,7 @@ void write_file_atomically(const std::string& path, const std::string& text);
 // must leave no temporary behind (a second stop signal, which exits at once) takes it exclusive,
 // removes its temporaries and exits still holding it: no write in flight can then create a new one
 // or rename one into place. Best effort: a directory that cannot be opened or locked (a file
-// system without flock) is not locked, and holding() says so.
+// system without flock) is not locked.
 class TemporaryNamesLock {
  public:
   enum class Mode { shared, exclusive };
@@ -110,7 +110,6 @@ class TemporaryNamesLock {
   ~TemporaryNamesLock();
   TemporaryNamesLock(const TemporaryNamesLock&) = delete;
   TemporaryNamesLock& operator=(const TemporaryNamesLock&) = delete;
-  bool holding() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;
