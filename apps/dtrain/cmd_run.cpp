@@ -1,10 +1,12 @@
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -70,6 +72,22 @@ int report_interrupted(const train::Interrupted& stop, const std::string& run_di
   return kInterrupted;
 }
 
+train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requested) {
+  train::StepHold hold;
+  const char* step = std::getenv("DTRAIN_TEST_HOLD_AT_STEP");
+  const char* dir = std::getenv("DTRAIN_TEST_HOLD_DIR");
+  if (step == nullptr || dir == nullptr) return hold;
+  const std::string_view text(step);
+  std::int64_t value = -1;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < 1)
+    throw ConfigError(fmt::format("DTRAIN_TEST_HOLD_AT_STEP={}: not a global step (a whole number >= 1)", text));
+  hold.step = value;
+  hold.dir = dir;
+  hold.released_by = stop_requested;
+  return hold;
+}
+
 int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& experiment, const train::TrainerOptions& options,
                       const std::function<void(train::Trainer&)>& prepare) {
   std::optional<distribute::RolePlan> roles;
@@ -99,7 +117,9 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
     for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
   };
   try {
-    built = std::make_unique<train::Trainer>(std::move(experiment), options);
+    train::TrainerOptions training = options;
+    training.hold = test_hold_from_environment(options.stop_requested);
+    built = std::make_unique<train::Trainer>(std::move(experiment), training);
   } catch (const JobConfigError&) {
     tell_evaluators();  // the training ranks all end here, without an abort that would end the evaluator
     throw;

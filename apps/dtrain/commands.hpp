@@ -3,6 +3,7 @@
 // codes").
 #pragma once
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <stdexcept>
@@ -15,6 +16,7 @@ struct Experiment;
 namespace dtrain::train {
 struct Interrupted;
 struct TrainerOptions;
+struct StepHold;
 class Trainer;
 }
 namespace dtrain::distribute {
@@ -104,6 +106,11 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
 // anything is written, naming the strategy's place in the experiment and what to use instead.
 void refuse_local_strategy_under_launcher(const config::Experiment& experiment, const distribute::WorkerGroup& workers,
                                           const std::string& consequence);
+
+// The tests' hold on the training loop (train::StepHold), from the environment:
+// DTRAIN_TEST_HOLD_AT_STEP=N and DTRAIN_TEST_HOLD_DIR=DIR hold every training process after global
+// step N until a signal stops it or DIR/release exists. Off when either is unset.
+train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requested);
 
 // What run and resume do on every rank: under a strategy that spans the workers the roles
 // (strategy.roles, TF_CONFIG) split the MPI world into the training ranks and the evaluator. A

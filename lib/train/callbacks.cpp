@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <iterator>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <string_view>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -101,6 +103,25 @@ void MetricsLog::on_epoch_end(LoopState&, const EpochLog& log) {
   jsonl << epoch_json(log) << "\n";
   jsonl.flush();  // a full disk shows at the flush, not in the destructor where it would be lost
   if (!jsonl) throw IoError(fmt::format("{}: cannot append to it; check the disk's free space", path()));
+}
+
+void HoldAtStep::on_train_batch_end(LoopState& s) {
+  if (s.global_step != hold_.step) return;
+  const fs::path dir(hold_.dir);
+  const fs::path release = dir / "release";
+  std::error_code ignored;
+  fs::create_directories(dir, ignored);
+  checkpoint::write_file_atomically((dir / fmt::format("held.rank{}", rank_)).string(),
+                                    fmt::format("epoch {} step {} global_step {}\n", s.epoch + 1, s.step, s.global_step));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(hold_.limit_seconds);
+  while (!(hold_.released_by && hold_.released_by->load() != 0) && !fs::exists(release, ignored)) {
+    if (std::chrono::steady_clock::now() > until) {
+      fmt::print(stderr, "dtrain: warning: held at step {} for {} s and never released; going on\n", hold_.step,
+                 hold_.limit_seconds);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 bool progress_reaches_a_terminal(bool is_tty, const std::function<const char*(const char*)>& env) {

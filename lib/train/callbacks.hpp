@@ -73,6 +73,31 @@ class CallbackList {
   std::vector<std::unique_ptr<Callback>> callbacks_;
 };
 
+// A test's hold on the loop: after global step `step`, before any other callback sees that step,
+// this process writes `<dir>/held.rank<R>` and waits there until it is asked to stop (a signal:
+// `released_by` is set) or `<dir>/release` exists. A test that signals or kills a run acts while
+// it is held, so the moment it acts is a step it chose, on a fast machine as on a slow one, and
+// never a guess made with sleep. Set by apps/ from DTRAIN_TEST_HOLD_AT_STEP and
+// DTRAIN_TEST_HOLD_DIR; off (step < 0) otherwise.
+struct StepHold {
+  std::int64_t step = -1;
+  std::string dir;
+  const std::atomic<int>* released_by = nullptr;
+  // A hold nobody releases ends after this long, with a warning: a forgotten test must not hang.
+  double limit_seconds = 600.0;
+  bool active() const { return step >= 0 && !dir.empty(); }
+};
+
+class HoldAtStep final : public Callback {
+ public:
+  HoldAtStep(StepHold hold, int rank) : hold_(std::move(hold)), rank_(rank) {}
+  void on_train_batch_end(LoopState& s) override;
+
+ private:
+  StepHold hold_;
+  int rank_;
+};
+
 // Asks every worker, after each batch and each epoch, whether one was asked to stop (SIGINT,
 // SIGTERM: `requested` is set by the signal watcher), and stops the loop when any was.
 class StopOnRequest final : public Callback {

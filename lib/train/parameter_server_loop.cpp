@@ -452,7 +452,12 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
         if (stopping) stop_seen = 1;
         boundary = next_boundary(state.step);
       }
+      // While the coordinator is in its callbacks (a checkpoint, a test's hold) it hears nobody:
+      // that time is not a worker's silence.
+      const auto callbacks_began = Clock::now();
       callbacks.on_train_batch_end(state);
+      const auto not_listening = Clock::now() - callbacks_began;
+      for (auto& heard : last_heard) heard += not_listening;
       if (state.stop_training) {
         callbacks.on_train_end(state);
         throw Interrupted{state.checkpoint, state.epoch, state.step};

@@ -563,6 +563,9 @@ EvalResult Trainer::evaluate_split(const std::string& name) {
 
 CallbackList Trainer::make_callbacks() {
   CallbackList callbacks;
+  // A test's hold comes before everything: a signal that releases it is then seen by the stop
+  // agreement of the same step.
+  if (opt_.hold.active()) callbacks.add(std::make_unique<HoldAtStep>(opt_.hold, opt_.workers ? opt_.workers->rank() : 0));
   // Stop first: the checkpoint saver saves where the loop stops; a non-finite loss ends training
   // before the saver could write the weights it has spoilt.
   callbacks.add(std::make_unique<StopOnRequest>(opt_.stop_requested, *strategy_));

@@ -54,6 +54,8 @@ struct TrainerOptions {
   // The worker processes (MPI ranks); null = this process alone. Only the chief (rank 0) prints,
   // writes the run directory and saves checkpoints.
   distribute::Communicator* workers = nullptr;
+  // A test's hold at a chosen step (callbacks.hpp); off unless apps/ sets it.
+  StepHold hold;
 };
 
 // fit() stopped on request after saving `checkpoint`.

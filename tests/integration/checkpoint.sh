@@ -26,16 +26,13 @@ same_weights() {  # run_dir: its final checkpoint equals the reference's, bit fo
   grep -q '^Epoch 3' "$1.resume.out" || fail "$1: no epoch 3 after resume"
 }
 
-# Starts a run in the background and waits until epoch 1 is logged (its checkpoint written).
-start_and_wait_epoch1() {  # run_dir
-  "$dtrain" run "$small" "${common[@]}" --run-dir "$1" >"$1.out" 2>"$1.err" &
+# Starts a run in the background that holds after global step $2 (epoch 2 is steps 33-64) and
+# waits until it holds there: a signal or kill then lands at that step on any machine.
+start_and_hold() {  # run_dir step
+  hold_env "$1.hold" "$2"
+  env "${hold[@]}" "$dtrain" run "$small" "${common[@]}" --run-dir "$1" >"$1.out" 2>"$1.err" &
   pid=$!
-  for _ in $(seq 1 600); do
-    [ -s "$1/metrics.jsonl" ] && return 0
-    kill -0 "$pid" 2>/dev/null || fail "run ended before epoch 1 was logged: $(cat "$1.err")"
-    sleep 0.05
-  done
-  fail "epoch 1 never finished"
+  wait_held "$1.hold" 1 "$pid"
 }
 
 case "$case_name" in
@@ -43,16 +40,14 @@ case "$case_name" in
     reference
     for point in 1 2 3; do
       run="$scratch/killed$point"
-      start_and_wait_epoch1 "$run"
-      # A random moment of epoch 2: a tenth to six tenths of the time epoch 1 took (epoch 1 also
-      # creates the primitives, so epoch 2 is quicker), so that the kill lands inside epoch 2 on a
-      # fast machine as on a slow one.
-      sleep "$(python3 -c "import json, sys; print(json.loads(open(sys.argv[1]).readline())['train_seconds'] * \
-                           int(sys.argv[2]) / 10)" "$run/metrics.jsonl" $((RANDOM % 6 + 1)))"
+      # A random step of epoch 2: the run goes on from the checkpoint of epoch 1.
+      step=$((33 + RANDOM % 31))
+      start_and_hold "$run" "$step"
       kill -9 "$pid"
       wait "$pid" 2>/dev/null
       lines=$(wc -l <"$run/metrics.jsonl")
-      echo "kill point $point: killed after $lines epoch(s) were logged"
+      [ "$lines" -eq 1 ] || fail "killed at global step $step, but $lines epochs were logged"
+      echo "kill point $point: killed at global step $step, after $lines epoch logged"
       "$dtrain" resume "$run" >"$run.resume.out" 2>"$run.resume.err" || fail "resume failed: $(cat "$run.resume.err")"
       grep -q "^Resuming from" "$run.resume.out" || fail "resume did not say where it started"
       same_weights "$run"
@@ -62,20 +57,21 @@ case "$case_name" in
     reference
     sig=TERM
     [ "$case_name" = sigint_resume ] && sig=INT
-    for sig in $sig; do
-      run="$scratch/stopped_$sig"
-      start_and_wait_epoch1 "$run"
-      sleep "0.$((RANDOM % 5 + 1))"
-      kill -s "$sig" "$pid"
-      wait "$pid"
-      rc=$?
-      cat "$run.err"
-      [ "$rc" -eq 4 ] || fail "SIG$sig: exit code $rc, wanted 4 (interrupted, checkpoint saved)"
-      grep -q "continue with: dtrain resume $run" "$run.err" || fail "SIG$sig: no resume command printed"
-      "$dtrain" resume "$run" >"$run.resume.out" 2>"$run.resume.err" || fail "resume failed: $(cat "$run.resume.err")"
-      cat "$run.resume.out"
-      same_weights "$run"
-    done
+    run="$scratch/stopped_$sig"
+    step=$((33 + RANDOM % 31))
+    start_and_hold "$run" "$step"
+    kill -s "$sig" "$pid"
+    wait "$pid"
+    rc=$?
+    cat "$run.err"
+    [ "$rc" -eq 4 ] || fail "SIG$sig: exit code $rc, wanted 4 (interrupted, checkpoint saved)"
+    # The signal released the hold, and the loop stopped at that very step and saved it.
+    grep -q "stopped at epoch 2, step $((step - 32)) of it; checkpoint .*ckpt-$step.h5" "$run.err" \
+      || fail "SIG$sig at global step $step: not stopped there"
+    grep -q "continue with: dtrain resume $run" "$run.err" || fail "SIG$sig: no resume command printed"
+    "$dtrain" resume "$run" >"$run.resume.out" 2>"$run.resume.err" || fail "resume failed: $(cat "$run.resume.err")"
+    cat "$run.resume.out"
+    same_weights "$run"
     ;;
   eval_bn_dropout)
     # Evaluation runs in inference mode: no dropout, batch normalization by its moving statistics,

@@ -9,3 +9,20 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 
 fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+
+# A run started with hold_env DIR STEP (as `env "${hold[@]}" dtrain ...`) stops after global step
+# STEP and waits (train/callbacks.hpp, StepHold): each of its training processes writes
+# DIR/held.rank<R> and waits until it is signalled or DIR/release exists. Tests that signal or
+# kill act on that event, never after a sleep.
+hold_env() { hold=(DTRAIN_TEST_HOLD_DIR="$1" DTRAIN_TEST_HOLD_AT_STEP="$2"); }
+# wait_held DIR [PROCESSES [PID]]: until PROCESSES (default 1) hold in DIR; fails if PID ends first.
+wait_held() {
+  local dir=$1 want=${2:-1} pid=${3:-}
+  for _ in $(seq 1 6000); do
+    [ "$(find "$dir" -maxdepth 1 -name 'held.rank*' 2>/dev/null | wc -l)" -ge "$want" ] && return 0
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then fail "the run ended before it held in $dir"; fi
+    sleep 0.05
+  done
+  fail "no $want process(es) held in $dir after 300 s"
+}
+release_hold() { touch "$1/release"; }

@@ -310,11 +310,14 @@ EOF
     # A second signal exits at once (128 + signal) and leaves no temporary behind, whenever it comes.
     for i in 1 2 3 4 5; do
       run="$scratch/run$i"
-      "$dtrain" run "$small" "${quiet[@]}" --set train.epochs=20 --set checkpoint.every_steps=1 --run-dir "$run" \
-        >/dev/null 2>"$run.err" &
+      # Held at a random step while training (a checkpoint written every step), so the first
+      # signal lands in a run that is still going on any machine; the second follows after a
+      # random moment, into the checkpoint being saved or the exit.
+      hold_env "$run.hold" $((2 + RANDOM % 60))
+      env "${hold[@]}" "$dtrain" run "$small" "${quiet[@]}" --set train.epochs=20 --set checkpoint.every_steps=1 \
+        --run-dir "$run" >/dev/null 2>"$run.err" &
       pid=$!
-      sleep "0.$((RANDOM % 9 + 1))"
-      sleep 1
+      wait_held "$run.hold" 1 "$pid"
       kill -TERM "$pid"
       sleep "0.0$((RANDOM % 9))"
       kill -TERM "$pid" 2>/dev/null
@@ -334,10 +337,12 @@ EOF
     mw=(--set "strategy={kind: multi_worker_mirrored}" --set train.epochs=30 --set checkpoint.every_steps=2)
     for sig in USR1 TERM TERM2; do
       run="$scratch/mpi_$sig"
-      mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" "${mw[@]}" --run-dir "$run" \
+      # Both ranks hold at a step past the first checkpoint while mpirun is signalled.
+      hold_env "$run.hold" $((3 + RANDOM % 40))
+      env "${hold[@]}" mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" "${mw[@]}" --run-dir "$run" \
         >"$run.out" 2>"$run.err" &
       pid=$!
-      for _ in $(seq 1 600); do [ -f "$run/checkpoints/checkpoint" ] && break; sleep 0.05; done
+      wait_held "$run.hold" 2 "$pid"
       case $sig in
         USR1) kill -USR1 "$pid" ;;
         TERM) kill -TERM "$pid" ;;
@@ -346,8 +351,9 @@ EOF
       wait "$pid"
       rc=$?
       cat "$run.err"
-      sleep 2
-      pgrep -f -- "--run-dir $run" >/dev/null && fail "SIG$sig: a rank outlived mpirun"
+      # mpirun has returned; its ranks end with it (reaped within moments, however loaded the machine).
+      for _ in $(seq 1 300); do pgrep -f -- "--run-dir $run" >/dev/null || break; sleep 0.1; done
+      pgrep -f -- "--run-dir $run" >/dev/null && fail "SIG$sig: a rank outlived mpirun by 30 s"
       no_temporaries "$run"
       if [ "$sig" = USR1 ]; then
         [ "$rc" -eq 4 ] || fail "SIGUSR1: mpirun exit $rc, wanted 4"

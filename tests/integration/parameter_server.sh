@@ -151,15 +151,17 @@ EOS
     # timeout, gives its steps to the other worker, and training ends with every epoch line. The
     # evaluator rank (5) is told of the loss and ends too.
     run="$scratch/lost"
-    mpi 6 --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 \
+    hold_env "$run.hold" $((6 + RANDOM % 20))
+    env "${hold[@]}" timeout 300 mpirun -n 6 --oversubscribe --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 \
       --set "strategy={kind: parameter_server, roles: {chief: 1, ps: 2, worker: 2, evaluator: 1}, communication: {timeout_seconds: 3}}" \
       --set checkpoint.every_steps=5 --run-dir "$run" >"$run.out" 2>"$run.err" &
     job=$!
-    wait_for_line "$run.out" "^variables on the parameter servers"
-    sleep 0.5
+    # The coordinator holds at a step of epoch 1 while the worker is killed: still training.
+    wait_held "$run.hold" 1 "$job"
     victim=$(rank_pid "$run" 2)
     [ -n "$victim" ] || fail "no process for rank 2"
     kill -9 "$victim"
+    release_hold "$run.hold"
     start=$(date +%s)
     wait "$job"
     took=$(($(date +%s) - start))
@@ -238,12 +240,16 @@ EOS
       run="$scratch/lost_ps_$recovery"
       flags=()
       [ "$recovery" = yes ] && flags=(--enable-recovery "$scratch/rc.sh" "$run")
-      mpi 4 "${flags[@]}" "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 --set train.steps_per_epoch=10 \
-        --set "$(ps 1 2 "{kind: none}" 4)" --set checkpoint.every_steps=5 --run-dir "$run" >"$run.out" 2>"$run.err" &
+      # The coordinator holds at step 12 (epoch 2) while the server is killed.
+      hold_env "$run.hold" 12
+      env "${hold[@]}" timeout 300 mpirun -n 4 --oversubscribe "${flags[@]}" "$dtrain" run "$small" "${common[@]}" \
+        --set train.epochs=3 --set train.steps_per_epoch=10 --set "$(ps 1 2 "{kind: none}" 4)" --set checkpoint.every_steps=5 \
+        --run-dir "$run" >"$run.out" 2>"$run.err" &
       job=$!
-      wait_for_line "$run.out" "^Epoch 1"
+      wait_held "$run.hold" 1 "$job"
       start=$(date +%s)
       kill -9 "$(rank_pid "$run" 3)"
+      release_hold "$run.hold"
       wait "$job"
       rc=$?
       took=$(($(date +%s) - start))
@@ -287,27 +293,33 @@ EOS
     echo "ok: a lost coordinator ends the workers and the server in $took s (2 x the timeout), exit 5"
     ;;
   sigterm)
-    # SIGTERM to every rank (what Slurm's scancel does): the coordinator lets the steps in flight
-    # finish, saves where it stands and exits 4; the run resumes (here under multi_worker_mirrored).
+    # SIGTERM to every rank (what Slurm's scancel does) while the coordinator holds at a step of
+    # epoch 2: it lets the steps in flight finish, saves where it stands and exits 4; the run
+    # resumes (here under multi_worker_mirrored).
     run="$scratch/term"
-    # Epochs enough that the signal lands inside epoch 2 on a fast machine too.
-    mpi 4 "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 --set "$(ps 1 2 "{kind: none}")" --run-dir "$run" \
-      >"$run.out" 2>"$run.err" &
+    held_at=$((34 + RANDOM % 20))
+    hold_env "$run.hold" "$held_at"
+    env "${hold[@]}" timeout 300 mpirun -n 4 --oversubscribe "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 \
+      --set "$(ps 1 2 "{kind: none}")" --run-dir "$run" >"$run.out" 2>"$run.err" &
     job=$!
-    wait_for_line "$run.out" "^Epoch 1"
+    wait_held "$run.hold" 1 "$job"
     pids=$(for r in 0 1 2 3; do rank_pid "$run" $r; done)
     [ "$(echo $pids | wc -w)" -eq 4 ] || fail "wanted 4 rank processes: $pids"
     kill -TERM $pids
     wait "$job"
     rc=$?
     [ "$rc" -eq 4 ] || fail "exit $rc, wanted 4: $(grep -v '^\[' "$run.err" | tail -5)"
-    # Inside epoch 2, or at its end when the step in flight was its last (a fast machine).
-    grep -Eq "dtrain: stopped at epoch (2, step [0-9]+|3, step 0) of it; checkpoint .*ckpt-[0-9]*.h5" "$run.err" \
+    # Where it stopped: the held step plus the steps that were in flight, and a checkpoint of it.
+    stop=$(grep -Eo "^dtrain: stopped at epoch [0-9]+, step [0-9]+ of it; checkpoint .*ckpt-[0-9]+.h5" "$run.err") \
       || fail "no stop message: $(cat "$run.err")"
+    saved=$(sed -E 's/.*ckpt-([0-9]+).h5/\1/' <<<"$stop")
+    [ "$saved" -ge "$held_at" ] && [ "$saved" -le $((held_at + 8)) ] \
+      || fail "held at step $held_at, but the checkpoint is of step $saved: $stop"
+    [ -f "$run/checkpoints/ckpt-$saved.h5" ] || fail "ckpt-$saved.h5 was not written"
     mpi 2 "$dtrain" resume "$run" --set "strategy={kind: multi_worker_mirrored}" --set train.epochs=3 >"$run.resume" 2>&1 \
       || fail "resume under multi_worker_mirrored failed: $(tail -5 "$run.resume")"
     grep -q "^Epoch 3" "$run.resume" || fail "no epoch 3 after resume: $(tail -3 "$run.resume")"
-    echo "ok: SIGTERM stops the parameter-server run with exit 4 at $(grep -Eo 'epoch [23], step [0-9]+' "$run.err"); multi_worker_mirrored resumes it"
+    echo "ok: SIGTERM at step $held_at stops the parameter-server run with exit 4 at step $saved; multi_worker_mirrored resumes it"
     ;;
   *) fail "unknown case" ;;
 esac

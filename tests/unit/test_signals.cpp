@@ -37,7 +37,9 @@ bool blocked_in_this_thread(int sig) {
   return sigismember(&now, sig) == 1;
 }
 
-bool wait_for(const std::atomic<int>& flag, int want, std::chrono::milliseconds limit = 2000ms) {
+// Generous limits: a loaded machine may leave the watcher thread unscheduled for seconds, and the
+// limits only bound a failure, they never delay a success.
+bool wait_for(const std::atomic<int>& flag, int want, std::chrono::milliseconds limit = 60000ms) {
   const auto until = std::chrono::steady_clock::now() + limit;
   while (flag.load() != want) {
     if (std::chrono::steady_clock::now() > until) return false;
@@ -66,7 +68,7 @@ ChildResult in_child(const std::function<int()>& body) {
   fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
   ChildResult result;
   char buffer[512];
-  const auto until = std::chrono::steady_clock::now() + 10s;
+  const auto until = std::chrono::steady_clock::now() + 180s;
   int status = 0;
   for (;;) {
     for (ssize_t n; (n = read(err_pipe[0], buffer, sizeof buffer)) > 0;) result.err.append(buffer, static_cast<std::size_t>(n));
@@ -157,7 +159,7 @@ TEST_CASE("a second signal exits at once with 128 + the signal") {
       kill(getpid(), sig);
       if (!wait_for(signals.requested(), sig)) return 10;
       kill(getpid(), sig);
-      std::this_thread::sleep_for(5s);
+      std::this_thread::sleep_for(120s);
       return 11;  // the watcher should have ended the process by now
     });
     CHECK_MESSAGE(exited_with(r, 128 + sig), "status ", r.status, ", stderr: ", r.err);
@@ -188,7 +190,7 @@ TEST_CASE("SIGUSR1 (what mpirun forwards) asks for a stop; a second signal remov
     kill(getpid(), SIGUSR1);
     if (!wait_for(signals.requested(), SIGUSR1)) return 10;
     kill(getpid(), SIGUSR1);
-    std::this_thread::sleep_for(5s);
+    std::this_thread::sleep_for(120s);
     return 11;
   });
   CHECK_MESSAGE(exited_with(r, 128 + SIGUSR1), "status ", r.status, ", stderr: ", r.err);
@@ -229,7 +231,7 @@ TEST_CASE("a second signal during back-to-back atomic writes leaves no temporary
       if (!wait_for(signals.requested(), SIGTERM)) return 10;
       std::this_thread::sleep_for(std::chrono::microseconds(round * 100));
       kill(getpid(), SIGTERM);
-      std::this_thread::sleep_for(5s);
+      std::this_thread::sleep_for(120s);
       return 11;
     });
     REQUIRE_MESSAGE(exited_with(r, 128 + SIGTERM), "round ", round, ": status ", r.status, ", stderr: ", r.err);
