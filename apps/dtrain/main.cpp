@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
     return dtrain::app::exit_code_for(e);
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
-    // Sizes the machine cannot hold are refused before allocating (README "Limits"); one that
+    // Sizes the machine cannot hold are refused before allocating (docs/experiment.md, "Limits"); one that
     // still fails is the experiment's too: say which keys decide the memory.
     fmt::print(stderr, "dtrain: error: out of memory; choose a smaller data.batch_size_per_replica (or "
                        "global_batch_size, eval_batch_size) or smaller layers in model.layers\n");

@@ -5,7 +5,7 @@
 // SIGUSR1 is there for mpirun: OpenMPI 4.1's mpirun forwards SIGUSR1 (and SIGUSR2) to every rank
 // and lets the job end by itself, so the ranks stop at an agreed step, the chief saves, every rank
 // exits 4 and mpirun returns 4. A SIGTERM or SIGINT to mpirun instead makes mpirun abort the job:
-// it sends the ranks SIGTERM, SIGKILLs them after a grace and returns 1 itself (README). Under an
+// it sends the ranks SIGTERM, SIGKILLs them after a grace and returns 1 itself (docs/multi_worker.md). Under an
 // MPI launcher each rank also asks the kernel for SIGTERM when its launcher dies (a second signal
 // to mpirun makes it exit at once), so no rank trains on without it.
 //

@@ -1,5 +1,5 @@
 // What `dtrain init` writes: a complete experiment a new user edits instead of copying one and
-// reading the README for its keys.
+// reading docs/experiment.md for its keys.
 //
 // The keys and their defaults are not kept here: a skeleton (strategy, model) is parsed like any
 // experiment and written back with to_yaml, so every key the parser knows appears with the value

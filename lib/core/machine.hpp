@@ -1,5 +1,5 @@
 // What this machine can hold, for checking sizes and thread counts from the experiment before
-// anything is allocated or started (the README's "Limits" section documents the rules).
+// anything is allocated or started (docs/experiment.md's "Limits" section documents the rules).
 #pragma once
 
 #include <cstdint>

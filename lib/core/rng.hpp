@@ -5,7 +5,7 @@
 // timing or on how many draws another stream made, so the same seed reproduces a run, and an
 // iterator can be restored from (seed, epoch, step) alone.
 //
-// Streams in use (see also README "Reproducibility"):
+// Streams in use (see also docs/experiment.md, "Reproducibility"):
 //   RngStream::init        index = layer position in the model    weight initializers
 //   RngStream::shuffle     index = epoch (0-based)                 the per-epoch shuffle order
 //   RngStream::synthetic   index = sample id                       synthetic data source

@@ -61,9 +61,9 @@ struct BenchReport {
 // Runs the warm-up and the timed steps and measures the GEMM peak. Every worker calls it.
 BenchReport run_bench(Trainer& trainer, const BenchOptions& options);
 
-// The human table (README "Benchmarking"); the header line is not in it.
+// The human table (docs/performance.md, "Benchmarking"); the header line is not in it.
 std::string bench_table(const BenchReport& report);
-// One JSON object (schema "dtrain.bench/1", README "Benchmarking"), ending in a newline.
+// One JSON object (schema "dtrain.bench/1", docs/performance.md, "Benchmarking"), ending in a newline.
 std::string bench_json(const BenchReport& report);
 
 }  // namespace dtrain::train

@@ -2,7 +2,7 @@
 # dtrain bench end to end, on the small experiment with few steps:
 #   tests/integration/bench.sh CASE DTRAIN_BINARY SCRATCH_DIR
 # The table and the JSON name every layer and every phase; the phases add up to no more than the
-# step's wall time (and to most of it); the JSON parses and follows the README's schema.
+# step's wall time (and to most of it); the JSON parses and follows the schema in docs/performance.md.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
@@ -34,7 +34,7 @@ check_table() {
 
 # check_json FILE WORKERS
 check_json() {
-  python3 - "$1" "$2" <<'PY' || fail "the JSON does not hold what the README promises"
+  python3 - "$1" "$2" <<'PY' || fail "the JSON does not hold what docs/performance.md promises"
 import json, sys
 with open(sys.argv[1]) as f:
     r = json.load(f)

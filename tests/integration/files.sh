@@ -331,7 +331,7 @@ EOF
     ;;
   mpi_signals)
     # mpirun -n 2: SIGUSR1 is forwarded to the ranks, which stop at an agreed step, save once and
-    # exit 4, and so does mpirun. SIGTERM makes mpirun abort the job (README): no rank survives it
+    # exit 4, and so does mpirun. SIGTERM makes mpirun abort the job (docs/multi_worker.md): no rank survives it
     # and no temporary is left.
     command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 77; }
     mw=(--set "strategy={kind: multi_worker_mirrored}" --set train.epochs=30 --set checkpoint.every_steps=2)

@@ -235,7 +235,7 @@ EOS
     # last checkpoint. Without --enable-recovery mpirun ends every rank at once, exit non-zero.
     # With it the job outlives the server: the worker waiting for it gives up after half the
     # timeout and tells the coordinator, which names the server, stops the others and exits 5
-    # (but mpirun 4.1 then exits 0 whatever its ranks returned: measured, see the README).
+    # (but mpirun 4.1 then exits 0 whatever its ranks returned: measured, see docs/multi_worker.md).
     for recovery in no yes; do
       run="$scratch/lost_ps_$recovery"
       flags=()

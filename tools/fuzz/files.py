@@ -21,7 +21,7 @@ it got there:
 Every outcome must be exit 0, or exit 2/3 with one line naming the file (4, or 128 + the signal
 for a second signal, in the signal cases, with no *.tmp-* file left behind); never a signal death,
 an abort, a sanitizer report, exit 1 or a hang. The one exception is SIGTERM/SIGINT to mpirun,
-which returns 1 whatever its ranks do (README, "Checkpoints, eval and resume"). Prints a summary
+which returns 1 whatever its ranks do (docs/multi_worker.md, "Signals under mpirun"). Prints a summary
 (also OUT/summary.json); exits 1 on any bad outcome, with a reproducer (the files, the command and
 its output) saved under OUT/bad-N, 3 when a --min-checkpoints target was not reached in time.
 """
@@ -573,7 +573,7 @@ train: {epochs: 2, threads: 1, progress: none}
         if double:
             allowed.append(128 + sig)
         if mpi and sig != signal.SIGUSR1:
-            allowed.append(1)  # mpirun's own status when it aborts the job on SIGTERM/SIGINT (README)
+            allowed.append(1)  # mpirun's own status when it aborts the job on SIGTERM/SIGINT (docs/multi_worker.md)
         if mpi:
             time.sleep(1)  # ranks outliving mpirun would show as temporaries or new files below
         ok = self.judge("signal-mpi" if mpi else "signal", name, argv, rc, out, err, allowed=tuple(allowed), files=[run])
