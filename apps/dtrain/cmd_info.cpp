@@ -11,7 +11,7 @@
 #include "commands.hpp"
 #include "data/dataset.hpp"
 #include "dtrain/build_info.hpp"
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "nn/kernel.hpp"
 #include "train/trainer.hpp"
 
@@ -28,19 +28,19 @@ int info_command() {
 
   fmt::print("dtrain {} ({} build, {})\n", build_info::version, build_info::build_type, build_info::compiler);
   // What each backend of this build says about itself: oneDNN's version and the CPU ISA it runs.
-  fmt::print("cpu backend {}: {} (CPU ISA as oneDNN dispatches)\n", backends::backend_for(Device::Kind::cpu),
-             backends::make_context(Device{})->describe());
-  const std::string no_bf16 = backends::make_context(Device{})->cannot_compute_in(DType::bf16);
+  fmt::print("cpu backend {}: {} (CPU ISA as oneDNN dispatches)\n", device::backend_for(Device::Kind::cpu),
+             device::make_context(Device{})->describe());
+  const std::string no_bf16 = device::make_context(Device{})->cannot_compute_in(DType::bf16);
   fmt::print("precision mixed_bfloat16: {}\n", no_bf16.empty() ? "available (bfloat16 in hardware)" : "not available: " + no_bf16);
   fmt::print("threads: {} available (train.threads: 0 uses them all), OpenMP max {}\n", train::resolve_threads(0),
              omp_get_max_threads());
   fmt::print("MPI: {}\n", mpi);
   fmt::print("HDF5 {}.{}.{}, zlib {}, fmt {}\n", h5_major, h5_minor, h5_release, zlibVersion(), FMT_VERSION);
   if (build_info::have_cuda) {
-    const auto missing = nn::kinds_without_kernel(backends::backend_for(Device::Kind::gpu));
+    const auto missing = nn::kinds_without_kernel(device::backend_for(Device::Kind::gpu));
     fmt::print("CUDA: built ({} backend for gpu:N); kernels missing for {} of the layer kinds, so gpu devices are "
                "refused\n",
-               backends::backend_for(Device::Kind::gpu), missing.size());
+               device::backend_for(Device::Kind::gpu), missing.size());
   } else {
     fmt::print("CUDA: not built (CUDA was not found at build time)\n");
   }

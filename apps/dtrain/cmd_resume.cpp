@@ -18,7 +18,7 @@
 #include "distribute/worker_group.hpp"
 #include "signals.hpp"
 #include "train/callbacks.hpp"
-#include "train/run_dir.hpp"
+#include "checkpoint/run_dir.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
@@ -143,7 +143,7 @@ int resume_command(const ResumeArgs& args) {
     candidates.push_back(args.checkpoint);
   } else {
     run = experiment_of_run(args.run_dir, say);
-    const std::string dir = run ? train::checkpoint_dir_of(args.run_dir, run->checkpoint)
+    const std::string dir = run ? checkpoint::checkpoint_dir_of(args.run_dir, run->checkpoint)
                                 : (fs::path(args.run_dir) / "checkpoints").string();
     std::string warning;
     candidates = checkpoint::list_checkpoints(dir, &warning);
@@ -175,12 +175,12 @@ int resume_command(const ResumeArgs& args) {
   refuse_local_strategy_under_launcher(exp, *workers, "each would resume alone, all into one run directory");
 
   train::TrainerOptions options;
-  options.run_dir = !args.run_dir.empty() ? args.run_dir : train::run_dir_of_checkpoint(candidates[first], exp.checkpoint);
+  options.run_dir = !args.run_dir.empty() ? args.run_dir : checkpoint::run_dir_of_checkpoint(candidates[first], exp.checkpoint);
   options.out = stdout;
   options.out_is_tty = train::progress_reaches_a_terminal(stdout);
   options.workers = workers.get();
   options.stop_requested = &signals.requested();
-  signals.set_directories(options.run_dir, train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
+  signals.set_directories(options.run_dir, checkpoint::checkpoint_dir_of(options.run_dir, exp.checkpoint));
   return naming_source(candidates[first] + ":/experiment", [&] {
   return train_or_evaluate(*workers, exp, options, [&](train::Trainer& trainer) {
     // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.

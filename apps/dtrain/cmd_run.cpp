@@ -18,7 +18,7 @@
 #include "distribute/worker_group.hpp"
 #include "signals.hpp"
 #include "train/evaluator.hpp"
-#include "train/run_dir.hpp"
+#include "checkpoint/run_dir.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
@@ -168,25 +168,25 @@ int run_command(const RunArgs& args) {
       // runs/<name>, or the next runs/<name>-N when it holds an earlier run: the chief looks, and
       // every rank (the evaluator too) learns its choice before anyone writes.
       const std::string base = "runs/" + exp.name;
-      const int mine = chief && !args.overwrite ? train::free_run_number(base, exp.checkpoint) : 0;
+      const int mine = chief && !args.overwrite ? checkpoint::free_run_number(base, exp.checkpoint) : 0;
       const int number = workers->all_reduce_max(mine, "run directory");
-      options.run_dir = train::numbered_run_dir(base, number);
+      options.run_dir = checkpoint::numbered_run_dir(base, number);
       if (chief && number > 0)
         fmt::print("{} holds an earlier run; this run writes into {}\n", base, options.run_dir);
     }
     // The chief owns the run directory: it keeps an earlier run there, or replaces it on request.
     if (chief) {
-      const std::string checkpoints = train::checkpoint_dir_of(options.run_dir, exp.checkpoint);
+      const std::string checkpoints = checkpoint::checkpoint_dir_of(options.run_dir, exp.checkpoint);
       if (args.overwrite) {
-        train::remove_earlier_run(options.run_dir, checkpoints);
+        checkpoint::remove_earlier_run(options.run_dir, checkpoints);
       } else {
-        train::refuse_to_overwrite(options.run_dir, checkpoints);
+        checkpoint::refuse_to_overwrite(options.run_dir, checkpoints);
       }
     }
     options.out = stdout;
     options.out_is_tty = train::progress_reaches_a_terminal(stdout);
     options.stop_requested = &signals.requested();
-    signals.set_directories(options.run_dir, train::checkpoint_dir_of(options.run_dir, exp.checkpoint));
+    signals.set_directories(options.run_dir, checkpoint::checkpoint_dir_of(options.run_dir, exp.checkpoint));
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
   }));
 }

@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "config/model_checks.hpp"
 #include "config/parse.hpp"
 #include "nn/model.hpp"
@@ -12,7 +12,7 @@ int validate_command(const ValidateArgs& args) {
   config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
   // Building the model checks what YAML alone cannot: that the layers fit the input shape. Its
   // kernels are made on the CPU backend, which has one for every layer kind.
-  const auto ctx = backends::make_context(Device{});
+  const auto ctx = device::make_context(Device{});
   nn::check_precision(exp.precision, exp.precision_where, *ctx);
   nn::Sequential model(exp.model, exp.seed, *ctx, nn::ModelOptions{nn::compute_dtype(exp.precision), false});
   config::check_loss_fits_model(exp, model.output_shape().dims());

@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "checkpoint/checkpoint.hpp"
+#include "core/atomic_file.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
 
@@ -142,7 +142,7 @@ void StopOnSignal::watch() {
       // The locks are held until _exit: a write in flight then blocks before it creates or
       // renames a temporary, so none appears after the removal.
       const std::lock_guard lock(directories_mutex_);
-      using Names = checkpoint::TemporaryNamesLock;
+      using Names = TemporaryNamesLock;
       std::optional<Names> run_dir_names, checkpoint_dir_names;
       auto clear = [](std::optional<Names>& names, const std::string& dir) {
         if (dir.empty()) return;

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::checkpoint {

@@ -180,7 +180,7 @@ const char* loss_name(LossKind kind) {
   return "?";
 }
 
-Loss::Loss(const config::LossConfig& config, backends::Numerics& numerics) : config_(config), numerics_(numerics) {}
+Loss::Loss(const config::LossConfig& config, device::Numerics& numerics) : config_(config), numerics_(numerics) {}
 
 std::pair<std::int64_t, std::int64_t> Loss::validate(const Tensor& y_pred, const Tensor& y_true) const {
   const char* name = loss_name(config_.kind);
@@ -238,9 +238,9 @@ std::pair<std::int64_t, std::int64_t> Loss::validate(const Tensor& y_pred, const
   return {N, C};
 }
 
-backends::LossBatch Loss::batch_of(const Tensor& y_pred, const Tensor& y_true) const {
+device::LossBatch Loss::batch_of(const Tensor& y_pred, const Tensor& y_true) const {
   const bool dense = y_true.dtype() == DType::f32;
-  backends::LossBatch b;
+  device::LossBatch b;
   b.kind = config_.kind;
   b.from_logits = config_.from_logits;
   b.rows = y_pred.shape()[0];
@@ -255,7 +255,7 @@ void Loss::per_example(const Tensor& y_pred, const Tensor& y_true, std::span<flo
   const auto [N, C] = validate(y_pred, y_true);
   DTRAIN_CHECK(static_cast<std::int64_t>(out.size()) == N,
                fmt::format("per-example output has {} entries for a batch of {}", out.size(), N));
-  backends::LossBatch b = batch_of(y_pred, y_true);
+  device::LossBatch b = batch_of(y_pred, y_true);
   b.per_example = out.data();
   numerics_.loss(b);
 }
@@ -268,14 +268,14 @@ void Loss::gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const 
                                  loss_name(config_.kind), weights.size(), N));
   }
   d_pred.ensure(y_pred.shape(), DType::f32);
-  backends::LossBatch b = batch_of(y_pred, y_true);
+  device::LossBatch b = batch_of(y_pred, y_true);
   b.weights = weights.empty() ? nullptr : weights.data();
   b.scale = scale;
   b.grad = d_pred.data<float>();
   numerics_.loss(b);
 }
 
-std::unique_ptr<Loss> make_loss(const config::LossConfig& config, backends::Numerics& numerics) {
+std::unique_ptr<Loss> make_loss(const config::LossConfig& config, device::Numerics& numerics) {
   return std::make_unique<Loss>(config, numerics);
 }
 

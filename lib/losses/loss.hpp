@@ -15,7 +15,7 @@
 #include <span>
 #include <string>
 
-#include "backends/numerics.hpp"
+#include "device/numerics.hpp"
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
 #include "losses/loss_math.hpp"
@@ -27,7 +27,7 @@ const char* loss_name(config::LossKind kind);  // the Keras spelling, e.g. "spar
 class Loss {
  public:
   // The loops run on `numerics` (the replica's context).
-  Loss(const config::LossConfig& config, backends::Numerics& numerics);
+  Loss(const config::LossConfig& config, device::Numerics& numerics);
 
   const config::LossConfig& config() const { return config_; }
   std::string name() const { return loss_name(config_.kind); }
@@ -43,15 +43,15 @@ class Loss {
 
  private:
   // The backend's view of a validated batch (no weights, no outputs yet).
-  backends::LossBatch batch_of(const Tensor& y_pred, const Tensor& y_true) const;
+  device::LossBatch batch_of(const Tensor& y_pred, const Tensor& y_true) const;
   // Checks shapes, dtypes and label ranges; returns (N, C).
   std::pair<std::int64_t, std::int64_t> validate(const Tensor& y_pred, const Tensor& y_true) const;
 
   config::LossConfig config_;
-  backends::Numerics& numerics_;
+  device::Numerics& numerics_;
 };
 
-std::unique_ptr<Loss> make_loss(const config::LossConfig& config, backends::Numerics& numerics);
+std::unique_ptr<Loss> make_loss(const config::LossConfig& config, device::Numerics& numerics);
 
 // tf.nn.compute_average_loss: sum_i(w_i * l_i) / global_batch_size. The global batch is the number
 // of examples across ALL replicas in this step, so a short last batch must pass its real count.

@@ -201,7 +201,7 @@ void Accuracy::update(const Tensor& y_true, const Tensor& y_pred, std::span<cons
 // ---------------------------------------------------------------- factory
 
 std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss,
-                                    backends::Numerics& numerics) {
+                                    device::Numerics& numerics) {
   switch (kind) {
     case config::MetricKind::sparse_categorical_accuracy:
       return std::make_unique<SparseCategoricalAccuracy>(numerics);

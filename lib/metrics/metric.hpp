@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/numerics.hpp"
+#include "device/numerics.hpp"
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
 
@@ -66,7 +66,7 @@ class Mean : public Metric {
 // the replica's backend (`numerics`); the counting happens here.
 class CountingMetric : public Metric {
  public:
-  explicit CountingMetric(backends::Numerics& numerics) : numerics_(numerics) {}
+  explicit CountingMetric(device::Numerics& numerics) : numerics_(numerics) {}
   double result() const override;
   void reset() override;
   MetricState state() const override;
@@ -78,7 +78,7 @@ class CountingMetric : public Metric {
   // The elementwise accuracies: each row's matching columns, exactly or after `threshold`.
   void count_matches(const Tensor& y_true, const Tensor& y_pred, std::int64_t rows, std::int64_t columns,
                      const float* threshold, std::span<const float> sample_weight);
-  backends::Numerics& numerics_;
+  device::Numerics& numerics_;
   // Per-row results of the backend (argmax, match counts), reused across updates.
   std::vector<std::int32_t> argmax_pred_, argmax_true_;
   std::vector<std::int64_t> row_matches_;
@@ -111,7 +111,7 @@ class CategoricalAccuracy : public CountingMetric {
 // (y_pred > threshold) == y_true elementwise; an example's share is its fraction of matching columns.
 class BinaryAccuracy : public CountingMetric {
  public:
-  explicit BinaryAccuracy(backends::Numerics& numerics, float threshold = 0.5f)
+  explicit BinaryAccuracy(device::Numerics& numerics, float threshold = 0.5f)
       : CountingMetric(numerics), threshold_(threshold) {}
   static constexpr const char* kName = "binary_accuracy";
   std::string name() const override { return kName; }
@@ -136,6 +136,6 @@ class Accuracy : public CountingMetric {
 // probabilities or 0 on logits, otherwise the exact-equality Accuracy).
 // The comparisons run on `numerics` (the replica's context).
 std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss,
-                                    backends::Numerics& numerics);
+                                    device::Numerics& numerics);
 
 }  // namespace dtrain::metrics

@@ -67,7 +67,7 @@ double BatchNormalization::contribution_weight(const StepContext& step, std::int
   return static_cast<double>(batch) / static_cast<double>(samples);
 }
 
-void BatchNormalization::apply_updates(backends::Numerics& numerics) {
+void BatchNormalization::apply_updates(device::Numerics& numerics) {
   const auto momentum = static_cast<float>(opt_.momentum);
   const auto take = static_cast<float>(1.0 - opt_.momentum);
   for (const std::size_t i : {moving_mean_index(), moving_variance_index()}) {

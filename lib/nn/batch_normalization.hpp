@@ -48,7 +48,7 @@ class BatchNormalization final : public Layer {
   // The weight of this replica's batch statistics in the moving statistics' update.
   double contribution_weight(const StepContext& step, std::int64_t batch) const;
 
-  void apply_updates(backends::Numerics& numerics) override;
+  void apply_updates(device::Numerics& numerics) override;
   bool synchronizes_replicas() const override { return opt_.synchronized; }
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;

@@ -60,11 +60,11 @@ Shape Conv2D::build_layer(const Shape& in, Rng& rng) {
   return Shape{pad_h_.out, pad_w_.out, opt_.filters};
 }
 
-double Conv2D::regularization_loss(backends::Numerics& numerics) const {
+double Conv2D::regularization_loss(device::Numerics& numerics) const {
   return l2_penalty(numerics, kKernel, opt_.kernel_regularizer.l2);
 }
 
-void Conv2D::add_regularization_gradient(backends::Numerics& numerics, float scale) {
+void Conv2D::add_regularization_gradient(device::Numerics& numerics, float scale) {
   add_l2_gradient(numerics, kKernel, opt_.kernel_regularizer.l2, scale);
 }
 

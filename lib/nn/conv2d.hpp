@@ -39,8 +39,8 @@ class Conv2D final : public Layer {
   const Padding1D& padding_h() const { return pad_h_; }
   const Padding1D& padding_w() const { return pad_w_; }
 
-  double regularization_loss(backends::Numerics& numerics) const override;
-  void add_regularization_gradient(backends::Numerics& numerics, float scale) override;
+  double regularization_loss(device::Numerics& numerics) const override;
+  void add_regularization_gradient(device::Numerics& numerics, float scale) override;
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
   Flops flops_per_sample() const override;

@@ -47,11 +47,11 @@ Shape Dense::build_layer(const Shape& in, Rng& rng) {
   return Shape{opt_.units};
 }
 
-double Dense::regularization_loss(backends::Numerics& numerics) const {
+double Dense::regularization_loss(device::Numerics& numerics) const {
   return l2_penalty(numerics, kKernel, opt_.kernel_regularizer.l2);
 }
 
-void Dense::add_regularization_gradient(backends::Numerics& numerics, float scale) {
+void Dense::add_regularization_gradient(device::Numerics& numerics, float scale) {
   add_l2_gradient(numerics, kKernel, opt_.kernel_regularizer.l2, scale);
 }
 

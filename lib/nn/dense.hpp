@@ -31,8 +31,8 @@ class Dense final : public Layer {
   std::string_view size_option() const override { return "units"; }
   const Options& options() const { return opt_; }
 
-  double regularization_loss(backends::Numerics& numerics) const override;
-  void add_regularization_gradient(backends::Numerics& numerics, float scale) override;
+  double regularization_loss(device::Numerics& numerics) const override;
+  void add_regularization_gradient(device::Numerics& numerics, float scale) override;
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
   Flops flops_per_sample() const override;

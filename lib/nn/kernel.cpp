@@ -35,7 +35,7 @@ void register_kernel(std::string_view backend, std::string_view layer_kind, Kern
   kernels().push_back({backend, layer_kind, factory});
 }
 
-std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, backends::Context& ctx,
+std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, device::Context& ctx,
                                                        std::span<const DType> compute) {
   DTRAIN_CHECK(compute.size() == layers.size(), "one compute dtype per layer");
   std::vector<std::string_view> missing;

@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "config/experiment.hpp"
 #include "core/error.hpp"
 #include "nn/layer.hpp"
@@ -33,13 +33,13 @@ namespace dtrain::nn {
 
 // The memories around one layer for one batch size. diff_src is empty for the first layer.
 struct LayerIO {
-  backends::Memory src, dst, diff_dst, diff_src;
+  device::Memory src, dst, diff_dst, diff_src;
 };
 
 class LayerKernel {
  public:
   virtual ~LayerKernel() = default;
-  virtual backends::LayoutPtr plan(std::int64_t batch, const backends::LayoutPtr& src) = 0;
+  virtual device::LayoutPtr plan(std::int64_t batch, const device::LayoutPtr& src) = 0;
   virtual void bind(std::int64_t batch, const LayerIO& io) = 0;
   virtual void forward(std::int64_t batch, const StepContext& step) = 0;
   virtual void backward(std::int64_t batch, const StepContext& step) = 0;
@@ -59,13 +59,13 @@ class LayerKernel {
 };
 
 // compute: the dtype the layer computes in (its variables stay f32).
-using KernelFactory = std::unique_ptr<LayerKernel> (*)(Layer& layer, backends::Context& ctx, DType compute);
+using KernelFactory = std::unique_ptr<LayerKernel> (*)(Layer& layer, device::Context& ctx, DType compute);
 
 // Called by a backend's kernel file before main (see KernelRegistration).
 void register_kernel(std::string_view backend, std::string_view layer_kind, KernelFactory factory);
 // The kernels of `layers` on `ctx`, layer i computing in compute[i]; ConfigError naming every
 // layer kind the backend has no kernel for.
-std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, backends::Context& ctx,
+std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> layers, device::Context& ctx,
                                                        std::span<const DType> compute);
 // The registered layer kinds `backend` has no kernel for (what a backend still lacks).
 std::vector<std::string_view> kinds_without_kernel(std::string_view backend);

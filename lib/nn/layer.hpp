@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/numerics.hpp"
+#include "device/numerics.hpp"
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
 #include "core/variable.hpp"
@@ -91,10 +91,10 @@ class Layer {
 
   // Keras' kernel_regularizer: the sum over this layer's penalties, and its gradient added (times
   // `scale`) into the trainable variables' grads.
-  virtual double regularization_loss(backends::Numerics&) const { return 0.0; }
-  virtual void add_regularization_gradient(backends::Numerics&, float /*scale*/) {}
+  virtual double regularization_loss(device::Numerics&) const { return 0.0; }
+  virtual void add_regularization_gradient(device::Numerics&, float /*scale*/) {}
   // Folds this step's summed contributions (their grads) into the non-trainable variables.
-  virtual void apply_updates(backends::Numerics&) {}
+  virtual void apply_updates(device::Numerics&) {}
   // Whether training steps sum statistics over the replicas (StepContext::cross_replica) during
   // forward and backward.
   virtual bool synchronizes_replicas() const { return false; }
@@ -111,8 +111,8 @@ class Layer {
   // Returns the variable's index in variables(): references would not survive a later add.
   std::size_t add_variable(const std::string& weight, Shape shape, bool trainable = true);
   // L2 penalty of variable `index` and its gradient: the kernel_regularizer of conv2d and dense.
-  double l2_penalty(backends::Numerics& numerics, std::size_t index, double l2) const;
-  void add_l2_gradient(backends::Numerics& numerics, std::size_t index, double l2, float scale);
+  double l2_penalty(device::Numerics& numerics, std::size_t index, double l2) const;
+  void add_l2_gradient(device::Numerics& numerics, std::size_t index, double l2, float scale);
 
  private:
   std::string name_;

@@ -21,7 +21,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Adds the time since `since` to `into` once the context has finished the layer's work.
-Clock::time_point lap(backends::Context& ctx, double& into, Clock::time_point since) {
+Clock::time_point lap(device::Context& ctx, double& into, Clock::time_point since) {
   ctx.synchronize();
   const auto now = Clock::now();
   into += std::chrono::duration<double>(now - since).count();
@@ -31,7 +31,7 @@ Clock::time_point lap(backends::Context& ctx, double& into, Clock::time_point si
 // What a kernel's BackwardMarks::weights_done() does while the layers are timed.
 class LayerMarks final : public BackwardMarks {
  public:
-  LayerMarks(backends::Context& ctx, LayerTimes& times) : ctx_(ctx), times_(times) {}
+  LayerMarks(device::Context& ctx, LayerTimes& times) : ctx_(ctx), times_(times) {}
   void begin(std::size_t layer, Clock::time_point start) {
     layer_ = layer;
     start_ = start;
@@ -42,7 +42,7 @@ class LayerMarks final : public BackwardMarks {
   }
 
  private:
-  backends::Context& ctx_;
+  device::Context& ctx_;
   LayerTimes& times_;
   std::size_t layer_ = 0;
   Clock::time_point start_;
@@ -58,14 +58,14 @@ DType compute_dtype(config::Precision precision) {
   throw InternalError("unknown precision policy");
 }
 
-void check_precision(config::Precision precision, const config::SourceLocation& where, const backends::Context& ctx) {
+void check_precision(config::Precision precision, const config::SourceLocation& where, const device::Context& ctx) {
   const std::string why = ctx.cannot_compute_in(compute_dtype(precision));
   if (why.empty()) return;
   throw ConfigError(fmt::format("{}precision {} cannot run on {}: {}; use precision: float32", config::location_prefix(where, {}),
                                 config::name_of(precision), ctx.device().to_string(), why));
 }
 
-Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, backends::Context& ctx,
+Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, device::Context& ctx,
                        ModelOptions options)
     : ctx_(ctx), options_(options), input_shape_(config.input_shape) {
   if (config.layers.empty()) throw ConfigError("model: the model has no layers");
@@ -178,14 +178,14 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   Plan& p = plans_[batch];
   p.batch = batch;
   p.input = ctx_.movable_memory(ctx_.canonical_layout(input_shape_.with_batch(batch), DType::f32));
-  backends::Memory input_diff;
+  device::Memory input_diff;
   if (options_.input_gradient) {
     p.input_grad = Tensor(input_shape_.with_batch(batch));
-    input_diff = backends::Memory{p.input.layout, p.input_grad.raw()};
+    input_diff = device::Memory{p.input.layout, p.input_grad.raw()};
   }
 
-  std::vector<backends::LayoutPtr> layouts;
-  backends::LayoutPtr layout = p.input.layout;
+  std::vector<device::LayoutPtr> layouts;
+  device::LayoutPtr layout = p.input.layout;
   for (auto& kernel : kernels_) {
     layout = kernel->plan(batch, layout);
     layouts.push_back(layout);
@@ -194,7 +194,7 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   // canonical one (the usual case for a final Dense); otherwise one copy at each end.
   p.output = Tensor(output_shape_.with_batch(batch));
   p.output_grad = Tensor(output_shape_.with_batch(batch));
-  const backends::LayoutPtr out_canonical = ctx_.canonical_layout(output_shape_.with_batch(batch), DType::f32);
+  const device::LayoutPtr out_canonical = ctx_.canonical_layout(output_shape_.with_batch(batch), DType::f32);
   for (std::size_t i = 0; i < kernels_.size(); ++i) {
     const bool last = i + 1 == kernels_.size();
     if (last && layouts[i]->same_as(*out_canonical)) {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "config/experiment.hpp"
 #include "config/parse.hpp"
 #include "core/tensor.hpp"
@@ -64,20 +64,20 @@ struct LayerTimes {
 DType compute_dtype(config::Precision precision);
 // ConfigError at `where` (the experiment's precision key) when `ctx`'s device cannot compute in
 // the policy's dtype, saying why and what to choose instead.
-void check_precision(config::Precision precision, const config::SourceLocation& where, const backends::Context& ctx);
+void check_precision(config::Precision precision, const config::SourceLocation& where, const device::Context& ctx);
 
 class Sequential {
  public:
   // Builds every layer, initializes the variables from Rng(seed, RngStream::init, layer index) and
   // makes the layers' kernels on `ctx` (ConfigError when its backend lacks one).
-  Sequential(const config::ModelConfig& config, std::uint64_t seed, backends::Context& ctx, ModelOptions options = {});
+  Sequential(const config::ModelConfig& config, std::uint64_t seed, device::Context& ctx, ModelOptions options = {});
 
   const Shape& input_shape() const { return input_shape_; }   // per example
   const Shape& output_shape() const { return output_shape_; } // per example
   std::size_t num_layers() const { return layers_.size(); }
   Layer& layer(std::size_t i) { return *layers_[i]; }
   const Layer& layer(std::size_t i) const { return *layers_[i]; }
-  backends::Context& context() const { return ctx_; }
+  device::Context& context() const { return ctx_; }
   // Every variable of every layer, in layer order; the pointers stay valid for the model's life.
   const std::vector<Variable*>& variables() const { return variables_; }
   // The ones the optimizer trains, in the same order.
@@ -126,16 +126,16 @@ class Sequential {
  private:
   struct Plan {
     std::int64_t batch = 0;
-    backends::Memory input;                 // repointed at the caller's x each step
-    std::vector<backends::Buffer> buffers;  // keep act/diff memories alive
-    std::vector<backends::Memory> act;      // act[i] = output of layer i
-    std::vector<backends::Memory> diff;     // diff[i] = gradient wrt act[i]
+    device::Memory input;                 // repointed at the caller's x each step
+    std::vector<device::Buffer> buffers;  // keep act/diff memories alive
+    std::vector<device::Memory> act;      // act[i] = output of layer i
+    std::vector<device::Memory> diff;     // diff[i] = gradient wrt act[i]
     Tensor output, output_grad, input_grad;
-    std::unique_ptr<backends::Copy> output_out, grad_in;
+    std::unique_ptr<device::Copy> output_out, grad_in;
   };
   Plan& plan_for(std::int64_t batch);
 
-  backends::Context& ctx_;
+  device::Context& ctx_;
   ModelOptions options_;
   Shape input_shape_, output_shape_;
   std::int64_t activation_bytes_per_example_ = 0;  // activations and their gradients, bytes

@@ -11,7 +11,7 @@ namespace dtrain::optim {
 
 // ---------------------------------------------------------------- Optimizer
 
-Optimizer::Optimizer(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics)
+Optimizer::Optimizer(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics)
     : schedule_(std::move(schedule)), numerics_(numerics) {
   DTRAIN_CHECK(schedule_ != nullptr, "optimizer needs a learning-rate schedule");
 }
@@ -87,7 +87,7 @@ const Tensor& Optimizer::slot(std::size_t variable_index, std::size_t slot_index
 
 // ---------------------------------------------------------------- SGD
 
-SGD::SGD(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double momentum, bool nesterov)
+SGD::SGD(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics, double momentum, bool nesterov)
     : Optimizer(std::move(schedule), numerics) {
   step_.momentum = static_cast<float>(momentum);
   step_.nesterov = nesterov;
@@ -106,7 +106,7 @@ void SGD::update(float* w, const float* g, std::size_t n, float* const* slots) {
 
 // ---------------------------------------------------------------- Adam
 
-Adam::Adam(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double beta_1, double beta_2,
+Adam::Adam(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics, double beta_1, double beta_2,
            double epsilon)
     : Optimizer(std::move(schedule), numerics), beta_1_(beta_1), beta_2_(beta_2) {
   step_.one_minus_beta_1 = static_cast<float>(1.0 - beta_1_);
@@ -126,7 +126,7 @@ void Adam::update(float* w, const float* g, std::size_t n, float* const* slots) 
 
 // ---------------------------------------------------------------- RMSprop
 
-RMSprop::RMSprop(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double rho,
+RMSprop::RMSprop(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics, double rho,
                  double momentum, double epsilon, bool centered)
     : Optimizer(std::move(schedule), numerics) {
   step_.rho = static_cast<float>(rho);
@@ -164,7 +164,7 @@ void require_range(double value, double lo, double hi, bool hi_inclusive, const 
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config, backends::Numerics& numerics) {
+std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config, device::Numerics& numerics) {
   auto schedule = make_schedule(config.learning_rate);
   switch (config.kind) {
     case config::OptimizerKind::sgd:

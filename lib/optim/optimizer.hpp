@@ -1,5 +1,5 @@
 // Optimizers with Keras 3 update rules, computed in float over each variable's flat storage by
-// the replica's backend (backends/numerics.hpp runs the loops; the formulas are below).
+// the replica's backend (device/numerics.hpp runs the loops; the formulas are below).
 //
 // Shapes: every slot has its variable's shape; gradients are read from Variable::grad (same shape
 // as Variable::value). The learning rate of an update is schedule(iterations()) taken BEFORE the
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/numerics.hpp"
+#include "device/numerics.hpp"
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
 #include "core/variable.hpp"
@@ -27,7 +27,7 @@ namespace dtrain::optim {
 
 class Optimizer {
  public:
-  Optimizer(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics);
+  Optimizer(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -51,7 +51,7 @@ class Optimizer {
   const Tensor& slot(std::size_t variable_index, std::size_t slot_index) const;
 
  protected:
-  backends::Numerics& numerics() { return numerics_; }
+  device::Numerics& numerics() { return numerics_; }
   // Called once per apply_gradients before the per-variable updates, with the learning rate and
   // the iteration count before the update.
   virtual void begin_step(double learning_rate, std::int64_t iteration) = 0;
@@ -66,7 +66,7 @@ class Optimizer {
   void check_same_variables(std::span<Variable* const> vars) const;
 
   std::unique_ptr<LearningRateSchedule> schedule_;
-  backends::Numerics& numerics_;
+  device::Numerics& numerics_;
   std::int64_t iterations_ = 0;
   std::size_t slots_per_variable_ = 0;
   std::vector<Tracked> tracked_;
@@ -78,7 +78,7 @@ class Optimizer {
 // w -= lr g; with momentum: m = momentum m - lr g; w += m, or w += momentum m - lr g (nesterov).
 class SGD : public Optimizer {
  public:
-  SGD(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double momentum, bool nesterov);
+  SGD(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics, double momentum, bool nesterov);
   std::string name() const override { return "sgd"; }
   std::vector<std::string> slot_names() const override;
 
@@ -87,14 +87,14 @@ class SGD : public Optimizer {
   void update(float* w, const float* g, std::size_t n, float* const* slots) override;
 
  private:
-  backends::SgdStep step_;
+  device::SgdStep step_;
 };
 
 // Keras 3 Adam: m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
 // w -= alpha m / (sqrt(v) + eps), alpha = lr sqrt(1 - b2^t) / (1 - b1^t), t = iterations + 1.
 class Adam : public Optimizer {
  public:
-  Adam(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double beta_1, double beta_2,
+  Adam(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics, double beta_1, double beta_2,
        double epsilon);
   std::string name() const override { return "adam"; }
   std::vector<std::string> slot_names() const override { return {"m", "v"}; }
@@ -106,7 +106,7 @@ class Adam : public Optimizer {
  private:
   double beta_1_;
   double beta_2_;
-  backends::AdamStep step_;
+  device::AdamStep step_;
 };
 
 // Keras 3 RMSprop: v = rho v + (1 - rho) g^2; centered: a = rho a + (1 - rho) g, denom = v - a^2 + eps,
@@ -114,7 +114,7 @@ class Adam : public Optimizer {
 // else w -= inc.
 class RMSprop : public Optimizer {
  public:
-  RMSprop(std::unique_ptr<LearningRateSchedule> schedule, backends::Numerics& numerics, double rho, double momentum,
+  RMSprop(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& numerics, double rho, double momentum,
           double epsilon, bool centered);
   std::string name() const override { return "rmsprop"; }
   std::vector<std::string> slot_names() const override;
@@ -124,11 +124,11 @@ class RMSprop : public Optimizer {
   void update(float* w, const float* g, std::size_t n, float* const* slots) override;
 
  private:
-  backends::RmspropStep step_;
+  device::RmspropStep step_;
 };
 
 // ConfigError (naming the optimizer key) for impossible hyperparameters. The updates run on
 // `numerics` (the replica's context).
-std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config, backends::Numerics& numerics);
+std::unique_ptr<Optimizer> make_optimizer(const config::OptimizerConfig& config, device::Numerics& numerics);
 
 }  // namespace dtrain::optim

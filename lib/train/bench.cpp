@@ -78,7 +78,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   const DType dtype = nn::compute_dtype(exp.precision);
   r.compute_dtype = dtype_name(dtype);
   strategy.all_reduce_max(0, "bench: start of the GEMM peak");
-  r.peak = backends::measure_gemm_peak(trainer.model(0).context(), dtype, r.threads);
+  r.peak = device::measure_gemm_peak(trainer.model(0).context(), dtype, r.threads);
 
   // This worker's figures (per step, in ms), then every worker's.
   nn::Sequential& model = trainer.model(0);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/gemm_peak.hpp"
+#include "device/gemm_peak.hpp"
 #include "nn/layer.hpp"
 #include "train/step_profile.hpp"
 #include "train/trainer.hpp"
@@ -52,7 +52,7 @@ struct BenchReport {
   double samples_per_s = 0.0;
   double flops_per_sample = 0.0;  // one training step's, forward and backward
   double gflops = 0.0;            // achieved by the whole job
-  backends::GemmPeak peak;        // the chief's (what, size; available or why not)
+  device::GemmPeak peak;        // the chief's (what, size; available or why not)
   Spread peak_gflops;             // per worker
   double peak_gflops_total = 0.0; // summed over the workers: what the job's cores reach
   double peak_fraction = -1.0;    // gflops / peak_gflops_total; < 0 without a peak

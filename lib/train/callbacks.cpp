@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "checkpoint/checkpoint.hpp"
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "train/plot.hpp"
 #include "train/trainer.hpp"
@@ -89,7 +89,7 @@ void MetricsLog::on_train_begin(LoopState&) {
       const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       if (!in.good() && !in.eof()) throw IoError(fmt::format("cannot read {} to continue it", path()));
       const std::string kept = metrics_lines_through(text, *resumed_epoch_);
-      if (kept != text) checkpoint::write_file_atomically(path(), kept);
+      if (kept != text) write_file_atomically(path(), kept);
     }
   }
   std::ofstream metrics(path(), resumed_epoch_ ? std::ios::app : std::ios::trunc);
@@ -111,7 +111,7 @@ void HoldAtStep::on_train_batch_end(LoopState& s) {
   const fs::path release = dir / "release";
   std::error_code ignored;
   fs::create_directories(dir, ignored);
-  checkpoint::write_file_atomically((dir / fmt::format("held.rank{}", rank_)).string(),
+  write_file_atomically((dir / fmt::format("held.rank{}", rank_)).string(),
                                     fmt::format("epoch {} step {} global_step {}\n", s.epoch + 1, s.step, s.global_step));
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(hold_.limit_seconds);
   while (!(hold_.released_by && hold_.released_by->load() != 0) && !fs::exists(release, ignored)) {

@@ -14,12 +14,13 @@
 
 #include "config/model_checks.hpp"
 #include "config/parse.hpp"
+#include "core/atomic_file.hpp"
 #include "core/checked.hpp"
 #include "core/compute_thread.hpp"
 #include "core/error.hpp"
 #include "dtrain/build_info.hpp"
 #include "train/parameter_server_loop.hpp"
-#include "train/run_dir.hpp"
+#include "checkpoint/run_dir.hpp"
 #include "train/tensorboard.hpp"
 
 namespace dtrain::train {
@@ -122,7 +123,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
     static_cast<Lane&>(rep) = make_lane(r);
     if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
-    backends::Numerics& numerics = rep.ctx->numerics();
+    device::Numerics& numerics = rep.ctx->numerics();
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
     if (r == 0) strategy_->set_collectives_in_backward(rep.model->synchronizes_replicas());
     strategy_->bind_gradients(r, rep.model->gradient_arena(), rep.model->gradient_sizes());
@@ -203,12 +204,12 @@ Trainer::~Trainer() {
 Trainer::Lane Trainer::make_lane(int replica) const {
   Lane lane;
   try {
-    lane.ctx = backends::make_context(strategy_->replica_device(replica));
+    lane.ctx = device::make_context(strategy_->replica_device(replica));
   } catch (const ConfigError& e) {
     throw ConfigError(config::location_prefix(exp_.strategy.devices_where, exp_.strategy.where) + e.what());
   }
   nn::check_precision(exp_.precision, exp_.precision_where, *lane.ctx);
-  backends::Numerics& numerics = lane.ctx->numerics();
+  device::Numerics& numerics = lane.ctx->numerics();
   lane.loss = losses::make_loss(exp_.loss, numerics);
   for (auto kind : exp_.metrics) {
     lane.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
@@ -253,12 +254,12 @@ void Trainer::write_run_files() {
                                     opt_.run_dir, ec.message()));
   // Written like a checkpoint's manifest: a failure says why (read-only, full, permissions), and a
   // crash leaves the previous config.yaml of a resumed run whole.
-  checkpoint::write_file_atomically((fs::path(opt_.run_dir) / "config.yaml").string(),
+  write_file_atomically((fs::path(opt_.run_dir) / "config.yaml").string(),
                                     fmt::format("# resolved experiment, written by dtrain {}\n{}", build_info::version,
                                                 config::to_yaml(exp_)));
 }
 
-std::string Trainer::checkpoint_dir() const { return checkpoint_dir_of(opt_.run_dir, exp_.checkpoint); }
+std::string Trainer::checkpoint_dir() const { return checkpoint::checkpoint_dir_of(opt_.run_dir, exp_.checkpoint); }
 
 std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_epoch, double loss_sum,
                                      std::int64_t samples) {

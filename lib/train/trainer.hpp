@@ -32,7 +32,7 @@
 #include "data/sharding.hpp"
 #include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "losses/loss.hpp"
 #include "metrics/metric.hpp"
 #include "nn/model.hpp"
@@ -121,7 +121,7 @@ class Trainer {
   // What computes one slice of a replica's batch: the replica itself when it has one lane
   // (train/lanes.hpp), else each of its lanes, whose models share the replica's variables.
   struct Lane {
-    std::unique_ptr<backends::Context> ctx;  // the replica's device, made by its backend
+    std::unique_ptr<device::Context> ctx;  // the replica's device, made by its backend
     std::unique_ptr<losses::Loss> loss;
     std::unique_ptr<nn::Sequential> model;
     std::vector<std::unique_ptr<metrics::Metric>> train_metrics, eval_metrics;

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "backends/gemm_peak.hpp"
+#include "device/gemm_peak.hpp"
 #include "backends/onednn/context.hpp"
 #include "nn/kernel.hpp"
 #include "nn/registry.hpp"
@@ -49,7 +49,7 @@ using SplitProbe = testing::IdentityLayer<SplitProbeOptions>;
 
 class SplitProbeKernel final : public nn::LayerKernel {
  public:
-  backends::LayoutPtr plan(std::int64_t, const backends::LayoutPtr& src) override { return src; }
+  device::LayoutPtr plan(std::int64_t, const device::LayoutPtr& src) override { return src; }
   void bind(std::int64_t, const nn::LayerIO& io) override { io_ = io; }
   void forward(std::int64_t, const nn::StepContext&) override {
     std::memcpy(io_.dst.data, io_.src.data, io_.src.layout->bytes());
@@ -67,7 +67,7 @@ class SplitProbeKernel final : public nn::LayerKernel {
 
 config::LayerOptions parse_probe(const config::Section&) { return SplitProbeOptions{}; }
 void write_probe(const config::LayerOptions&, config::OptionsWriter&) {}
-std::unique_ptr<nn::LayerKernel> make_probe_kernel(nn::Layer&, backends::Context&, DType) {
+std::unique_ptr<nn::LayerKernel> make_probe_kernel(nn::Layer&, device::Context&, DType) {
   return std::make_unique<SplitProbeKernel>();
 }
 const nn::LayerRegistration<SplitProbe> split_probe_layer({.kind = "split_probe", .aliases = {}, .auto_name = "split_probe",
@@ -140,15 +140,15 @@ TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases w
 }
 
 TEST_CASE("the GEMM peak in each compute dtype, or why there is none") {
-  backends::Context& ctx = testing::cpu();
-  const backends::GemmPeak bf16 = backends::measure_gemm_peak(ctx, DType::bf16, 1);
+  device::Context& ctx = testing::cpu();
+  const device::GemmPeak bf16 = device::measure_gemm_peak(ctx, DType::bf16, 1);
   if (bf16.available) {
     CHECK(bf16.gflops > 0.0);
     CHECK(bf16.what == "oneDNN matmul bf16 x bf16 -> f32");
   } else {
     CHECK(bf16.why_not.find("no bfloat16 instructions") != std::string::npos);
   }
-  const backends::GemmPeak i32 = backends::measure_gemm_peak(ctx, DType::i32, 1);
+  const device::GemmPeak i32 = device::measure_gemm_peak(ctx, DType::i32, 1);
   CHECK_FALSE(i32.available);
   CHECK_FALSE(i32.why_not.empty());
 }

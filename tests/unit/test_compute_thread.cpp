@@ -57,8 +57,8 @@ using Probe = testing::IdentityLayer<ProbeOptions>;
 
 class ProbeKernel final : public nn::LayerKernel {
  public:
-  ProbeKernel(nn::Layer& layer, backends::Context& ctx) : layer_(layer), ctx_(ctx) {}
-  backends::LayoutPtr plan(std::int64_t batch, const backends::LayoutPtr&) override {
+  ProbeKernel(nn::Layer& layer, device::Context& ctx) : layer_(layer), ctx_(ctx) {}
+  device::LayoutPtr plan(std::int64_t batch, const device::LayoutPtr&) override {
     return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), DType::f32);
   }
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
@@ -80,7 +80,7 @@ class ProbeKernel final : public nn::LayerKernel {
     seen.record();
   }
   nn::Layer& layer_;
-  backends::Context& ctx_;
+  device::Context& ctx_;
   dnnl::memory input_;
   void* output_ = nullptr;
   std::size_t bytes_ = 0;
@@ -88,7 +88,7 @@ class ProbeKernel final : public nn::LayerKernel {
 
 config::LayerOptions parse(const config::Section&) { return ProbeOptions{}; }
 void write(const config::LayerOptions&, config::OptionsWriter&) {}
-std::unique_ptr<nn::LayerKernel> make_kernel(nn::Layer& layer, backends::Context& ctx, DType) {
+std::unique_ptr<nn::LayerKernel> make_kernel(nn::Layer& layer, device::Context& ctx, DType) {
   return std::make_unique<ProbeKernel>(layer, ctx);
 }
 

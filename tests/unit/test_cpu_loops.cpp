@@ -42,7 +42,7 @@ std::size_t offset_of(const memory::desc& md, std::int64_t n, std::int64_t c, st
 void check_bf16_pooling(memory::format_tag tag, const Shape& in, int pool, int stride, config::Padding padding) {
   CAPTURE(static_cast<int>(tag));
   CAPTURE(in.to_string());
-  backends::Context& ctx = testing::cpu();
+  device::Context& ctx = testing::cpu();
   nn::MaxPool2DOptions o;
   o.pool_size = {pool, pool};
   o.strides = std::array<int, 2>{stride, stride};
@@ -55,8 +55,8 @@ void check_bf16_pooling(memory::format_tag tag, const Shape& in, int pool, int s
   auto kernels = nn::make_kernels(layers, ctx, compute);
   const std::int64_t n = 3, c = in[2];
   const memory::desc src_md({n, c, in[0], in[1]}, memory::data_type::bf16, tag);
-  const backends::LayoutPtr src_layout = backends::onednn::make_layout(in.with_batch(n), DType::bf16, src_md);
-  const backends::LayoutPtr dst_layout = kernels[0]->plan(n, src_layout);
+  const device::LayoutPtr src_layout = backends::onednn::make_layout(in.with_batch(n), DType::bf16, src_md);
+  const device::LayoutPtr dst_layout = kernels[0]->plan(n, src_layout);
   const memory::desc& dst_md = backends::onednn::md_of(dst_layout);
   auto src = ctx.allocate(src_layout->bytes()), dst = ctx.allocate(dst_layout->bytes());
   auto diff_dst = ctx.allocate(dst_layout->bytes()), diff_src = ctx.allocate(src_layout->bytes());

@@ -57,7 +57,7 @@ namespace {
 // Two warm-up steps, then five counted ones: the loss, regularization, optimizer and metric
 // allocate nothing at all; the model only oneDNN's per-call bookkeeping, the same every step.
 void check_steps_allocate_nothing(const config::ModelConfig& mc) {
-  backends::Context& ctx = testing::cpu();
+  device::Context& ctx = testing::cpu();
   nn::Sequential model(mc, 1, ctx);
   nn::StepContext training = testing::step_of(nn::Mode::training, 16);
   config::LossConfig lc;

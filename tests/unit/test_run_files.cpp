@@ -11,10 +11,11 @@
 #include "core/error.hpp"
 #include "train/callbacks.hpp"
 #include "train/report.hpp"
-#include "train/run_dir.hpp"
+#include "checkpoint/run_dir.hpp"
 
 using namespace dtrain;
 using namespace dtrain::train;
+using namespace dtrain::checkpoint;
 
 TEST_CASE("metrics.jsonl: a non-finite figure is written as null, with what it held") {
   EpochLog log;

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/checkpoint.hpp"
+#include "core/atomic_file.hpp"
 #include "signals.hpp"
 
 using dtrain::app::StopOnSignal;
@@ -214,7 +214,7 @@ TEST_CASE("a second signal during back-to-back atomic writes leaves no temporary
       signals.set_directories(run_dir, dir);
       const std::string text(4096, 'x');
       auto keep_writing = [&text](const std::string& path) {
-        for (;;) dtrain::checkpoint::write_file_atomically(path, text);
+        for (;;) dtrain::write_file_atomically(path, text);
       };
       std::thread(keep_writing, dir + "/checkpoint").detach();
       std::thread(keep_writing, run_dir + "/metrics.jsonl").detach();

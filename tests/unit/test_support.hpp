@@ -8,18 +8,18 @@
 #include <memory>
 #include <string>
 
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "nn/layer.hpp"
 #include "nn/step.hpp"
 
 namespace dtrain::testing {
 
 // The CPU backend's context (made once per test binary; the tests that use it run on one thread).
-inline backends::Context& cpu() {
-  static const std::unique_ptr<backends::Context> ctx = backends::make_context(Device{});
+inline device::Context& cpu() {
+  static const std::unique_ptr<device::Context> ctx = device::make_context(Device{});
   return *ctx;
 }
-inline backends::Numerics& cpu_numerics() { return cpu().numerics(); }
+inline device::Numerics& cpu_numerics() { return cpu().numerics(); }
 
 // A layer that passes its input through, for a test that registers a probe kernel of its own under
 // OptionsT::kind (what the kernel records is the test's point).

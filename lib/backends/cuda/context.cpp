@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "config/schema.hpp"
 #include "core/error.hpp"
 #include "nn/kernel.hpp"
@@ -17,7 +17,7 @@ namespace {
 
 constexpr std::string_view kName = "cuda";
 
-std::unique_ptr<Context> make(Device device) {
+std::unique_ptr<device::Context> make(Device device) {
   // What the backend lacks decides; whether the machine has the device is said too.
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
@@ -34,7 +34,7 @@ std::unique_ptr<Context> make(Device device) {
                                 device.to_string(), config::join(missing), machine));
 }
 
-const bool registered = (register_backend(Device::Kind::gpu, kName, &make), true);
+const bool registered = (device::register_backend(Device::Kind::gpu, kName, &make), true);
 
 }  // namespace
 

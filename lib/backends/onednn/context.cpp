@@ -49,7 +49,7 @@ class ReorderCopy final : public Copy {
 
 std::unique_ptr<Context> make(Device device) { return std::make_unique<OnednnContext>(device); }
 
-const bool registered = (register_backend(Device::Kind::cpu, kName, &make), true);
+const bool registered = (device::register_backend(Device::Kind::cpu, kName, &make), true);
 
 }  // namespace
 

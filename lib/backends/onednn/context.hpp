@@ -18,10 +18,19 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "core/tensor.hpp"
 
 namespace dtrain::backends::onednn {
+
+// The device interfaces (device/context.hpp) this backend implements, by their short names.
+using device::Buffer;
+using device::Context;
+using device::Copy;
+using device::Layout;
+using device::LayoutPtr;
+using device::Memory;
+using device::Numerics;
 
 inline constexpr std::string_view kName = "onednn";
 

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "backends/gemm_peak.hpp"
+#include "device/gemm_peak.hpp"
 #include "backends/onednn/context.hpp"
 
 namespace dtrain::backends::onednn {
@@ -60,8 +60,8 @@ double rate(OnednnContext& ctx, DType dtype, std::int64_t n, double seconds) {
          elapsed * 1e-9;
 }
 
-GemmPeak measure(Context& context, DType dtype, int threads) {
-  GemmPeak peak;
+device::GemmPeak measure(Context& context, DType dtype, int threads) {
+  device::GemmPeak peak;
   if (dtype != DType::f32 && dtype != DType::bf16) {
     peak.why_not = "no GEMM peak for this dtype";
     return peak;
@@ -83,7 +83,7 @@ GemmPeak measure(Context& context, DType dtype, int threads) {
   return peak;
 }
 
-const GemmPeakRegistration registered(kName, &measure);
+const device::GemmPeakRegistration registered(kName, &measure);
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // Shapes: each optimizer update reads and writes n floats of w, g and every slot; loss and metric
-// shapes as in backends/numerics.hpp.
+// shapes as in device/numerics.hpp.
 #include "backends/onednn/numerics.hpp"
 
 #include <cmath>

@@ -2,9 +2,15 @@
 // compiler vectorizes, one pass per variable, no allocation.
 #pragma once
 
-#include "backends/numerics.hpp"
+#include "device/numerics.hpp"
 
 namespace dtrain::backends::onednn {
+
+using device::AdamStep;
+using device::LossBatch;
+using device::RmspropStep;
+using device::SgdStep;
+using device::Numerics;
 
 class CpuNumerics final : public Numerics {
  public:

@@ -9,7 +9,7 @@
 
 #include "config/experiment.hpp"
 
-namespace dtrain::train {
+namespace dtrain::checkpoint {
 
 // Where a run keeps its checkpoints: an absolute checkpoint.dir as it is; a relative one (the
 // default is `checkpoints`) inside the run directory, whatever the current directory. Empty for a
@@ -41,4 +41,4 @@ std::string numbered_run_dir(const std::string& base, int number);
 // --overwrite: removes those files (IoError when one cannot be removed), nothing else.
 void remove_earlier_run(const std::string& run_dir, const std::string& checkpoint_dir);
 
-}  // namespace dtrain::train
+}  // namespace dtrain::checkpoint

@@ -1,4 +1,4 @@
-#include "backends/context.hpp"
+#include "device/context.hpp"
 
 #include <vector>
 
@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 
-namespace dtrain::backends {
+namespace dtrain::device {
 
 namespace {
 
@@ -53,4 +53,4 @@ std::unique_ptr<Context> make_context(Device device) {
   return r->factory(device);
 }
 
-}  // namespace dtrain::backends
+}  // namespace dtrain::device

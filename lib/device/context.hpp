@@ -8,7 +8,7 @@
 //   Memory   a layout and a pointer to device memory holding it.
 //   Copy     a prepared copy between two memories of one logical shape: a layout change (reorder),
 //            or a dtype change (f32 <-> the compute dtype).
-//   Numerics the loops of the losses, metrics, optimizers and regularizers (backends/numerics.hpp).
+//   Numerics the loops of the losses, metrics, optimizers and regularizers (device/numerics.hpp).
 //
 // The layer kernels are declared by nn (nn/kernel.hpp) and registered by each backend's folder;
 // nothing outside backends/<name>/ includes a backend's own headers.
@@ -19,10 +19,10 @@
 #include <string>
 #include <string_view>
 
-#include "backends/numerics.hpp"
+#include "device/numerics.hpp"
 #include "core/tensor.hpp"
 
-namespace dtrain::backends {
+namespace dtrain::device {
 
 class Layout {
  public:
@@ -92,4 +92,4 @@ void register_backend(Device::Kind kind, std::string_view name, ContextFactory f
 // The backend registered for a device kind ("" when none).
 std::string_view backend_for(Device::Kind kind);
 
-}  // namespace dtrain::backends
+}  // namespace dtrain::device

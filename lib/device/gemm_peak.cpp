@@ -1,4 +1,4 @@
-#include "backends/gemm_peak.hpp"
+#include "device/gemm_peak.hpp"
 
 #include <utility>
 #include <vector>
@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 
-namespace dtrain::backends {
+namespace dtrain::device {
 
 namespace {
 
@@ -36,4 +36,4 @@ GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads) {
   return none;
 }
 
-}  // namespace dtrain::backends
+}  // namespace dtrain::device

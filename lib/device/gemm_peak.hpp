@@ -7,10 +7,10 @@
 #include <string>
 #include <string_view>
 
-#include "backends/context.hpp"
+#include "device/context.hpp"
 #include "core/tensor.hpp"
 
-namespace dtrain::backends {
+namespace dtrain::device {
 
 struct GemmPeak {
   // False when the device cannot multiply in the dtype asked for (why_not says why, for the user).
@@ -33,4 +33,4 @@ struct GemmPeakRegistration {
   GemmPeakRegistration(std::string_view backend, GemmPeakProbe probe) { register_gemm_peak(backend, probe); }
 };
 
-}  // namespace dtrain::backends
+}  // namespace dtrain::device

@@ -1,4 +1,4 @@
-#include "train/run_dir.hpp"
+#include "checkpoint/run_dir.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,7 +8,7 @@
 #include "checkpoint/manager.hpp"
 #include "core/error.hpp"
 
-namespace dtrain::train {
+namespace dtrain::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -120,4 +120,4 @@ void remove_earlier_run(const std::string& run_dir, const std::string& checkpoin
   }
 }
 
-}  // namespace dtrain::train
+}  // namespace dtrain::checkpoint

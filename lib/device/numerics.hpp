@@ -12,7 +12,7 @@
 
 #include "config/experiment.hpp"
 
-namespace dtrain::backends {
+namespace dtrain::device {
 
 // Coefficients of one optimizer step, fixed for every variable of the step (optim/optimizer.hpp
 // has the formulas).
@@ -76,4 +76,4 @@ class Numerics {
   virtual void axpby(float a, const float* x, float b, float* y, std::size_t n) = 0;
 };
 
-}  // namespace dtrain::backends
+}  // namespace dtrain::device

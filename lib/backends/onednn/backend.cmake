@@ -1,0 +1,16 @@
+# The CPU backend: oneDNN (Debian's libdnnl-dev) plus dtrain's own vector loops. Included by the
+# top-level CMakeLists.txt, as every lib/backends/<name>/backend.cmake is, after dtrain_lib exists.
+find_package(dnnl REQUIRED)
+file(GLOB _onednn_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cpp)
+target_sources(dtrain_lib PRIVATE ${_onednn_sources})
+target_link_libraries(dtrain_lib PUBLIC DNNL::dnnl)
+
+# The optimizer's and the sums' loops: vectorized sqrt, no contraction (see the file's comment).
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/numerics.cpp PROPERTIES COMPILE_OPTIONS "-fno-math-errno;-ffp-contract=off")
+# The backend's own loops (lanes.hpp) pass GCC vector types between inline helpers of one file,
+# built for several ISAs (target_clones): GCC's note that such values would be passed differently
+# across an ABI boundary does not apply to functions no other file calls.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/max_pool2d.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi")
+# The convolution's weight-gradient sums: multiply-adds fused where the CPU has FMA (as oneDNN's
+# kernels do), so their last bits depend on the CPU's ISA, as oneDNN's already do.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/conv2d.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi;-ffp-contract=fast")
