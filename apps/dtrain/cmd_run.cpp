@@ -80,8 +80,9 @@ train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requeste
   const std::string_view text(step);
   std::int64_t value = -1;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || value < 1)
-    throw ConfigError(fmt::format("DTRAIN_TEST_HOLD_AT_STEP={}: not a global step (a whole number >= 1)", text));
+  if (error != std::errc() || end != text.data() + text.size() || value < 0)
+    throw ConfigError(fmt::format("DTRAIN_TEST_HOLD_AT_STEP={}: not a global step (a whole number; 0 holds before the "
+                                  "model is built)", text));
   hold.step = value;
   hold.dir = dir;
   hold.released_by = stop_requested;

@@ -1,10 +1,17 @@
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "commands.hpp"
 #include "device/context.hpp"
 #include "config/model_checks.hpp"
 #include "config/parse.hpp"
+#include "core/machine.hpp"
+#include "distribute/strategy.hpp"
 #include "nn/model.hpp"
+#include "optim/optimizer.hpp"
+#include "train/memory_estimate.hpp"
+#include "train/trainer.hpp"
 
 namespace dtrain::app {
 
@@ -14,12 +21,26 @@ int validate_command(const ValidateArgs& args) {
   // kernels are made on the CPU backend, which has one for every layer kind.
   const auto ctx = device::make_context(Device{});
   nn::check_precision(exp.precision, exp.precision_where, *ctx);
-  nn::Sequential model(exp.model, exp.seed, *ctx, nn::ModelOptions{nn::compute_dtype(exp.precision), false});
+  // Before any variable is allocated, the run's memory from the declared shapes, as `run` checks
+  // it: this process's replicas and lanes as the strategy lays them out on this machine.
+  nn::ModelOptions options{.compute = nn::compute_dtype(exp.precision)};
+  options.before_allocating = [&](const nn::Sequential& declared) {
+    const int threads = train::resolve_threads(exp.train.threads);
+    train::RunCopies copies;
+    copies.replicas = std::max(1, distribute::num_replicas_in_sync(exp.strategy, threads, 1));
+    copies.lanes = exp.train.parallelism == config::Parallelism::batch ? std::max(1, threads / copies.replicas) : 1;
+    copies.optimizer_slots = static_cast<int>(optim::make_optimizer(exp.optimizer, ctx->numerics())->slot_names().size());
+    // A batch given globally is split over the replicas; one given per replica is each one's.
+    copies.train_key = config::batch_key(exp, false);
+    copies.eval_key = config::batch_key(exp, true);
+    copies.train_batch = exp.data.global_batch_size > 0
+                             ? (exp.data.global_batch_size + copies.replicas - 1) / copies.replicas
+                             : exp.data.batch_size_per_replica;
+    copies.eval_batch = exp.data.eval_batch_size > 0 ? exp.data.eval_batch_size : copies.train_batch;
+    train::check_run_memory(declared, copies, physical_memory_bytes());
+  };
+  nn::Sequential model(exp.model, exp.seed, *ctx, options);
   config::check_loss_fits_model(exp, model.output_shape().dims());
-  // A replica's batches must fit in memory (the replica count is known only at run: one is assumed).
-  const config::BatchKey batch = config::batch_key(exp, false);
-  model.check_batch_memory(batch.value, batch);
-  if (exp.data.eval_batch_size > 0) model.check_batch_memory(exp.data.eval_batch_size, config::batch_key(exp, true));
   fmt::print("# {}: valid\n{}", args.experiment, config::to_yaml(exp));
   fmt::print("# model\n");
   std::string summary = model.summary();

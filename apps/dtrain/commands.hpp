@@ -109,7 +109,7 @@ void refuse_local_strategy_under_launcher(const config::Experiment& experiment, 
 
 // The tests' hold on the training loop (train::StepHold), from the environment:
 // DTRAIN_TEST_HOLD_AT_STEP=N and DTRAIN_TEST_HOLD_DIR=DIR hold every training process after global
-// step N until a signal stops it or DIR/release exists. Off when either is unset.
+// step N (0: before its model is built) until a signal stops it or DIR/release exists. Off when either is unset.
 train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requested);
 
 // What run and resume do on every rank: under a strategy that spans the workers the roles

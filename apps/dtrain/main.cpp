@@ -45,6 +45,7 @@ int exit_code_for(const std::exception& error) {
       case dtrain::ErrorKind::io: return kIoError;
       case dtrain::ErrorKind::internal: return kInternalError;
       case dtrain::ErrorKind::peer_lost: return kCollectiveTimeout;
+      case dtrain::ErrorKind::stopped: return kInterrupted;
     }
   }
   return kInternalError;

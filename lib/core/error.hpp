@@ -13,6 +13,7 @@ enum class ErrorKind {
   io,        // writing run outputs failed (exit 3)
   internal,  // a broken invariant inside dtrain: a bug (exit 1)
   peer_lost, // another process of the job stopped answering within its timeout (exit 5)
+  stopped,   // a signal asked to stop before the first training step: nothing to save (exit 4)
 };
 
 class Error : public std::runtime_error {
@@ -44,6 +45,11 @@ struct IoError : Error {
 // `dtrain resume` continues from the last checkpoint.
 struct PeerLostError : Error {
   explicit PeerLostError(const std::string& message) : Error(ErrorKind::peer_lost, message) {}
+};
+// A stop signal that arrived while the run was still being set up (building a large model):
+// nothing was trained, so nothing was saved.
+struct StoppedBeforeTraining : Error {
+  explicit StoppedBeforeTraining(const std::string& message) : Error(ErrorKind::stopped, message) {}
 };
 struct InternalError : Error {
   explicit InternalError(const std::string& message) : Error(ErrorKind::internal, message) {}

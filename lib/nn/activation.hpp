@@ -26,7 +26,7 @@ class ActivationLayer final : public Layer {
   Flops flops_per_sample() const override;
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
+  Shape build_layer(const Shape& input_shape) override { return input_shape; }
   Options opt_;
 };
 

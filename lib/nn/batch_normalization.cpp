@@ -45,18 +45,14 @@ std::int64_t rows_of(const Shape& per_example, std::int64_t batch) {
 
 }  // namespace
 
-Shape BatchNormalization::build_layer(const Shape& in, Rng&) {
+Shape BatchNormalization::build_layer(const Shape& in) {
   if (in.rank() < 1)
     throw ConfigError(fmt::format("layer '{}': batch_normalization needs an input with a channel axis", name()));
   const Shape channels{in[in.rank() - 1]};
-  if (opt_.scale) {
-    const std::size_t gamma = add_variable("gamma", channels);
-    variables()[gamma].value.fill(1.0f);
-  }
+  if (opt_.scale) add_variable("gamma", channels, Initializer::ones());
   if (opt_.center) add_variable("beta", channels);
-  add_variable("moving_mean", channels, /*trainable=*/false);
-  const std::size_t variance = add_variable("moving_variance", channels, /*trainable=*/false);
-  variables()[variance].value.fill(1.0f);
+  add_variable("moving_mean", channels, Initializer::zeros(), /*trainable=*/false);
+  add_variable("moving_variance", channels, Initializer::ones(), /*trainable=*/false);
   return in;
 }
 

@@ -55,7 +55,7 @@ class BatchNormalization final : public Layer {
   Flops flops_per_sample() const override;
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng& init_rng) override;
+  Shape build_layer(const Shape& input_shape) override;
   Options opt_;
 };
 

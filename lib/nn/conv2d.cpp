@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "nn/initializers.hpp"
 #include "nn/reference/layers.hpp"
 #include "nn/registry.hpp"
 
@@ -43,7 +42,7 @@ const LayerRegistration<Conv2D> registered({.kind = "conv2d",
 
 }  // namespace
 
-Shape Conv2D::build_layer(const Shape& in, Rng& rng) {
+Shape Conv2D::build_layer(const Shape& in) {
   if (in.rank() != 3)
     throw ConfigError(fmt::format("layer '{}': conv2d needs an input of shape (height, width, channels), got {}", name(),
                                   in.to_string()));
@@ -54,8 +53,8 @@ Shape Conv2D::build_layer(const Shape& in, Rng& rng) {
   if (pad_h_.out < 1 || pad_w_.out < 1)
     throw ConfigError(fmt::format("layer '{}': kernel {}x{} does not fit the input {} with padding valid", name(), kh,
                                   kw, in.to_string()));
-  const std::size_t k = add_variable("kernel", Shape{kh, kw, in[2], opt_.filters});
-  glorot_uniform(variables()[k].value, kh * kw * in[2], kh * kw * opt_.filters, rng);
+  add_variable("kernel", Shape{kh, kw, in[2], opt_.filters},
+               Initializer::glorot_uniform(kh * kw * in[2], kh * kw * opt_.filters));
   if (opt_.use_bias) add_variable("bias", Shape{opt_.filters});
   return Shape{pad_h_.out, pad_w_.out, opt_.filters};
 }

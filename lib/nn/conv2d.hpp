@@ -46,7 +46,7 @@ class Conv2D final : public Layer {
   Flops flops_per_sample() const override;
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng& init_rng) override;
+  Shape build_layer(const Shape& input_shape) override;
   Options opt_;
   Padding1D pad_h_, pad_w_;
 };

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "nn/initializers.hpp"
 #include "nn/reference/layers.hpp"
 #include "nn/registry.hpp"
 
@@ -36,13 +35,12 @@ const LayerRegistration<Dense> registered({.kind = "dense",
 
 }  // namespace
 
-Shape Dense::build_layer(const Shape& in, Rng& rng) {
+Shape Dense::build_layer(const Shape& in) {
   if (in.rank() != 1)
     throw ConfigError(fmt::format(
         "layer '{}': dense needs a flat input (features,), got {}; put a flatten layer before it", name(),
         in.to_string()));
-  const std::size_t k = add_variable("kernel", Shape{in[0], opt_.units});
-  glorot_uniform(variables()[k].value, in[0], opt_.units, rng);
+  add_variable("kernel", Shape{in[0], opt_.units}, Initializer::glorot_uniform(in[0], opt_.units));
   if (opt_.use_bias) add_variable("bias", Shape{opt_.units});
   return Shape{opt_.units};
 }

@@ -38,7 +38,7 @@ class Dense final : public Layer {
   Flops flops_per_sample() const override;
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng& init_rng) override;
+  Shape build_layer(const Shape& input_shape) override;
   Options opt_;
 };
 

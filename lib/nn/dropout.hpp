@@ -43,7 +43,7 @@ class Dropout final : public Layer {
   Flops flops_per_sample() const override;
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
+  Shape build_layer(const Shape& input_shape) override { return input_shape; }
   Options opt_;
 };
 

@@ -22,7 +22,7 @@ const LayerRegistration<GlobalAveragePooling2D> registered({.kind = "global_aver
 
 }  // namespace
 
-Shape GlobalAveragePooling2D::build_layer(const Shape& in, Rng&) {
+Shape GlobalAveragePooling2D::build_layer(const Shape& in) {
   if (in.rank() != 3)
     throw ConfigError(fmt::format("layer '{}': global_average_pooling2d needs an input of shape (height, width, "
                                   "channels), got {}",

@@ -24,7 +24,7 @@ class GlobalAveragePooling2D final : public Layer {
   Flops flops_per_sample() const override;
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng&) override;
+  Shape build_layer(const Shape& input_shape) override;
 };
 
 }  // namespace dtrain::nn

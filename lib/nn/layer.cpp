@@ -5,6 +5,7 @@
 #include "core/checked.hpp"
 #include "core/error.hpp"
 #include "core/machine.hpp"
+#include "nn/initializers.hpp"
 
 namespace dtrain::nn {
 
@@ -15,14 +16,45 @@ Flops weighted_layer_flops(double multiply_adds, double outputs, bool bias, bool
           .backward_weights = 2.0 * multiply_adds + (bias ? outputs : 0.0)};
 }
 
-Shape Layer::build(std::size_t position, const Shape& input_shape, Rng& init_rng) {
+Shape Layer::declare(std::size_t position, const Shape& input_shape) {
+  DTRAIN_CHECK(vars_.empty() && !materialized_, "a layer is declared once");
   position_ = position;
   input_shape_ = input_shape;
-  output_shape_ = build_layer(input_shape, init_rng);
+  output_shape_ = build_layer(input_shape);
   return output_shape_;
 }
 
-std::size_t Layer::add_variable(const std::string& weight, Shape shape, bool trainable) {
+bool Layer::materialize(Rng& init_rng, const std::function<bool()>& should_stop) {
+  DTRAIN_CHECK(!materialized_, "a layer is materialized once");
+  for (std::size_t i = 0; i < vars_.size(); ++i) {
+    if (should_stop && should_stop()) return false;
+    const Declared& d = declared_[i];
+    Variable& v = vars_[i];
+    v.value = Tensor(d.shape);
+    v.grad = Tensor(d.shape);
+    switch (d.init.kind) {
+      case Initializer::Kind::zeros: break;  // Tensor storage starts zeroed
+      case Initializer::Kind::ones: v.value.fill(1.0f); break;
+      case Initializer::Kind::glorot_uniform: glorot_uniform(v.value, d.init.fan_in, d.init.fan_out, init_rng); break;
+    }
+  }
+  materialized_ = true;
+  return true;
+}
+
+Shape Layer::build(std::size_t position, const Shape& input_shape, Rng& init_rng) {
+  declare(position, input_shape);
+  materialize(init_rng);
+  return output_shape_;
+}
+
+std::int64_t Layer::declared_elements() const {
+  std::int64_t n = 0;
+  for (const Declared& d : declared_) n += d.shape.numel();
+  return n;
+}
+
+std::size_t Layer::add_variable(const std::string& weight, Shape shape, Initializer init, bool trainable) {
   // Refused before allocating: a variable is held about four times (value, gradient, two
   // optimizer slots), and allocating and initializing one the machine cannot hold takes minutes.
   const auto bytes = checked_mul(shape.numel(), 4 * 4);
@@ -33,10 +65,9 @@ std::size_t Layer::add_variable(const std::string& weight, Shape shape, bool tra
                                   format_bytes(physical_memory_bytes())));
   Variable v;
   v.name = name_ + "/" + weight;
-  v.value = Tensor(shape);
-  v.grad = Tensor(std::move(shape));
   v.trainable = trainable;
   vars_.push_back(std::move(v));
+  declared_.push_back(Declared{std::move(shape), init});
   return vars_.size() - 1;
 }
 

@@ -4,8 +4,12 @@
 // layer in each backends/<name>/ folder.
 //
 // Life of a layer:
-//   build(position, in, rng)  once: checks the input shape, creates the variables (Keras
-//                             initializers), returns the per-example output shape
+//   declare(position, in)     once: checks the input shape, declares the variables (shapes and
+//                             Keras initializers, no memory yet), returns the per-example output
+//                             shape; what the model's memory estimate reads before anything is
+//                             allocated
+//   materialize(rng)          once: allocates the variables and initializes them, in the order
+//                             they were declared (build() does both)
 //   (a kernel per replica)    made by the backend of the replica's device, see nn/kernel.hpp
 //   apply_updates()           after each training step's reduction, where the variables live:
 //                             folds the step's contributions into non-trainable variables
@@ -18,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -81,7 +86,14 @@ class Layer {
   // Per-example shapes (no batch dimension), channels last. ConfigError naming the layer when the
   // input does not fit. `position`: the layer's index in the model (it keys per-layer random
   // streams).
+  Shape declare(std::size_t position, const Shape& input_shape);
+  // `should_stop` is asked between variables (a signal while a large model is built); when it
+  // answers true the variables stay unmaterialized and materialize returns false.
+  bool materialize(Rng& init_rng, const std::function<bool()>& should_stop = {});
   Shape build(std::size_t position, const Shape& input_shape, Rng& init_rng);
+  bool materialized() const { return materialized_; }
+  // Elements of every declared variable (known after declare()).
+  std::int64_t declared_elements() const;
   std::size_t position() const { return position_; }
   const Shape& input_shape() const { return input_shape_; }
   const Shape& output_shape() const { return output_shape_; }
@@ -107,9 +119,23 @@ class Layer {
   virtual void reference_backward(const ReferenceBackward& io, const StepContext& step) const = 0;
 
  protected:
-  virtual Shape build_layer(const Shape& input_shape, Rng& init_rng) = 0;
-  // Returns the variable's index in variables(): references would not survive a later add.
-  std::size_t add_variable(const std::string& weight, Shape shape, bool trainable = true);
+  // Keras' initializers, as a declaration: materialize() runs them.
+  struct Initializer {
+    enum class Kind { zeros, ones, glorot_uniform } kind = Kind::zeros;
+    std::int64_t fan_in = 0, fan_out = 0;  // glorot_uniform
+    static Initializer zeros() { return {}; }
+    static Initializer ones() { return {Kind::ones, 0, 0}; }
+    static Initializer glorot_uniform(std::int64_t fan_in, std::int64_t fan_out) {
+      return {Kind::glorot_uniform, fan_in, fan_out};
+    }
+  };
+  // Checks the input shape, declares the variables (add_variable) and returns the output shape;
+  // allocates nothing.
+  virtual Shape build_layer(const Shape& input_shape) = 0;
+  // Declares a variable; its memory comes with materialize(). Returns the variable's index in
+  // variables(): references would not survive a later add.
+  std::size_t add_variable(const std::string& weight, Shape shape, Initializer init = Initializer::zeros(),
+                           bool trainable = true);
   // L2 penalty of variable `index` and its gradient: the kernel_regularizer of conv2d and dense.
   double l2_penalty(device::Numerics& numerics, std::size_t index, double l2) const;
   void add_l2_gradient(device::Numerics& numerics, std::size_t index, double l2, float scale);
@@ -117,6 +143,12 @@ class Layer {
  private:
   std::string name_;
   std::vector<Variable> vars_;
+  struct Declared {
+    Shape shape;
+    Initializer init;
+  };
+  std::vector<Declared> declared_;  // vars_'s shapes and initializers, in declaration order
+  bool materialized_ = false;
   Shape input_shape_, output_shape_;
   std::size_t position_ = 0;
 };

@@ -82,15 +82,13 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     };
     try {
       auto layer = make_layer(where);
-      Rng rng(seed, RngStream::init, i);
-      shape = layer->build(i, shape, rng);
+      shape = layer->declare(i, shape);
       // Each output is held twice per example (activation and its gradient); each variable four
       // times (value, gradient, up to two optimizer slots).
       const auto activations = checked_mul(shape.numel(), 2 * 4);
       const auto sum = activations ? checked_add(activation_bytes_per_example_, *activations) : std::nullopt;
-      for (const Variable& v : layer->variables())
-        parameter_bytes = checked_add(parameter_bytes, checked_mul(v.value.numel(), 4 * 4).value_or(-1))
-                              .value_or(std::numeric_limits<std::int64_t>::max());
+      parameter_bytes = checked_add(parameter_bytes, checked_mul(layer->declared_elements(), 4 * 4).value_or(-1))
+                            .value_or(std::numeric_limits<std::int64_t>::max());
       const std::int64_t memory = physical_memory_bytes();
       if (!sum || *sum > memory || parameter_bytes < 0 || parameter_bytes > memory)
         throw ConfigError(fmt::format(
@@ -104,11 +102,28 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
       layer_where_.push_back(where.where);
     } catch (const ConfigError& e) {
       throw at_layer(e.what());
-    } catch (const std::bad_alloc&) {
-      throw at_layer("out of memory while building it; make the layer smaller");
     }
   }
   output_shape_ = shape;
+  if (options_.before_allocating) {
+    options_.before_allocating(*this);
+    options_.before_allocating = nullptr;  // the caller's state it saw is not kept
+  }
+
+  // Only now memory: each layer's variables from Rng(seed, init, layer index), in the order the
+  // layer declared them.
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    try {
+      Rng rng(seed, RngStream::init, i);
+      if (!layers_[i]->materialize(rng, options_.should_stop))
+        throw StoppedBeforeTraining(fmt::format("stopped by a signal while the model's variables were made (layer '{}'), "
+                                                "before the first step: nothing was trained or saved",
+                                                layers_[i]->name()));
+    } catch (const std::bad_alloc&) {
+      throw ConfigError(fmt::format("{}layer '{}': out of memory while building it; make the layer smaller",
+                                    config::location_prefix(layer_where_[i], {}), layers_[i]->name()));
+    }
+  }
 
   // One contiguous buffer for every gradient, each variable's grad a view into it.
   std::int64_t total = 0;
@@ -146,9 +161,7 @@ std::int64_t Sequential::activation_bytes(std::int64_t batch) const {
 void Sequential::check_batch_memory(std::int64_t batch, const config::BatchKey& batch_key) const {
   const std::int64_t memory = physical_memory_bytes();
   if (activation_bytes(batch) <= memory) return;
-  std::size_t largest = 0;
-  for (std::size_t i = 1; i < layers_.size(); ++i)
-    if (layers_[i]->output_shape().numel() > layers_[largest]->output_shape().numel()) largest = i;
+  const std::size_t largest = largest_activation_layer();
   const Layer& layer = *layers_[largest];
   const config::SourceLocation& at = layer_where_[largest];
   const std::string smaller = layer.size_option().empty() ? std::string("a smaller input to that layer")
@@ -164,8 +177,22 @@ void Sequential::check_batch_memory(std::int64_t batch, const config::BatchKey& 
 
 std::int64_t Sequential::num_parameters() const {
   std::int64_t n = 0;
-  for (const Variable* v : variables_) n += v->value.numel();
+  for (const auto& layer : layers_) n += layer->declared_elements();
   return n;
+}
+
+std::size_t Sequential::largest_activation_layer() const {
+  std::size_t largest = 0;
+  for (std::size_t i = 1; i < layers_.size(); ++i)
+    if (layers_[i]->output_shape().numel() > layers_[largest]->output_shape().numel()) largest = i;
+  return largest;
+}
+
+std::size_t Sequential::largest_parameter_layer() const {
+  std::size_t largest = 0;
+  for (std::size_t i = 1; i < layers_.size(); ++i)
+    if (layers_[i]->declared_elements() > layers_[largest]->declared_elements()) largest = i;
+  return largest;
 }
 
 Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
@@ -329,8 +356,7 @@ std::string Sequential::summary() const {
   std::string s = fmt::format("{:<{}}{:<{}}{:<22}{:>10}\n", "Layer", name_width, "Kind", kind_width, "Output shape",
                               "Params");
   for (const auto& layer : layers_) {
-    std::int64_t params = 0;
-    for (const auto& v : layer->variables()) params += v.value.numel();
+    const std::int64_t params = layer->declared_elements();
     s += fmt::format("{:<{}}{:<{}}{:<22}{:>10}\n", layer->name(), name_width, layer->kind(), kind_width,
                      layer->output_shape().with_batch(-1).to_string().replace(1, 2, "None"), params);
   }

@@ -37,6 +37,13 @@ struct ModelOptions {
   DType compute = DType::f32;
   // Also compute d(loss)/d(input) (tests and tools; training does not need it).
   bool input_gradient = false;
+  // Called once every layer is declared and before anything is allocated: where a caller that
+  // knows how many copies a run makes (replicas, lanes, optimizer slots) refuses a run the machine
+  // cannot hold (ConfigError), from shapes alone.
+  std::function<void(const class Sequential&)> before_allocating = nullptr;
+  // Asked between variables while they are allocated and initialized (a large model takes a
+  // while): true ends the construction with StoppedBeforeTraining.
+  std::function<bool()> should_stop = nullptr;
 };
 
 // What one backward() does besides computing the gradients of the data loss.
@@ -122,6 +129,11 @@ class Sequential {
 
   // A Keras-like summary: one line per layer with its output shape and parameter count.
   std::string summary() const;
+  // The layer whose outputs take the most memory per example, and the one with the most
+  // parameters (indices into layer()); their places in the experiment.
+  std::size_t largest_activation_layer() const;
+  std::size_t largest_parameter_layer() const;
+  const config::SourceLocation& layer_where(std::size_t i) const { return layer_where_[i]; }
 
  private:
   struct Plan {

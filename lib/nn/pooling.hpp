@@ -57,7 +57,7 @@ class Pool2DLayer : public Layer {
   }
 
  protected:
-  Shape build_layer(const Shape& in, Rng&) override {
+  Shape build_layer(const Shape& in) override {
     if (in.rank() != 3)
       throw ConfigError(fmt::format("layer '{}': {} needs an input of shape (height, width, channels), got {}", name(),
                                     kind(), in.to_string()));

@@ -48,7 +48,7 @@ const LayerRegistration<Flatten> flatten_registered({.kind = "flatten",
 
 }  // namespace
 
-Shape Reshape::build_layer(const Shape& in, Rng&) {
+Shape Reshape::build_layer(const Shape& in) {
   std::vector<std::int64_t> dims = opt_.target_shape;
   std::int64_t known = 1;
   int inferred = -1;

@@ -32,7 +32,7 @@ class Reshape : public Layer {
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng& init_rng) override;
+  Shape build_layer(const Shape& input_shape) override;
   Options opt_;
 };
 

@@ -105,23 +105,26 @@ void MetricsLog::on_epoch_end(LoopState&, const EpochLog& log) {
   if (!jsonl) throw IoError(fmt::format("{}: cannot append to it; check the disk's free space", path()));
 }
 
-void HoldAtStep::on_train_batch_end(LoopState& s) {
-  if (s.global_step != hold_.step) return;
-  const fs::path dir(hold_.dir);
+void hold_here(const StepHold& hold, int rank, const std::string& where) {
+  const fs::path dir(hold.dir);
   const fs::path release = dir / "release";
   std::error_code ignored;
   fs::create_directories(dir, ignored);
-  write_file_atomically((dir / fmt::format("held.rank{}", rank_)).string(),
-                                    fmt::format("epoch {} step {} global_step {}\n", s.epoch + 1, s.step, s.global_step));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(hold_.limit_seconds);
-  while (!(hold_.released_by && hold_.released_by->load() != 0) && !fs::exists(release, ignored)) {
+  write_file_atomically((dir / fmt::format("held.rank{}", rank)).string(), where + "\n");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(hold.limit_seconds);
+  while (!(hold.released_by && hold.released_by->load() != 0) && !fs::exists(release, ignored)) {
     if (std::chrono::steady_clock::now() > until) {
-      fmt::print(stderr, "dtrain: warning: held at step {} for {} s and never released; going on\n", hold_.step,
-                 hold_.limit_seconds);
+      fmt::print(stderr, "dtrain: warning: held at step {} for {} s and never released; going on\n", hold.step,
+                 hold.limit_seconds);
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+}
+
+void HoldAtStep::on_train_batch_end(LoopState& s) {
+  if (s.global_step != hold_.step) return;
+  hold_here(hold_, rank_, fmt::format("epoch {} step {} global_step {}", s.epoch + 1, s.step, s.global_step));
 }
 
 bool progress_reaches_a_terminal(bool is_tty, const std::function<const char*(const char*)>& env) {

@@ -73,7 +73,8 @@ class CallbackList {
   std::vector<std::unique_ptr<Callback>> callbacks_;
 };
 
-// A test's hold on the loop: after global step `step`, before any other callback sees that step,
+// A test's hold on the loop: after global step `step` (0: before the model is built, while the
+// run is set up), before any other callback sees that step,
 // this process writes `<dir>/held.rank<R>` and waits there until it is asked to stop (a signal:
 // `released_by` is set) or `<dir>/release` exists. A test that signals or kills a run acts while
 // it is held, so the moment it acts is a step it chose, on a fast machine as on a slow one, and
@@ -87,6 +88,9 @@ struct StepHold {
   double limit_seconds = 600.0;
   bool active() const { return step >= 0 && !dir.empty(); }
 };
+
+// Writes `<dir>/held.rank<R>` (saying `where`) and waits until released as StepHold says.
+void hold_here(const StepHold& hold, int rank, const std::string& where);
 
 class HoldAtStep final : public Callback {
  public:

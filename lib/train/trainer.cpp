@@ -18,7 +18,9 @@
 #include "core/checked.hpp"
 #include "core/compute_thread.hpp"
 #include "core/error.hpp"
+#include "core/machine.hpp"
 #include "dtrain/build_info.hpp"
+#include "train/memory_estimate.hpp"
 #include "train/parameter_server_loop.hpp"
 #include "checkpoint/run_dir.hpp"
 #include "train/tensorboard.hpp"
@@ -111,6 +113,12 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   }
   prepare_compute_thread(strategy_->threads_per_replica());  // the calling thread is replica 0 when alone
   const int replicas = strategy_->num_local_replicas();
+  if (opt_.hold.active() && opt_.hold.step == 0)
+    hold_here(opt_.hold, opt_.workers ? opt_.workers->rank() : 0, "before the model is built");
+  // The data first: its splits' sizes bound the batches the memory estimate counts (a batch
+  // larger than a split is one batch of the whole split).
+  splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
+  if (splits_.train.size() == 0) throw InputError("the training set is empty");
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
@@ -121,7 +129,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   const int lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
   for (int r = 0; r < replicas; ++r) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
-    static_cast<Lane&>(rep) = make_lane(r);
+    static_cast<Lane&>(rep) = make_lane(r, r == 0);
     if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
     device::Numerics& numerics = rep.ctx->numerics();
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
@@ -154,8 +162,6 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
   eval_fn_ = [this](const distribute::ReplicaContext& rc) { replica_eval_step(rc); };
 
-  splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
-  if (splits_.train.size() == 0) throw InputError("the training set is empty");
   // Integer labels a crossentropy loss cannot take are found now, naming the file and the sample,
   // not when their batch trains. Where the source declares no class count (idx, hdf5 without
   // num_classes: the largest label plus one), a label past the model's outputs is reported as the
@@ -201,7 +207,7 @@ Trainer::~Trainer() {
   if (null_out_) std::fclose(null_out_);
 }
 
-Trainer::Lane Trainer::make_lane(int replica) const {
+Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
   Lane lane;
   try {
     lane.ctx = device::make_context(strategy_->replica_device(replica));
@@ -217,6 +223,25 @@ Trainer::Lane Trainer::make_lane(int replica) const {
   }
   nn::ModelOptions model_options;
   model_options.compute = nn::compute_dtype(exp_.precision);
+  if (check_run_memory)
+    model_options.before_allocating = [this, &numerics](const nn::Sequential& declared) {
+      const std::int64_t in_sync = strategy_->num_replicas_in_sync();
+      const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
+      RunCopies copies;
+      copies.replicas = strategy_->num_local_replicas();
+      copies.lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
+      copies.optimizer_slots = static_cast<int>(optim::make_optimizer(exp_.optimizer, numerics)->slot_names().size());
+      const std::int64_t eval_samples =
+          std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
+      copies.train_batch = std::min(ceil_div(global_batch_size(), in_sync), std::max<std::int64_t>(1, splits_.train.size()));
+      copies.eval_batch = std::min(ceil_div(eval_global, in_sync), std::max<std::int64_t>(1, eval_samples));
+      copies.train_key = config::batch_key(exp_, false);
+      copies.eval_key = config::batch_key(exp_, true);
+      train::check_run_memory(declared, copies, physical_memory_bytes());
+    };
+  // A signal while a large model's variables are made ends the run there (nothing to save yet).
+  if (opt_.stop_requested)
+    model_options.should_stop = [requested = opt_.stop_requested] { return requested->load() != 0; };
   lane.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *lane.ctx, model_options);
   return lane;
 }

@@ -147,7 +147,9 @@ class Trainer {
     const Lane& lane(int i) const { return i == 0 ? *this : more_lanes[static_cast<std::size_t>(i - 1)]; }
   };
   // Builds what a lane needs on replica `replica`'s device.
-  Lane make_lane(int replica) const;
+  // The first lane made (replica 0's own) first checks the whole run's memory from its model's
+  // declared shapes (train/memory_estimate.hpp), before any variable is allocated.
+  Lane make_lane(int replica, bool check_run_memory = false) const;
   void replica_train_step(const distribute::ReplicaContext& rc);
   // The training step of a replica whose batch is split over its lanes.
   void lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch);

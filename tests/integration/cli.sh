@@ -149,6 +149,32 @@ case "$case_name" in
     expect_error 2 "$both" -- validate "$scratch/filters.yaml"
     expect_error 2 "$both" -- run "$scratch/filters.yaml" --run-dir "$scratch/filters_run"
     [ ! -e "$scratch/filters_run" ] || fail "the run wrote its directory before refusing the batch"
+    # The whole run's memory from the declared shapes, before anything is allocated: a dense layer
+    # each of whose copies fits (16 bytes a parameter: value, gradient, Adam's two slots) but whose
+    # two lanes' copies and slots (24 bytes a parameter) do not, whatever this machine's memory.
+    memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
+    units=$((memory_kb * 1024 / 20 / 1600))  # 1600 inputs: the small CNN's flattened (5, 5, 64)
+    sed "s/^    - dense: {units: 64, activation: relu}/    - dense: {units: $units, activation: relu}/" "$small" >"$scratch/lanes.yaml"
+    SECONDS=0
+    lanes=(--set train.threads=2 --set train.parallelism=batch)
+    refused="lanes\.yaml:22:7: layer 'dense': this run needs about .* more than this machine's .*: 2 copies of the model's .*; layer 'dense' holds the most parameters .*give it fewer units"
+    expect_error 2 "$refused" -- validate "$scratch/lanes.yaml" "${lanes[@]}"
+    expect_error 2 "$refused" -- run "$scratch/lanes.yaml" "${lanes[@]}" --run-dir "$scratch/lanes_run"
+    [ "$SECONDS" -le 10 ] || fail "a run too large for memory took ${SECONDS}s to refuse"
+    [ ! -e "$scratch/lanes_run" ] || fail "the run wrote its directory before refusing"
+    # A stop signal while the model is being built ends the run there, exit 4, nothing saved: the
+    # run holds before building its model (DTRAIN_TEST_HOLD_AT_STEP=0) until the signal.
+    hold_env "$scratch/build_hold" 0
+    env "${hold[@]}" "$dtrain" run "$small" --run-dir "$scratch/stopped_run" >/dev/null 2>"$scratch/stopped.err" &
+    pid=$!
+    wait_held "$scratch/build_hold" 1 "$pid"
+    kill -TERM "$pid"
+    wait "$pid"
+    rc=$?
+    [ "$rc" -eq 4 ] || fail "SIGTERM while building the model: exit $rc, wanted 4: $(cat "$scratch/stopped.err")"
+    grep -q "^dtrain: error: stopped by a signal while the model's variables were made (layer 'conv2d'), before the first step: nothing was trained or saved" \
+      "$scratch/stopped.err" || fail "no clear line for the stop while building: $(cat "$scratch/stopped.err")"
+    [ ! -e "$scratch/stopped_run/checkpoints" ] || fail "a run stopped before its first step made checkpoints"
     printf '%s\n' 'model: {input_shape: [28, 28, 1], layers: [{flatten: {}}, {dense: {units: 10}}]}' \
       'data: {source: synthetic}' 'loss: {kind: sparse_categorical_crossentropy, from_logits: true}' >"$scratch/syn.yaml"
     expect_error 2 "--set data.train_size=1000000000: data\.train_size: .*memory" -- \

@@ -88,7 +88,7 @@ void check_case(const Case& c) {
   config::ModelConfig mc;
   mc.input_shape = c.input.to_vector();
   for (std::size_t i = 0; i < c.layers.size(); ++i) mc.layers.push_back(named(c.layers[i], fmt::format("l{}", i)));
-  nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{c.compute, /*input_gradient=*/true});
+  nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{.compute = c.compute, .input_gradient = true});
   const nn::StepContext step = testing::step_of(c.mode, c.batch);
   Rng rng(11, RngStream::test);
 
@@ -591,8 +591,8 @@ TEST_CASE("mixed_bfloat16 really computes in bfloat16, with float32 variables an
     return;
   }
   config::ModelConfig mc = conv_flatten_dense({8, 8, 3}, 16, 5);
-  nn::Sequential f32(mc, 3, testing::cpu(), nn::ModelOptions{DType::f32, false});
-  nn::Sequential bf16(mc, 3, testing::cpu(), nn::ModelOptions{DType::bf16, false});
+  nn::Sequential f32(mc, 3, testing::cpu(), nn::ModelOptions{.compute = DType::f32});
+  nn::Sequential bf16(mc, 3, testing::cpu(), nn::ModelOptions{.compute = DType::bf16});
   for (std::size_t l = 0; l < f32.num_layers(); ++l)
     for (const Variable& v : bf16.layer(l).variables()) CHECK(v.value.dtype() == DType::f32);
   Tensor x(Shape{4, 8, 8, 3});

@@ -37,7 +37,7 @@ class IdentityLayer final : public nn::Layer {
   }
 
  private:
-  Shape build_layer(const Shape& input_shape, Rng&) override { return input_shape; }
+  Shape build_layer(const Shape& input_shape) override { return input_shape; }
 };
 
 // A training (or inference) step of one replica alone.
