@@ -1106,6 +1106,13 @@ TEST_CASE("config limits: sizes, counts and threads beyond what the machine or t
   std::string rank = wide;
   rank.replace(rank.find("28, 4294967296, 1"), 17, "1, 1, 1, 1, 1, 1, 1, 1");
   CHECK(contains(error_of(rank), "model.input_shape: must be at most 7 dimensions"));
+  // A reshape's target too (it failed with exit 1 when the model was built).
+  CHECK(error_of("model:\n  input_shape: [4]\n  layers:\n    - reshape: {target_shape: [1, 1, 1, 1, 1, 1, 1, 4]}\n") ==
+        "t.yaml:4:31: model.layers.0.reshape.target_shape: must be at most 7 dimensions (the batch dimension makes 8), "
+        "got a list");
+  CHECK(error_of("model:\n  input_shape: [4]\n  layers:\n    - reshape: {target_shape: [1, 1, 1, 1, 1, 1, 4]}\n    - "
+                 "flatten: {}\n    - dense: {units: 2}\n")
+            .empty());
   const std::string synthetic = minimal + "data: {source: synthetic, shape: [4], train_size: 1000000000000}\n";
   CHECK(contains(error_of(synthetic), "t.yaml:5:51: data.train_size: a synthetic dataset of"));
   CHECK(contains(error_of(minimal + "data: {source: synthetic, shape: [4], test_size: 0}\n"), "data.test_size"));
