@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -290,6 +291,9 @@ struct CheckpointConfig {
   std::string dir;                   // empty = <run dir>/checkpoints
   bool operator==(const CheckpointConfig&) const = default;
 };
+
+// The longest `name`: it names the run directory runs/<name>, and runs/<name>-2, ... after it.
+inline constexpr std::size_t kMaxExperimentNameBytes = 200;
 
 struct Experiment {
   std::string name = "experiment";

@@ -643,6 +643,11 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
     if (!one_component)
       range_error(*name, "name", "a name, not a path: no '/', not '.' or '..' (it names the run directory "
                                  "runs/<name>; choose the directory itself with --run-dir)");
+    // A directory name holds at most 255 bytes (NAME_MAX), and a second run of the name adds "-2".
+    if (out.name.size() > kMaxExperimentNameBytes)
+      range_error(*name, "name", fmt::format("at most {} bytes (it names the run directory runs/<name>; choose the "
+                                             "directory itself with --run-dir)",
+                                             kMaxExperimentNameBytes));
   }
   s.get("seed", out.seed, read_uint64);
   if (const Node* precision = s.find("precision")) {

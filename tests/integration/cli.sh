@@ -251,6 +251,12 @@ case "$case_name" in
     expect_error 2 "escape.yaml:[0-9]+:7: name: must be a name, not a path" -- validate "$scratch/escape.yaml"
     expect_error 2 "^dtrain: error: --set name=\.\.: name: must be a name, not a path" -- \
       validate "$scratch/exp.yaml" --set 'name=..'
+    # Nor one too long for a directory: validate refuses it at its place, in one short line, rather
+    # than run failing to create runs/<name> (exit 3, the whole name in the message).
+    { printf 'name: %s\n' "$(head -c 100000 /dev/zero | tr '\0' n)"; grep -v '^name:' "$scratch/exp.yaml"; } \
+      >"$scratch/long.yaml"
+    expect_error 2 "long.yaml:1:7: name: must be at most 200 bytes .*\(100000 bytes\)$" -- validate "$scratch/long.yaml"
+    [ "$(wc -c <"$scratch/err")" -lt 400 ] || fail "the error repeats the long name"
     ;;
   gpu_refused)
     # A gpu:N device is refused before any training, with what is missing: the CUDA backend's

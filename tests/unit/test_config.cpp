@@ -1120,6 +1120,21 @@ TEST_CASE("config limits: sizes, counts and threads beyond what the machine or t
                  "data.size: 4611686018427387904 repeated examples needs"));
 }
 
+TEST_CASE("config: an over-long name is refused where it is written, and the error shows only its start") {
+  const std::string long_name(100000, 'n');
+  const std::string error = error_of("name: " + long_name + "\n" + minimal);
+  CHECK(error.rfind("t.yaml:1:7: name: must be at most 200 bytes (it names the run directory runs/<name>;", 0) == 0);
+  CHECK(contains(error, "got '" + std::string(60, 'n') + "...' (100000 bytes)"));
+  CHECK(error.size() < 300);
+  CHECK(contains(error_of(minimal, {"name=" + long_name}), "--set name="));
+  CHECK(error_of("name: " + std::string(kMaxExperimentNameBytes, 'n') + "\n" + minimal).empty());
+  // The cut never splits a UTF-8 character: after "a", the 60th byte starts a 2-byte 'é'.
+  std::string wide = "a", shown = "a";
+  for (int i = 0; i < 150; ++i) wide += "\xc3\xa9";
+  for (int i = 0; i < 29; ++i) shown += "\xc3\xa9";
+  CHECK(contains(error_of("name: " + wide + "\n" + minimal), "got '" + shown + "...' (301 bytes)"));
+}
+
 TEST_CASE("config: an empty experiment is blamed on its file, not on the --set that filled it") {
   CHECK(error_of("", {"train.epochs=1"}) == "t.yaml:1:1: missing required key 'model'");
   CHECK(error_of("# nothing\n", {"train.epochs=1"}).rfind("t.yaml:", 0) == 0);
