@@ -582,6 +582,62 @@ TEST_CASE("checkpoint: /state values no run can reach are refused as corrupt") {
   refused([](auto& s) { s.metric_counts[0][1] = -3; }, "/state/metrics/0/counts holds a negative count");
 }
 
+TEST_CASE("checkpoint: NaN or infinite weights and slots are refused by name, whatever the checksums say") {
+  // A diverged run's values (or a file resealed around them) pass every checksum; restoring them
+  // would only make evaluation report NaN and training go on from garbage.
+  TempDir dir;
+  const std::string path = dir.file("nonfinite.h5");
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  {
+    nn::Sequential model(model_config(), 1, testing::cpu());
+    auto optimizer = make_optimizer();
+    step(model, *optimizer, 10);
+    auto kernel = model.variables()[0]->value.span<float>();
+    kernel[1] = nan;
+    kernel[4] = inf;
+    kernel[5] = -inf;
+    ckpt::save(path, model, *optimizer, sample_contents());
+  }
+  REQUIRE(ckpt::verify_seal(path) == std::optional<bool>(true));
+  nn::Sequential model(model_config(), 2, testing::cpu());
+  auto optimizer = make_optimizer();
+  const std::string name = "/model/" + model.variables()[0]->name;
+  const std::string expected = name + " holds 3 non-finite values (NaN or infinity; the first at flat index 1)";
+  for (const std::string& message : {error_of([&] { ckpt::restore_model(path, model); }),
+                                     error_of([&] { ckpt::restore(path, model, *optimizer); })}) {
+    CHECK_MESSAGE(message.find(path + ": " + expected) != std::string::npos, message);
+  }
+  CHECK(ckpt::peek(path) == sample_contents());  // what peek reads is fine
+
+  // An optimizer slot: refused by restore; restore_model (eval) does not read the slots.
+  {
+    nn::Sequential written(model_config(), 1, testing::cpu());
+    auto stepped = make_optimizer();
+    step(written, *stepped, 10);
+    stepped->slot(1, 1).span<float>()[0] = nan;
+    ckpt::save(path, written, *stepped, sample_contents());
+  }
+  const std::string slot = "/optimizer/" + optimizer->slot_names()[1] + "/" + model.trainable_variables()[1]->name;
+  const std::string message = error_of([&] { ckpt::restore(path, model, *optimizer); });
+  CHECK_MESSAGE(message.find(slot + " holds 1 non-finite value (") != std::string::npos, message);
+  CHECK_NOTHROW(ckpt::restore_model(path, model));
+}
+
+TEST_CASE("checkpoint: an optimizer update count past what any run reaches is refused") {
+  TempDir dir;
+  const std::string path = dir.file("iterations.h5");
+  nn::Sequential model(model_config(), 1, testing::cpu());
+  auto optimizer = make_optimizer();
+  step(model, *optimizer, 10);
+  optimizer->set_iterations(ckpt::kMaxGlobalStep + 1);
+  ckpt::save(path, model, *optimizer, sample_contents());
+  auto restored = make_optimizer();
+  const std::string message = error_of([&] { ckpt::restore(path, model, *restored); });
+  CHECK_MESSAGE(message.find(path + ": /optimizer has no valid iterations attribute (a count of updates from 0 to "
+                                    "4611686018427387904, not 4611686018427387905)") != std::string::npos,
+                message);
+}
+
 TEST_CASE("checkpoint: a crc32 attribute that is not a single integer is refused, never read past") {
   // The fuzz harness rewrote one as an array (and resealed the file): reading it overran the
   // single value it was read into (AddressSanitizer: stack-buffer-overflow in H5Aread).
