@@ -155,6 +155,22 @@ EOF
       done
       echo "ok: manifest $how"
     done
+    # A FIFO or a link to nothing in place of the newest checkpoint: never opened (no hang), named
+    # in a warning, and the run resumes from the one before.
+    for how in fifo dangling; do
+      run="$scratch/$how"
+      cp -r "$scratch/ref" "$run"
+      rm "$run/checkpoints/ckpt-30.h5"
+      case $how in
+        fifo) mkfifo "$run/checkpoints/ckpt-30.h5" ;;
+        dangling) ln -s nowhere.h5 "$run/checkpoints/ckpt-30.h5" ;;
+      esac
+      timeout 120 "$dtrain" resume "$run" --set train.epochs=4 >"$run.out" 2>"$run.err" || fail "$how: resume failed: $(cat "$run.err")"
+      grep -q "^Resuming from $run/checkpoints/ckpt-20.h5" "$run.out" || fail "$how: $(grep Resuming "$run.out")"
+      grep -q "^dtrain: warning: $run/checkpoints/ckpt-30.h5 is a \(FIFO\|symbolic link to nothing\), not a checkpoint file: skipped$" \
+        "$run.err" || fail "$how: no warning: $(cat "$run.err")"
+      echo "ok: $how in place of a checkpoint"
+    done
     ;;
   resume_checkpoint_dir)
     "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$scratch/elsewhere" \

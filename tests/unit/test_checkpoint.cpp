@@ -542,6 +542,33 @@ TEST_CASE("checkpoint manager: a damaged manifest never hides, reorders or delet
     CHECK(manager.checkpoints() == std::vector<std::string>{path(20), path(30), path(40)});
     CHECK(fs::exists(path(30)));
   }
+  SUBCASE("a FIFO, a link to nothing or to a device in place of a listed checkpoint: skipped, with a warning") {
+    // The manifest lists them three times, and the directory scan finds them again: one note each.
+    std::ofstream(manifest) << "ckpt-10.h5\nckpt-20.h5\nckpt-30.h5\nckpt-30.h5\nckpt-30.h5\n";
+    fs::remove(path(30));
+    REQUIRE(::mkfifo(path(30).c_str(), 0600) == 0);
+    std::string warning;
+    CHECK(listed(warning) == std::vector<std::string>{path(10), path(20)});  // and no hang
+    CHECK(warning == path(30) + " is a FIFO, not a checkpoint file: skipped");
+    fs::remove(path(20));
+    fs::create_symlink(path(20) + ".absent", path(20));
+    fs::remove(path(10));
+    fs::create_symlink("/dev/null", path(10));
+    CHECK(listed(warning).empty());
+    for (const std::string& note : {path(10) + " is a symbolic link to a device", path(20) + " is a symbolic link to nothing",
+                                    path(30) + " is a FIFO"}) {
+      CHECK_MESSAGE(warning.find(note + ", not a checkpoint file: skipped") != std::string::npos, warning);
+      CHECK(warning.find(note) == warning.rfind(note));
+    }
+    // A link to a checkpoint is one: read through the link, without a word.
+    fs::remove(path(20));
+    manager.save(25, model, *optimizer, {});
+    fs::rename(path(25), dir.file("elsewhere.h5"));
+    fs::create_symlink(dir.file("elsewhere.h5"), path(20));
+    std::ofstream(manifest) << "ckpt-20.h5\n";
+    CHECK(listed(warning) == std::vector<std::string>{path(20)});
+    CHECK(warning.empty());
+  }
   SUBCASE("one file listed three times: listed once, and a save keeps it") {
     std::ofstream(manifest) << "ckpt-10.h5\nckpt-30.h5\nckpt-30.h5\nckpt-30.h5\n";
     std::string warning;
