@@ -304,6 +304,7 @@ struct Experiment {
   // when left out), for the errors they decide: memory, workers.
   SourceLocation batch_where;       // data.global_batch_size, else data.batch_size_per_replica
   SourceLocation eval_batch_where;  // data.eval_batch_size, else batch_where
+  SourceLocation data_where;        // data.path (or data.shards), else the data section: for errors of the data
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

@@ -167,8 +167,18 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
   eval_fn_ = [this](const distribute::ReplicaContext& rc) { replica_eval_step(rc); };
 
-  splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
-  if (splits_.train.size() == 0) throw InputError("the training set is empty");
+  // A data file's errors name the file; they are also located at the key that chose it (data.path,
+  // data.shards, or the data section for a source's default).
+  const std::string at_data = config::given_prefix(exp_.data_where, {exp_.source_file, 0, 0});
+  try {
+    splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
+  } catch (const InputError& e) {
+    throw InputError(at_data + e.what());
+  }
+  if (splits_.train.size() == 0)
+    throw InputError(fmt::format("{}the training split is empty ({}), so there is nothing to train on; give the data "
+                                 "training examples",
+                                 at_data, splits_.train.description));
   // Integer labels a crossentropy loss cannot take are found now, naming the file and the sample,
   // not when their batch trains. Where the source declares no class count (idx, hdf5 without
   // num_classes: the largest label plus one), a label past the model's outputs is reported as the

@@ -58,6 +58,7 @@ Experiment without_locations(Experiment e) {
   e.precision_where = {};
   e.batch_where = {};
   e.eval_batch_where = {};
+  e.data_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -665,6 +666,9 @@ TEST_CASE("config: values out of range are refused with the rule") {
        "values), got 2"},
       {"optimizer: {learning_rate: {schedule: piecewise_constant, boundaries: [200, 100], values: [1, 2, 3]}}",
        "t.yaml:5:77: optimizer.learning_rate.boundaries.1: must be greater than the previous boundary (200)"},
+      {"data: {source: hdf5, path: ' '}", "t.yaml:5:28: data.path: must be a path, not only blanks"},
+      {"data: {source: idx, path: '~'}", "t.yaml:5:27: data.path: must be a path dtrain can open: it does not expand '~'"},
+      {"data: {source: hdf5, path: ~/data/x.h5}", "t.yaml:5:28: data.path: must be a path dtrain can open"},
       {"optimizer: {learning_rate: {schedule: cosine_decay, decay_steps: 10}}",
        "t.yaml:5:28: optimizer.learning_rate: missing required key 'initial_learning_rate'"},
   };
