@@ -267,7 +267,7 @@ std::string gnuplot_script(const std::vector<RunCurves>& runs, const std::string
   // point on every epoch would blur the line: every n-th then.
   s << fmt::format("set xrange [{}:{}]\n", last_epoch > 1 ? 1.0 : 0.5, last_epoch > 1 ? last_epoch : 1.5);
   s << (last_epoch <= 20 ? "set xtics 1\n" : "set xtics format '%.0f'\n");
-  const int every = (last_epoch + 19) / 20;
+  const int every = last_epoch / 20 + (last_epoch % 20 != 0);  // rounded up, without overflow at INT_MAX
   const std::string points = every > 1 ? fmt::format("ps 0.7 pi {}", every) : std::string("ps 0.7");
   // Every panel's plotting area at fixed screen positions, so that the panels line up and the
   // strip below them stays free for the key.

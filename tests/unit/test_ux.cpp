@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -274,6 +275,11 @@ TEST_CASE("plot: a script for runs without epochs has a key of one empty row, no
   empty.label = "empty";
   CHECK_FALSE(train::gnuplot_script({empty}, "x.png").empty());
   CHECK_FALSE(train::gnuplot_script({empty, empty}, "x.png").empty());
+  // The largest epoch a record may hold: a point every 107374183 epochs, counted without overflow.
+  train::RunCurves last;
+  last.epochs = {train::EpochPoint{1, 2.0, {}, {}, {}, {}, {}, {}},
+                 train::EpochPoint{std::numeric_limits<int>::max(), 1.0, {}, {}, {}, {}, {}, {}}};
+  CHECK(contains(train::gnuplot_script({last}, "x.png"), "pi 107374183 "));
 }
 
 namespace {
