@@ -1,7 +1,10 @@
 // dtrain: the command line. Subcommands live in cmd_*.cpp; this file parses arguments and maps
 // exceptions to the exit codes of commands.hpp.
+#include <charconv>
 #include <cstdio>
 #include <exception>
+#include <limits>
+#include <string>
 #include <new>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +35,24 @@ Exit codes: 0 ok, 1 internal error (a bug), 2 bad experiment/arguments/input dat
 3 cannot write outputs, 4 stopped by SIGINT/SIGTERM after saving a checkpoint (dtrain resume goes on),
 5 a collective between MPI workers timed out (the job was aborted).
 Several processes: mpirun -n 4 dtrain run experiments/fashion_mnist_multi_worker.yaml)";
+
+// A whole number of at least `minimum`, stated that way when it is not: CLI11's PositiveNumber
+// and NonNegativeNumber print their range with the largest double written out (309 digits).
+CLI::Validator at_least(long long minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        // from_chars, not CLI11's conversion: that one saturates a number past 64 bits silently.
+        long long value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error == std::errc::result_out_of_range)
+          return fmt::format("must be a whole number from {} to {}, got '{}'", minimum,
+                             std::numeric_limits<long long>::max(), text);
+        if (error != std::errc() || end != text.data() + text.size() || value < minimum)
+          return fmt::format("must be a whole number of at least {}, got '{}'", minimum, text);
+        return {};
+      },
+      fmt::format("INT>={}", minimum));
+}
 
 }  // namespace
 
@@ -107,8 +128,8 @@ int main(int argc, char** argv) {
       "bench", "Time an experiment's training steps: per layer, per phase, samples/s and GFLOP/s against the GEMM peak");
   bench->add_option("experiment", bench_args.experiment, "Experiment YAML file")->required();
   bench->add_option("--set", bench_args.overrides, "Override a setting (repeatable)");
-  bench->add_option("--steps", bench_args.steps, "Timed training steps")->capture_default_str()->check(CLI::PositiveNumber);
-  bench->add_option("--warmup", bench_args.warmup, "Untimed steps before them")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bench->add_option("--steps", bench_args.steps, "Timed training steps")->capture_default_str()->check(at_least(1));
+  bench->add_option("--warmup", bench_args.warmup, "Untimed steps before them")->capture_default_str()->check(at_least(0));
   bench->add_flag("--json", bench_args.json, "Print one JSON object (schema dtrain.bench/1) instead of the table");
 
   try {

@@ -643,6 +643,25 @@ std::int64_t read_scalar_i64(const Reader& r, const std::string& name) {
 
 std::vector<std::int64_t> dims_of(const Variable& v) { return v.value.shape().to_vector(); }
 
+// Reads a float32 dataset shaped like `v` and refuses NaN and infinity in it. A run that diverged
+// (or a file resealed around such values) passes every checksum; evaluating or training on from
+// it would only report NaN, so the variable that holds them is named instead.
+Raw read_finite(const Reader& r, const std::string& name, const Variable& v, const char* label) {
+  Raw raw = r.read(name, Element::f32, dims_of(v), label);
+  std::size_t count = 0, first = 0;
+  const std::size_t n = raw.bytes.size() / sizeof(float);
+  for (std::size_t i = 0; i < n; ++i) {
+    float value;
+    std::memcpy(&value, raw.bytes.data() + i * sizeof(float), sizeof value);
+    if (!std::isfinite(value) && count++ == 0) first = i;
+  }
+  if (count > 0)
+    r.bad(fmt::format("{} holds {} non-finite value{} (NaN or infinity; the first at flat index {}); the run that "
+                      "wrote it had diverged or the file was altered: use an earlier checkpoint",
+                      name, count, count == 1 ? "" : "s", first));
+  return raw;
+}
+
 Contents read_contents(const Reader& r) {
   Contents c;
   c.dtrain_version = r.string_attribute("/", "dtrain_version").value_or("");
@@ -692,7 +711,7 @@ std::vector<Raw> read_model(const Reader& r, const nn::Sequential& model) {
                  fmt::format("variable {} must hold f32 values to be restored", v->name));
     const std::string name = model_dataset(v->name);
     expected.insert(name);
-    values.push_back(r.read(name, Element::f32, dims_of(*v), "variable"));
+    values.push_back(read_finite(r, name, *v, "variable"));
   }
   if (!r.exists("/model")) r.bad("missing group /model; the checkpoint is incomplete");
   for (const std::string& name : r.datasets_under("/model")) {
@@ -718,8 +737,10 @@ OptimizerState read_optimizer(const Reader& r, const nn::Sequential& model, cons
                       stored_name.empty() ? "none" : stored_name, optimizer.name()));
   OptimizerState state;
   const std::optional<std::int64_t> iterations = r.integer_attribute("/optimizer", "iterations");
-  if (!iterations || *iterations < 0)
-    r.bad("/optimizer has no valid iterations attribute (a count >= 0); the checkpoint is corrupt");
+  if (!iterations || *iterations < 0 || *iterations > kMaxGlobalStep)
+    r.bad(fmt::format("/optimizer has no valid iterations attribute (a count of updates from 0 to {}{}); the "
+                      "checkpoint is corrupt",
+                      kMaxGlobalStep, iterations ? fmt::format(", not {}", *iterations) : std::string()));
   state.iterations = *iterations;
 
   const std::vector<std::string> slot_names = optimizer.slot_names();
@@ -743,7 +764,7 @@ OptimizerState read_optimizer(const Reader& r, const nn::Sequential& model, cons
     for (const std::string& slot : slot_names) {
       const std::string name = slot_dataset(slot, v->name);
       expected.insert(name);
-      state.slots.push_back(r.read(name, Element::f32, dims_of(*v), "optimizer slot"));
+      state.slots.push_back(read_finite(r, name, *v, "optimizer slot"));
     }
   }
   for (const std::string& slot : slot_names) {

@@ -43,10 +43,31 @@ std::optional<std::int64_t> step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
-// Regular files only: a FIFO or device named like a checkpoint would block or lie when read.
-bool is_checkpoint_file(const fs::path& path) {
+// What stands at `path` instead of a regular file, for a warning: "a FIFO", "a symbolic link to
+// nothing", ...
+std::string what_is_at(const fs::path& path) {
   std::error_code ec;
-  return fs::is_regular_file(path, ec);
+  const fs::file_status target = fs::status(path, ec);
+  const std::string what = !fs::exists(target)         ? "nothing"
+                           : fs::is_directory(target)  ? "a directory"
+                           : fs::is_fifo(target)       ? "a FIFO"
+                           : fs::is_socket(target)     ? "a socket"
+                           : fs::is_block_file(target) || fs::is_character_file(target) ? "a device"
+                                                       : "not a regular file";
+  return fs::is_symlink(fs::symlink_status(path, ec)) ? "a symbolic link to " + what : what;
+}
+
+// Regular files only (or links to one): a FIFO or device named like a checkpoint would block or
+// lie when read. Anything else there by that name is never opened, and said in `skipped`: a
+// checkpoint the run wrote is gone, and resume goes back to an older one.
+bool is_checkpoint_file(const fs::path& path, std::vector<std::string>& skipped) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return true;
+  if (fs::exists(fs::symlink_status(path, ec))) {
+    std::string note = fmt::format("{} is {}, not a checkpoint file: skipped", path.string(), what_is_at(path));
+    if (std::find(skipped.begin(), skipped.end(), note) == skipped.end()) skipped.push_back(std::move(note));
+  }
+  return false;
 }
 
 // Each name once, ordered by the step in it (oldest first): the manifest's order is not trusted,
@@ -60,26 +81,25 @@ std::vector<std::string> ordered(std::vector<std::string> names) {
 }
 
 // The checkpoint files in the directory itself, oldest first.
-std::vector<std::string> scan(const fs::path& directory) {
+std::vector<std::string> scan(const fs::path& directory, std::vector<std::string>& skipped) {
   std::vector<std::string> names;
   std::error_code ec;
   for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (step_of(name) && is_checkpoint_file(it->path())) names.push_back(name);
+    if (step_of(name) && is_checkpoint_file(it->path(), skipped)) names.push_back(name);
   }
   return ordered(std::move(names));
 }
 
-// The complete checkpoints, oldest first: those the manifest lists that exist, each once, ordered
-// by step. When the manifest is missing, unreadable, a special file, holds a line that is not a
-// checkpoint name or lists no existing file while checkpoint files are there, the directory is
-// scanned instead and `warning` says why.
-std::vector<std::string> complete_checkpoints(const fs::path& directory, std::string& warning) {
+// complete_checkpoints without the skipped files in its warning.
+std::vector<std::string> listed_or_scanned(const fs::path& directory, std::string& warning,
+                                           std::vector<std::string>& skipped) {
   const fs::path manifest = directory / kManifestName;
   std::error_code ec;
   const fs::file_status status = fs::status(manifest, ec);
   const auto fall_back = [&](const std::string& why) {
-    std::vector<std::string> found = scan(directory);
+    skipped.clear();  // the scan finds them again
+    std::vector<std::string> found = scan(directory, skipped);
     if (!found.empty())
       warning = fmt::format("{}: {}; using the {} checkpoint file{} found in {} instead", manifest.string(), why,
                             found.size(), found.size() == 1 ? "" : "s", directory.string());
@@ -96,12 +116,25 @@ std::vector<std::string> complete_checkpoints(const fs::path& directory, std::st
     if (line.empty()) continue;
     if (!step_of(line) || line.find('/') != std::string::npos)
       return fall_back(fmt::format("line {} is not a checkpoint file name (ckpt-<step>.h5)", line_number));
-    if (is_checkpoint_file(directory / line)) names.push_back(line);
+    if (is_checkpoint_file(directory / line, skipped)) names.push_back(line);
   }
   if (in.bad()) return fall_back("reading it failed");
   if (names.empty()) return fall_back("lists no existing checkpoint");
   return ordered(std::move(names));
 }
+
+// The complete checkpoints, oldest first: those the manifest lists that exist, each once, ordered
+// by step. When the manifest is missing, unreadable, a special file, holds a line that is not a
+// checkpoint name or lists no existing file while checkpoint files are there, the directory is
+// scanned instead and `warning` says why; it also names what stands in place of a checkpoint
+// (a FIFO, a link to nothing), which is skipped.
+std::vector<std::string> complete_checkpoints(const fs::path& directory, std::string& warning) {
+  std::vector<std::string> skipped;
+  std::vector<std::string> found = listed_or_scanned(directory, warning, skipped);
+  for (const std::string& note : skipped) warning += (warning.empty() ? "" : "; ") + note;
+  return found;
+}
+
 }  // namespace
 
 CheckpointManager::CheckpointManager(std::string directory, int max_to_keep)

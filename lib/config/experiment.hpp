@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -291,6 +292,9 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
+// The longest `name`: it names the run directory runs/<name>, and runs/<name>-2, ... after it.
+inline constexpr std::size_t kMaxExperimentNameBytes = 200;
+
 struct Experiment {
   std::string name = "experiment";
   std::uint64_t seed = 42;
@@ -300,6 +304,7 @@ struct Experiment {
   // when left out), for the errors they decide: memory, workers.
   SourceLocation batch_where;       // data.global_batch_size, else data.batch_size_per_replica
   SourceLocation eval_batch_where;  // data.eval_batch_size, else batch_where
+  SourceLocation data_where;        // data.path (or data.shards), else the data section: for errors of the data
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

@@ -309,8 +309,9 @@ std::vector<std::string> read_shards(const Node& node, const std::string& path) 
   return out;
 }
 
-// `batch_where` and `eval_batch_where` (Experiment) are set too.
-DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocation& eval_batch_where) {
+// `batch_where`, `eval_batch_where` and `data_where` (Experiment) are set too.
+DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocation& eval_batch_where,
+                      SourceLocation& data_where) {
   static constexpr std::string_view keys[] = {
       "source",   "path",     "shape",          "classes",       "train_size",      "test_size",
       "x",        "y",        "size",           "batch_size_per_replica", "global_batch_size", "shuffle_buffer", "drop_remainder",
@@ -354,8 +355,19 @@ DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocat
   } else {
     s.get("path", out.path, read_string);
   }
-  if (const Node* path = s.find("path"); path && out.path.empty())
-    range_error(*path, s.path("path"), "a non-empty path (leave the key out for the source's default)");
+  if (const Node* path = s.find("path")) {
+    if (out.path.empty())
+      range_error(*path, s.path("path"), "a non-empty path (leave the key out for the source's default)");
+    if (std::all_of(out.path.begin(), out.path.end(), [](unsigned char c) { return std::isspace(c) != 0; }))
+      range_error(*path, s.path("path"), "a path, not only blanks (leave the key out for the source's default)");
+    // The shell expands ~, unquoted on its command line; nothing expands it in a YAML file.
+    if (out.path == "~" || out.path.starts_with("~/"))
+      range_error(*path, s.path("path"),
+                  "a path dtrain can open: it does not expand '~' (a shell does, on its command line); write the "
+                  "home directory out, or the path relative to the working directory");
+  }
+  const Node* data_file = s.find("path") ? s.find("path") : s.find("shards");
+  data_where = (data_file ? data_file->origin : node.origin).location();
 
   s.get("shape", out.shape, read_shape);
   s.get_int("classes", out.classes, 1);
@@ -643,6 +655,11 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
     if (!one_component)
       range_error(*name, "name", "a name, not a path: no '/', not '.' or '..' (it names the run directory "
                                  "runs/<name>; choose the directory itself with --run-dir)");
+    // A directory name holds at most 255 bytes (NAME_MAX), and a second run of the name adds "-2".
+    if (out.name.size() > kMaxExperimentNameBytes)
+      range_error(*name, "name", fmt::format("at most {} bytes (it names the run directory runs/<name>; choose the "
+                                             "directory itself with --run-dir)",
+                                             kMaxExperimentNameBytes));
   }
   s.get("seed", out.seed, read_uint64);
   if (const Node* precision = s.find("precision")) {
@@ -656,7 +673,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
     return node ? *node : empty;
   };
   out.strategy = parse_strategy(section("strategy"), s.find("strategy") ? s.key_origin("strategy") : empty.origin);
-  out.data = parse_data(section("data"), out.batch_where, out.eval_batch_where);
+  out.data = parse_data(section("data"), out.batch_where, out.eval_batch_where, out.data_where);
   out.model = parse_model(s.require("model"));
   out.loss = parse_loss(section("loss"), s.find("loss") ? s.key_origin("loss") : empty.origin);
   out.optimizer = parse_optimizer(section("optimizer"));

@@ -75,9 +75,17 @@ std::string child(const std::string& path, std::string_view key) {
 }
 
 std::string describe(const Node& node) {
+  // An error is one line a person reads: a long value is cut (at a UTF-8 character boundary)
+  // and its length given instead of the rest.
+  constexpr std::size_t kShown = 60;
   switch (node.kind) {
     case Node::Kind::null: return "nothing";
-    case Node::Kind::scalar: return fmt::format("'{}'", node.scalar);
+    case Node::Kind::scalar: {
+      if (node.scalar.size() <= kShown + 20) return fmt::format("'{}'", node.scalar);
+      std::size_t cut = kShown;
+      while (cut > 0 && (static_cast<unsigned char>(node.scalar[cut]) & 0xC0) == 0x80) --cut;
+      return fmt::format("'{}...' ({} bytes)", node.scalar.substr(0, cut), node.scalar.size());
+    }
     case Node::Kind::sequence: return "a list";
     case Node::Kind::map: return "a map";
   }

@@ -123,9 +123,10 @@ void check_compatible(const Dataset& train, const Dataset& test) {
                                  dtype_name(test.x.dtype()), test.x.shape().tail().to_string(), train.description,
                                  test.description));
   if (train.y.shape().tail() != test.y.shape().tail() || train.y.dtype() != test.y.dtype())
-    throw InputError(fmt::format("train targets are {} {} but test targets are {} {}; both splits must match",
+    throw InputError(fmt::format("train targets are {} {} but test targets are {} {}; both splits must match ({} / {})",
                                  dtype_name(train.y.dtype()), train.y.shape().tail().to_string(),
-                                 dtype_name(test.y.dtype()), test.y.shape().tail().to_string()));
+                                 dtype_name(test.y.dtype()), test.y.shape().tail().to_string(), train.description,
+                                 test.description));
 }
 
 }  // namespace

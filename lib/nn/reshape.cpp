@@ -15,6 +15,12 @@ config::LayerOptions parse_reshape(const config::Section& s) {
   const config::Node& target = s.require("target_shape");
   c.target_shape = config::read_int_list(target, s.path("target_shape"));
   if (c.target_shape.empty()) config::range_error(target, s.path("target_shape"), "a non-empty list of dimensions");
+  // The batch dimension is added in front, and tensors have at most Shape::kMaxRank dimensions
+  // (as for model.input_shape).
+  if (c.target_shape.size() > Shape::kMaxRank - 1)
+    config::range_error(target, s.path("target_shape"),
+                        fmt::format("at most {} dimensions (the batch dimension makes {})", Shape::kMaxRank - 1,
+                                    Shape::kMaxRank));
   int unknown = 0;
   for (std::size_t i = 0; i < c.target_shape.size(); ++i) {
     const std::int64_t d = c.target_shape[i];

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <span>
 #include <sstream>
@@ -38,6 +39,11 @@ std::optional<double> field(const std::string& line, std::string_view key) {
   const double value = std::strtod(begin, &end);
   if (end == begin) return std::nullopt;
   return value;
+}
+
+// A figure dtrain wrote as null (not finite) is absent; so is a NaN or infinity written as text.
+std::optional<double> finite(std::optional<double> value) {
+  return value && std::isfinite(*value) ? value : std::nullopt;
 }
 
 std::string label_of(const std::string& run_dir) {
@@ -118,7 +124,11 @@ constexpr double char_width = 7.5;   // sans 10 in pixels, generously: too wide 
 struct KeyStrip {
   std::vector<std::string> entries;
   int columns = 1;
-  int rows() const { return (static_cast<int>(entries.size()) + columns - 1) / columns; }
+  // A strip of no entries (runs with no epochs) still has one column: it takes one empty row.
+  int rows() const {
+    const int per_row = std::max(1, columns);
+    return (static_cast<int>(entries.size()) + per_row - 1) / per_row;
+  }
   int height() const { return rows() * key_row_height + key_padding; }
 };
 
@@ -138,31 +148,55 @@ std::string screen(double pixels, int total) { return fmt::format("{:.4f}", pixe
 
 RunCurves read_run_curves(const std::string& run_dir) {
   const fs::path path = fs::path(run_dir) / "metrics.jsonl";
-  std::ifstream in(path);
-  if (!in)
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status))
     throw InputError(fmt::format("{}: no metrics.jsonl in this directory; give the run directory of a dtrain run "
                                  "(runs/<name>)",
                                  run_dir));
+  // A directory reads as nothing and a FIFO would block the read until something writes to it.
+  if (!fs::is_regular_file(status))
+    throw InputError(fmt::format("{}: is {}, not the metrics log a run writes; give the run directory of a dtrain run",
+                                 path.string(), fs::is_directory(status) ? "a directory" : "not a regular file"));
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("{}: cannot be read ({}); check its permissions", path.string(), std::strerror(errno)));
   std::map<int, EpochPoint> by_epoch;
   std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
+  int number = 1;
+  for (; std::getline(in, line); ++number) {
     if (line.empty()) continue;
     const auto epoch = field(line, "epoch");
     const auto loss = field(line, "loss");
     if (!epoch || !loss)
       throw InputError(fmt::format("{}:{}: not an epoch record of dtrain (no \"epoch\" and \"loss\")", path.string(),
                                    number));
+    // Epochs count from 1 in an int (train.epochs); anything else would be cast out of range and
+    // stretch the axis past what gnuplot can draw.
+    if (!(*epoch >= 1 && *epoch <= std::numeric_limits<int>::max() && std::floor(*epoch) == *epoch))
+      throw InputError(fmt::format("{}:{}: epoch {} is not an epoch number of dtrain (a whole number from 1 to {}); "
+                                   "remove or correct the line",
+                                   path.string(), number, *epoch, std::numeric_limits<int>::max()));
+    // dtrain writes a loss that is not finite as null, which is not a record it plots.
+    if (!std::isfinite(*loss))
+      throw InputError(fmt::format("{}:{}: loss {} is not a finite number; remove or correct the line", path.string(),
+                                   number, *loss));
     EpochPoint p;
     p.epoch = static_cast<int>(*epoch);
     p.loss = *loss;
-    p.accuracy = field(line, "accuracy");
-    p.val_loss = field(line, "val_loss");
-    p.val_accuracy = field(line, "val_accuracy");
-    p.test_loss = field(line, "test_loss");
-    p.test_accuracy = field(line, "test_accuracy");
-    p.samples_per_s = field(line, "train_samples_per_s");
+    p.accuracy = finite(field(line, "accuracy"));
+    p.val_loss = finite(field(line, "val_loss"));
+    p.val_accuracy = finite(field(line, "val_accuracy"));
+    p.test_loss = finite(field(line, "test_loss"));
+    p.test_accuracy = finite(field(line, "test_accuracy"));
+    p.samples_per_s = finite(field(line, "train_samples_per_s"));
     by_epoch[p.epoch] = p;  // a resumed run may log an epoch again: the later record is the run's
   }
+  if (in.bad())
+    throw InputError(fmt::format("{}: reading it failed ({}); check the file", path.string(), std::strerror(errno)));
+  if (by_epoch.empty())
+    throw InputError(fmt::format("{}: holds no epoch record (the run has not finished an epoch yet); plot it once it "
+                                 "has",
+                                 path.string()));
   RunCurves run;
   run.label = label_of(run_dir);
   for (const auto& [epoch, point] : by_epoch) run.epochs.push_back(point);
@@ -233,7 +267,7 @@ std::string gnuplot_script(const std::vector<RunCurves>& runs, const std::string
   // point on every epoch would blur the line: every n-th then.
   s << fmt::format("set xrange [{}:{}]\n", last_epoch > 1 ? 1.0 : 0.5, last_epoch > 1 ? last_epoch : 1.5);
   s << (last_epoch <= 20 ? "set xtics 1\n" : "set xtics format '%.0f'\n");
-  const int every = (last_epoch + 19) / 20;
+  const int every = last_epoch / 20 + (last_epoch % 20 != 0);  // rounded up, without overflow at INT_MAX
   const std::string points = every > 1 ? fmt::format("ps 0.7 pi {}", every) : std::string("ps 0.7");
   // Every panel's plotting area at fixed screen positions, so that the panels line up and the
   // strip below them stays free for the key.

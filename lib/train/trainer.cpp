@@ -67,6 +67,20 @@ void check_metric_state(const std::string& path, const checkpoint::TrainingState
   }
 }
 
+// What checkpoint::restore cannot know either: that the optimizer's update count fits the steps
+// taken. A step applies one update, so a run's optimizer has made global_step of them; only under
+// parameter_server can a step's update land twice (its worker, declared lost after it pushed, has
+// the step run again elsewhere), which still makes at most twice as many. Anything else (a count
+// of 2^62 after 6 steps) would restart the learning-rate schedule and Adam's bias correction from
+// a corrupt value.
+void check_update_count(const std::string& path, const checkpoint::TrainingState& state, std::int64_t iterations) {
+  const std::int64_t steps = state.global_step;
+  if (iterations >= steps && iterations - steps <= steps) return;  // both at most 2^62: no overflow
+  throw InputError(fmt::format("{}: /optimizer iterations is {} but /state/global_step is {}; training applies one "
+                               "update per step (parameter_server at most two), so the checkpoint is corrupt",
+                               path, iterations, steps));
+}
+
 }  // namespace
 
 int resolve_threads(int configured) {
@@ -117,8 +131,18 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     hold_here(opt_.hold, opt_.workers ? opt_.workers->rank() : 0, "before the model is built");
   // The data first: its splits' sizes bound the batches the memory estimate counts (a batch
   // larger than a split is one batch of the whole split).
-  splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
-  if (splits_.train.size() == 0) throw InputError("the training set is empty");
+  // A data file's errors name the file; they are also located at the key that chose it (data.path,
+  // data.shards, or the data section for a source's default).
+  const std::string at_data = config::given_prefix(exp_.data_where, {exp_.source_file, 0, 0});
+  try {
+    splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
+  } catch (const InputError& e) {
+    throw InputError(at_data + e.what());
+  }
+  if (splits_.train.size() == 0)
+    throw InputError(fmt::format("{}the training split is empty ({}), so there is nothing to train on; give the data "
+                                 "training examples",
+                                 at_data, splits_.train.description));
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
@@ -343,6 +367,7 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
     rep.optimizer->set_iterations(first.optimizer->iterations());
   }
   check_metric_state(checkpoint_path, c.state, replicas_[0].train_metrics);
+  check_update_count(checkpoint_path, c.state, first.optimizer->iterations());
   // The unfinished epoch's metrics go to replica 0; merging replicas later gives the same totals.
   reset_train_metrics();
   for (std::size_t i = 0; strategy_->is_chief() && i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)

@@ -95,8 +95,16 @@ case "$case_name" in
     fi
     ;;
   bad_args)
-    "$dtrain" bench "$small" --steps 0 >"$scratch/out" 2>"$scratch/err"
-    [ $? -eq 2 ] || fail "--steps 0 should exit 2: $(cat "$scratch/err")"
+    # The range in plain words, one line (CLI11's own check printed the largest double in full).
+    for args in "--steps 0" "--steps -3" "--warmup -1" "--steps 99999999999999999999"; do
+      # shellcheck disable=SC2086
+      "$dtrain" bench "$small" $args >"$scratch/out" 2>"$scratch/err"
+      [ $? -eq 2 ] || fail "$args should exit 2: $(cat "$scratch/err")"
+      [ "$(wc -l <"$scratch/err")" -eq 1 ] || fail "$args: wanted one line: $(cat "$scratch/err")"
+      grep -Eq -- "--(steps|warmup): must be a whole number (of at least [01]|from 1 to 9223372036854775807), got" \
+        "$scratch/err" || fail "$args: unclear error: $(cat "$scratch/err")"
+      [ "$(wc -c <"$scratch/err")" -lt 200 ] || fail "$args: a long error: $(cat "$scratch/err")"
+    done
     "$dtrain" bench "$small" --set data.batch_size_per_replica=4096 --steps 2 --warmup 0 >"$scratch/out" 2>"$scratch/err"
     [ $? -eq 2 ] || fail "a batch larger than the data should exit 2"
     grep -q "no step of a full global batch" "$scratch/err" || fail "unclear error: $(cat "$scratch/err")"

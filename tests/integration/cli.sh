@@ -117,6 +117,28 @@ case "$case_name" in
   bad_hdf5)
     head -c 100000 data/fashion_mnist_small.h5 >"$scratch/cut.h5"
     expect_error 2 "cut\.h5" -- run "$small" --set data.path="$scratch/cut.h5" --run-dir "$scratch/run"
+    # Errors of the data are located at the key that chose the file (here data.path, line 10) and
+    # name the file: an empty /train, labels of one dtype for /train and another for /test.
+    /usr/bin/python3 - "$scratch" <<'EOF' || fail "cannot write the HDF5 files"
+import sys, h5py, numpy as np
+for name, n_train, test_y in (("empty", 0, np.zeros(5, np.int32)), ("mixed", 5, np.zeros(5, np.float32))):
+    with h5py.File(f"{sys.argv[1]}/{name}.h5", "w") as f:
+        f["train/x"], f["train/y"] = np.zeros((n_train, 28, 28, 1), np.float32), np.zeros(n_train, np.int32)
+        f["test/x"], f["test/y"] = np.zeros((5, 28, 28, 1), np.float32), test_y
+EOF
+    for name in empty mixed; do
+      sed "s|^  path: .*|  path: $scratch/$name.h5|" "$small" >"$scratch/$name.yaml"
+    done
+    expect_error 2 "empty\.yaml:10:9: the training split is empty \(HDF5 /train: 0 examples.*empty\.h5\)" -- \
+      run "$scratch/empty.yaml" --run-dir "$scratch/run"
+    expect_error 2 "mixed\.yaml:10:9: train targets are i32 \(\) but test targets are f32 .*mixed\.h5" -- \
+      run "$scratch/mixed.yaml" --run-dir "$scratch/run"
+    # A path of blanks, or one that starts with ~ (which only a shell expands), is refused by validate.
+    expect_error 2 "^dtrain: error: --set data.path=' ': data.path: must be a path, not only blanks" -- \
+      validate "$small" --set "data.path=' '"
+    sed 's|^  path: .*|  path: ~/fashion_mnist_small.h5|' "$small" >"$scratch/home.yaml"
+    expect_error 2 "home\.yaml:10:9: data.path: must be a path dtrain can open: it does not expand '~'" -- \
+      validate "$scratch/home.yaml"
     ;;
   limits)
     # Sizes, counts and thread numbers the machine or the types cannot hold are refused by validate
@@ -277,6 +299,12 @@ case "$case_name" in
     expect_error 2 "escape.yaml:[0-9]+:7: name: must be a name, not a path" -- validate "$scratch/escape.yaml"
     expect_error 2 "^dtrain: error: --set name=\.\.: name: must be a name, not a path" -- \
       validate "$scratch/exp.yaml" --set 'name=..'
+    # Nor one too long for a directory: validate refuses it at its place, in one short line, rather
+    # than run failing to create runs/<name> (exit 3, the whole name in the message).
+    { printf 'name: %s\n' "$(head -c 100000 /dev/zero | tr '\0' n)"; grep -v '^name:' "$scratch/exp.yaml"; } \
+      >"$scratch/long.yaml"
+    expect_error 2 "long.yaml:1:7: name: must be at most 200 bytes .*\(100000 bytes\)$" -- validate "$scratch/long.yaml"
+    [ "$(wc -c <"$scratch/err")" -lt 400 ] || fail "the error repeats the long name"
     ;;
   gpu_refused)
     # A gpu:N device is refused before any training, with what is missing: the CUDA backend's

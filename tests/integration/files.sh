@@ -155,6 +155,22 @@ EOF
       done
       echo "ok: manifest $how"
     done
+    # A FIFO or a link to nothing in place of the newest checkpoint: never opened (no hang), named
+    # in a warning, and the run resumes from the one before.
+    for how in fifo dangling; do
+      run="$scratch/$how"
+      cp -r "$scratch/ref" "$run"
+      rm "$run/checkpoints/ckpt-30.h5"
+      case $how in
+        fifo) mkfifo "$run/checkpoints/ckpt-30.h5" ;;
+        dangling) ln -s nowhere.h5 "$run/checkpoints/ckpt-30.h5" ;;
+      esac
+      timeout 120 "$dtrain" resume "$run" --set train.epochs=4 >"$run.out" 2>"$run.err" || fail "$how: resume failed: $(cat "$run.err")"
+      grep -q "^Resuming from $run/checkpoints/ckpt-20.h5" "$run.out" || fail "$how: $(grep Resuming "$run.out")"
+      grep -q "^dtrain: warning: $run/checkpoints/ckpt-30.h5 is a \(FIFO\|symbolic link to nothing\), not a checkpoint file: skipped$" \
+        "$run.err" || fail "$how: no warning: $(cat "$run.err")"
+      echo "ok: $how in place of a checkpoint"
+    done
     ;;
   resume_checkpoint_dir)
     "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=2 --set "checkpoint.dir=$scratch/elsewhere" \
@@ -239,14 +255,18 @@ for path in glob.glob(run + "/checkpoints/ckpt-*.h5"):
 EOF
     ;;
   damaged_state)
-    # /state values rewritten with valid checksums (and the seal recomputed), metric counts of the
-    # wrong length among them: refused by eval (which does not use them), skipped by resume; a
-    # flipped bit in the seal's magic does not switch the whole-file check off.
-    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --set 'metrics=[accuracy]' --run-dir "$scratch/ref" \
-      >/dev/null || fail "run failed"
-    for change in "global_step 9223372036854775807" "epoch 4611686018427387904" "magic" "metrics 3"; do
+    # /state values, the optimizer's update count and weights rewritten with valid checksums (and
+    # the seal recomputed), metric counts of the wrong length among them: refused by eval where it
+    # reads them (the weights; not /state, the update count or the optimizer's slots), skipped by
+    # resume, refused with one line when named; a flipped bit in the seal's magic does not switch
+    # the whole-file check off.
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --set 'metrics=[accuracy]' --set optimizer.kind=adam \
+      --run-dir "$scratch/ref" >/dev/null || fail "run failed"
+    for change in "global_step 9223372036854775807" "epoch 4611686018427387904" "magic" "metrics 3" \
+                  "iterations 4611686018427387904" "iterations 29" "nonfinite model/dense/kernel" \
+                  "nonfinite optimizer/v/dense/bias"; do
       set -- $change
-      run="$scratch/$1"
+      run="$scratch/$1${2:+-${2//\//_}}"
       cp -r "$scratch/ref" "$run"
       "$py" - "$run/checkpoints/ckpt-30.h5" $change <<'EOF' || fail "cannot edit the checkpoint"
 import struct, sys, zlib
@@ -261,6 +281,14 @@ with h5py.File(path, "r+") as h:
         for what, value in (("counts", np.arange(int(sys.argv[3]), dtype=np.int64)), ("sums", np.zeros(2))):
             ds = h.create_dataset("state/metrics/0/" + what, data=value)
             ds.attrs.create("crc32", zlib.crc32(value.tobytes()), dtype=np.uint32)
+    elif name == "iterations":  # an attribute: no checksum of its own, only the seal's
+        h["optimizer"].attrs.modify("iterations", np.int64(int(sys.argv[3])))
+    elif name == "nonfinite":  # a diverged run's weights: every checksum still holds
+        value = h[sys.argv[3]][()]
+        value.flat[0] = np.nan
+        del h[sys.argv[3]]
+        ds = h.create_dataset(sys.argv[3], data=value)
+        ds.attrs.create("crc32", zlib.crc32(value.tobytes()), dtype=np.uint32)
     else:
         value = np.array(int(sys.argv[3]), dtype=np.int64)
         del h["state/" + name]
@@ -272,12 +300,25 @@ with open(path, "r+b") as f:
     f.write(struct.pack("<QI", len(body), zlib.crc32(body)))
 EOF
       "$dtrain" eval --checkpoint "$run/checkpoints/ckpt-30.h5" >/dev/null 2>"$run.eval.err"
-      one_line_error 2 $? "$run.eval.err" "$run/checkpoints/ckpt-30.h5"
+      rc=$?
+      if [ "$1" = iterations ] || [ "${2:-}" = optimizer/v/dense/bias ]; then
+        [ "$rc" -eq 0 ] || fail "$change: eval, which does not use it, failed: $(cat "$run.eval.err")"
+      else
+        one_line_error 2 "$rc" "$run.eval.err" "$run/checkpoints/ckpt-30.h5"
+      fi
       [ "$1" = metrics ] && { grep -q "/state/metrics/0 holds 3 counts" "$run.eval.err" || fail "metrics: $(cat "$run.eval.err")"; }
+      [ "$1" = nonfinite ] && [ "$rc" -ne 0 ] && { grep -q "/$2 holds 1 non-finite value" "$run.eval.err" || fail "$change: $(cat "$run.eval.err")"; }
+      # Named explicitly, it is refused with one line (before the resume below writes a new one).
+      "$dtrain" resume "$run" --checkpoint "$run/checkpoints/ckpt-30.h5" >/dev/null 2>"$run.err"
+      one_line_error 2 $? "$run.err" "$run/checkpoints/ckpt-30.h5"
       "$dtrain" resume "$run" --set train.epochs=4 >"$run.out" 2>"$run.err" || fail "$1: resume failed: $(cat "$run.err")"
       grep -q "skipping $run/checkpoints/ckpt-30.h5" "$run.err" || fail "$1: not skipped: $(cat "$run.err")"
       grep -q "^Resuming from $run/checkpoints/ckpt-20.h5" "$run.out" || fail "$1: $(cat "$run.out")"
-      echo "ok: $1"
+      case "$change" in
+        iterations*) grep -q "/optimizer iterations is $2 but /state/global_step is 30" "$run.err" || fail "$change: $(cat "$run.err")" ;;
+        nonfinite*) grep -q "/$2 holds 1 non-finite value" "$run.err" || fail "$change: $(cat "$run.err")" ;;
+      esac
+      echo "ok: $change"
     done
     ;;
   stored_experiment)

@@ -137,6 +137,11 @@ open(f"{root}/images/b/broken.png", "wb").write(b"\x89PNG\r\n\x1a\n not really")
 open(f"{root}/cells.csv", "w").write("f1,f2,label\n1,2,0\n3,4,1\n5,x7,1\n")
 open(f"{root}/short.csv", "w").write("f1,f2,label\n1,2,0\n3,1\n")
 open(f"{root}/range.csv", "w").write("f1,f2,label\n1,2,0\n3,4,1\n5,6,-1\n")
+open(f"{root}/nan.csv", "w").write("f1,f2,label\n1,2,0\n3,NaN,1\n")
+open(f"{root}/inf.csv", "w").write("f1,f2,label\n1,2,0\n3,4,1\n-inf,6,1\n")
+x_inf = np.zeros((10, 4), dtype=np.float32)
+x_inf[7, 2] = np.inf
+np.save(f"{root}/x_inf.npy", x_inf)
 np.save(f"{root}/x.npy", np.zeros((10, 4), dtype=np.float32))
 np.save(f"{root}/y9.npy", np.zeros(9, dtype=np.int64))
 np.save(f"{root}/y_big.npy", np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 12]))
@@ -148,6 +153,9 @@ EOF
     expect_bad "cells\.csv:4: column 'f2' holds 'x7', not a number" -- csv "$scratch/cells.csv" --label label -o "$scratch/o.h5"
     expect_bad "short\.csv:3: 2 cells, the header has 3 columns" -- csv "$scratch/short.csv" --label label -o "$scratch/o.h5"
     expect_bad "cells\.csv: no column 'species'" -- csv "$scratch/cells.csv" --label species -o "$scratch/o.h5"
+    expect_bad "nan\.csv:3: column 'f2' holds 'NaN', not a finite number" -- csv "$scratch/nan.csv" --label label -o "$scratch/o.h5"
+    expect_bad "inf\.csv:4: column 'f1' holds '-inf', not a finite number" -- csv "$scratch/inf.csv" --label label -o "$scratch/o.h5"
+    expect_bad "x_inf\.npy: sample 7 \(.*y_big\.npy row 7\) holds inf at feature 2" -- npy "$scratch/x_inf.npy" "$scratch/y_big.npy" --num-classes 13 -o "$scratch/o.h5"
     expect_bad "range\.csv:4: label -1 is out of range" -- csv "$scratch/range.csv" --label label -o "$scratch/o.h5"
     expect_bad "y_big\.npy row 9: label 12 is out of range: classes are 0\.\.9" -- npy "$scratch/x.npy" "$scratch/y_big.npy" --num-classes 10 -o "$scratch/o.h5"
     expect_bad "x\.npy holds 10 samples but .*y9\.npy holds 9" -- npy "$scratch/x.npy" "$scratch/y9.npy" -o "$scratch/o.h5"

@@ -148,6 +148,25 @@ case "$case_name" in
     [ "$rc" -eq 2 ] || fail "exit $rc without gnuplot, wanted 2"
     grep -q 'gnuplot is not installed; run tools/setup' "$scratch/err" || fail "message: $(cat "$scratch/err")"
     [ -e "$scratch/x.png" ] && fail "a picture was written without gnuplot"
+    # An empty log, a directory in its place and an epoch out of range: exit 2, one line naming
+    # the file (and the line), never SIGFPE nor gnuplot's own complaint.
+    check_refused() {  # what, expected text
+      local rc
+      "$dtrain" plot "$scratch/bad" -o "$scratch/x.png" 2>"$scratch/err"
+      rc=$?
+      [ "$rc" -eq 2 ] || fail "$1: exit $rc, wanted 2 ($(cat "$scratch/err"))"
+      [ "$(wc -l <"$scratch/err")" -eq 1 ] || fail "$1: wanted one line: $(cat "$scratch/err")"
+      grep -qF "$2" "$scratch/err" || fail "$1: message: $(cat "$scratch/err")"
+    }
+    mkdir -p "$scratch/bad"
+    : >"$scratch/bad/metrics.jsonl"
+    check_refused "empty metrics.jsonl" "$scratch/bad/metrics.jsonl: holds no epoch record"
+    for epoch in 9223372036854775807 -5; do
+      printf '{"epoch": %s, "global_step": 3, "loss": 2.1}\n' "$epoch" >"$scratch/bad/metrics.jsonl"
+      check_refused "epoch $epoch" "$scratch/bad/metrics.jsonl:1: epoch"
+    done
+    rm "$scratch/bad/metrics.jsonl" && mkdir "$scratch/bad/metrics.jsonl"
+    check_refused "a directory as metrics.jsonl" "$scratch/bad/metrics.jsonl: is a directory"
     ;;
   train_plot)
     "$dtrain" run "$small" "${short[@]}" --set train.progress=none --set train.plot=true --run-dir "$scratch/run" \

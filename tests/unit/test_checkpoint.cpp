@@ -542,6 +542,33 @@ TEST_CASE("checkpoint manager: a damaged manifest never hides, reorders or delet
     CHECK(manager.checkpoints() == std::vector<std::string>{path(20), path(30), path(40)});
     CHECK(fs::exists(path(30)));
   }
+  SUBCASE("a FIFO, a link to nothing or to a device in place of a listed checkpoint: skipped, with a warning") {
+    // The manifest lists them three times, and the directory scan finds them again: one note each.
+    std::ofstream(manifest) << "ckpt-10.h5\nckpt-20.h5\nckpt-30.h5\nckpt-30.h5\nckpt-30.h5\n";
+    fs::remove(path(30));
+    REQUIRE(::mkfifo(path(30).c_str(), 0600) == 0);
+    std::string warning;
+    CHECK(listed(warning) == std::vector<std::string>{path(10), path(20)});  // and no hang
+    CHECK(warning == path(30) + " is a FIFO, not a checkpoint file: skipped");
+    fs::remove(path(20));
+    fs::create_symlink(path(20) + ".absent", path(20));
+    fs::remove(path(10));
+    fs::create_symlink("/dev/null", path(10));
+    CHECK(listed(warning).empty());
+    for (const std::string& note : {path(10) + " is a symbolic link to a device", path(20) + " is a symbolic link to nothing",
+                                    path(30) + " is a FIFO"}) {
+      CHECK_MESSAGE(warning.find(note + ", not a checkpoint file: skipped") != std::string::npos, warning);
+      CHECK(warning.find(note) == warning.rfind(note));
+    }
+    // A link to a checkpoint is one: read through the link, without a word.
+    fs::remove(path(20));
+    manager.save(25, model, *optimizer, {});
+    fs::rename(path(25), dir.file("elsewhere.h5"));
+    fs::create_symlink(dir.file("elsewhere.h5"), path(20));
+    std::ofstream(manifest) << "ckpt-20.h5\n";
+    CHECK(listed(warning) == std::vector<std::string>{path(20)});
+    CHECK(warning.empty());
+  }
   SUBCASE("one file listed three times: listed once, and a save keeps it") {
     std::ofstream(manifest) << "ckpt-10.h5\nckpt-30.h5\nckpt-30.h5\nckpt-30.h5\n";
     std::string warning;
@@ -580,6 +607,62 @@ TEST_CASE("checkpoint: /state values no run can reach are refused as corrupt") {
   refused([](auto& s) { s.step_in_epoch = s.global_step + 1; }, "impossible values");
   refused([](auto& s) { s.epoch_loss_sum = std::numeric_limits<double>::quiet_NaN(); }, "epoch_loss_sum nan");
   refused([](auto& s) { s.metric_counts[0][1] = -3; }, "/state/metrics/0/counts holds a negative count");
+}
+
+TEST_CASE("checkpoint: NaN or infinite weights and slots are refused by name, whatever the checksums say") {
+  // A diverged run's values (or a file resealed around them) pass every checksum; restoring them
+  // would only make evaluation report NaN and training go on from garbage.
+  TempDir dir;
+  const std::string path = dir.file("nonfinite.h5");
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  {
+    nn::Sequential model(model_config(), 1, testing::cpu());
+    auto optimizer = make_optimizer();
+    step(model, *optimizer, 10);
+    auto kernel = model.variables()[0]->value.span<float>();
+    kernel[1] = nan;
+    kernel[4] = inf;
+    kernel[5] = -inf;
+    ckpt::save(path, model, *optimizer, sample_contents());
+  }
+  REQUIRE(ckpt::verify_seal(path) == std::optional<bool>(true));
+  nn::Sequential model(model_config(), 2, testing::cpu());
+  auto optimizer = make_optimizer();
+  const std::string name = "/model/" + model.variables()[0]->name;
+  const std::string expected = name + " holds 3 non-finite values (NaN or infinity; the first at flat index 1)";
+  for (const std::string& message : {error_of([&] { ckpt::restore_model(path, model); }),
+                                     error_of([&] { ckpt::restore(path, model, *optimizer); })}) {
+    CHECK_MESSAGE(message.find(path + ": " + expected) != std::string::npos, message);
+  }
+  CHECK(ckpt::peek(path) == sample_contents());  // what peek reads is fine
+
+  // An optimizer slot: refused by restore; restore_model (eval) does not read the slots.
+  {
+    nn::Sequential written(model_config(), 1, testing::cpu());
+    auto stepped = make_optimizer();
+    step(written, *stepped, 10);
+    stepped->slot(1, 1).span<float>()[0] = nan;
+    ckpt::save(path, written, *stepped, sample_contents());
+  }
+  const std::string slot = "/optimizer/" + optimizer->slot_names()[1] + "/" + model.trainable_variables()[1]->name;
+  const std::string message = error_of([&] { ckpt::restore(path, model, *optimizer); });
+  CHECK_MESSAGE(message.find(slot + " holds 1 non-finite value (") != std::string::npos, message);
+  CHECK_NOTHROW(ckpt::restore_model(path, model));
+}
+
+TEST_CASE("checkpoint: an optimizer update count past what any run reaches is refused") {
+  TempDir dir;
+  const std::string path = dir.file("iterations.h5");
+  nn::Sequential model(model_config(), 1, testing::cpu());
+  auto optimizer = make_optimizer();
+  step(model, *optimizer, 10);
+  optimizer->set_iterations(ckpt::kMaxGlobalStep + 1);
+  ckpt::save(path, model, *optimizer, sample_contents());
+  auto restored = make_optimizer();
+  const std::string message = error_of([&] { ckpt::restore(path, model, *restored); });
+  CHECK_MESSAGE(message.find(path + ": /optimizer has no valid iterations attribute (a count of updates from 0 to "
+                                    "4611686018427387904, not 4611686018427387905)") != std::string::npos,
+                message);
 }
 
 TEST_CASE("checkpoint: a crc32 attribute that is not a single integer is refused, never read past") {

@@ -58,6 +58,7 @@ Experiment without_locations(Experiment e) {
   e.precision_where = {};
   e.batch_where = {};
   e.eval_batch_where = {};
+  e.data_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -665,6 +666,9 @@ TEST_CASE("config: values out of range are refused with the rule") {
        "values), got 2"},
       {"optimizer: {learning_rate: {schedule: piecewise_constant, boundaries: [200, 100], values: [1, 2, 3]}}",
        "t.yaml:5:77: optimizer.learning_rate.boundaries.1: must be greater than the previous boundary (200)"},
+      {"data: {source: hdf5, path: ' '}", "t.yaml:5:28: data.path: must be a path, not only blanks"},
+      {"data: {source: idx, path: '~'}", "t.yaml:5:27: data.path: must be a path dtrain can open: it does not expand '~'"},
+      {"data: {source: hdf5, path: ~/data/x.h5}", "t.yaml:5:28: data.path: must be a path dtrain can open"},
       {"optimizer: {learning_rate: {schedule: cosine_decay, decay_steps: 10}}",
        "t.yaml:5:28: optimizer.learning_rate: missing required key 'initial_learning_rate'"},
   };
@@ -1106,11 +1110,33 @@ TEST_CASE("config limits: sizes, counts and threads beyond what the machine or t
   std::string rank = wide;
   rank.replace(rank.find("28, 4294967296, 1"), 17, "1, 1, 1, 1, 1, 1, 1, 1");
   CHECK(contains(error_of(rank), "model.input_shape: must be at most 7 dimensions"));
+  // A reshape's target too (it failed with exit 1 when the model was built).
+  CHECK(error_of("model:\n  input_shape: [4]\n  layers:\n    - reshape: {target_shape: [1, 1, 1, 1, 1, 1, 1, 4]}\n") ==
+        "t.yaml:4:31: model.layers.0.reshape.target_shape: must be at most 7 dimensions (the batch dimension makes 8), "
+        "got a list");
+  CHECK(error_of("model:\n  input_shape: [4]\n  layers:\n    - reshape: {target_shape: [1, 1, 1, 1, 1, 1, 4]}\n    - "
+                 "flatten: {}\n    - dense: {units: 2}\n")
+            .empty());
   const std::string synthetic = minimal + "data: {source: synthetic, shape: [4], train_size: 1000000000000}\n";
   CHECK(contains(error_of(synthetic), "t.yaml:5:51: data.train_size: a synthetic dataset of"));
   CHECK(contains(error_of(minimal + "data: {source: synthetic, shape: [4], test_size: 0}\n"), "data.test_size"));
   CHECK(contains(error_of(minimal + "data: {source: tensors, x: [1, 2, 3, 4], y: [1, 0], size: 4611686018427387904}\n"),
                  "data.size: 4611686018427387904 repeated examples needs"));
+}
+
+TEST_CASE("config: an over-long name is refused where it is written, and the error shows only its start") {
+  const std::string long_name(100000, 'n');
+  const std::string error = error_of("name: " + long_name + "\n" + minimal);
+  CHECK(error.rfind("t.yaml:1:7: name: must be at most 200 bytes (it names the run directory runs/<name>;", 0) == 0);
+  CHECK(contains(error, "got '" + std::string(60, 'n') + "...' (100000 bytes)"));
+  CHECK(error.size() < 300);
+  CHECK(contains(error_of(minimal, {"name=" + long_name}), "--set name="));
+  CHECK(error_of("name: " + std::string(kMaxExperimentNameBytes, 'n') + "\n" + minimal).empty());
+  // The cut never splits a UTF-8 character: after "a", the 60th byte starts a 2-byte 'é'.
+  std::string wide = "a", shown = "a";
+  for (int i = 0; i < 150; ++i) wide += "\xc3\xa9";
+  for (int i = 0; i < 29; ++i) shown += "\xc3\xa9";
+  CHECK(contains(error_of("name: " + wide + "\n" + minimal), "got '" + shown + "...' (301 bytes)"));
 }
 
 TEST_CASE("config: an empty experiment is blamed on its file, not on the --set that filled it") {

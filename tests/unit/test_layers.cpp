@@ -301,6 +301,13 @@ TEST_CASE("flatten, reshape and activation layers") {
   check_case({"activation relu", Shape{4, 4, 3}, {conv(3, 3, 1, Padding::same, Activation::linear), relu}, 2});
   check_case({"activation softmax", Shape{8}, {dense(6, Activation::linear), sm}, 3});
   check_case({"activation tanh/sigmoid/linear", Shape{8}, {dense(6, Activation::linear), th, sg, lin}, 2});
+  // Past rank 5 (the batch included) oneDNN has no channels-last tag: the backend spells the same
+  // order with strides, up to Shape::kMaxRank.
+  nn::ReshapeOptions rank8;
+  rank8.target_shape = {2, 1, 1, 1, 1, 3, 4};
+  check_case({"reshape to rank 8", Shape{12}, {dense(24, Activation::linear), rank8, relu, nn::FlattenOptions{},
+                                               dense(3, Activation::linear)}, 2});
+  check_case({"an input of rank 7", Shape{1, 2, 1, 1, 3, 2}, {th, nn::FlattenOptions{}, dense(3, Activation::linear)}, 2});
 }
 
 TEST_CASE("the seed CNN as a stack: blocked layouts between layers agree with the reference") {

@@ -1,9 +1,11 @@
 // What surrounds a run for its user: when progress: auto draws a bar, the experiment `dtrain init`
 // writes, and the curves `dtrain plot` reads and draws.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -218,6 +220,66 @@ TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record w
   std::ofstream(dir / "metrics.jsonl") << "not json\n";
   CHECK_THROWS_AS(train::read_run_curves(dir.string()), InputError);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// The InputError read_run_curves throws for `dir`, or "" when it reads.
+std::string curves_error(const std::filesystem::path& dir) {
+  try {
+    train::read_run_curves(dir.string());
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("plot: an empty, special or out-of-range metrics.jsonl is refused naming the file (and line)") {
+  const auto dir = std::filesystem::temp_directory_path() / "dtrain_test_ux_plot_bad";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string log = (dir / "metrics.jsonl").string();
+  // Empty, or blank lines only: nothing to draw (the key's layout divided by its zero columns).
+  std::ofstream(log).close();
+  CHECK(contains(curves_error(dir), log + ": holds no epoch record"));
+  std::ofstream(log) << "\n\n";
+  CHECK(contains(curves_error(dir), log + ": holds no epoch record"));
+  // Epochs gnuplot cannot place, or an int cannot hold.
+  for (const char* epoch : {"9223372036854775807", "-5", "0", "1.5", "2147483648", "nan"}) {
+    CAPTURE(epoch);
+    std::ofstream(log) << R"({"epoch": 1, "loss": 2.5})" << "\n" << R"({"epoch": )" << epoch << R"(, "loss": 2.0})" << "\n";
+    CHECK(contains(curves_error(dir), log + ":2: epoch "));
+  }
+  std::ofstream(log) << R"({"epoch": 1, "loss": inf})" << "\n";
+  CHECK(contains(curves_error(dir), log + ":1: loss inf is not a finite number"));
+  // A figure that is not finite is left out, as dtrain's null is.
+  std::ofstream(log) << R"({"epoch": 1, "loss": 2.5, "test_loss": nan, "accuracy": null})" << "\n";
+  const train::RunCurves run = train::read_run_curves(dir.string());
+  REQUIRE(run.epochs.size() == 1);
+  CHECK_FALSE(run.epochs[0].test_loss.has_value());
+  CHECK_FALSE(run.epochs[0].accuracy.has_value());
+  // A directory or a FIFO where the log goes: refused before reading (a FIFO would block).
+  std::filesystem::remove(log);
+  std::filesystem::create_directory(log);
+  CHECK(contains(curves_error(dir), log + ": is a directory"));
+  std::filesystem::remove(log);
+  REQUIRE(::mkfifo(log.c_str(), 0600) == 0);
+  CHECK(contains(curves_error(dir), log + ": is not a regular file"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("plot: a script for runs without epochs has a key of one empty row, not a division by zero") {
+  train::RunCurves empty;
+  empty.label = "empty";
+  CHECK_FALSE(train::gnuplot_script({empty}, "x.png").empty());
+  CHECK_FALSE(train::gnuplot_script({empty, empty}, "x.png").empty());
+  // The largest epoch a record may hold: a point every 107374183 epochs, counted without overflow.
+  train::RunCurves last;
+  last.epochs = {train::EpochPoint{1, 2.0, {}, {}, {}, {}, {}, {}},
+                 train::EpochPoint{std::numeric_limits<int>::max(), 1.0, {}, {}, {}, {}, {}, {}}};
+  CHECK(contains(train::gnuplot_script({last}, "x.png"), "pi 107374183 "));
 }
 
 namespace {

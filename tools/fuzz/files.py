@@ -10,15 +10,20 @@ and every data-file case have run (then without signal cases, the slow ones), an
 it got there:
   data     every mutation of the IDX and HDF5 data files in a fixed list (truncations, bit flips,
            wrong and huge dimensions, NaN and infinite values, labels out of range, an empty test
-           split, special files)
+           split, special files); with them, in the same list, `dtrain plot` of a run whose
+           metrics.jsonl is empty, blank, a special file or holds records dtrain never writes
+           (epochs of 2^63-1, -5, 1.5, a loss of inf), and `tools/to_hdf5 csv` (and npy) of
+           features holding NaN or infinity
   ckpt     corrupted checkpoints, drawn at random until the time is up: bit flips in every region
-           (seal, superblock, metadata, data), truncations, /state values and datasets rewritten
-           with h5py with their checksums and the seal recomputed; each one through `dtrain eval`
-           and `dtrain resume`
+           (seal, superblock, metadata, data), truncations, /state values, datasets and the
+           optimizer's update count rewritten with h5py with their checksums and the seal
+           recomputed, weights and optimizer slots holding NaN or infinity under valid checksums;
+           each one through `dtrain eval` and `dtrain resume`
   manifest the checkpoint manifest empty, garbage, reversed, repeated, deleted, a FIFO
   signal    SIGTERM/SIGINT (single and double) at random moments of a run, and under mpirun -n 2
            (SIGUSR1, SIGTERM) when mpirun is installed
-Every outcome must be exit 0, or exit 2/3 with one line naming the file (4, or 128 + the signal
+Every outcome must be exit 0, or exit 2/3 with one line naming the file (`dtrain: error:`, or
+`tools/to_hdf5:` for the converter) (4, or 128 + the signal
 for a second signal, in the signal cases, with no *.tmp-* file left behind); never a signal death,
 an abort, a sanitizer report, exit 1 or a hang. The one exception is SIGTERM/SIGINT to mpirun,
 which returns 1 whatever its ranks do (docs/multi_worker.md, "Signals under mpirun"). Prints a summary
@@ -130,8 +135,9 @@ class Harness:
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
             return None, out, err
 
-    def judge(self, kind, name, argv, rc, out, err, names=(), allowed=(0, 2, 3), files=()):
-        """Records one outcome; returns True when it is acceptable."""
+    def judge(self, kind, name, argv, rc, out, err, names=(), allowed=(0, 2, 3), files=(), prefix="dtrain: error:"):
+        """Records one outcome; returns True when it is acceptable. `prefix` starts the one error
+        line an exit 2 or 3 must print."""
         self.counts[kind] = self.counts.get(kind, 0) + 1
         problem = None
         if rc is None:
@@ -143,9 +149,9 @@ class Harness:
         elif rc not in allowed:
             problem = "exit %d" % rc
         elif rc in (2, 3):
-            lines = [l for l in err.splitlines() if l.startswith("dtrain: error:")]
+            lines = [l for l in err.splitlines() if l.startswith(prefix)]
             if len(lines) != 1:
-                problem = "exit %d without exactly one 'dtrain: error:' line" % rc
+                problem = "exit %d without exactly one '%s' line" % (rc, prefix)
             elif names and not any(n in lines[0] for n in names):
                 problem = "exit %d: the error does not name %s" % (rc, " or ".join(names))
         if problem:
@@ -344,6 +350,105 @@ train: {epochs: 2, threads: 1, progress: none}
         for kind in ("fifo", "dir", "devzero"):
             variant(kind, replacing(kind))
 
+    def plot_cases(self):
+        """`dtrain plot` of a run whose metrics.jsonl is not a log dtrain writes: exit 2 (3 for I/O)
+        naming metrics.jsonl, never SIGFPE, a hang on a FIFO or gnuplot's own complaint. Where the
+        log reads, 0, or 2 naming gnuplot when it is not installed."""
+        good = ('{"epoch": 1, "global_step": 3, "loss": 2.5, "accuracy": 0.25, "test_loss": 2.25, '
+                '"test_accuracy": 0.5, "train_samples_per_s": 384.0}\n')
+
+        def record(epoch, loss="2.0"):
+            return '{"epoch": %s, "global_step": 3, "loss": %s}\n' % (epoch, loss)
+
+        # Refused: exit 2 naming metrics.jsonl (and the line), or 3 for I/O.
+        bad = {"empty": "", "blank": "\n\n\n", "garbage": "\x00\xff not json\n", "truncated": good[:30],
+               "epoch-max": record(2 ** 63 - 1), "epoch-negative": record(-5), "epoch-zero": record(0),
+               "epoch-fraction": record(1.5), "epoch-nan": record("nan"), "epoch-past-int": record(2 ** 31),
+               "loss-inf": record(1, "inf"), "loss-null": good + record(2, "null")}
+        # Drawn: exit 0, or 2 where gnuplot is not installed; never gnuplot failing on them.
+        fine = {"no-newline": good.rstrip("\n"), "epoch-int-max": good + record(2 ** 31 - 1),
+                "loss-huge": good + record(2, "1e308"), "many": "".join(record(e, 1.0 / e) for e in range(1, 3001))}
+
+        def variant(name, mutate, drawn=False):
+            def case():
+                run = os.path.join(self.work, "plot-" + name)
+                shutil.rmtree(run, ignore_errors=True)
+                os.makedirs(run)
+                log = os.path.join(run, "metrics.jsonl")
+                open(log, "w").close()
+                mutate(log)
+                argv = [self.dtrain, "plot", run]
+                rc, out, err = self.run(argv)
+                if drawn:
+                    self.judge("plot", name, argv, rc, out, err, names=("gnuplot is not installed",), allowed=(0, 2),
+                               files=[run])
+                else:
+                    self.judge("plot", name, argv, rc, out, err, names=("metrics.jsonl",), allowed=(2, 3), files=[run])
+                shutil.rmtree(run, ignore_errors=True)
+            self.fixed.append(case)
+
+        for name, text in bad.items():
+            variant(name, writing(text, "w"))
+        for name, text in fine.items():
+            variant(name, writing(text, "w"), drawn=True)
+        for kind in ("fifo", "dir", "dangling", "devnull"):
+            variant(kind, replacing(kind))
+
+    def csv_cases(self):
+        """`tools/to_hdf5 csv` of features holding NaN or infinity (as float() reads them: nan, inf,
+        Infinity, 1e999), in the training or the --test file, and `npy` of such arrays: exit 2 with
+        one `tools/to_hdf5:` line naming the file, never a traceback."""
+        tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "to_hdf5")
+        rows = np.random.default_rng(9).integers(0, 255, size=(40, 4))
+
+        def write_csv(path, bad=None):
+            lines = ["f1,f2,f3,f4,label"] + ["%s,%d" % (",".join(str(v) for v in row), i % 3) for i, row in enumerate(rows)]
+            if bad:
+                row, column, cell = bad
+                cells = lines[1 + row].split(",")
+                cells[column] = cell
+                lines[1 + row] = ",".join(cells)
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+
+        def variant(name, cell, in_test):
+            def case():
+                d = os.path.join(self.work, "csv-" + name)
+                shutil.rmtree(d, ignore_errors=True)
+                os.makedirs(d)
+                bad = (self.rng.randrange(len(rows)), self.rng.randrange(4), cell)
+                train, test = os.path.join(d, "train.csv"), os.path.join(d, "test.csv")
+                write_csv(train, None if in_test else bad)
+                write_csv(test, bad if in_test else None)
+                argv = [tool, "csv", train, "--label", "label", "--test", test, "-o", os.path.join(d, "out.h5")]
+                rc, out, err = self.run(argv)
+                self.judge("csv", name, argv, rc, out, err, names=(os.path.basename(test if in_test else train),),
+                           files=[d], prefix="tools/to_hdf5:")
+                shutil.rmtree(d, ignore_errors=True)
+            self.fixed.append(case)
+
+        for i, cell in enumerate(("nan", "NaN", "inf", "-inf", "Infinity", "-Infinity", "1e999", " nan ", "+inf")):
+            variant("cell%d-%s" % (i, cell.strip()), cell, in_test=i % 3 == 2)
+
+        def npy_case(value):
+            def case():
+                d = os.path.join(self.work, "npy-%s" % value)
+                shutil.rmtree(d, ignore_errors=True)
+                os.makedirs(d)
+                x = np.random.default_rng(10).random((30, 6), dtype=np.float32)
+                x.flat[self.rng.randrange(x.size)] = value
+                np.save(os.path.join(d, "x.npy"), x)
+                np.save(os.path.join(d, "y.npy"), np.arange(30) % 3)
+                argv = [tool, "npy", os.path.join(d, "x.npy"), os.path.join(d, "y.npy"), "-o", os.path.join(d, "out.h5")]
+                rc, out, err = self.run(argv)
+                self.judge("csv", "npy-%s" % value, argv, rc, out, err, names=("x.npy",), files=[d],
+                           prefix="tools/to_hdf5:")
+                shutil.rmtree(d, ignore_errors=True)
+            self.fixed.append(case)
+
+        for value in (np.nan, np.inf, -np.inf):
+            npy_case(value)
+
     # ------------------------------------------------------------------ checkpoints
 
     def base_run(self):
@@ -392,7 +497,8 @@ train: {epochs: 2, threads: 1, progress: none}
         size = os.path.getsize(path)
         r = self.rng
         kind = r.choice(["flip-seal", "flip-superblock", "flip-meta", "flip-any", "flip-any-resealed", "truncate",
-                         "state", "state", "metrics", "drop", "attr", "experiment", "zero-block"])
+                         "state", "state", "metrics", "drop", "attr", "experiment", "zero-block", "nonfinite",
+                         "nonfinite", "iterations"])
         if kind.startswith("flip"):
             lo, hi = {"flip-seal": (0, 24), "flip-superblock": (SEAL_BYTES, SEAL_BYTES + 96),
                       "flip-meta": (SEAL_BYTES, min(size, SEAL_BYTES + 4096))}.get(kind, (0, size))
@@ -424,6 +530,25 @@ train: {epochs: 2, threads: 1, progress: none}
                 value = r.choice(big)
             self.set_dataset(path, "/state/" + name, value)
             return "/state/%s = %r" % (name, value)
+        if kind == "nonfinite":
+            # A diverged run's weights or slots (or a file resealed around them): checksums that hold.
+            with h5py.File(path, "r") as h:
+                names = []
+                h.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset)
+                             and n.split("/")[0] in ("model", "optimizer") else None)
+                name = r.choice(names)
+                value = h[name][...]
+            count = r.randrange(1, value.size + 1)
+            for i in r.sample(range(value.size), count):
+                value.flat[i] = r.choice([np.nan, np.inf, -np.inf])
+            self.set_dataset(path, "/" + name, value)
+            return "%d non-finite values in /%s (checksums recomputed)" % (count, name)
+        if kind == "iterations":
+            value = r.choice(big)
+            with h5py.File(path, "r+") as h:
+                h["optimizer"].attrs.modify("iterations", np.int64(value))
+            self.reseal(path)
+            return "/optimizer iterations = %d" % value
         if kind == "metrics":
             n = r.choice([0, 1, 3, 100])
             which = r.choice(["counts", "sums"])
@@ -623,6 +748,8 @@ train: {epochs: 2, threads: 1, progress: none}
         self.fixed = []
         self.idx_cases()
         self.hdf5_cases()
+        self.plot_cases()
+        self.csv_cases()
         self.fixed_total = len(self.fixed)
         self.rng.shuffle(self.fixed)
         print("files.py: %d data-file cases; base run for the checkpoint cases" % self.fixed_total, flush=True)

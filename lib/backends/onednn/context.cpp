@@ -80,7 +80,20 @@ bool OnednnLayout::same_as(const Layout& other) const {
 }
 
 memory::desc canonical_md(const Shape& shape, DType dtype) {
-  return memory::desc(logical_dims(shape), to_dnnl(dtype), channels_last_tag(shape.rank()));
+  if (shape.rank() <= 5) return memory::desc(logical_dims(shape), to_dnnl(dtype), channels_last_tag(shape.rank()));
+  // oneDNN names channels-last layouts up to rank 5 only; a larger rank (a reshape's or an input
+  // shape's, up to Shape::kMaxRank) is the same row-major order spelt with strides.
+  const std::size_t rank = shape.rank();
+  std::vector<memory::dim> row_major(rank);
+  memory::dim stride = 1;
+  for (std::size_t i = rank; i-- > 0;) {
+    row_major[i] = stride;
+    stride *= shape[i];
+  }
+  // In logical_dims' order: (N, C, d1, ..., dk).
+  memory::dims strides{row_major[0], row_major[rank - 1]};
+  for (std::size_t i = 1; i + 1 < rank; ++i) strides.push_back(row_major[i]);
+  return memory::desc(logical_dims(shape), to_dnnl(dtype), strides);
 }
 
 memory::desc any_md(const Shape& shape, DType dtype) { return memory::desc(logical_dims(shape), to_dnnl(dtype), tag::any); }
