@@ -31,7 +31,8 @@ enum ExitCode : int {
   kInternalError = 1,  // a dtrain bug: please report it
   kBadInput = 2,       // bad experiment, bad --set, missing or malformed data or checkpoint
   kIoError = 3,        // could not write the run directory or a checkpoint
-  kInterrupted = 4,    // stopped by SIGINT/SIGTERM after saving a checkpoint; `dtrain resume` goes on
+  kInterrupted = 4,    // stopped by SIGINT/SIGTERM after saving a checkpoint; `dtrain resume` goes on (or
+                       // before the first step, while the model was built: nothing saved)
   kCollectiveTimeout = 5,  // a collective between workers did not complete in time, or another process of
                            // the job (parameter server, coordinator, every worker) stopped answering
 };
