@@ -12,6 +12,7 @@
 
 #include "commands.hpp"
 #include "config/parse.hpp"
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "distribute/roles.hpp"
 #include "distribute/strategy.hpp"
@@ -22,6 +23,16 @@
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
+
+void record_job_status(const distribute::WorkerGroup& workers, int code) {
+  const char* path = std::getenv("DTRAIN_JOB_STATUS");
+  if (path == nullptr || *path == '\0' || workers.world_rank() != 0) return;
+  try {
+    write_file_atomically(path, fmt::format("{}\n", code));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dtrain: warning: DTRAIN_JOB_STATUS: {}\n", e.what());
+  }
+}
 
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {
   const bool alone = workers.size() == 1;  // before the body: roles may split the group
@@ -35,14 +46,20 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
       std::fflush(stdout);
       fmt::print(stderr, "dtrain: error: {}\n", e.what());
     }
+    record_job_status(workers, exit_code_for(e));
     return exit_code_for(e);
   } catch (const std::exception& e) {
-    if (alone) throw;  // main() reports it
+    if (alone) {
+      record_job_status(workers, exit_code_for(e));
+      throw;  // main() reports it
+    }
     std::fflush(stdout);
     fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
     code = exit_code_for(e);
+    record_job_status(workers, code);
     if (!workers.rank_lost()) workers.abort(code);
   }
+  record_job_status(workers, code);
   // After a lost process, neither MPI_Finalize (on return) nor MPI_Abort (worker_group.hpp): every
   // survivor ends here with its own code, the coordinator's being the job's.
   if (workers.rank_lost()) workers.end_without_finalize(code);

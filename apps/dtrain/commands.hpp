@@ -113,6 +113,12 @@ void refuse_local_strategy_under_launcher(const config::Experiment& experiment, 
 // step N (0: before its model is built) until a signal stops it or DIR/release exists. Off when either is unset.
 train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requested);
 
+// Under a launcher whose own exit status cannot carry the job's (mpirun 4.1 --enable-recovery
+// exits 0 whatever its ranks return), world rank 0 (the chief, the coordinator) writes its exit
+// code into the file DTRAIN_JOB_STATUS names, when set, before it ends; tools/dtrain-mpirun reads
+// it. Nothing happens without the variable, or on other ranks.
+void record_job_status(const distribute::WorkerGroup& workers, int code);
+
 // What run and resume do on every rank: under a strategy that spans the workers the roles
 // (strategy.roles, TF_CONFIG) split the MPI world into the training ranks and the evaluator. A
 // training rank builds its Trainer, runs `prepare` on it (resume restores there), trains, and the

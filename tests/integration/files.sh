@@ -405,6 +405,21 @@ EOF
       mpirun -n 2 --oversubscribe "$dtrain" resume "$run" --set train.epochs=1 >"$run.resume.out" 2>&1 \
         || fail "SIG$sig: resume failed: $(tail -5 "$run.resume.out")"
     done
+    # What a batch system sends, SIGTERM, to tools/dtrain-mpirun: it reaches the ranks as SIGUSR1,
+    # the chief saves, and the job's exit status is 4, where mpirun alone would say 1.
+    run="$scratch/wrapped"
+    hold_env "$run.hold" $((3 + RANDOM % 40))
+    env "${hold[@]}" tools/dtrain-mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" "${mw[@]}" \
+      --run-dir "$run" >"$run.out" 2>"$run.err" &
+    pid=$!
+    wait_held "$run.hold" 2 "$pid"
+    kill -TERM "$pid"
+    wait "$pid"
+    rc=$?
+    cat "$run.err"
+    [ "$rc" -eq 4 ] || fail "SIGTERM to tools/dtrain-mpirun: exit $rc, wanted 4"
+    grep -q "continue with: dtrain resume $run" "$run.err" || fail "SIGTERM to tools/dtrain-mpirun: no resume command printed"
+    echo "SIGTERM to tools/dtrain-mpirun: exit $rc"
     ;;
   *)
     fail "unknown case"
