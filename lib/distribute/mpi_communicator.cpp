@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,6 +73,25 @@ MpiCommunicator::MpiCommunicator() : comm_(std::make_unique<Comm>()) {
   world_rank_ = rank_;
   world_size_ = size_;
   comm_->handle = MPI_COMM_WORLD;
+  learn_hosts();
+}
+
+void MpiCommunicator::learn_hosts() {
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  succeeded(MPI_Get_processor_name(mine, &len), "MPI_Get_processor_name", Failure::raise);
+  std::vector<char> all(static_cast<std::size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+  succeeded(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                          comm_->handle),
+            "MPI_Allgather", Failure::raise);
+  hosts_.clear();
+  bool several = false;
+  for (int r = 0; r < size_; ++r) {
+    const char* name = all.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts_.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+    several = several || hosts_.back() != hosts_.front();
+  }
+  if (!several) hosts_.clear();
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -102,6 +122,7 @@ void MpiCommunicator::split(bool trains) {
   succeeded(MPI_Comm_set_errhandler(group, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", Failure::raise);
   succeeded(MPI_Comm_rank(group, &rank_), "MPI_Comm_rank", Failure::raise);
   succeeded(MPI_Comm_size(group, &size_), "MPI_Comm_size", Failure::raise);
+  learn_hosts();
 }
 
 void MpiCommunicator::send_training_done(int world_rank) {
@@ -197,13 +218,16 @@ void MpiCommunicator::report_timeout(const char* what) {
     }
   }
   std::string missing;
+  // Across hosts each rank is named with its host: "rank 2 on host b (no answer: ...)".
+  const auto on_host = [&](std::size_t i) { return hosts_.empty() ? std::string() : " on host " + hosts_[i]; };
   for (int r = 0; r < size_; ++r) {
     const auto i = static_cast<std::size_t>(r);
     if (!answered[i]) {
-      missing += fmt::format("{}rank {} (no answer: dead, or stuck outside a collective)", missing.empty() ? "" : ", ", r);
+      missing += fmt::format("{}rank {}{} (no answer: dead, or stuck outside a collective)", missing.empty() ? "" : ", ",
+                             r, on_host(i));
     } else if (where[i].collective < collective_) {
-      missing += fmt::format("{}rank {} (at step {}, collective #{})", missing.empty() ? "" : ", ", r, where[i].step,
-                             where[i].collective);
+      missing += fmt::format("{}rank {}{} (at step {}, collective #{})", missing.empty() ? "" : ", ", r, on_host(i),
+                             where[i].step, where[i].collective);
     }
   }
   std::fprintf(stderr,

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "distribute/ring.hpp"
@@ -69,6 +70,9 @@ class MpiCommunicator final : public WorkerGroup, private RingTransport {
   // Whether rc is MPI_SUCCESS; otherwise throws (Failure::raise) or returns false.
   bool succeeded(int rc, const char* call, Failure failure) const;
   void split(bool trains);
+  // Every rank's MPI_Get_processor_name in comm_'s rank order (one all-gather); hosts_ stays empty
+  // when they are all alike, so one-host messages do not repeat the host.
+  void learn_hosts();
   // Answers another rank's census request, and prints its abort notice when one arrived.
   void answer_census(Failure failure);
   [[noreturn]] void report_timeout(const char* what);
@@ -82,6 +86,7 @@ class MpiCommunicator final : public WorkerGroup, private RingTransport {
   double timeout_seconds_ = 300.0;
   std::atomic<bool> yield_while_waiting_{false};
   std::vector<float> ring_scratch_;  // one chunk, reused
+  std::vector<std::string> hosts_;   // by rank of comm_, when the ranks span several hosts
 };
 
 }  // namespace dtrain::distribute

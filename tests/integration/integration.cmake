@@ -83,3 +83,14 @@ foreach(case ${DTRAIN_FILES_CASES})
   set_tests_properties(files.${case} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 endforeach()
 set_tests_properties(files.double_signal files.mpi_signals PROPERTIES RUN_SERIAL TRUE)
+# Multi-host over real TCP, with faults (tests/integration/multihost.sh): 2 to 4 hosts made as
+# network namespaces (tools/netns_hosts), mpirun across them; a link cut, a killed host, netem
+# latency and loss. Needs root (CI is); elsewhere, and without sch_netem for latency, exit 77.
+set(DTRAIN_MULTIHOST_CASES equivalence link_cut killed_host latency)
+foreach(case ${DTRAIN_MULTIHOST_CASES})
+  add_test(NAME multihost.${case}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/multihost.sh ${case} $<TARGET_FILE:dtrain>
+                   ${CMAKE_CURRENT_BINARY_DIR}/scratch/multihost_${case}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(multihost.${case} PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE SKIP_RETURN_CODE 77 LABELS multihost)
+endforeach()
