@@ -58,7 +58,9 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 watch() {
   local job=$1 file=$2 re=$3 start=$4
   seen=never
-  while kill -0 "$job" 2>/dev/null; do
+  # Bounded: under --enable-recovery mpirun may outlive every rank (it waits for a lost daemon).
+  local deadline=$((SECONDS + 120))
+  while kill -0 "$job" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
     if grep -Eq "$re" "$file" 2>/dev/null; then seen=$(since "$start"); break; fi
     sleep 0.05
   done
@@ -180,7 +182,7 @@ case "$case_name" in
     hold_env "$run.hold" $((6 + RANDOM % 20))
     env "${hold[@]}" tools/netns_hosts mpirun "$name" --enable-recovery -n 4 --host "$(ip_of 0):1,$(ip_of 1):1,$(ip_of 2):2" \
       "$scratch/rc.sh" "$run" "$dtrain" run "$small" "${common[@]}" --set train.epochs=2 --set checkpoint.every_steps=5 \
-      --set "$(ps 1 2 3)" --run-dir "$run" >"$run.out" 2>"$run.err" </dev/null &
+      --set "$(ps 1 2 10)" --run-dir "$run" >"$run.out" 2>"$run.err" </dev/null &
     job=$!
     wait_held "$run.hold" 1 "$job"
     kill -KILL $(ip netns pids "${name}_h1")
