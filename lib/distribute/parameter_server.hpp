@@ -9,7 +9,8 @@
 // To the training loop each rank is one replica on its own (collectives are no-ops, the replicas
 // in sync are 1: a scheduled step's loss and gradients are those of one worker's batch, as in
 // TensorFlow), and the loop is not the trainer's: schedules_steps() says so, and the coordinator,
-// worker and server loops (train/parameter_server_loop.hpp) run instead. An evaluator rank is an
+// worker and server loops this kind registers with the trainer
+// (train/strategies/parameter_server_loop.cpp) run instead. An evaluator rank is an
 // ordinary one-replica process that evaluates checkpoints.
 #pragma once
 

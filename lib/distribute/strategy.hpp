@@ -121,8 +121,8 @@ class Strategy {
   virtual double take_cross_worker_wait_seconds() = 0;
 
   // A strategy that runs its own training loop (a parameter-server coordinator dispatching steps
-  // to workers) says so here; the trainer's loop then is not the one that runs steps
-  // (parameter_server.hpp).
+  // to workers) says so here; the trainer's loop then is not the one that runs steps: the loop its
+  // kind registered runs instead (train/strategy_loop.hpp).
   virtual bool schedules_steps() const { return false; }
   // Whether a process of the job died and this one outlived it (a parameter-server job under
   // mpirun --enable-recovery): MPI_Finalize could then wait for the dead one forever, and the app
