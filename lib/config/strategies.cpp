@@ -97,7 +97,8 @@ std::vector<std::string_view> strategy_keys() {
   for (bool devices : {true, false})
     for (const StrategySchema* schema : strategy_schemas())
       for (std::string_view key : schema->keys)
-        if (names_devices(key) == devices && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+        if (names_devices(key) == devices && std::find(keys.begin(), keys.end(), key) == keys.end())
+          keys.push_back(key);
   return keys;
 }
 
