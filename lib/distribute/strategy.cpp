@@ -82,6 +82,13 @@ std::vector<std::string_view> kinds_spanning_workers(bool trainer_loop) {
   return kinds;
 }
 
+std::vector<std::string_view> kinds_with_own_loop() {
+  std::vector<std::string_view> kinds;
+  for (std::string_view kind : config::strategy_kind_names())
+    if (placement_of(kind).own_loop) kinds.push_back(kind);
+  return kinds;
+}
+
 int num_replicas_in_sync(const config::StrategyConfig& config, int total_threads, int workers) {
   const StrategyPlacement& placement = placement_of(config.kind);
   // A kind with its own loop schedules each step on one process's replicas.

@@ -170,6 +170,8 @@ bool runs_own_loop(const config::StrategyConfig& config);
 // The kinds that span worker processes, in listing order; `trainer_loop`: only those whose steps
 // the trainer's loop runs (synchronous training across processes).
 std::vector<std::string_view> kinds_spanning_workers(bool trainer_loop = false);
+// The kinds whose training ranks run their own loop, in listing order.
+std::vector<std::string_view> kinds_with_own_loop();
 // The replicas in sync make_strategy would make of `config` in a job of `workers` processes.
 int num_replicas_in_sync(const config::StrategyConfig& config, int total_threads, int workers);
 // What evaluation runs under: the default kind in one process; across `workers` > 1 processes

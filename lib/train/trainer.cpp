@@ -68,16 +68,19 @@ void check_metric_state(const std::string& path, const checkpoint::TrainingState
 
 // What checkpoint::restore cannot know either: that the optimizer's update count fits the steps
 // taken. A step applies one update, so a run's optimizer has made global_step of them; only under
-// parameter_server can a step's update land twice (its worker, declared lost after it pushed, has
-// the step run again elsewhere), which still makes at most twice as many. Anything else (a count
-// of 2^62 after 6 steps) would restart the learning-rate schedule and Adam's bias correction from
-// a corrupt value.
+// a strategy that schedules its own steps (parameter servers) can a step's update land twice (its
+// worker, declared lost after it pushed, has the step run again elsewhere), which still makes at
+// most twice as many. Anything else (a count of 2^62 after 6 steps) would restart the
+// learning-rate schedule and Adam's bias correction from a corrupt value.
 void check_update_count(const std::string& path, const checkpoint::TrainingState& state, std::int64_t iterations) {
   const std::int64_t steps = state.global_step;
   if (iterations >= steps && iterations - steps <= steps) return;  // both at most 2^62: no overflow
+  const std::vector<std::string_view> rescheduling = distribute::kinds_with_own_loop();
   throw InputError(fmt::format("{}: /optimizer iterations is {} but /state/global_step is {}; training applies one "
-                               "update per step (parameter_server at most two), so the checkpoint is corrupt",
-                               path, iterations, steps));
+                               "update per step{}, so the checkpoint is corrupt",
+                               path, iterations, steps,
+                               rescheduling.empty() ? std::string()
+                                                    : fmt::format(" ({} at most two)", fmt::join(rescheduling, ", "))));
 }
 
 }  // namespace

@@ -302,6 +302,7 @@ TEST_CASE("make_strategy: the devices, and what the config says about replicas i
   CHECK(distribute::kinds_spanning_workers() ==
         std::vector<std::string_view>{"multi_worker_mirrored", "parameter_server"});
   CHECK(distribute::kinds_spanning_workers(true) == std::vector<std::string_view>{"multi_worker_mirrored"});
+  CHECK(distribute::kinds_with_own_loop() == std::vector<std::string_view>{"parameter_server"});
   CHECK(distribute::evaluation_strategy(1) == by_default);
   CHECK(distribute::evaluation_strategy(2) == mwm_auto);
   auto one = distribute::make_strategy(by_default, 4, alone);
