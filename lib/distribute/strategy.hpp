@@ -149,7 +149,7 @@ struct StrategyPlacement {
 };
 
 // In a strategy file (before main; InternalError for a kind registered twice):
-//   const StrategyRegistration registered({.kind = "mirrored", .listed_at = 30, .keys = {...},
+//   const StrategyRegistration registered({.kind = MyOptions::kind, .listed_at = 70, .keys = {...},
 //                                          .parse = &parse, .write = &write, ...},
 //                                         {.local_devices = &local_devices, .make = &make});
 struct StrategyRegistration {
