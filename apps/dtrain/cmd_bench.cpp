@@ -23,8 +23,8 @@ int bench_command(const BenchArgs& args) {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
     refuse_local_strategy_under_launcher(exp, *workers, "each would time its own steps alone on the shared cores "
                                                         "and print its own table");
-    if (distribute::spans_workers(exp.strategy)) {
-      const auto roles = workers->assign_roles(exp.strategy.roles, std::getenv("TF_CONFIG"));
+    if (const config::RolesConfig* written = distribute::roles_of(exp.strategy)) {
+      const auto roles = workers->assign_roles(*written, std::getenv("TF_CONFIG"));
       if (roles && roles->evaluators > 0)
         throw ConfigError(fmt::format("{}: dtrain bench times training steps, and the evaluator role runs none; leave it "
                                       "out (--set strategy.roles.evaluator=0)",
@@ -36,8 +36,10 @@ int bench_command(const BenchArgs& args) {
     train::Trainer trainer(std::move(exp), options);
     if (trainer.strategy().schedules_steps())
       throw ConfigError(fmt::format("{}: dtrain bench times the synchronous training step, and this strategy schedules "
-                                    "its own steps; bench it under multi_worker_mirrored or a local strategy",
-                                    trainer.experiment().source_file));
+                                    "its own steps; bench it under {}{}a local strategy",
+                                    trainer.experiment().source_file,
+                                    fmt::join(distribute::kinds_spanning_workers(true), ", "),
+                                    distribute::kinds_spanning_workers(true).empty() ? "" : " or "));
     const bool chief = trainer.strategy().is_chief();
     if (chief && !args.json) {
       // Before the steps, so that a long bench shows at once what it measures.

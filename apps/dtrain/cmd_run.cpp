@@ -72,12 +72,16 @@ void refuse_local_strategy_under_launcher(const config::Experiment& experiment, 
   // The kind's place: file:line:column, the --set that gave it, or the file when it was left out.
   const config::SourceLocation& where = experiment.strategy.where;
   const bool left_out = where.line == 0 && !where.file.starts_with("--set");
+  // The kinds that span processes: "a (or b, c)".
+  const std::vector<std::string_view> across = distribute::kinds_spanning_workers();
+  std::string use = across.empty() ? std::string() : std::string(across.front());
+  if (across.size() > 1)
+    use += fmt::format(" (or {})", fmt::join(std::vector<std::string_view>(across.begin() + 1, across.end()), ", "));
   throw JobConfigError(fmt::format(
       "{}strategy kind {}{} runs in one process, but mpirun started {} processes: {}; to train across the processes "
-      "use strategy kind multi_worker_mirrored (or parameter_server), or run without mpirun",
+      "use strategy kind {}, or run without mpirun",
       config::location_prefix(where, left_out ? config::SourceLocation{experiment.source_file, 0, 0} : where),
-      config::name_of(experiment.strategy.kind), left_out ? " (strategy left out)" : "", workers.world_size(),
-      consequence));
+      experiment.strategy.kind, left_out ? " (strategy left out)" : "", workers.world_size(), consequence, use));
 }
 
 int report_interrupted(const train::Interrupted& stop, const std::string& run_dir) {
@@ -109,8 +113,8 @@ train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requeste
 int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& experiment, const train::TrainerOptions& options,
                       const std::function<void(train::Trainer&)>& prepare) {
   std::optional<distribute::RolePlan> roles;
-  if (distribute::spans_workers(experiment.strategy))
-    roles = workers.assign_roles(experiment.strategy.roles, std::getenv("TF_CONFIG"));
+  if (const config::RolesConfig* written = distribute::roles_of(experiment.strategy))
+    roles = workers.assign_roles(*written, std::getenv("TF_CONFIG"));
   if (roles && roles->role_of(workers.world_rank()) == distribute::Role::evaluator) {
     train::TrainerOptions mine = options;
     mine.out = stdout;

@@ -69,7 +69,7 @@ int resume_command(const ResumeArgs& args);
 int info_command();
 
 struct InitArgs {
-  std::string strategy = "default";
+  std::string strategy;  // empty: the default kind
   std::string model = "cnn";
   std::string output;  // empty = stdout
   bool force = false;  // replace an existing output file
@@ -102,7 +102,7 @@ int exit_code_for(const std::exception& error);
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body);
 
 // Under an MPI launcher that started more than one process, a strategy that does not span worker
-// processes (default, one_device, mirrored, central_storage) would have each process train alone
+// processes (distribute::spans_workers) would have each process train alone
 // (`consequence` says what that does to the command). Refused (JobConfigError, exit 2) before
 // anything is written, naming the strategy's place in the experiment and what to use instead.
 void refuse_local_strategy_under_launcher(const config::Experiment& experiment, const distribute::WorkerGroup& workers,

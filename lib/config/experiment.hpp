@@ -11,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-#include "config/layer_options.hpp"
+#include "config/options.hpp"
 
 namespace dtrain::config {
 
@@ -24,33 +24,25 @@ struct SourceLocation {
   bool operator==(const SourceLocation&) const = default;
 };
 
+// The options of a layer and of a strategy, as their kind's own type (config/options.hpp).
+using LayerOptions = Options;
+using StrategyOptions = Options;
+
 // ---------------------------------------------------------------- strategy
-// The tf.distribute strategies. All but multi_worker_mirrored and parameter_server run in one
-// process.
-enum class StrategyKind {
-  default_strategy,  // no distribution: one replica on the default device, any loss reduction
-  one_device,        // one replica, placed on `device`
-  mirrored,          // one replica per device in `devices`, variables mirrored, gradients all-reduced
-  central_storage,   // one replica per device in `devices`, one copy of the variables on `parameter_device`
-  // One worker process per MPI rank, each with one replica per device in `devices`; variables are
-  // mirrored on every replica of every worker and gradients all-reduced across all of them.
-  multi_worker_mirrored,
-  // tf.distribute.experimental.ParameterServerStrategy: a coordinator (the chief) dispatches steps
-  // to worker ranks, which read the variables from parameter-server ranks and push gradients that
-  // each server applies as they arrive (asynchronous training).
-  parameter_server,
+// Vocabulary several strategy kinds share. Each kind's own options live in its file
+// (distribute/<kind>.hpp), which registered how they are read and written (config/strategies.hpp).
+
+// The replicas' devices, in replica order, no duplicates. Device names are normalised to "cpu:N" /
+// "gpu:N" whatever TensorFlow spelling the YAML used (/cpu:0, /device:GPU:1, GPU:0, ...). When
+// `automatic` is set (the YAML spelling is `devices: auto`) the list is empty and the strategy
+// decides: one CPU replica per core, or per worker process for a strategy that spans processes.
+struct DeviceList {
+  std::vector<std::string> names;
+  bool automatic = true;
+  bool operator==(const DeviceList&) const = default;
 };
 
-// How MirroredStrategy sums values across its replicas (tf.distribute.CrossDeviceOps).
-enum class CrossDeviceOpsKind {
-  auto_select,              // "auto": let the strategy pick for the devices it has
-  reduction_to_one_device,  // gather on one device, reduce there, broadcast back
-  hierarchical_copy,        // tf.distribute.HierarchicalCopyAllReduce
-  ring,                     // ring all-reduce
-  nccl,                     // tf.distribute.NcclAllReduce
-};
-
-// How MultiWorkerMirroredStrategy's collectives travel between workers
+// How the collectives of a strategy that spans processes travel between workers
 // (tf.distribute.experimental.CommunicationImplementation).
 enum class CommunicationImplementation {
   auto_select,  // "auto": let the strategy pick for the devices and the launcher it has
@@ -59,7 +51,7 @@ enum class CommunicationImplementation {
   nccl,         // NCCL; GPUs only, which is checked once the devices are known
 };
 
-// tf.distribute.experimental.CommunicationOptions, for multi_worker_mirrored.
+// tf.distribute.experimental.CommunicationOptions, for the strategies that span processes.
 struct CommunicationConfig {
   CommunicationImplementation implementation = CommunicationImplementation::auto_select;
   // Gradients are packed into all-reduces of about this many bytes each; 0 = all in one pack.
@@ -68,8 +60,8 @@ struct CommunicationConfig {
   // communication thread, while backward goes on with earlier layers. Only with one replica per
   // worker (several local replicas must first sum among themselves).
   bool overlap = true;
-  // A collective that has not completed after this long fails the step instead of hanging on a
-  // lost worker.
+  // A collective (or, between a coordinator, its workers and parameter servers, a message) that
+  // has not completed after this long fails the step instead of hanging on a lost process.
   double timeout_seconds = 300.0;
   // The `implementation` value (line 0 when left to its default), for errors raised once the
   // devices are known (nccl on CPU).
@@ -77,57 +69,34 @@ struct CommunicationConfig {
   bool operator==(const CommunicationConfig&) const = default;
 };
 
-// multi_worker_mirrored: what each MPI rank does, as TF_CONFIG's task types. Ranks are given out
-// in order: the chief (rank 0), then the workers, then the evaluator. The chief and the workers
-// train together; the evaluator takes no part in training and evaluates each new checkpoint.
+// What each MPI rank of a strategy that spans processes does, as TF_CONFIG's task types. Ranks are
+// given out in order: the chief (rank 0), then the workers, then the parameter servers (for a kind
+// that has them), then the evaluator. The chief and the workers train together; the evaluator
+// takes no part in training and evaluates each new checkpoint.
 struct RolesConfig {
   int chief = 1;      // 0 or 1; without one, worker 0 does the chief's duties (as in TensorFlow)
-  int worker = -1;    // -1: every rank the chief and the evaluator leave
+  int worker = -1;    // -1: every rank the chief, the servers and the evaluator leave
   int evaluator = 0;  // 0 or 1
-  int ps = 0;         // parameter_server: the parameter-server ranks (after the workers in rank order)
-  // Set by the parser for strategy kind parameter_server (not written): TF_CONFIG may name "ps"
-  // tasks, and there must be at least one.
+  int ps = 0;         // the parameter-server ranks (after the workers in rank order)
+  // Set by the parser (not written): whether the kind has parameter servers (TF_CONFIG may then
+  // name "ps" tasks, and there must be at least one), and the kind, which messages name.
   bool parameter_servers = false;
+  std::string kind;
   SourceLocation where;  // the roles section (line 0 when left out)
   bool operator==(const RolesConfig&) const = default;
 };
 
-// parameter_server: how each variable is cut into shards along its first axis
-// (tf.distribute.experimental.partitioners). none: every variable whole, spread over the servers.
-enum class PartitionerKind { none, fixed_shards, min_size, max_size };
-struct VariablePartitionerConfig {
-  PartitionerKind kind = PartitionerKind::none;
-  int num_shards = 1;                         // fixed_shards
-  std::int64_t min_shard_bytes = 256 << 10;   // min_size
-  std::int64_t max_shard_bytes = 0;           // max_size (required there)
-  int max_shards = 0;                         // min_size, max_size; 0 = TF's default (1 for min_size, none for max_size)
-  bool operator==(const VariablePartitionerConfig&) const = default;
-};
-
 struct StrategyConfig {
-  StrategyKind kind = StrategyKind::default_strategy;
-  // one_device. Device names are normalised to "cpu:N" / "gpu:N" whatever TensorFlow spelling the
-  // YAML used (/cpu:0, /device:GPU:1, GPU:0, ...).
-  std::string device = "cpu:0";
-  // mirrored, central_storage: the replicas' devices, in replica order, no duplicates. When
-  // devices_auto is set the list is empty and the strategy takes one CPU replica per core; the
-  // YAML spelling of that is `devices: auto`.
-  // multi_worker_mirrored: the same, but the devices of EACH worker process (MPI rank), and
-  // devices_auto means one CPU replica per rank.
-  std::vector<std::string> devices;
-  bool devices_auto = true;
-  std::string parameter_device = "cpu:0";  // central_storage: where the single copy of the variables lives
-  CrossDeviceOpsKind cross_device_ops = CrossDeviceOpsKind::auto_select;  // mirrored
-  CommunicationConfig communication;                                      // multi_worker_mirrored
-  RolesConfig roles;                                                      // multi_worker_mirrored, parameter_server
-  VariablePartitionerConfig variable_partitioner;                         // parameter_server
+  // The registered YAML kind (config/strategies.hpp); the parser gives an experiment that leaves
+  // the strategy out the default kind's. Empty only in a config built in code and not set.
+  std::string kind;
+  // The kind's own options, as its file's type (the kind's `options_as`).
+  StrategyOptions options;
   // For errors raised after parsing (a device the machine lacks, a reduction the devices cannot
-  // do): the `kind` value (or the section, or the file when absent), and the values of
-  // device/devices, cross_device_ops and parameter_device (line 0 when left to their defaults).
+  // do): the `kind` value (or the section, or the file when absent), and where the replicas'
+  // devices were given (the kind's device or devices key; line 0 when left to their default).
   SourceLocation where;
   SourceLocation devices_where;
-  SourceLocation cross_device_ops_where;
-  SourceLocation parameter_device_where;
   bool operator==(const StrategyConfig&) const = default;
 };
 
@@ -140,7 +109,8 @@ enum class SourceKind {
   tensors,        // one example (x, y) repeated `size` times (tf.data.Dataset.from_tensors(...).repeat)
 };
 enum class DistributeMode { split_global_batch, per_replica };
-// tf.data.experimental.AutoShardPolicy: how the workers of multi_worker_mirrored split the input.
+// tf.data.experimental.AutoShardPolicy: how the workers of a strategy that spans processes split the
+// input.
 // It matters only with several workers; with one it reads as off.
 enum class AutoShardPolicy {
   auto_select,  // "auto": TensorFlow's rule, by file when that is possible, else by data

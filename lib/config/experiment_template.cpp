@@ -12,6 +12,7 @@
 #include "config/layers.hpp"
 #include "config/parse.hpp"
 #include "config/schema.hpp"
+#include "config/strategies.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::config {
@@ -40,6 +41,7 @@ struct Note {
   std::string above;
   std::string beside;
   std::string after;
+  std::vector<std::string_view> choices = {};  // when the parser's tables (choices_of) do not list them
 };
 
 // "a | b | c": the names a key takes, as the comments list them.
@@ -185,50 +187,51 @@ std::string optimizer_keys(const std::string& skeleton) {
   return fmt::format("{}", fmt::join(kinds, "; "));
 }
 
+// The words of `text` in lines of at most `width` columns (a longer word on a line of its own).
+std::string wrapped(const std::string& text, std::size_t width) {
+  std::string out, line;
+  std::istringstream words(text);
+  for (std::string word; words >> word;) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  return out + line;
+}
+
+// The TODO(strategy) comment: every registered kind, in order, and what it does (kinds listed
+// together that do the same share one summary: "a and b: one replica"), wrapped at 93 columns;
+// the closing sentence, on `dtrain init --strategy`, ends the last line whole.
+std::string strategy_todo() {
+  const std::vector<const StrategySchema*> all = strategy_schemas();
+  std::vector<std::string> kinds;
+  for (std::size_t i = 0; i < all.size();) {
+    std::size_t end = i + 1;
+    while (end < all.size() && all[end]->summary == all[i]->summary) ++end;
+    std::string names(all[i]->kind);
+    for (std::size_t k = i + 1; k < end; ++k) names += (k + 1 == end ? " and " : ", ") + std::string(all[k]->kind);
+    kinds.push_back(fmt::format("{}: {}", names, all[i]->summary));
+    i = end;
+  }
+  return wrapped(fmt::format("TODO(strategy): how the replicas are laid out, as tf.distribute's strategy. {}.",
+                             fmt::join(kinds, "; ")),
+                 93) +
+         " `dtrain init --strategy KIND` writes another kind's keys.";
+}
+
 std::vector<Note> notes(const std::string& skeleton, const Experiment& experiment, const std::string& yaml) {
-  const StrategyKind strategy = experiment.strategy.kind;
-  const RolesConfig roles;
   std::vector<Note> n;
   n.push_back({"name", "", "names the run directory: runs/<name>", ""});
   n.push_back({"seed", "", "fixes every random draw: initialization, shuffles, dropout", ""});
   n.push_back({"precision", "", "the dtype conv and dense layers compute in; variables stay float32", ""});
-  n.push_back({"strategy",
-               "TODO(strategy): how the replicas are laid out, as tf.distribute's strategy. default and\n"
-               "one_device: one replica; mirrored: replica threads, gradients all-reduced; central_storage:\n"
-               "one copy of the variables, compute replicated; multi_worker_mirrored: one worker per MPI rank\n"
-               "(mpirun -n 2 dtrain run FILE); parameter_server: a coordinator, asynchronous workers and\n"
-               "parameter-server ranks (mpirun -n 1+W+P). `dtrain init --strategy KIND` writes another kind's keys.",
-               "", ""});
+  n.push_back({"strategy", strategy_todo(), "", ""});
   n.push_back({"strategy.kind", "", "", ""});
-  n.push_back({"strategy.device", "", "the one device: cpu:N", ""});
-  n.push_back({"strategy.devices", "",
-               strategy == StrategyKind::multi_worker_mirrored
-                   ? "auto: one CPU replica per rank, or [cpu:0, cpu:1]: replicas in each rank"
-                   : "auto: one CPU replica per core, or [cpu:0, cpu:1]",
-               ""});
-  n.push_back({"strategy.cross_device_ops", "", "how the replicas' gradients are summed; auto says what it chose", ""});
-  n.push_back({"strategy.parameter_device", "", "where the one copy of the variables lives: one of devices", ""});
-  if (strategy == StrategyKind::multi_worker_mirrored) {
-    n.push_back({"strategy.communication",
-                 fmt::format("implementation: {}; bytes_per_pack: gradients per all-reduce, 0 = one pack;\n"
-                             "overlap: start a pack's all-reduce while backward computes the earlier layers;\n"
-                             "timeout_seconds: a collective that takes longer aborts the job (exit 5)",
-                             joined(choices_of("strategy.communication.implementation"), " | ")),
-                 "",
-                 fmt::format("roles: {{chief: {}, evaluator: {}}}   # worker left out: every other rank; evaluator: 1 "
-                             "adds a rank that evaluates each checkpoint",
-                             roles.chief, roles.evaluator)});
-  } else {
-    n.push_back({"strategy.communication",
-                 "timeout_seconds: how long a rank waits for another (coordinator, worker, parameter server)\n"
-                 "before counting it lost; a lost server or coordinator, or every worker lost, ends the job (exit 5)",
-                 "", ""});
-  }
-  n.push_back({"strategy.roles", "", "the ranks in rank order: chief, workers, parameter servers, evaluator", ""});
-  n.push_back({"strategy.variable_partitioner", "",
-               "none | fixed_shards {num_shards} | min_size {min_shard_bytes, max_shards} | max_size "
-               "{max_shard_bytes}: variables cut along axis 0 over the servers",
-               ""});
+  // The chosen kind's notes on its keys (config/strategies.hpp).
+  if (const auto notes_of_kind = strategy_schema(experiment.strategy.kind).notes)
+    for (const TemplateNote& note : notes_of_kind())
+      n.push_back({"strategy." + std::string(note.key), note.above, note.beside, note.after, note.choices});
   n.push_back({"data",
                "TODO(dataset): your data. fashion_mnist and idx read a directory of MNIST-style IDX files\n"
                "(optionally .gz); hdf5 reads one file with groups /train and /test holding x (images, channels\n"
@@ -342,13 +345,14 @@ std::string annotate(const std::string& skeleton, const Experiment& experiment, 
     previous_top_scalar = top_scalar;
     std::string beside;
     std::string after;
+    std::vector<std::string_view> choices = choices_of(path);
     for (const Note& note : all) {
       if (note.path != path) continue;
       comment_lines(out, indent, note.above);
       if (!note.beside.empty()) beside = note.beside;
       if (!note.after.empty()) after += note.after + "\n";
+      if (!note.choices.empty()) choices = note.choices;
     }
-    const std::vector<std::string_view> choices = choices_of(path);
     if (!choices.empty()) beside = joined(choices, " | ") + (beside.empty() ? "" : "; " + beside);
     if (beside.empty()) {
       out += line + "\n";
@@ -365,9 +369,8 @@ std::string annotate(const std::string& skeleton, const Experiment& experiment, 
 }  // namespace
 
 std::string launcher_for(std::string_view strategy) {
-  if (strategy == name_of(StrategyKind::multi_worker_mirrored)) return "mpirun -n 2 ";
-  if (strategy == name_of(StrategyKind::parameter_server)) return "mpirun -n 5 ";  // the roles below
-  return "";
+  const StrategySchema* schema = strategy.empty() ? &default_strategy_schema() : find_strategy_schema(strategy);
+  return schema ? std::string(schema->launcher) : std::string();
 }
 
 std::string experiment_template(const TemplateOptions& options) {
@@ -376,11 +379,12 @@ std::string experiment_template(const TemplateOptions& options) {
   if (options.model == "mlp") layers = mlp_layers;
   if (layers.empty()) throw ConfigError(fmt::format("unknown model '{}'; valid: cnn, mlp", options.model));
   const std::vector<std::string_view> kinds = choices_of("strategy.kind");
-  if (std::find(kinds.begin(), kinds.end(), options.strategy) == kinds.end())
+  const StrategySchema* strategy =
+      options.strategy.empty() ? &default_strategy_schema() : find_strategy_schema(options.strategy);
+  if (!strategy)
     throw ConfigError(fmt::format("unknown strategy kind '{}'; valid: {}", options.strategy, joined(kinds, ", ")));
-  // Only what differs from the defaults; to_yaml writes every other key with its default value.
-  // A parameter-server job needs its cluster spelt out: 1 chief, 2 workers, 2 servers.
-  const bool parameter_server = options.strategy == "parameter_server";
+  // Only what differs from the defaults; to_yaml writes every other key with its default value. A
+  // kind may add options its template needs (a parameter-server job its cluster spelt out).
   const std::string skeleton = fmt::format(
       "name: '{}'\n"
       "strategy: {{kind: {}{}}}\n"
@@ -388,13 +392,14 @@ std::string experiment_template(const TemplateOptions& options) {
       "model:\n  input_shape: [28, 28, 1]\n  layers:{}\n"
       "loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}\n"
       "metrics: [sparse_categorical_accuracy]\n",
-      options.name, options.strategy, parameter_server ? ", roles: {chief: 1, worker: 2, ps: 2}" : "", layers);
+      options.name, strategy->kind,
+      strategy->template_options.empty() ? std::string() : ", " + std::string(strategy->template_options), layers);
   const Experiment experiment = parse_experiment(skeleton, "dtrain init");
   std::string out = fmt::format(
       "# A dtrain experiment (strategy {}, model {}) written by `dtrain init`: every key with its\n"
       "# default value, the values a key takes beside it, and TODOs where a custom training loop\n"
       "# needs your choices. `dtrain validate FILE` checks it; `{}dtrain run FILE` trains it.\n\n",
-      options.strategy, options.model, launcher_for(options.strategy));
+      strategy->kind, options.model, strategy->launcher);
   return out + annotate(skeleton, experiment, to_yaml(experiment));
 }
 

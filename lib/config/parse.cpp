@@ -18,6 +18,7 @@
 
 #include "config/layers.hpp"
 #include "config/schema.hpp"
+#include "config/strategies.hpp"
 #include "config/yaml_tree.hpp"
 #include "core/checked.hpp"
 #include "core/error.hpp"
@@ -64,28 +65,6 @@ constexpr Named<ProgressMode> progress_modes[] = {{"auto", ProgressMode::auto_de
                                                   {"lines", ProgressMode::lines},
                                                   {"none", ProgressMode::none}};
 
-constexpr Named<StrategyKind> strategy_kinds[] = {{"default", StrategyKind::default_strategy},
-                                                  {"one_device", StrategyKind::one_device},
-                                                  {"mirrored", StrategyKind::mirrored},
-                                                  {"central_storage", StrategyKind::central_storage},
-                                                  {"multi_worker_mirrored", StrategyKind::multi_worker_mirrored},
-                                                  {"parameter_server", StrategyKind::parameter_server}};
-constexpr Named<PartitionerKind> partitioner_kinds[] = {{"none", PartitionerKind::none},
-                                                        {"fixed_shards", PartitionerKind::fixed_shards},
-                                                        {"min_size", PartitionerKind::min_size},
-                                                        {"max_size", PartitionerKind::max_size}};
-constexpr Named<CrossDeviceOpsKind> cross_device_ops_kinds[] = {
-    {"auto", CrossDeviceOpsKind::auto_select},
-    {"reduction_to_one_device", CrossDeviceOpsKind::reduction_to_one_device},
-    {"hierarchical_copy", CrossDeviceOpsKind::hierarchical_copy},
-    {"ring", CrossDeviceOpsKind::ring},
-    {"nccl", CrossDeviceOpsKind::nccl}};
-constexpr Named<CommunicationImplementation> communication_implementations[] = {
-    {"auto", CommunicationImplementation::auto_select},
-    {"ring", CommunicationImplementation::ring},
-    {"mpi", CommunicationImplementation::mpi},
-    {"nccl", CommunicationImplementation::nccl}};
-
 // tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
 constexpr std::string_view planned_strategies[] = {"tpu"};
 
@@ -97,178 +76,37 @@ constexpr Named<Precision> precisions[] = {{"float32", Precision::float32},
 
 // ---------------------------------------------------------------- sections
 
-bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
-  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
-  return text.size() >= prefix.size() &&
-         std::equal(prefix.begin(), prefix.end(), text.begin(), [&](char a, char b) { return lower(a) == lower(b); });
+// The kinds that take `key`, as "strategy kind a" or "strategy kinds a, b".
+std::string kinds_taking(std::string_view key) {
+  std::vector<std::string_view> kinds;
+  for (const StrategySchema* schema : strategy_schemas())
+    if (std::find(schema->keys.begin(), schema->keys.end(), key) != schema->keys.end()) kinds.push_back(schema->kind);
+  return fmt::format("strategy kind{} {}", kinds.size() == 1 ? "" : "s", join(kinds));
 }
 
-// TensorFlow spells a local device several ways (cpu:0, /cpu:0, CPU:0, /device:GPU:1); the
-// strategies compare device names, so they are kept in one spelling: "cpu:N" or "gpu:N".
-std::optional<std::string> normalise_device(std::string_view text) {
-  if (text.starts_with('/')) text.remove_prefix(1);
-  if (starts_with_ignoring_case(text, "device:")) text.remove_prefix(std::string_view("device:").size());
-  std::string_view type;
-  for (std::string_view candidate : {"cpu", "gpu"})
-    if (starts_with_ignoring_case(text, candidate) && text.substr(candidate.size()).starts_with(':')) type = candidate;
-  if (type.empty()) return std::nullopt;
-  text.remove_prefix(type.size() + 1);
-  const bool digits_only = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) {
-    return std::isdigit(c) != 0;
-  });
-  int index = 0;
-  if (!digits_only) return std::nullopt;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), index);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return fmt::format("{}:{}", type, index);
-}
-
-std::string read_device(const Node& node, const std::string& path) {
-  if (!node.is_scalar()) type_error(node, path, "a device name (cpu:N or gpu:N)");
-  if (auto device = normalise_device(node.scalar)) return *device;
-  range_error(node, path, "a device name cpu:N or gpu:N with N >= 0 (TensorFlow's /cpu:0 and /device:GPU:0 work too)");
-}
-
-// `devices: auto` or a non-empty list of distinct devices.
-void read_devices(const Node& node, const std::string& path, StrategyConfig& out) {
-  if (node.is_scalar() && node.scalar == "auto") {
-    out.devices.clear();
-    out.devices_auto = true;
-    return;
-  }
-  if (!node.is_sequence()) type_error(node, path, "a list of device names (for example [cpu:0, cpu:1]) or auto");
-  if (node.items.empty()) range_error(node, path, "a non-empty list of devices, or auto");
-  // Each device is a replica with its own thread and copy of the model.
-  if (node.items.size() > static_cast<std::size_t>(max_compute_threads()))
-    range_error(node, path, fmt::format("a list of at most {} devices (the thread cap of this machine)",
-                                        max_compute_threads()));
-  std::vector<std::string> devices;
-  for (std::size_t i = 0; i < node.items.size(); ++i) {
-    const Node& item = node.items[i];
-    const std::string item_path = child(path, std::to_string(i));
-    std::string device = read_device(item, item_path);
-    const auto previous = std::find(devices.begin(), devices.end(), device);
-    if (previous != devices.end()) {
-      const Node& first = node.items[static_cast<std::size_t>(previous - devices.begin())];
-      fail(item.origin, fmt::format("{}: device '{}' is listed twice (also at {}); give each replica its own device",
-                                    item_path, device, first.origin.text()));
-    }
-    devices.push_back(std::move(device));
-  }
-  out.devices = std::move(devices);
-  out.devices_auto = false;
-}
-
-CommunicationConfig parse_communication(const Node& node, const std::string& path) {
-  static constexpr std::string_view keys[] = {"implementation", "bytes_per_pack", "overlap", "timeout_seconds"};
-  Section s(node, path, keys);
-  CommunicationConfig out;
-  if (const Node* implementation = s.find("implementation")) {
-    out.implementation = read_enum(*implementation, s.path("implementation"), "communication implementation",
-                                   communication_implementations);
-    out.implementation_where = implementation->origin.location();
-  }
-  s.get_int("bytes_per_pack", out.bytes_per_pack, 0);
-  s.get_bool("overlap", out.overlap);
-  s.get_number("timeout_seconds", out.timeout_seconds, positive, "> 0");
-  return out;
-}
-
-RolesConfig parse_roles(const Node& node, const std::string& path) {
-  static constexpr std::string_view keys[] = {"chief", "worker", "evaluator", "ps"};
-  Section s(node, path, keys);
-  RolesConfig out;
-  out.where = node.origin.location();
-  // TensorFlow allows at most one chief and one evaluator.
-  for (auto [key, value] : {std::pair<std::string_view, int*>{"chief", &out.chief}, {"evaluator", &out.evaluator}})
-    if (const Node* n = s.find(key)) {
-      *value = read_int32(*n, s.path(key));
-      if (*value < 0 || *value > 1) range_error(*n, s.path(key), "0 or 1");
-    }
-  s.get_int("worker", out.worker, 0);
-  s.get_int("ps", out.ps, 0);
-  return out;
-}
-
-VariablePartitionerConfig parse_partitioner(const Node& node, const std::string& path) {
-  static constexpr std::string_view keys[] = {"kind", "num_shards", "min_shard_bytes", "max_shard_bytes", "max_shards"};
-  Section s(node, path, keys);
-  VariablePartitionerConfig out;
-  s.get_enum("kind", out.kind, "variable partitioner", partitioner_kinds);
-  const char* chosen = name_in(partitioner_kinds, out.kind);
-  const bool fixed = out.kind == PartitionerKind::fixed_shards, min_size = out.kind == PartitionerKind::min_size,
-             max_size = out.kind == PartitionerKind::max_size;
-  s.only_for("num_shards", fixed, "partitioner fixed_shards", chosen);
-  s.only_for("min_shard_bytes", min_size, "partitioner min_size", chosen);
-  s.only_for("max_shard_bytes", max_size, "partitioner max_size", chosen);
-  s.only_for("max_shards", min_size || max_size, "partitioners min_size, max_size", chosen);
-  if (fixed) out.num_shards = s.require_int("num_shards", 1);
-  s.get_int("min_shard_bytes", out.min_shard_bytes, 1);
-  if (max_size) out.max_shard_bytes = s.require_int("max_shard_bytes", 1);
-  s.get_int("max_shards", out.max_shards, 1);
-  return out;
-}
-
+// The strategy section: the kind, then the kind's own options as its file reads them
+// (config/strategies.hpp); keys of other kinds are refused naming the kinds that take them.
 StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
-  static constexpr std::string_view keys[] = {"kind",          "device",           "devices", "parameter_device",
-                                              "cross_device_ops", "communication", "roles", "variable_partitioner"};
+  const std::vector<std::string_view> keys = strategy_keys();
   Section s(node, "strategy", keys);
   StrategyConfig out;
   out.where = key_origin.location();
+  const StrategySchema* schema = &default_strategy_schema();
   if (const Node* kind = s.find("kind")) {
+    const std::vector<std::string_view> available = strategy_kind_names();
     if (kind->is_scalar() && std::find(std::begin(planned_strategies), std::end(planned_strategies),
-                                       kind->scalar) != std::end(planned_strategies)) {
-      std::vector<std::string_view> available;
-      for (const auto& entry : strategy_kinds) available.push_back(entry.name);
+                                       kind->scalar) != std::end(planned_strategies))
       fail(kind->origin, fmt::format("strategy kind '{}' is not available in this version of dtrain (available: {})",
                                      kind->scalar, join(available)));
-    }
-    out.kind = read_enum(*kind, s.path("kind"), "strategy kind", strategy_kinds);
+    schema = &strategy_schema(available[read_name(*kind, s.path("kind"), "strategy kind", available)]);
     out.where = kind->origin.location();
   }
-  const char* chosen = name_of(out.kind);
-  const bool one_device = out.kind == StrategyKind::one_device, mirrored = out.kind == StrategyKind::mirrored,
-             central_storage = out.kind == StrategyKind::central_storage,
-             multi_worker = out.kind == StrategyKind::multi_worker_mirrored,
-             parameter_server = out.kind == StrategyKind::parameter_server;
-  s.only_for("device", one_device, "strategy kind one_device", chosen);
-  s.only_for("devices", mirrored || central_storage || multi_worker,
-             "strategy kinds mirrored, central_storage, multi_worker_mirrored", chosen);
-  s.only_for("parameter_device", central_storage, "strategy kind central_storage", chosen);
-  s.only_for("cross_device_ops", mirrored, "strategy kind mirrored", chosen);
-  s.only_for("communication", multi_worker || parameter_server, "strategy kinds multi_worker_mirrored, parameter_server",
-             chosen);
-  s.only_for("roles", multi_worker || parameter_server, "strategy kinds multi_worker_mirrored, parameter_server", chosen);
-  s.only_for("variable_partitioner", parameter_server, "strategy kind parameter_server", chosen);
-
-  if (const Node* device = s.find("device")) {
-    out.device = read_device(*device, s.path("device"));
-    out.devices_where = device->origin.location();
-  }
-  if (const Node* devices = s.find("devices")) {
-    read_devices(*devices, s.path("devices"), out);
-    out.devices_where = devices->origin.location();
-  }
-  if (const Node* parameter_device = s.find("parameter_device")) {
-    out.parameter_device = read_device(*parameter_device, s.path("parameter_device"));
-    out.parameter_device_where = parameter_device->origin.location();
-  }
-  if (const Node* ops = s.find("cross_device_ops")) {
-    out.cross_device_ops = read_enum(*ops, s.path("cross_device_ops"), "cross_device_ops", cross_device_ops_kinds);
-    out.cross_device_ops_where = ops->origin.location();
-  }
-  s.get("communication", out.communication, parse_communication);
-  s.get("roles", out.roles, parse_roles);
-  s.get("variable_partitioner", out.variable_partitioner, parse_partitioner);
-  out.roles.parameter_servers = parameter_server;
-  if (const Node* roles = s.find("roles")) {
-    // TF_CONFIG may still give the servers when the roles are left out (resolve_roles checks).
-    if (parameter_server && out.roles.ps < 1)
-      fail(roles->origin, "strategy.roles.ps: parameter_server needs at least one parameter server; write ps: 1 or more");
-    if (!parameter_server && out.roles.ps > 0)
-      fail(roles->origin, fmt::format("strategy.roles.ps: strategy kind {} has no parameter servers; remove ps, or use "
-                                      "kind parameter_server", chosen));
-  }
+  out.kind = std::string(schema->kind);
+  for (std::string_view key : keys)
+    if (key != "kind")
+      s.only_for(key, std::find(schema->keys.begin(), schema->keys.end(), key) != schema->keys.end(),
+                 kinds_taking(key), schema->kind);
+  schema->parse(s, out);
   return out;
 }
 
@@ -276,20 +114,19 @@ StrategyConfig parse_strategy(const Node& node, const Origin& key_origin) {
 // `reduction_origin` is the reduction value, or the loss section / file when it was left out.
 void check_reduction_under_strategy(const StrategyConfig& strategy, const LossConfig& loss, bool reduction_given,
                                     const Origin& reduction_origin) {
-  if (strategy.kind == StrategyKind::default_strategy) return;
+  const StrategySchema& schema = strategy_schema(strategy.kind);
+  if (schema.allows_mean_reductions) return;
   if (loss.reduction != Reduction::auto_reduction && loss.reduction != Reduction::sum_over_batch_size) return;
   const std::string why =
-      strategy.kind == StrategyKind::one_device
-          ? "with one replica its average happens to be right, but tf.distribute refuses it under every explicit "
-            "strategy so that the experiment stays correct when it moves to several replicas"
+      !schema.mean_reductions_refused.empty()
+          ? std::string(schema.mean_reductions_refused)
           : "each replica would average over its own part of the batch, and summing the replicas' gradients then "
             "comes out num_replicas times too large";
   fail(reduction_origin,
        fmt::format("loss.reduction '{}'{} is refused under strategy '{}': {}; write reduction: none (dtrain divides "
                    "the summed per-example losses by the GLOBAL batch, like tf.nn.compute_average_loss) or "
                    "reduction: sum",
-                   name_of(loss.reduction), reduction_given ? "" : " (the default when left out)",
-                   name_of(strategy.kind), why));
+                   name_of(loss.reduction), reduction_given ? "" : " (the default when left out)", strategy.kind, why));
 }
 
 // auto_shard: file's list of files: non-empty, each named once.
@@ -690,9 +527,6 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
 
 }  // namespace
 
-const char* name_of(StrategyKind kind) { return name_in(strategy_kinds, kind); }
-const char* name_of(PartitionerKind kind) { return name_in(partitioner_kinds, kind); }
-const char* name_of(CrossDeviceOpsKind kind) { return name_in(cross_device_ops_kinds, kind); }
 const char* name_of(SourceKind kind) { return name_in(source_kinds, kind); }
 const char* name_of(DistributeMode mode) { return name_in(distribute_modes, mode); }
 const char* name_of(CommunicationImplementation implementation) {
@@ -745,6 +579,11 @@ Experiment parse_experiment(const std::string& yaml_text, const std::string& fil
   return parse_tree(root, file_name);
 }
 
+StrategyConfig parse_strategy_section(const std::string& yaml_text, const std::string& file_name) {
+  const Node root = detail::load_tree(yaml_text, file_name);
+  return parse_strategy(root, root.origin);
+}
+
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error))
@@ -766,8 +605,7 @@ std::vector<std::string_view> choices_of(std::string_view key_path) {
     for (const auto& entry : table) names.push_back(entry.name);
   };
   if (key_path == "precision") from(precisions);
-  if (key_path == "strategy.kind") from(strategy_kinds);
-  if (key_path == "strategy.cross_device_ops") from(cross_device_ops_kinds);
+  if (key_path == "strategy.kind") names = strategy_kind_names();
   if (key_path == "strategy.communication.implementation") from(communication_implementations);
   if (key_path == "data.source") from(source_kinds);
   if (key_path == "data.auto_shard") from(auto_shard_policies);

@@ -19,6 +19,10 @@ Experiment load_experiment(const std::string& path, const std::vector<std::strin
 Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,
                             const std::vector<std::string>& overrides = {});
 
+// A strategy section alone ("{kind: mirrored, devices: [cpu:0, cpu:1]}"), as parse_experiment
+// reads it (tests, and tools that lay replicas out without an experiment).
+StrategyConfig parse_strategy_section(const std::string& yaml_text, const std::string& file_name);
+
 // The fully resolved experiment: every setting that applies to the chosen kinds, defaults
 // included. parse_experiment(to_yaml(e), ...) gives back an Experiment equal to e (apart from
 // source locations).
@@ -41,9 +45,6 @@ struct BatchKey {
 BatchKey batch_key(const Experiment& experiment, bool eval);
 
 // Names used in YAML for the enums, for messages and reports elsewhere.
-const char* name_of(StrategyKind kind);
-const char* name_of(PartitionerKind kind);
-const char* name_of(CrossDeviceOpsKind kind);
 const char* name_of(CommunicationImplementation implementation);
 const char* name_of(AutoShardPolicy policy);
 const char* name_of(SourceKind kind);
@@ -59,8 +60,9 @@ const char* name_of(ProgressMode mode);
 const char* name_of(Parallelism parallelism);
 const char* name_of(Precision precision);
 
-// The YAML names a key of the experiment takes ("strategy.kind": default, one_device, ...), from
-// the tables the parser reads them with; empty for a key that is not a choice of names.
+// The YAML names a key of the experiment takes ("strategy.kind": the registered kinds, in their
+// order), from the tables and registries the parser reads them with; empty for a key that is not
+// a choice of names.
 std::vector<std::string_view> choices_of(std::string_view key_path);
 
 }  // namespace dtrain::config

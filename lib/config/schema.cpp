@@ -70,6 +70,15 @@ std::string did_you_mean(std::string_view word, std::span<const std::string_view
 
 // ---------------------------------------------------------------- typed reading of nodes
 
+std::size_t read_name(const Node& node, const std::string& path, std::string_view what,
+                      std::span<const std::string_view> names) {
+  if (!node.is_scalar()) type_error(node, path, "a " + std::string(what) + " (" + join(names) + ")");
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == node.scalar) return i;
+  fail(node.origin, "unknown " + std::string(what) + " '" + node.scalar + "'; valid: " + join(names) +
+                        did_you_mean(node.scalar, names));
+}
+
 std::string child(const std::string& path, std::string_view key) {
   return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
 }
@@ -322,6 +331,15 @@ void OptionsWriter::integers(std::string_view key, const std::vector<std::int64_
   for (std::int64_t v : values) out_ << v;
   out_ << YAML::EndSeq;
 }
+void OptionsWriter::texts(std::string_view key, const std::vector<std::string>& values) {
+  out_ << YAML::Key << std::string(key) << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& v : values) out_ << v;
+  out_ << YAML::EndSeq;
+}
+void OptionsWriter::begin_map(std::string_view key) {
+  out_ << YAML::Key << std::string(key) << YAML::Value << YAML::Flow << YAML::BeginMap;
+}
+void OptionsWriter::end_map() { out_ << YAML::EndMap; }
 void OptionsWriter::regularizer(std::string_view key, const Regularizer& value) {
   out_ << YAML::Key << std::string(key) << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "l2"
        << YAML::Value << yaml_number(value.l2) << YAML::EndMap;

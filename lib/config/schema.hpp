@@ -3,8 +3,9 @@
 // spelling, a Section that refuses unknown keys, and a writer for the resolved YAML.
 //
 // The experiment's own sections use it (parse.cpp, to_yaml.cpp), and so does every layer file in
-// nn/, which reads and writes its own options with it (config/layers.hpp): the schema of a layer
-// lives with the layer, the error messages stay the same everywhere.
+// nn/ and every strategy file in distribute/, which read and write their own options with it
+// (config/layers.hpp, config/strategies.hpp): the schema of a layer or a strategy lives with it,
+// the error messages stay the same everywhere.
 #pragma once
 
 #include <array>
@@ -79,15 +80,15 @@ std::array<int, 2> read_pair(const Node& node, const std::string& path);
 // {l2: x}, x >= 0.
 Regularizer read_regularizer(const Node& node, const std::string& path);
 
+// One of `names` (a kind of something: `what`), as the index of the one written.
+std::size_t read_name(const Node& node, const std::string& path, std::string_view what,
+                      std::span<const std::string_view> names);
+
 template <class E, std::size_t N>
 E read_enum(const Node& node, const std::string& path, std::string_view what, const Named<E> (&table)[N]) {
   std::vector<std::string_view> names;
   for (const auto& entry : table) names.push_back(entry.name);
-  if (!node.is_scalar()) type_error(node, path, "a " + std::string(what) + " (" + join(names) + ")");
-  for (const auto& entry : table)
-    if (entry.name == node.scalar) return entry.value;
-  fail(node.origin, "unknown " + std::string(what) + " '" + node.scalar + "'; valid: " + join(names) +
-                        did_you_mean(node.scalar, names));
+  return table[read_name(node, path, what, names)].value;
 }
 
 template <class E, std::size_t N>
@@ -146,7 +147,7 @@ class Section {
 // (PyYAML's 1.1 rules) also see a float: 1.0, 0.001, 1.0e-05.
 std::string yaml_number(double value);
 
-// The options of one layer (or any flow map) as resolved YAML, key by key.
+// The options of one layer or strategy (or any map) as resolved YAML, key by key.
 class OptionsWriter {
  public:
   explicit OptionsWriter(YAML::Emitter& out) : out_(out) {}
@@ -157,6 +158,10 @@ class OptionsWriter {
   void pair(std::string_view key, const std::array<int, 2>& value);
   void integers(std::string_view key, const std::vector<std::int64_t>& values);
   void regularizer(std::string_view key, const Regularizer& value);
+  void texts(std::string_view key, const std::vector<std::string>& values);  // a flow list
+  // A flow map under `key`: the keys written until end_map() are its.
+  void begin_map(std::string_view key);
+  void end_map();
   template <class E, std::size_t N>
   void enumeration(std::string_view key, const Named<E> (&table)[N], E value) {
     text(key, name_in(table, value));

@@ -8,6 +8,7 @@
 #include "config/layers.hpp"
 #include "config/parse.hpp"
 #include "config/schema.hpp"
+#include "config/strategies.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::config {
@@ -58,70 +59,13 @@ void learning_rate(YAML::Emitter& out, const LearningRateConfig& lr) {
   out << YAML::EndMap;
 }
 
-void devices(YAML::Emitter& out, const StrategyConfig& s) {
-  out << YAML::Key << "devices" << YAML::Value;
-  if (s.devices_auto)
-    out << "auto";
-  else
-    list(out, nullptr, s.devices);
-}
-
 void strategy(YAML::Emitter& out, const StrategyConfig& s) {
+  const StrategySchema* schema = find_strategy_schema(s.kind);
+  if (!schema) throw InternalError(fmt::format("strategy kind '{}', which no strategy file registered", s.kind));
   out << YAML::Key << "strategy" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "kind" << YAML::Value << name_of(s.kind);
-  switch (s.kind) {
-    case StrategyKind::default_strategy: break;
-    case StrategyKind::one_device: out << YAML::Key << "device" << YAML::Value << s.device; break;
-    case StrategyKind::mirrored:
-      devices(out, s);
-      out << YAML::Key << "cross_device_ops" << YAML::Value << name_of(s.cross_device_ops);
-      break;
-    case StrategyKind::central_storage:
-      devices(out, s);
-      out << YAML::Key << "parameter_device" << YAML::Value << s.parameter_device;
-      break;
-    case StrategyKind::multi_worker_mirrored: {
-      devices(out, s);
-      const CommunicationConfig& c = s.communication;
-      out << YAML::Key << "communication" << YAML::Value << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "implementation" << YAML::Value << name_of(c.implementation);
-      out << YAML::Key << "bytes_per_pack" << YAML::Value << c.bytes_per_pack;
-      out << YAML::Key << "overlap" << YAML::Value << c.overlap;
-      out << YAML::Key << "timeout_seconds" << YAML::Value << number(c.timeout_seconds);
-      out << YAML::EndMap;
-      const RolesConfig& r = s.roles;
-      if (r.chief == 1 && r.worker < 0 && r.evaluator == 0) break;  // the default: every rank trains
-      out << YAML::Key << "roles" << YAML::Value << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "chief" << YAML::Value << r.chief;
-      if (r.worker >= 0) out << YAML::Key << "worker" << YAML::Value << r.worker;  // left out: the rest
-      out << YAML::Key << "evaluator" << YAML::Value << r.evaluator;
-      out << YAML::EndMap;
-      break;
-    }
-    case StrategyKind::parameter_server: {
-      const RolesConfig& r = s.roles;
-      out << YAML::Key << "communication" << YAML::Value << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "timeout_seconds" << YAML::Value << number(s.communication.timeout_seconds);
-      out << YAML::EndMap;
-      if (r.ps > 0) {  // left out: from TF_CONFIG
-        out << YAML::Key << "roles" << YAML::Value << YAML::Flow << YAML::BeginMap;
-        out << YAML::Key << "chief" << YAML::Value << r.chief;
-        out << YAML::Key << "ps" << YAML::Value << r.ps;
-        if (r.worker >= 0) out << YAML::Key << "worker" << YAML::Value << r.worker;
-        out << YAML::Key << "evaluator" << YAML::Value << r.evaluator;
-        out << YAML::EndMap;
-      }
-      const VariablePartitionerConfig& p = s.variable_partitioner;
-      out << YAML::Key << "variable_partitioner" << YAML::Value << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "kind" << YAML::Value << name_of(p.kind);
-      if (p.kind == PartitionerKind::fixed_shards) out << YAML::Key << "num_shards" << YAML::Value << p.num_shards;
-      if (p.kind == PartitionerKind::min_size) out << YAML::Key << "min_shard_bytes" << YAML::Value << p.min_shard_bytes;
-      if (p.kind == PartitionerKind::max_size) out << YAML::Key << "max_shard_bytes" << YAML::Value << p.max_shard_bytes;
-      if (p.max_shards > 0) out << YAML::Key << "max_shards" << YAML::Value << p.max_shards;
-      out << YAML::EndMap;
-      break;
-    }
-  }
+  out << YAML::Key << "kind" << YAML::Value << std::string(schema->kind);
+  OptionsWriter writer(out);
+  schema->write(s.options, writer);
   out << YAML::EndMap;
 }
 

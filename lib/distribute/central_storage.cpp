@@ -1,7 +1,5 @@
-// CentralStorageStrategy: one replica per device (own thread) and ONE copy of the variables, held
-// by the replica on strategy.parameter_device (on CPU devices the copy lives with the replica of
-// that device). The other replicas compute with its values; the gradients are summed onto it
-// (reduction_to_one_device) and it alone applies the update.
+#include "distribute/central_storage.hpp"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -47,21 +45,58 @@ class CentralStorageStrategy final : public ReplicatedStrategy {
   int holder_;
 };
 
-}  // namespace
+void parse(const config::Section& s, config::StrategyConfig& out) {
+  CentralStorageOptions o;
+  o.devices = config::read_devices_key(s, out);
+  if (const config::Node* parameter_device = s.find("parameter_device")) {
+    o.parameter_device = config::read_device(*parameter_device, s.path("parameter_device"));
+    o.parameter_device_where = parameter_device->origin.location();
+  }
+  out.options = o;
+}
 
-std::unique_ptr<Strategy> make_central_storage_strategy(const config::StrategyConfig& config, std::vector<Device> devices,
-                                                        int total_threads) {
-  const Device parameter_device = parse_device(config.parameter_device);
+void write(const config::StrategyOptions& options, config::OptionsWriter& out) {
+  const auto& o = options_as<CentralStorageOptions>(options);
+  config::write_devices(out, o.devices);
+  out.text("parameter_device", o.parameter_device);
+}
+
+std::vector<config::TemplateNote> template_notes() {
+  return {{.key = "devices", .beside = std::string(config::devices_per_core_note)},
+          {.key = "parameter_device", .beside = "where the one copy of the variables lives: one of devices"}};
+}
+
+std::vector<Device> local_devices(const config::StrategyConfig& config, int total_threads) {
+  // One logical CPU device per core: each replica then gets one compute thread.
+  return devices_of(options_as<CentralStorageOptions>(config).devices, total_threads);
+}
+
+std::unique_ptr<Strategy> make(const config::StrategyConfig& config, std::vector<Device> devices, int total_threads,
+                               Communicator&) {
+  const CentralStorageOptions& o = options_as<CentralStorageOptions>(config);
+  const Device parameter_device = parse_device(o.parameter_device);
   const auto holder = std::find(devices.begin(), devices.end(), parameter_device);
   if (holder == devices.end())
     throw ConfigError(fmt::format(
         "{}strategy.parameter_device {}{} is not one of the replicas' devices ({}): on CPU devices the single copy of "
         "the variables lives with the replica of that device; set parameter_device to one of them",
-        config::location_prefix(config.parameter_device_where, config.where), config.parameter_device,
-        config.parameter_device_where.file.empty() ? " (the default)" : "", device_list(devices)));
+        config::location_prefix(o.parameter_device_where, config.where), o.parameter_device,
+        o.parameter_device_where.file.empty() ? " (the default)" : "", device_list(devices)));
   const int index = static_cast<int>(holder - devices.begin());
   return std::make_unique<CentralStorageStrategy>(
-      ReplicaLayout{"central_storage", std::move(devices), CrossDeviceOp::reduction_to_one_device}, total_threads, index);
+      ReplicaLayout{CentralStorageOptions::kind.data(), std::move(devices), CrossDeviceOp::reduction_to_one_device},
+      total_threads, index);
 }
+
+const StrategyRegistration registered({.kind = CentralStorageOptions::kind,
+                                       .listed_at = 40,
+                                       .keys = {"devices", "parameter_device"},
+                                       .parse = &parse,
+                                       .write = &write,
+                                       .summary = "one copy of the variables, compute replicated",
+                                       .notes = &template_notes},
+                                      {.local_devices = &local_devices, .make = &make});
+
+}  // namespace
 
 }  // namespace dtrain::distribute

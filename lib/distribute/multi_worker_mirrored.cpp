@@ -1,9 +1,5 @@
-// MultiWorkerMirroredStrategy: mirrored over every worker process (MPI rank) and its local
-// replicas. Each step the local replicas sum their gradients (the ring, in shared memory), then
-// replica 0 sums them with every other worker's (PackedAllReduce: MPI_Allreduce or the ring over
-// point-to-point, in packs) and the other local replicas copy its sum. With one replica per worker,
-// at least two packs and communication.overlap, each pack's sum starts while backward computes the
-// earlier layers.
+#include "distribute/multi_worker_mirrored.hpp"
+
 #include <fmt/format.h>
 
 #include "core/error.hpp"
@@ -84,27 +80,89 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
   std::unique_ptr<Reducer> reducer_;  // made with replica 0's gradients
 };
 
-}  // namespace
+void parse(const config::Section& s, config::StrategyConfig& out) {
+  MultiWorkerMirroredOptions o;
+  o.devices = config::read_devices_key(s, out);
+  s.get("communication", o.communication, config::read_communication);
+  o.roles = config::read_roles_key(s, out);
+  config::check_parameter_servers(s, o.roles);
+  out.options = o;
+}
 
-std::unique_ptr<Strategy> make_multi_worker_mirrored_strategy(const config::StrategyConfig& config,
-                                                              std::vector<Device> devices, int total_threads,
-                                                              Communicator& workers) {
+void write(const config::StrategyOptions& options, config::OptionsWriter& out) {
+  const auto& o = options_as<MultiWorkerMirroredOptions>(options);
+  config::write_devices(out, o.devices);
+  const config::CommunicationConfig& c = o.communication;
+  out.begin_map("communication");
+  out.enumeration("implementation", config::communication_implementations, c.implementation);
+  out.integer("bytes_per_pack", c.bytes_per_pack);
+  out.boolean("overlap", c.overlap);
+  out.number("timeout_seconds", c.timeout_seconds);
+  out.end_map();
+  const config::RolesConfig& r = o.roles;
+  if (r.chief == 1 && r.worker < 0 && r.evaluator == 0) return;  // the default: every rank trains
+  out.begin_map("roles");
+  out.integer("chief", r.chief);
+  if (r.worker >= 0) out.integer("worker", r.worker);  // left out: the rest
+  out.integer("evaluator", r.evaluator);
+  out.end_map();
+}
+
+std::vector<config::TemplateNote> template_notes() {
+  std::vector<std::string_view> implementations;
+  for (const auto& entry : config::communication_implementations) implementations.push_back(entry.name);
+  const config::RolesConfig roles;
+  return {{.key = "devices", .beside = "auto: one CPU replica per rank, or [cpu:0, cpu:1]: replicas in each rank"},
+          {.key = "communication",
+           .above = fmt::format("implementation: {}; bytes_per_pack: gradients per all-reduce, 0 = one pack;\n"
+                                "overlap: start a pack's all-reduce while backward computes the earlier layers;\n"
+                                "timeout_seconds: a collective that takes longer aborts the job (exit 5)",
+                                fmt::join(implementations, " | ")),
+           .after = fmt::format("roles: {{chief: {}, evaluator: {}}}   # worker left out: every other rank; evaluator: "
+                                "1 adds a rank that evaluates each checkpoint",
+                                roles.chief, roles.evaluator)},
+          {.key = "roles", .beside = std::string(config::roles_note)}};
+}
+
+std::vector<Device> local_devices(const config::StrategyConfig& config, int) {
+  return devices_of(options_as<MultiWorkerMirroredOptions>(config).devices, 1);  // auto: one per worker process
+}
+
+const config::RolesConfig* roles(const config::StrategyConfig& config) {
+  return &options_as<MultiWorkerMirroredOptions>(config).roles;
+}
+
+std::unique_ptr<Strategy> make(const config::StrategyConfig& config, std::vector<Device> devices, int total_threads,
+                               Communicator& workers) {
+  const MultiWorkerMirroredOptions& o = options_as<MultiWorkerMirroredOptions>(config);
   using config::CommunicationImplementation;
-  const auto impl = config.communication.implementation;
+  const auto impl = o.communication.implementation;
   if (impl == CommunicationImplementation::nccl)
     throw ConfigError(fmt::format(
         "{}communication.implementation nccl needs GPU devices, and these workers' replicas are on {}; use ring or mpi "
         "(auto picks one)",
-        config::location_prefix(config.communication.implementation_where, config.where), device_list(devices)));
-  workers.set_timeout(config.communication.timeout_seconds);
-  ReplicaLayout layout{"multi_worker_mirrored", std::move(devices), CrossDeviceOp::ring};
+        config::location_prefix(o.communication.implementation_where, config.where), device_list(devices)));
+  workers.set_timeout(o.communication.timeout_seconds);
+  ReplicaLayout layout{MultiWorkerMirroredOptions::kind.data(), std::move(devices), CrossDeviceOp::ring};
   if (impl == CommunicationImplementation::auto_select && workers.size() > 1)
     layout.choice_note = fmt::format(
         "communication: auto chose mpi: {} CPU workers, and the MPI library's own MPI_Allreduce picks its algorithm "
         "for the message size and process count",
         workers.size());
-  return std::make_unique<MultiWorkerMirroredStrategy>(std::move(layout), total_threads, workers, config.communication,
+  return std::make_unique<MultiWorkerMirroredStrategy>(std::move(layout), total_threads, workers, o.communication,
                                                        impl == CommunicationImplementation::ring);
 }
+
+const StrategyRegistration registered({.kind = MultiWorkerMirroredOptions::kind,
+                                       .listed_at = 50,
+                                       .keys = {"devices", "communication", "roles"},
+                                       .parse = &parse,
+                                       .write = &write,
+                                       .summary = "one worker per MPI rank (mpirun -n 2 dtrain run FILE)",
+                                       .launcher = "mpirun -n 2 ",
+                                       .notes = &template_notes},
+                                      {.local_devices = &local_devices, .roles = &roles, .make = &make});
+
+}  // namespace
 
 }  // namespace dtrain::distribute

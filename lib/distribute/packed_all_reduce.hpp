@@ -1,4 +1,4 @@
-// The Reducer of multi_worker_mirrored: one worker's gradients summed with every other worker's,
+// The Reducer of MultiWorkerMirroredStrategy: one worker's gradients summed with every other worker's,
 // in packs (communication.bytes_per_pack).
 //
 // The gradient variables are grouped into packs of whole variables, last variable first: the

@@ -9,18 +9,29 @@
 // To the training loop each rank is one replica on its own (collectives are no-ops, the replicas
 // in sync are 1: a scheduled step's loss and gradients are those of one worker's batch, as in
 // TensorFlow), and the loop is not the trainer's: schedules_steps() says so, and the coordinator,
-// worker and server loops (train/parameter_server_loop.hpp) run instead. An evaluator rank is an
+// worker and server loops this kind registers with the trainer
+// (train/strategies/parameter_server_loop.cpp) run instead. An evaluator rank is an
 // ordinary one-replica process that evaluates checkpoints.
 #pragma once
 
 #include <memory>
+#include <string_view>
 
+#include "config/experiment.hpp"
 #include "distribute/partitioner.hpp"
 #include "distribute/ps_transport.hpp"
 #include "distribute/replicated_strategy.hpp"
 #include "distribute/roles.hpp"
 
 namespace dtrain::distribute {
+
+struct ParameterServerOptions {
+  static constexpr std::string_view kind = "parameter_server";
+  config::CommunicationConfig communication;  // timeout_seconds: how long a rank waits for another
+  config::RolesConfig roles;                  // chief (the coordinator), workers, parameter servers, evaluator
+  VariablePartitionerConfig variable_partitioner;
+  bool operator==(const ParameterServerOptions&) const = default;
+};
 
 class ParameterServerStrategy final : public ReplicatedStrategy {
  public:
@@ -42,17 +53,15 @@ class ParameterServerStrategy final : public ReplicatedStrategy {
   int server_rank(int s) const { return plan_.chiefs + plan_.workers + s; }
   // This rank among the workers (a worker only).
   int worker_number() const { return transport_->rank() - plan_.chiefs; }
-  const config::VariablePartitionerConfig& partitioner() const { return partitioner_; }
+  const VariablePartitionerConfig& partitioner() const { return partitioner_; }
   PsTransport& transport() { return *transport_; }
   double timeout_seconds() const { return transport_->timeout_seconds(); }
 
  private:
   RolePlan plan_;
   Role role_ = Role::chief;
-  config::VariablePartitionerConfig partitioner_;
+  VariablePartitionerConfig partitioner_;
   std::unique_ptr<PsTransport> transport_;
 };
-
-std::unique_ptr<Strategy> make_parameter_server_strategy(const config::StrategyConfig& config, int total_threads);
 
 }  // namespace dtrain::distribute

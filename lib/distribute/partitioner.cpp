@@ -7,12 +7,13 @@
 
 namespace dtrain::distribute {
 
-int shard_count(const config::VariablePartitionerConfig& p, const Shape& shape) {
+const char* name_of(PartitionerKind kind) { return config::name_in(partitioner_kinds, kind); }
+
+int shard_count(const VariablePartitionerConfig& p, const Shape& shape) {
   if (shape.rank() == 0 || shape[0] <= 1) return 1;
   const std::int64_t rows = shape[0];
   const double bytes = static_cast<double>(shape.numel()) * sizeof(float);
   std::int64_t n = 1;
-  using config::PartitionerKind;
   switch (p.kind) {
     case PartitionerKind::none: n = 1; break;
     case PartitionerKind::fixed_shards: n = std::min<std::int64_t>(p.num_shards, rows); break;
@@ -34,7 +35,7 @@ int shard_count(const config::VariablePartitionerConfig& p, const Shape& shape) 
   return static_cast<int>(std::max<std::int64_t>(1, n));
 }
 
-std::vector<Shard> place_shards(const config::VariablePartitionerConfig& partitioner, std::span<const Shape> shapes,
+std::vector<Shard> place_shards(const VariablePartitionerConfig& partitioner, std::span<const Shape> shapes,
                                 int servers) {
   std::vector<Shard> out;
   int next_server = 0;

@@ -19,13 +19,31 @@
 #include <string>
 #include <vector>
 
-#include "config/experiment.hpp"
+#include "config/schema.hpp"
 #include "core/tensor.hpp"
 
 namespace dtrain::distribute {
 
+// strategy.variable_partitioner: how each variable is cut into shards along its first axis
+// (tf.distribute.experimental.partitioners). none: every variable whole, spread over the servers.
+enum class PartitionerKind { none, fixed_shards, min_size, max_size };
+inline constexpr config::Named<PartitionerKind> partitioner_kinds[] = {{"none", PartitionerKind::none},
+                                                                       {"fixed_shards", PartitionerKind::fixed_shards},
+                                                                       {"min_size", PartitionerKind::min_size},
+                                                                       {"max_size", PartitionerKind::max_size}};
+const char* name_of(PartitionerKind kind);
+
+struct VariablePartitionerConfig {
+  PartitionerKind kind = PartitionerKind::none;
+  int num_shards = 1;                         // fixed_shards
+  std::int64_t min_shard_bytes = 256 << 10;   // min_size
+  std::int64_t max_shard_bytes = 0;           // max_size (required there)
+  int max_shards = 0;                         // min_size, max_size; 0 = TF's default (1 for min_size, none for max_size)
+  bool operator==(const VariablePartitionerConfig&) const = default;
+};
+
 // How many shards `partitioner` cuts a float32 variable of `shape` into.
-int shard_count(const config::VariablePartitionerConfig& partitioner, const Shape& shape);
+int shard_count(const VariablePartitionerConfig& partitioner, const Shape& shape);
 
 struct Shard {
   std::size_t variable = 0;   // index into the model's variables
@@ -37,7 +55,7 @@ struct Shard {
 };
 
 // Every shard of every variable in variable order, each with its server.
-std::vector<Shard> place_shards(const config::VariablePartitionerConfig& partitioner, std::span<const Shape> shapes,
+std::vector<Shard> place_shards(const VariablePartitionerConfig& partitioner, std::span<const Shape> shapes,
                                 int servers);
 
 // For the startup header: "conv2d/kernel -> ps 0; dense/kernel [0:800) -> ps 1, [800:1600) -> ps 0; ..."

@@ -1,8 +1,8 @@
 // What every strategy of this release is made of: local replicas on devices, each with its own
 // copy of the variables, run on ReplicaThreads, combining their values through a ThreadGroup,
-// and the worker processes (a group of one except under multi_worker_mirrored). As it stands it
-// is the mirrored strategy (default and one_device are its one-replica layouts); central storage
-// and multi-worker mirrored override where the variables live and how gradients are summed.
+// and the worker processes (a group of one unless the strategy spans processes). As it stands it
+// is the mirrored strategy (the one-replica kinds are its one-replica layouts); the others
+// override where the variables live and how gradients are summed.
 #pragma once
 
 #include <memory>
@@ -85,16 +85,5 @@ class ReplicatedStrategy : public Strategy {
 
 // "cpu:0, cpu:1"
 std::string device_list(const std::vector<Device>& devices);
-
-// The strategies make_strategy() chooses from, one file each. devices: the local replicas'.
-std::unique_ptr<Strategy> make_default_strategy(std::vector<Device> devices, int total_threads);
-std::unique_ptr<Strategy> make_one_device_strategy(std::vector<Device> devices, int total_threads);
-std::unique_ptr<Strategy> make_mirrored_strategy(const config::StrategyConfig& config, std::vector<Device> devices,
-                                                 int total_threads);
-std::unique_ptr<Strategy> make_central_storage_strategy(const config::StrategyConfig& config, std::vector<Device> devices,
-                                                        int total_threads);
-std::unique_ptr<Strategy> make_multi_worker_mirrored_strategy(const config::StrategyConfig& config,
-                                                              std::vector<Device> devices, int total_threads,
-                                                              Communicator& workers);
 
 }  // namespace dtrain::distribute

@@ -151,13 +151,13 @@ RolePlan resolve_roles(const config::RolesConfig& roles, const char* tf_config, 
   if (roles.parameter_servers) {
     // The chief coordinates; the servers hold the variables; the workers compute.
     if (plan.ps < 1)
-      throw ConfigError(fmt::format("{}strategy kind parameter_server needs parameter servers: write strategy.roles.ps "
+      throw ConfigError(fmt::format("{}strategy kind {} needs parameter servers: write strategy.roles.ps "
                                     "(1 or more), or give TF_CONFIG \"ps\" tasks",
-                                    where));
+                                    where, roles.kind));
     if (plan.chiefs != 1 || plan.workers < 1)
-      throw ConfigError(fmt::format("{}strategy kind parameter_server needs one chief (the coordinator) and at least one "
+      throw ConfigError(fmt::format("{}strategy kind {} needs one chief (the coordinator) and at least one "
                                     "worker; the roles are {} ({})",
-                                    where, plan.describe(), plan.source));
+                                    where, roles.kind, plan.describe(), plan.source));
   }
   return plan;
 }

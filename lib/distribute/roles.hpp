@@ -1,6 +1,7 @@
-// What each MPI rank of a multi-worker job does: chief, worker, parameter server (strategy kind
-// parameter_server only) or evaluator (TensorFlow's task types), from the experiment's strategy.roles and, when it is set, the TF_CONFIG environment
-// variable, checked against the MPI world mpirun started.
+// What each MPI rank of a multi-worker job does: chief, worker, parameter server (for a strategy
+// kind that has them) or evaluator (TensorFlow's task types), from the experiment's
+// strategy.roles and, when it is set, the TF_CONFIG environment variable, checked against the MPI
+// world mpirun started.
 //
 // Ranks are given out in one order: the chief (rank 0), the workers, the parameter servers, then
 // the evaluator; so TF_CONFIG task (chief, 0) is rank 0, (worker, i) is rank chiefs + i, (ps, i)

@@ -2,41 +2,37 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 
 #include <fmt/format.h>
 
-#include "config/parse.hpp"
 #include "core/error.hpp"
-#include "distribute/parameter_server.hpp"
-#include "distribute/replicated_strategy.hpp"
 
 namespace dtrain::distribute {
 
 namespace {
 
-// The devices of this process's replicas.
-std::vector<Device> local_devices(const config::StrategyConfig& config, int total_threads) {
-  using config::StrategyKind;
-  std::vector<Device> devices;
-  switch (config.kind) {
-    case StrategyKind::default_strategy:
-    case StrategyKind::parameter_server: return {Device{}};
-    case StrategyKind::one_device: return {parse_device(config.device)};
-    case StrategyKind::multi_worker_mirrored:
-      if (config.devices_auto) return {Device{}};  // one CPU replica per worker process
-      break;
-    case StrategyKind::mirrored:
-    case StrategyKind::central_storage:
-      // One logical CPU device per core: each replica then gets one compute thread.
-      if (config.devices_auto)
-        for (int i = 0; i < std::max(1, total_threads); ++i) devices.push_back(Device{Device::Kind::cpu, i});
-      break;
-  }
-  for (const auto& name : config.devices) devices.push_back(parse_device(name));
-  return devices;
+// Filled by the strategy files' registrations before main, read-only afterwards.
+std::map<std::string, StrategyPlacement, std::less<>>& placements() {
+  static std::map<std::string, StrategyPlacement, std::less<>> registered;
+  return registered;
+}
+
+const StrategyPlacement& placement_of(std::string_view kind) {
+  const auto found = placements().find(kind);
+  if (found == placements().end())
+    throw InternalError(fmt::format("strategy kind '{}' has no implementation (no strategy file registered it)", kind));
+  return found->second;
 }
 
 }  // namespace
+
+StrategyRegistration::StrategyRegistration(const config::StrategySchema& schema, const StrategyPlacement& placement) {
+  DTRAIN_CHECK(placement.local_devices && placement.make,
+               fmt::format("strategy kind '{}' needs local_devices and make", schema.kind));
+  config::register_strategy_schema(schema);
+  placements().emplace(std::string(schema.kind), placement);
+}
 
 Device parse_device(const std::string& name) {
   Device d;
@@ -56,40 +52,64 @@ Device parse_device(const std::string& name) {
   return d;
 }
 
+std::vector<Device> devices_of(const config::DeviceList& devices, int automatic_count) {
+  std::vector<Device> out;
+  if (devices.automatic)
+    for (int i = 0; i < std::max(1, automatic_count); ++i) out.push_back(Device{Device::Kind::cpu, i});
+  for (const auto& name : devices.names) out.push_back(parse_device(name));
+  return out;
+}
+
 ReplicaContext Strategy::replica_context(int replica) const {
   return ReplicaContext{replica, num_replicas_in_sync(), worker_index() * num_local_replicas() + replica};
 }
 
-bool spans_workers(const config::StrategyConfig& config) {
-  return config.kind == config::StrategyKind::multi_worker_mirrored || config.kind == config::StrategyKind::parameter_server;
+bool spans_workers(const config::StrategyConfig& config) { return placement_of(config.kind).roles != nullptr; }
+
+const config::RolesConfig* roles_of(const config::StrategyConfig& config) {
+  const StrategyPlacement& placement = placement_of(config.kind);
+  return placement.roles ? placement.roles(config) : nullptr;
+}
+
+bool runs_own_loop(const config::StrategyConfig& config) { return placement_of(config.kind).own_loop; }
+
+std::vector<std::string_view> kinds_spanning_workers(bool trainer_loop) {
+  std::vector<std::string_view> kinds;
+  for (std::string_view kind : config::strategy_kind_names()) {
+    const StrategyPlacement& placement = placement_of(kind);
+    if (placement.roles && !(trainer_loop && placement.own_loop)) kinds.push_back(kind);
+  }
+  return kinds;
+}
+
+std::vector<std::string_view> kinds_with_own_loop() {
+  std::vector<std::string_view> kinds;
+  for (std::string_view kind : config::strategy_kind_names())
+    if (placement_of(kind).own_loop) kinds.push_back(kind);
+  return kinds;
 }
 
 int num_replicas_in_sync(const config::StrategyConfig& config, int total_threads, int workers) {
-  if (config.kind == config::StrategyKind::parameter_server) return 1;  // each step is one worker's batch
-  return static_cast<int>(local_devices(config, total_threads).size()) * (spans_workers(config) ? std::max(1, workers) : 1);
+  const StrategyPlacement& placement = placement_of(config.kind);
+  // A kind with its own loop schedules each step on one process's replicas.
+  const int processes = placement.roles && !placement.own_loop ? std::max(1, workers) : 1;
+  return static_cast<int>(placement.local_devices(config, total_threads).size()) * processes;
 }
 
 config::StrategyConfig evaluation_strategy(int workers) {
-  config::StrategyConfig strategy;
-  if (workers > 1) strategy.kind = config::StrategyKind::multi_worker_mirrored;
-  return strategy;
+  if (workers > 1) {
+    const std::vector<std::string_view> across = kinds_spanning_workers(true);
+    DTRAIN_CHECK(!across.empty(), "no strategy kind evaluates across worker processes");
+    return config::strategy_config_of(across.front());
+  }
+  return config::strategy_config_of(config::default_strategy_schema().kind);
 }
 
 std::unique_ptr<Strategy> make_strategy(const config::StrategyConfig& config, int total_threads, Communicator& workers) {
   // Whether a backend of this build can run the devices is the trainer's question (it makes their
   // contexts): a strategy only lays replicas out on them.
-  std::vector<Device> devices = local_devices(config, total_threads);
-  using config::StrategyKind;
-  switch (config.kind) {
-    case StrategyKind::default_strategy: return make_default_strategy(std::move(devices), total_threads);
-    case StrategyKind::one_device: return make_one_device_strategy(std::move(devices), total_threads);
-    case StrategyKind::mirrored: return make_mirrored_strategy(config, std::move(devices), total_threads);
-    case StrategyKind::central_storage: return make_central_storage_strategy(config, std::move(devices), total_threads);
-    case StrategyKind::multi_worker_mirrored:
-      return make_multi_worker_mirrored_strategy(config, std::move(devices), total_threads, workers);
-    case StrategyKind::parameter_server: return make_parameter_server_strategy(config, total_threads);
-  }
-  throw InternalError(fmt::format("make_strategy: strategy kind {} has no implementation", static_cast<int>(config.kind)));
+  const StrategyPlacement& placement = placement_of(config.kind);
+  return placement.make(config, placement.local_devices(config, total_threads), total_threads, workers);
 }
 
 }  // namespace dtrain::distribute

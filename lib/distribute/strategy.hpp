@@ -1,23 +1,12 @@
 // Strategy: how replicas are laid out, where their variables live and how their values are
 // combined — nothing else (tf.distribute.Strategy). The training loop calls run(), reduce_sum(),
-// sum_gradients() and update() and never asks which kind of strategy it has; make_strategy() is
-// the one place that knows the kinds:
+// sum_gradients() and update() and never asks which kind of strategy it has.
 //
-//   default           one replica on the calling thread; any loss reduction
-//   one_device        one replica on `device`
-//   mirrored          one replica per device, each on its own thread, each with its own copy of
-//                     the variables; gradients are all-reduced by the cross-device op and every
-//                     copy applies the update
-//   central_storage   one replica per device (own thread), ONE copy of the variables, held by the
-//                     replica on `parameter_device`; the gradients are summed there and the update
-//                     applied once
-//   multi_worker_mirrored  mirrored over every worker process (MPI rank) and its local devices:
-//                     gradients are summed locally, then across workers (ring or MPI_Allreduce,
-//                     in packs of communication.bytes_per_pack; with one replica per worker each
-//                     pack's sum overlaps the rest of backward: PackedAllReduce)
-//   parameter_server  a coordinator rank schedules steps on worker ranks, which read the variables
-//                     from parameter-server ranks and push gradients that the servers apply
-//                     asynchronously (parameter_server.hpp)
+// Each kind is one file in distribute/ (named for the kind; its header, where it has options,
+// holds their struct) that registers, in one StrategyRegistration statement, its YAML schema (config/strategies.hpp: kind,
+// option keys, parse, write, what `dtrain init` says of it), its placement (the devices of this
+// process's replicas, whether it spans the job's processes and with which roles, whether it runs
+// its own loop) and its factory. make_strategy() and the questions below look the kind up there.
 //
 // Replica threads are created once and live as long as the strategy; the cores are divided among
 // them (threads_per_replica) so there are never more compute threads than cores.
@@ -28,9 +17,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/experiment.hpp"
+#include "config/strategies.hpp"
+#include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "core/variable.hpp"
 #include "distribute/communicator.hpp"
@@ -129,8 +121,8 @@ class Strategy {
   virtual double take_cross_worker_wait_seconds() = 0;
 
   // A strategy that runs its own training loop (a parameter-server coordinator dispatching steps
-  // to workers) says so here; the trainer's loop then is not the one that runs steps
-  // (parameter_server.hpp).
+  // to workers) says so here; the trainer's loop then is not the one that runs steps: the loop its
+  // kind registered runs instead (train/strategy_loop.hpp).
   virtual bool schedules_steps() const { return false; }
   // Whether a process of the job died and this one outlived it (a parameter-server job under
   // mpirun --enable-recovery): MPI_Finalize could then wait for the dead one forever, and the app
@@ -138,18 +130,78 @@ class Strategy {
   virtual bool lost_a_rank() const { return false; }
 };
 
+// ---- the registry of strategy kinds
+
+// What a strategy file registers besides its YAML schema: where its replicas go and how it is made.
+struct StrategyPlacement {
+  // The devices of this process's replicas; total_threads are the compute threads it may use.
+  std::vector<Device> (*local_devices)(const config::StrategyConfig& config, int total_threads) = nullptr;
+  // For a kind that spans the job's worker processes (MPI ranks): the roles its ranks take
+  // (resolved with TF_CONFIG against the job: roles.hpp). Null for a kind that runs in one process.
+  const config::RolesConfig* (*roles)(const config::StrategyConfig& config) = nullptr;
+  // Whether its training ranks run a loop of its own instead of the trainer's (the one its kind
+  // registers in train/strategy_loop.hpp), each step then being one process's replicas' alone.
+  bool own_loop = false;
+  // The strategy, on `devices` (local_devices' answer); `workers` are the job's processes (a group
+  // of one without a launcher). ConfigError, with the YAML location, for what the devices cannot do.
+  std::unique_ptr<Strategy> (*make)(const config::StrategyConfig& config, std::vector<Device> devices,
+                                    int total_threads, Communicator& workers) = nullptr;
+};
+
+// In a strategy file (before main; InternalError for a kind registered twice):
+//   const StrategyRegistration registered({.kind = MyOptions::kind, .listed_at = 70, .keys = {...},
+//                                          .parse = &parse, .write = &write, ...},
+//                                         {.local_devices = &local_devices, .make = &make});
+struct StrategyRegistration {
+  StrategyRegistration(const config::StrategySchema& schema, const StrategyPlacement& placement);
+};
+
 // The strategy of `config` for this process: total_threads are the compute threads it may use;
-// workers the worker processes (used by multi_worker_mirrored; the others run in this process
+// workers the worker processes (used by the kinds that span them; the others run in this process
 // alone). ConfigError, with the YAML location, for what the devices cannot do.
 std::unique_ptr<Strategy> make_strategy(const config::StrategyConfig& config, int total_threads, Communicator& workers);
 
 // Whether `config`'s strategy spans the worker processes of a job (roles, the evaluator).
 bool spans_workers(const config::StrategyConfig& config);
+// Its roles when it does; null otherwise.
+const config::RolesConfig* roles_of(const config::StrategyConfig& config);
+// Whether its training ranks run its own loop instead of the trainer's.
+bool runs_own_loop(const config::StrategyConfig& config);
+// The kinds that span worker processes, in listing order; `trainer_loop`: only those whose steps
+// the trainer's loop runs (synchronous training across processes).
+std::vector<std::string_view> kinds_spanning_workers(bool trainer_loop = false);
+// The kinds whose training ranks run their own loop, in listing order.
+std::vector<std::string_view> kinds_with_own_loop();
 // The replicas in sync make_strategy would make of `config` in a job of `workers` processes.
 int num_replicas_in_sync(const config::StrategyConfig& config, int total_threads, int workers);
-// What evaluation runs under: the default strategy in one process, across `workers` > 1 processes
-// multi_worker_mirrored (each evaluates its share; the counts are combined exactly).
+// What evaluation runs under: the default kind in one process; across `workers` > 1 processes
+// the first kind that spans them with the trainer's loop (each evaluates its share; the counts
+// are combined exactly), with its default options.
 config::StrategyConfig evaluation_strategy(int workers);
+
+// The devices of a `devices` key: the list, or when automatic, cpu:0 .. cpu:(automatic_count-1).
+std::vector<Device> devices_of(const config::DeviceList& devices, int automatic_count);
+
+// The options of a strategy, as its kind's own type; InternalError for another kind's.
+template <class Options>
+const Options& options_as(const config::StrategyOptions& options) {
+  const Options* typed = options.get_if<Options>();
+  DTRAIN_CHECK(typed != nullptr, "strategy options read as another kind's");
+  return *typed;
+}
+template <class Options>
+const Options& options_as(const config::StrategyConfig& config) {
+  return options_as<Options>(config.options);
+}
+
+// A strategy config built in code (tests, tools): the kind comes from the options type.
+template <class Options>
+config::StrategyConfig strategy_config(Options options) {
+  config::StrategyConfig c;
+  c.kind = std::string(Options::kind);
+  c.options = std::move(options);
+  return c;
+}
 
 // Parses "cpu:3" / "gpu:0" (already normalised by the config parser).
 Device parse_device(const std::string& name);

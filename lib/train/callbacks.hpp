@@ -39,6 +39,12 @@ struct LoopState {
   std::string checkpoint;
 };
 
+// fit() stopped on request after saving `checkpoint`.
+struct Interrupted {
+  std::string checkpoint;
+  std::int64_t epoch = 0, step_in_epoch = 0;
+};
+
 class Callback {
  public:
   virtual ~Callback() = default;

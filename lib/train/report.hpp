@@ -28,7 +28,7 @@ struct EpochLog {
   double allreduce_seconds = -1.0;  // gradient sums across workers this epoch; < 0 = one worker
   double allreduce_wait_seconds = -1.0;  // of which backward waited for; < 0 = not overlapped
   std::int64_t global_step = 0;
-  // parameter_server: updates applied on the servers between a step's read of the variables and
+  // Under parameter servers: updates applied on the servers between a step's read of the variables and
   // its push (mean and max over the epoch's steps); < 0 = synchronous training.
   double staleness_mean = -1.0;
   std::int64_t staleness_max = 0;

@@ -21,7 +21,6 @@
 #include "core/machine.hpp"
 #include "dtrain/build_info.hpp"
 #include "train/memory_estimate.hpp"
-#include "train/parameter_server_loop.hpp"
 #include "checkpoint/run_dir.hpp"
 #include "train/tensorboard.hpp"
 
@@ -69,16 +68,19 @@ void check_metric_state(const std::string& path, const checkpoint::TrainingState
 
 // What checkpoint::restore cannot know either: that the optimizer's update count fits the steps
 // taken. A step applies one update, so a run's optimizer has made global_step of them; only under
-// parameter_server can a step's update land twice (its worker, declared lost after it pushed, has
-// the step run again elsewhere), which still makes at most twice as many. Anything else (a count
-// of 2^62 after 6 steps) would restart the learning-rate schedule and Adam's bias correction from
-// a corrupt value.
+// a strategy that schedules its own steps (parameter servers) can a step's update land twice (its
+// worker, declared lost after it pushed, has the step run again elsewhere), which still makes at
+// most twice as many. Anything else (a count of 2^62 after 6 steps) would restart the
+// learning-rate schedule and Adam's bias correction from a corrupt value.
 void check_update_count(const std::string& path, const checkpoint::TrainingState& state, std::int64_t iterations) {
   const std::int64_t steps = state.global_step;
   if (iterations >= steps && iterations - steps <= steps) return;  // both at most 2^62: no overflow
+  const std::vector<std::string_view> rescheduling = distribute::kinds_with_own_loop();
   throw InputError(fmt::format("{}: /optimizer iterations is {} but /state/global_step is {}; training applies one "
-                               "update per step (parameter_server at most two), so the checkpoint is corrupt",
-                               path, iterations, steps));
+                               "update per step{}, so the checkpoint is corrupt",
+                               path, iterations, steps,
+                               rescheduling.empty() ? std::string()
+                                                    : fmt::format(" ({} at most two)", fmt::join(rescheduling, ", "))));
 }
 
 }  // namespace
@@ -612,14 +614,14 @@ EvalResult Trainer::evaluate_split(const std::string& name) {
   throw ConfigError(fmt::format("unknown split '{}' (test, validation when validation_split is set, train)", name));
 }
 
-CallbackList Trainer::make_callbacks() {
+CallbackList Trainer::make_callbacks(const std::atomic<int>* stop_requested) {
   CallbackList callbacks;
   // A test's hold comes before everything: a signal that releases it is then seen by the stop
   // agreement of the same step.
   if (opt_.hold.active()) callbacks.add(std::make_unique<HoldAtStep>(opt_.hold, opt_.workers ? opt_.workers->rank() : 0));
   // Stop first: the checkpoint saver saves where the loop stops; a non-finite loss ends training
   // before the saver could write the weights it has spoilt.
-  callbacks.add(std::make_unique<StopOnRequest>(opt_.stop_requested, *strategy_));
+  callbacks.add(std::make_unique<StopOnRequest>(stop_requested, *strategy_));
   callbacks.add(std::make_unique<TerminateOnNaN>());
   callbacks.add(std::make_unique<CheckpointSaver>(*this, exp_.checkpoint));
   if (!opt_.run_dir.empty())
@@ -642,6 +644,39 @@ CallbackList Trainer::make_callbacks() {
   // After MetricsLog, which has then written the epoch the picture shows.
   if (exp_.train.plot && !opt_.run_dir.empty()) callbacks.add(std::make_unique<PlotCurves>(opt_.run_dir));
   return callbacks;
+}
+
+std::int64_t Trainer::steps_per_epoch(const data::DistributedIterator& input) const {
+  std::int64_t steps = input.steps_per_epoch();
+  if (exp_.train.steps_per_epoch > 0) steps = std::min(steps, exp_.train.steps_per_epoch);
+  if (steps == 0)
+    throw ConfigError(fmt::format("{}: an epoch has no steps: {} training samples, global batch {} with drop_remainder",
+                                  exp_.source_file, splits_.train.size(), input.global_batch_size()));
+  return steps;
+}
+
+double Trainer::run_step(const std::vector<data::ReplicaBatch>& batches, std::int64_t samples, std::int64_t global_step) {
+  step_batches_ = &batches;
+  step_samples_ = samples;
+  global_step_ = global_step;
+  reset_train_metrics();
+  strategy_->set_step(global_step);
+  strategy_->run(train_fn_);
+  step_batches_ = nullptr;
+  return replica_losses_[0];
+}
+
+void Trainer::merge_train_metric(std::size_t index, const metrics::MetricState& state) {
+  replicas_[0].train_metrics[index]->merge(state);
+}
+
+void Trainer::read_input_share(int workers, int index) {
+  try {
+    shards_ = data::plan_shards(exp_.data, workers, index);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: {}", exp_.source_file, e.what()));
+  }
+  if (shards_.policy == config::AutoShardPolicy::file) splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
 }
 
 double Trainer::train_step(data::DistributedIterator& input) {
@@ -718,16 +753,17 @@ std::vector<EpochLog> Trainer::fit() {
   if (!shards_.note.empty()) fmt::print(opt_.out, "{}\n", shards_.note);
   if (!shards_.warning.empty() && strategy_->is_chief()) fmt::print(stderr, "{}\n", shards_.warning);
   std::fflush(opt_.out);
-  if (strategy_->schedules_steps()) return ParameterServerLoop(*this).fit();
+  if (strategy_->schedules_steps()) {
+    // The loop of the strategy's kind (a coordinator scheduling steps on workers) runs instead.
+    std::vector<EpochLog> history = make_strategy_loop(exp_.strategy.kind, *strategy_)->fit(*this);
+    resume_.reset();
+    return history;
+  }
 
   auto input = make_iterator(splits_.train, true);
   LoopState state;
-  state.steps = input->steps_per_epoch();
-  if (exp_.train.steps_per_epoch > 0) state.steps = std::min(state.steps, exp_.train.steps_per_epoch);
-  if (state.steps == 0)
-    throw ConfigError(fmt::format("{}: an epoch has no steps: {} training samples, global batch {} with drop_remainder",
-                                  exp_.source_file, splits_.train.size(), input->global_batch_size()));
-  CallbackList callbacks = make_callbacks();
+  state.steps = steps_per_epoch(*input);
+  CallbackList callbacks = make_callbacks(opt_.stop_requested);
   callbacks.on_train_begin(state);
   std::vector<EpochLog> history;
   for (state.epoch = resume_ ? static_cast<int>(resume_->epoch) : 0; state.epoch < exp_.train.epochs; ++state.epoch) {

@@ -41,6 +41,7 @@
 #include "train/lanes.hpp"
 #include "train/report.hpp"
 #include "train/step_profile.hpp"
+#include "train/strategy_loop.hpp"
 
 namespace dtrain::train {
 
@@ -58,20 +59,18 @@ struct TrainerOptions {
   StepHold hold;
 };
 
-// fit() stopped on request after saving `checkpoint`.
-struct Interrupted {
-  std::string checkpoint;
-  std::int64_t epoch = 0, step_in_epoch = 0;
-};
-
 // Compute threads for an experiment's `train.threads`: 0 = every core this process may use,
 // shared with the other ranks an MPI launcher started on the same node.
 int resolve_threads(int configured);
 
-class Trainer {
+// A strategy that schedules its own steps runs its loop (train/strategy_loop.hpp) in fit(), on the
+// trainer as a LoopHost.
+class Trainer : private LoopHost {
  public:
   Trainer(config::Experiment experiment, TrainerOptions options);
-  ~Trainer();
+  ~Trainer() override;
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Continues from a checkpoint (written under any strategy and replica count): weights,
   // optimizer slots and iterations, the epoch and step to go on at, and the unfinished epoch's
@@ -97,10 +96,10 @@ class Trainer {
   // (null). Steps without one read no clock.
   void set_profile(StepProfile* profile);
 
-  distribute::Strategy& strategy() { return *strategy_; }
+  distribute::Strategy& strategy() override { return *strategy_; }
   // Replica r's model; with mirrored variables every replica holds the same values.
   nn::Sequential& model(int replica = 0) { return *replicas_[static_cast<std::size_t>(replica)].model; }
-  const config::Experiment& experiment() const { return exp_; }
+  const config::Experiment& experiment() const override { return exp_; }
   std::string header_line() const;
   // data.global_batch_size, or batch_size_per_replica times the replicas in sync.
   std::int64_t global_batch_size() const;
@@ -116,8 +115,22 @@ class Trainer {
   void open_checkpoints();
 
  private:
-  // Runs fit() under ParameterServerStrategy (train/parameter_server_loop.hpp).
-  friend class ParameterServerLoop;
+  // ---- LoopHost: what a strategy's own loop may use (strategy_loop.hpp)
+  std::FILE* out() const override { return opt_.out; }
+  nn::Sequential& replica_model() override { return *replicas_[0].model; }
+  optim::Optimizer& replica_optimizer() override { return *replicas_[0].optimizer; }
+  device::Numerics& replica_numerics() override { return replicas_[0].ctx->numerics(); }
+  metrics::MetricState train_metric_state(std::size_t index) const override { return local_metric_state(true, index); }
+  void merge_train_metric(std::size_t index, const metrics::MetricState& state) override;
+  void read_input_share(int workers, int index) override;
+  std::unique_ptr<data::DistributedIterator> training_input() override { return make_iterator(splits_.train, true); }
+  std::int64_t steps_per_epoch(const data::DistributedIterator& input) const override;
+  double run_step(const std::vector<data::ReplicaBatch>& batches, std::int64_t samples, std::int64_t global_step) override;
+  std::int64_t global_step() const override { return global_step_; }
+  void set_global_step(std::int64_t step) override { global_step_ = step; }
+  int first_epoch() const override { return resume_ ? static_cast<int>(resume_->epoch) : 0; }
+  const std::atomic<int>* stop_requested() const override { return opt_.stop_requested; }
+
   // What computes one slice of a replica's batch: the replica itself when it has one lane
   // (train/lanes.hpp), else each of its lanes, whose models share the replica's variables.
   struct Lane {
@@ -174,14 +187,14 @@ class Trainer {
   void reset_train_metrics();
   // Its result.
   double combined_metric(bool train, std::size_t index) const;
-  // The callbacks of fit(), in the order they run.
-  CallbackList make_callbacks();
+  // The callbacks of fit(), in the order they run; `stop_requested` is the request they see.
+  CallbackList make_callbacks(const std::atomic<int>* stop_requested) override;
   // One step of the template: the next batch, run on every replica; returns the step's loss.
   double train_step(data::DistributedIterator& input);
   // Where the epoch `state.epoch` starts (a resumed one where the checkpoint stood).
-  void begin_epoch(LoopState& state, data::DistributedIterator& input);
+  void begin_epoch(LoopState& state, data::DistributedIterator& input) override;
   // The epoch's figures: its loss and accuracy, then validation and test.
-  EpochLog end_epoch(const LoopState& state, double train_seconds);
+  EpochLog end_epoch(const LoopState& state, double train_seconds) override;
   std::unique_ptr<data::DistributedIterator> make_iterator(const data::Dataset& split, bool training) const;
   void write_run_files();
 

@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "distribute/mpi_communicator.hpp"
+#include "distribute/multi_worker_mirrored.hpp"
 #include "distribute/packed_all_reduce.hpp"
 #include "distribute/strategy.hpp"
 
@@ -174,15 +175,14 @@ TEST_CASE("packed all-reduce: overlap on and off give the same bits on values wh
 TEST_CASE("multi_worker_mirrored with 2 local replicas per rank: gradients, in-replica sums, reduce, all_gather") {
   MpiCommunicator& w = world();
   const int n = w.size();
-  config::StrategyConfig sc;
-  sc.kind = config::StrategyKind::multi_worker_mirrored;
-  sc.devices_auto = false;
-  sc.devices = {"cpu:0", "cpu:1"};
-  sc.communication.bytes_per_pack = 4096;
+  distribute::MultiWorkerMirroredOptions options;
+  options.devices.automatic = false;
+  options.devices.names = {"cpu:0", "cpu:1"};
+  options.communication.bytes_per_pack = 4096;
   for (auto impl : {config::CommunicationImplementation::mpi, config::CommunicationImplementation::ring}) {
     CAPTURE(static_cast<int>(impl));
-    sc.communication.implementation = impl;
-    auto strategy = distribute::make_strategy(sc, 2, w);
+    options.communication.implementation = impl;
+    auto strategy = distribute::make_strategy(distribute::strategy_config(options), 2, w);
     REQUIRE(strategy->num_local_replicas() == 2);
     REQUIRE(strategy->num_replicas_in_sync() == 2 * n);
     CHECK(strategy->worker_index() == w.rank());
@@ -222,9 +222,9 @@ TEST_CASE("multi_worker_mirrored with 2 local replicas per rank: gradients, in-r
 
 TEST_CASE("collectives in backward turn the overlap off, and the header says so") {
   MpiCommunicator& w = world();
-  config::StrategyConfig sc;
-  sc.kind = config::StrategyKind::multi_worker_mirrored;  // devices auto: one replica per rank
-  sc.communication.bytes_per_pack = 64;
+  distribute::MultiWorkerMirroredOptions options;  // devices auto: one replica per rank
+  options.communication.bytes_per_pack = 64;
+  const config::StrategyConfig sc = distribute::strategy_config(options);
   const std::vector<std::size_t> sizes = {40, 40, 40};
   for (bool in_backward : {false, true}) {
     CAPTURE(in_backward);

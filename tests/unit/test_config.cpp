@@ -9,7 +9,13 @@
 #include "config/model_checks.hpp"
 #include "config/parse.hpp"
 #include "config/schema.hpp"
+#include "config/strategies.hpp"
 #include "core/error.hpp"
+#include "distribute/central_storage.hpp"
+#include "distribute/mirrored.hpp"
+#include "distribute/multi_worker_mirrored.hpp"
+#include "distribute/one_device.hpp"
+#include "distribute/parameter_server.hpp"
 #include "nn/batch_normalization.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/dropout.hpp"
@@ -45,16 +51,40 @@ const std::string minimal = R"(model:
     - dense: {units: 2}
 )";
 
+using distribute::CentralStorageOptions;
+using distribute::CrossDeviceOpsKind;
+using distribute::MirroredOptions;
+using distribute::MultiWorkerMirroredOptions;
+using distribute::OneDeviceOptions;
+using distribute::ParameterServerOptions;
+using distribute::options_as;
+
+// The strategy's options with their source locations cleared.
+template <class Options>
+void forget_locations(StrategyConfig& strategy, void (*clear)(Options&)) {
+  if (const Options* given = strategy.options.get_if<Options>()) {
+    Options o = *given;
+    clear(o);
+    strategy.options = o;
+  }
+}
+
 // Source locations differ between a file and its to_yaml text; everything else must match.
 Experiment without_locations(Experiment e) {
   e.source_file.clear();
   e.loss.where = {};
   e.strategy.where = {};
   e.strategy.devices_where = {};
-  e.strategy.cross_device_ops_where = {};
-  e.strategy.parameter_device_where = {};
-  e.strategy.communication.implementation_where = {};
-  e.strategy.roles.where = {};
+  forget_locations<MirroredOptions>(e.strategy, [](MirroredOptions& o) { o.cross_device_ops_where = {}; });
+  forget_locations<CentralStorageOptions>(e.strategy, [](CentralStorageOptions& o) { o.parameter_device_where = {}; });
+  forget_locations<MultiWorkerMirroredOptions>(e.strategy, [](MultiWorkerMirroredOptions& o) {
+    o.communication.implementation_where = {};
+    o.roles.where = {};
+  });
+  forget_locations<ParameterServerOptions>(e.strategy, [](ParameterServerOptions& o) {
+    o.communication.implementation_where = {};
+    o.roles.where = {};
+  });
   e.precision_where = {};
   e.batch_where = {};
   e.eval_batch_where = {};
@@ -71,7 +101,7 @@ TEST_CASE("config: fashion_mnist experiment loads with the expected values") {
   CHECK(e.source_file == path);
   CHECK(e.name == "fashion_mnist");
   CHECK(e.seed == 42);
-  CHECK(e.strategy.kind == StrategyKind::default_strategy);
+  CHECK(e.strategy.kind == "default");
   CHECK(e.data.source == SourceKind::fashion_mnist);
   CHECK(e.data.path == "/usr/share/datasets/fashion-mnist");
   CHECK(e.data.batch_size_per_replica == 64);
@@ -349,7 +379,11 @@ TEST_CASE("config: unknown keys, kinds and values suggest the nearest valid spel
 }
 
 TEST_CASE("config: strategies of later versions are named as not available") {
-  const std::string available = "default, one_device, mirrored, central_storage, multi_worker_mirrored, parameter_server";
+  // Every registered kind in listing order: the built-in ones first, then any a program adds (this
+  // test binary registers a probe strategy of its own, test_strategy_registry.cpp).
+  const std::string available = join(strategy_kind_names());
+  CHECK(available.starts_with(
+      "default, one_device, mirrored, central_storage, multi_worker_mirrored, parameter_server"));
   CHECK(error_of(minimal + "strategy: {kind: tpu}\n") ==
         "t.yaml:5:18: strategy kind 'tpu' is not available in this version of dtrain (available: " + available + ")");
   CHECK(error_of(minimal, {"strategy.kind=tpu"}) ==
@@ -378,13 +412,14 @@ TEST_CASE("config: the mirrored experiment loads with the expected values") {
   const Experiment e = load_experiment(path);
   const Experiment plain = load_experiment(source_dir + "/experiments/fashion_mnist.yaml");
   CHECK(e.name == "fashion_mnist_mirrored");
-  CHECK(e.strategy.kind == StrategyKind::mirrored);
-  CHECK_FALSE(e.strategy.devices_auto);
-  CHECK(e.strategy.devices == std::vector<std::string>{"cpu:0", "cpu:1"});
-  CHECK(e.strategy.cross_device_ops == CrossDeviceOpsKind::auto_select);
+  CHECK(e.strategy.kind == "mirrored");
+  const auto& mirrored = options_as<MirroredOptions>(e.strategy);
+  CHECK_FALSE(mirrored.devices.automatic);
+  CHECK(mirrored.devices.names == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK(mirrored.cross_device_ops == CrossDeviceOpsKind::auto_select);
   CHECK(e.strategy.where == SourceLocation{path, 7, 9});
   CHECK(e.strategy.devices_where == SourceLocation{path, 8, 12});
-  CHECK(e.strategy.cross_device_ops_where == SourceLocation{path, 9, 21});
+  CHECK(mirrored.cross_device_ops_where == SourceLocation{path, 9, 21});
   CHECK(e.data.batch_size_per_replica == 64);
   CHECK(e.loss.reduction == Reduction::none);
   CHECK(e.train.epochs == 10);
@@ -402,10 +437,10 @@ TEST_CASE("config: the central_storage and one_device experiments load with the 
   const Experiment plain = load_experiment(source_dir + "/experiments/fashion_mnist.yaml");
   const Experiment c = load_experiment(source_dir + "/experiments/fashion_mnist_central_storage.yaml");
   CHECK(c.name == "fashion_mnist_central_storage");
-  CHECK(c.strategy.kind == StrategyKind::central_storage);
-  CHECK(c.strategy.devices == std::vector<std::string>{"cpu:0", "cpu:1"});
-  CHECK_FALSE(c.strategy.devices_auto);
-  CHECK(c.strategy.parameter_device == "cpu:0");
+  CHECK(c.strategy.kind == "central_storage");
+  CHECK(options_as<CentralStorageOptions>(c.strategy).devices.names == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK_FALSE(options_as<CentralStorageOptions>(c.strategy).devices.automatic);
+  CHECK(options_as<CentralStorageOptions>(c.strategy).parameter_device == "cpu:0");
   CHECK(c.data.batch_size_per_replica == 64);
   CHECK(c.loss.reduction == Reduction::none);
   CHECK(c.data == plain.data);
@@ -415,8 +450,8 @@ TEST_CASE("config: the central_storage and one_device experiments load with the 
 
   const Experiment o = load_experiment(source_dir + "/experiments/fashion_mnist_one_device.yaml");
   CHECK(o.name == "fashion_mnist_one_device");
-  CHECK(o.strategy.kind == StrategyKind::one_device);
-  CHECK(o.strategy.device == "cpu:0");
+  CHECK(o.strategy.kind == "one_device");
+  CHECK(options_as<OneDeviceOptions>(o.strategy).device == "cpu:0");
   CHECK(o.data.batch_size_per_replica == 64);
   CHECK(o.loss.reduction == Reduction::none);
   CHECK(o.data == plain.data);
@@ -427,45 +462,46 @@ TEST_CASE("config: the central_storage and one_device experiments load with the 
 
 TEST_CASE("config: strategy defaults and device spellings") {
   const Experiment d = parse_experiment(minimal, "m.yaml");
-  CHECK(d.strategy.kind == StrategyKind::default_strategy);
-  CHECK(d.strategy.devices_auto);
-  CHECK(d.strategy.devices.empty());
-  CHECK(d.strategy.device == "cpu:0");
-  CHECK(d.strategy.parameter_device == "cpu:0");
-  CHECK(d.strategy.cross_device_ops == CrossDeviceOpsKind::auto_select);
+  CHECK(d.strategy.kind == "default");
+  CHECK_FALSE(d.strategy.options.has_value());  // the default kind has no options
+  CHECK(d.strategy.where == SourceLocation{"m.yaml", 0, 0});  // left out: the file
+  CHECK(options_as<OneDeviceOptions>(parse_strategy_section("{kind: one_device}", "s.yaml")).device == "cpu:0");
+  CHECK(options_as<CentralStorageOptions>(strategy_config_of("central_storage")).parameter_device == "cpu:0");
 
   const Experiment m = parse_experiment(with_strategy("{kind: mirrored}"), "m.yaml");
-  CHECK(m.strategy.devices_auto);
-  CHECK(m.strategy.devices.empty());
-  CHECK(m.strategy.cross_device_ops == CrossDeviceOpsKind::auto_select);
+  CHECK(options_as<MirroredOptions>(m.strategy).devices == DeviceList{});
+  CHECK(options_as<MirroredOptions>(m.strategy).devices.automatic);
+  CHECK(options_as<MirroredOptions>(m.strategy).cross_device_ops == CrossDeviceOpsKind::auto_select);
   const Experiment explicit_auto = parse_experiment(with_strategy("{kind: mirrored, devices: auto}"), "m.yaml");
-  CHECK(explicit_auto.strategy.devices_auto);
-  CHECK(explicit_auto.strategy.devices.empty());
+  CHECK(options_as<MirroredOptions>(explicit_auto.strategy).devices == DeviceList{});
   CHECK(explicit_auto.strategy.devices_where == SourceLocation{"m.yaml", 5, 37});
   CHECK(without_locations(explicit_auto) == without_locations(m));
-  CHECK(parse_experiment(with_strategy("{kind: central_storage}"), "m.yaml").strategy.devices_auto);
+  CHECK(options_as<CentralStorageOptions>(parse_experiment(with_strategy("{kind: central_storage}"), "m.yaml").strategy)
+            .devices.automatic);
 
   const Experiment spelled = parse_experiment(
       with_strategy("{kind: mirrored, devices: ['/cpu:0', '/device:CPU:1', GPU:0, '/gpu:1', gpu:12, '/device:gpu:3'], "
                     "cross_device_ops: nccl}"),
       "m.yaml");
-  CHECK(spelled.strategy.devices ==
+  CHECK(options_as<MirroredOptions>(spelled.strategy).devices.names ==
         std::vector<std::string>{"cpu:0", "cpu:1", "gpu:0", "gpu:1", "gpu:12", "gpu:3"});
-  CHECK(spelled.strategy.cross_device_ops == CrossDeviceOpsKind::nccl);
-  CHECK(parse_experiment(with_strategy("{kind: one_device, device: '/device:GPU:2'}"), "m.yaml").strategy.device ==
-        "gpu:2");
-  CHECK(parse_experiment(with_strategy("{kind: central_storage, parameter_device: /gpu:0}"), "m.yaml")
-            .strategy.parameter_device == "gpu:0");
+  CHECK(options_as<MirroredOptions>(spelled.strategy).cross_device_ops == CrossDeviceOpsKind::nccl);
+  CHECK(options_as<OneDeviceOptions>(
+            parse_experiment(with_strategy("{kind: one_device, device: '/device:GPU:2'}"), "m.yaml").strategy)
+            .device == "gpu:2");
+  CHECK(options_as<CentralStorageOptions>(
+            parse_experiment(with_strategy("{kind: central_storage, parameter_device: /gpu:0}"), "m.yaml").strategy)
+            .parameter_device == "gpu:0");
   for (const char* ops : {"auto", "reduction_to_one_device", "hierarchical_copy", "ring", "nccl"}) {
     CAPTURE(ops);
     const Experiment e = parse_experiment(with_strategy(std::string("{kind: mirrored, cross_device_ops: ") + ops + "}"),
                                           "m.yaml");
-    CHECK(std::string(name_of(e.strategy.cross_device_ops)) == ops);
+    CHECK(std::string(name_of(options_as<MirroredOptions>(e.strategy).cross_device_ops)) == ops);
   }
   const Experiment set = parse_experiment(minimal + "loss: {reduction: sum}\n", "m.yaml",
                                           {"strategy.kind=mirrored", "strategy.devices=[cpu:1, cpu:0]"});
-  CHECK(set.strategy.kind == StrategyKind::mirrored);
-  CHECK(set.strategy.devices == std::vector<std::string>{"cpu:1", "cpu:0"});
+  CHECK(set.strategy.kind == "mirrored");
+  CHECK(options_as<MirroredOptions>(set.strategy).devices.names == std::vector<std::string>{"cpu:1", "cpu:0"});
   CHECK(set.strategy.devices_where.file == "--set strategy.devices=[cpu:1, cpu:0]");
 }
 
@@ -606,7 +642,7 @@ TEST_CASE("config: under a strategy, reductions auto and sum_over_batch_size are
     CHECK(error_of(minimal + "loss: {reduction: auto}\n", {"strategy.kind=mirrored", "loss.reduction=none"}).empty());
 
     const std::string path = source_dir + "/experiments/fashion_mnist.yaml";
-    CHECK(load_experiment(path, {"strategy.kind=mirrored"}).strategy.kind == StrategyKind::mirrored);
+    CHECK(load_experiment(path, {"strategy.kind=mirrored"}).strategy.kind == "mirrored");
     try {
       load_experiment(path, {"strategy.kind=one_device", "loss.reduction=sum_over_batch_size"});
       FAIL("expected a ConfigError");
@@ -795,14 +831,14 @@ TEST_CASE("config: the multi_worker experiment loads with the expected values") 
   const Experiment e = load_experiment(path);
   const Experiment plain = load_experiment(source_dir + "/experiments/fashion_mnist.yaml");
   CHECK(e.name == "fashion_mnist_multi_worker");
-  CHECK(e.strategy.kind == StrategyKind::multi_worker_mirrored);
-  CHECK(e.strategy.devices_auto);
-  CHECK(e.strategy.devices.empty());
-  CHECK(e.strategy.communication.implementation == CommunicationImplementation::auto_select);
-  CHECK(e.strategy.communication.timeout_seconds == 300.0);
-  CHECK(e.strategy.communication.bytes_per_pack == 262144);
-  CHECK(e.strategy.communication.overlap);
-  CHECK(e.strategy.communication.implementation_where == SourceLocation{path, 12, 21});
+  CHECK(e.strategy.kind == "multi_worker_mirrored");
+  const auto& mwm = options_as<MultiWorkerMirroredOptions>(e.strategy);
+  CHECK(mwm.devices == DeviceList{});
+  CHECK(mwm.communication.implementation == CommunicationImplementation::auto_select);
+  CHECK(mwm.communication.timeout_seconds == 300.0);
+  CHECK(mwm.communication.bytes_per_pack == 262144);
+  CHECK(mwm.communication.overlap);
+  CHECK(mwm.communication.implementation_where == SourceLocation{path, 12, 21});
   CHECK(e.strategy.where == SourceLocation{path, 10, 9});
   CHECK(e.data.source == SourceKind::fashion_mnist);
   CHECK(e.data.batch_size_per_replica == 64);
@@ -831,20 +867,22 @@ TEST_CASE("config: the multi_worker experiment loads with the expected values") 
 
 TEST_CASE("config: multi_worker_mirrored defaults, communication options and round trips") {
   const Experiment d = parse_experiment(with_strategy("{kind: multi_worker_mirrored}"), "m.yaml");
-  CHECK(d.strategy.kind == StrategyKind::multi_worker_mirrored);
-  CHECK(d.strategy.devices_auto);
-  CHECK(d.strategy.communication == CommunicationConfig{});
-  CHECK(d.strategy.communication.timeout_seconds == 300.0);
-  CHECK(d.strategy.communication.bytes_per_pack == 0);
-  CHECK(d.strategy.communication.overlap);
+  CHECK(d.strategy.kind == "multi_worker_mirrored");
+  const auto& defaults = options_as<MultiWorkerMirroredOptions>(d.strategy);
+  CHECK(defaults.devices.automatic);
+  CHECK(defaults.communication == CommunicationConfig{});
+  CHECK(defaults.communication.timeout_seconds == 300.0);
+  CHECK(defaults.communication.bytes_per_pack == 0);
+  CHECK(defaults.communication.overlap);
   for (const char* implementation : {"auto", "ring", "mpi", "nccl"}) {
     CAPTURE(implementation);
     const Experiment e = parse_experiment(
         with_strategy(std::string("{kind: multi_worker_mirrored, communication: {implementation: ") + implementation +
                       "}}"),
         "m.yaml");
-    CHECK(std::string(name_of(e.strategy.communication.implementation)) == implementation);
-    CHECK(e.strategy.communication.implementation_where == SourceLocation{"m.yaml", 5, 73});
+    const auto& communication = options_as<MultiWorkerMirroredOptions>(e.strategy).communication;
+    CHECK(std::string(name_of(communication.implementation)) == implementation);
+    CHECK(communication.implementation_where == SourceLocation{"m.yaml", 5, 73});
   }
 
   const std::vector<std::string> strategies = {
@@ -867,11 +905,12 @@ TEST_CASE("config: multi_worker_mirrored defaults, communication options and rou
     CHECK_FALSE(contains(text, "parameter_device"));
   }
   const Experiment full = parse_experiment(with_strategy(strategies[2]), "s.yaml");
-  CHECK(full.strategy.devices == std::vector<std::string>{"cpu:0", "cpu:1"});
-  CHECK(full.strategy.communication.implementation == CommunicationImplementation::nccl);
-  CHECK(full.strategy.communication.bytes_per_pack == 33554432);
-  CHECK(full.strategy.communication.timeout_seconds == 12.5);
-  CHECK_FALSE(full.strategy.communication.overlap);
+  const auto& given = options_as<MultiWorkerMirroredOptions>(full.strategy);
+  CHECK(given.devices.names == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK(given.communication.implementation == CommunicationImplementation::nccl);
+  CHECK(given.communication.bytes_per_pack == 33554432);
+  CHECK(given.communication.timeout_seconds == 12.5);
+  CHECK_FALSE(given.communication.overlap);
   CHECK(contains(to_yaml(full),
                  "communication: {implementation: nccl, bytes_per_pack: 33554432, overlap: false, timeout_seconds: 12.5}"));
   CHECK(contains(to_yaml(d), "devices: auto"));
@@ -880,10 +919,11 @@ TEST_CASE("config: multi_worker_mirrored defaults, communication options and rou
   const Experiment set = parse_experiment(minimal + "loss: {reduction: sum}\n", "m.yaml",
                                           {"strategy.kind=multi_worker_mirrored",
                                            "strategy.communication.implementation=mpi"});
-  CHECK(set.strategy.kind == StrategyKind::multi_worker_mirrored);
-  CHECK(set.strategy.communication.implementation == CommunicationImplementation::mpi);
-  CHECK(set.strategy.communication.implementation_where.file == "--set strategy.communication.implementation=mpi");
-  CHECK(set.strategy.communication.implementation_where.line == 0);
+  CHECK(set.strategy.kind == "multi_worker_mirrored");
+  const auto& communication = options_as<MultiWorkerMirroredOptions>(set.strategy).communication;
+  CHECK(communication.implementation == CommunicationImplementation::mpi);
+  CHECK(communication.implementation_where.file == "--set strategy.communication.implementation=mpi");
+  CHECK(communication.implementation_where.line == 0);
 }
 
 TEST_CASE("config: bad multi_worker_mirrored settings are refused where they are written") {
@@ -947,19 +987,23 @@ TEST_CASE("config: under multi_worker_mirrored, reduction auto is refused with t
 
 TEST_CASE("config: strategy.roles") {
   const Experiment d = parse_experiment(with_strategy("{kind: multi_worker_mirrored}"), "m.yaml");
-  CHECK(d.strategy.roles == RolesConfig{});
+  RolesConfig defaults;
+  defaults.kind = "multi_worker_mirrored";
+  CHECK(options_as<MultiWorkerMirroredOptions>(d.strategy).roles == defaults);
   CHECK_FALSE(contains(to_yaml(d), "roles"));
   const Experiment e =
       parse_experiment(with_strategy("{kind: multi_worker_mirrored, roles: {chief: 1, worker: 2, evaluator: 1}}"), "m.yaml");
-  CHECK(e.strategy.roles.chief == 1);
-  CHECK(e.strategy.roles.worker == 2);
-  CHECK(e.strategy.roles.evaluator == 1);
-  CHECK(e.strategy.roles.where.line > 0);
+  const RolesConfig& roles = options_as<MultiWorkerMirroredOptions>(e.strategy).roles;
+  CHECK(roles.chief == 1);
+  CHECK(roles.worker == 2);
+  CHECK(roles.evaluator == 1);
+  CHECK(roles.where.line > 0);
+  CHECK_FALSE(roles.parameter_servers);
   const std::string text = to_yaml(e);
   CHECK(contains(text, "roles: {chief: 1, worker: 2, evaluator: 1}"));
   CHECK(without_locations(parse_experiment(text, "again.yaml")) == without_locations(e));
   const Experiment rest = parse_experiment(with_strategy("{kind: multi_worker_mirrored, roles: {evaluator: 1}}"), "m.yaml");
-  CHECK(rest.strategy.roles.worker == -1);
+  CHECK(options_as<MultiWorkerMirroredOptions>(rest.strategy).roles.worker == -1);
   CHECK(contains(to_yaml(rest), "roles: {chief: 1, evaluator: 1}"));
 
   CHECK(contains(error_of(with_strategy("{kind: multi_worker_mirrored, roles: {evaluator: 2}}")),

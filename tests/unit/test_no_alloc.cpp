@@ -175,26 +175,17 @@ TEST_CASE("a replica's lanes allocate nothing per step: run, the lanes' gradient
 }
 
 TEST_CASE("a strategy's step allocates nothing after the first: run, gradient sums, in-replica sums, reduce") {
-  struct Case {
-    config::StrategyKind kind;
-    config::CrossDeviceOpsKind op;
-  };
-  const Case cases[] = {{config::StrategyKind::mirrored, config::CrossDeviceOpsKind::reduction_to_one_device},
-                        {config::StrategyKind::mirrored, config::CrossDeviceOpsKind::hierarchical_copy},
-                        {config::StrategyKind::mirrored, config::CrossDeviceOpsKind::ring},
-                        {config::StrategyKind::central_storage, config::CrossDeviceOpsKind::auto_select},
-                        {config::StrategyKind::multi_worker_mirrored, config::CrossDeviceOpsKind::auto_select},
-                        {config::StrategyKind::default_strategy, config::CrossDeviceOpsKind::auto_select}};
+  const char* const cases[] = {
+      "{kind: mirrored, devices: [cpu:0, cpu:1, cpu:2], cross_device_ops: reduction_to_one_device}",
+      "{kind: mirrored, devices: [cpu:0, cpu:1, cpu:2], cross_device_ops: hierarchical_copy}",
+      "{kind: mirrored, devices: [cpu:0, cpu:1, cpu:2], cross_device_ops: ring}",
+      "{kind: central_storage, devices: [cpu:0, cpu:1, cpu:2]}",
+      "{kind: multi_worker_mirrored, devices: [cpu:0, cpu:1, cpu:2]}",
+      "{kind: default}"};
   distribute::SingleCommunicator alone;
-  for (const Case& c : cases) {
-    CAPTURE(static_cast<int>(c.kind));
-    CAPTURE(static_cast<int>(c.op));
-    config::StrategyConfig sc;
-    sc.kind = c.kind;
-    sc.cross_device_ops = c.op;
-    sc.devices_auto = false;
-    sc.devices = {"cpu:0", "cpu:1", "cpu:2"};
-    auto strategy = distribute::make_strategy(sc, 3, alone);
+  for (const char* c : cases) {
+    CAPTURE(c);
+    auto strategy = distribute::make_strategy(config::parse_strategy_section(c, "test.yaml"), 3, alone);
     const auto n = static_cast<std::size_t>(strategy->num_local_replicas());
     const std::vector<std::size_t> sizes = {288, 32, 1000, 10};
     std::vector<std::vector<float>> arenas(n, std::vector<float>(1330, 1.0f));

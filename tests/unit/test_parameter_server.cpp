@@ -9,12 +9,14 @@
 #include "config/experiment.hpp"
 #include "config/parse.hpp"
 #include "core/error.hpp"
+#include "distribute/parameter_server.hpp"
 #include "distribute/partitioner.hpp"
 #include "distribute/roles.hpp"
 
 using namespace dtrain;
-using config::PartitionerKind;
-using config::VariablePartitionerConfig;
+using distribute::ParameterServerOptions;
+using distribute::PartitionerKind;
+using distribute::VariablePartitionerConfig;
 using distribute::Role;
 
 namespace {
@@ -109,6 +111,7 @@ TEST_CASE("partitioners: shards along the first axis, the first ones a row longe
 TEST_CASE("roles: parameter servers come after the workers") {
   config::RolesConfig roles;
   roles.parameter_servers = true;
+  roles.kind = "parameter_server";
   roles.ps = 2;
   roles.where = {"exp.yaml", 3, 5};
   const distribute::RolePlan plan = distribute::resolve_roles(roles, nullptr, 5, 0);
@@ -124,6 +127,7 @@ TEST_CASE("roles: parameter servers come after the workers") {
   // TF_CONFIG with "ps" tasks: (ps, i) is rank chief + workers + i.
   config::RolesConfig from_env;
   from_env.parameter_servers = true;
+  from_env.kind = "parameter_server";
   const char* tf = R"({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]}, "task": {"type": "ps", "index": 1}})";
   const distribute::RolePlan env = distribute::resolve_roles(from_env, tf, 5, 4);
   CHECK(env.ps == 2);
@@ -142,7 +146,9 @@ TEST_CASE("roles: parameter servers come after the workers") {
   const char* past = R"({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]}, "task": {"type": "ps", "index": 2}})";
   CHECK(error(from_env, past, 5, 4) ==
         "TF_CONFIG task {type: ps, index: 2} is not in its cluster (1 chief, 2 workers, 2 ps, 0 evaluator)");
-  CHECK(error(from_env, nullptr, 3, 0).find("parameter_server needs parameter servers") != std::string::npos);
+  CHECK(error(from_env, nullptr, 3, 0) ==
+        "strategy kind parameter_server needs parameter servers: write strategy.roles.ps (1 or more), or give TF_CONFIG "
+        "\"ps\" tasks");
   roles.evaluator = 0;
   CHECK(error(roles, tf, 5, 4).find("disagrees") == std::string::npos);
   roles.ps = 3;
@@ -158,17 +164,20 @@ TEST_CASE("config: strategy kind parameter_server") {
       model + "strategy: {kind: parameter_server, roles: {chief: 1, ps: 2, worker: 2}, variable_partitioner: {kind: "
               "min_size, min_shard_bytes: 1024, max_shards: 4}, communication: {timeout_seconds: 20}}\n",
       "p.yaml");
-  CHECK(e.strategy.kind == config::StrategyKind::parameter_server);
-  CHECK(e.strategy.roles.ps == 2);
-  CHECK(e.strategy.roles.parameter_servers);
-  CHECK(e.strategy.variable_partitioner == min_size(1024, 4));
+  CHECK(e.strategy.kind == "parameter_server");
+  const auto& options = distribute::options_as<ParameterServerOptions>(e.strategy);
+  CHECK(options.roles.ps == 2);
+  CHECK(options.roles.parameter_servers);
+  CHECK(options.roles.kind == "parameter_server");
+  CHECK(options.variable_partitioner == min_size(1024, 4));
   const std::string text = config::to_yaml(e);
   CHECK(text.find("roles: {chief: 1, ps: 2, worker: 2, evaluator: 0}") != std::string::npos);
   CHECK(text.find("variable_partitioner: {kind: min_size, min_shard_bytes: 1024, max_shards: 4}") != std::string::npos);
   const config::Experiment again = config::parse_experiment(text, "again.yaml");
-  CHECK(again.strategy.variable_partitioner == e.strategy.variable_partitioner);
-  CHECK(again.strategy.roles.ps == 2);
-  CHECK(again.strategy.communication.timeout_seconds == 20.0);
+  const auto& read_back = distribute::options_as<ParameterServerOptions>(again.strategy);
+  CHECK(read_back.variable_partitioner == options.variable_partitioner);
+  CHECK(read_back.roles.ps == 2);
+  CHECK(read_back.communication.timeout_seconds == 20.0);
 
   CHECK(error_of("{kind: parameter_server, roles: {worker: 2}}") ==
         "p.yaml:6:43: strategy.roles.ps: parameter_server needs at least one parameter server; write ps: 1 or more");

@@ -165,12 +165,12 @@ TEST_CASE("a model with fewer outputs than the data has classes is refused befor
 
 namespace {
 
-config::StrategyConfig strategy_config(config::StrategyKind kind, int devices) {
-  config::StrategyConfig c;
-  c.kind = kind;
-  c.devices_auto = false;
-  for (int i = 0; i < devices; ++i) c.devices.push_back(fmt::format("cpu:{}", i));
-  return c;
+// {kind: `kind`, devices: [cpu:0, ..., cpu:(devices - 1)]}
+config::StrategyConfig strategy_config(const char* kind, int devices) {
+  std::vector<std::string> names;
+  for (int i = 0; i < devices; ++i) names.push_back(fmt::format("cpu:{}", i));
+  return config::parse_strategy_section(fmt::format("{{kind: {}, devices: [{}]}}", kind, fmt::join(names, ", ")),
+                                        "test.yaml");
 }
 
 }  // namespace
@@ -250,9 +250,8 @@ TEST_CASE("central storage: a parameter_device that is not a replica's device is
 
 TEST_CASE("replica contexts, and sums inside run() over every local replica in replica order") {
   distribute::SingleCommunicator alone;
-  for (auto kind : {config::StrategyKind::mirrored, config::StrategyKind::central_storage,
-                    config::StrategyKind::multi_worker_mirrored}) {
-    CAPTURE(static_cast<int>(kind));
+  for (const char* kind : {"mirrored", "central_storage", "multi_worker_mirrored"}) {
+    CAPTURE(kind);
     auto strategy = distribute::make_strategy(strategy_config(kind, 3), 3, alone);
     REQUIRE(strategy->num_local_replicas() == 3);
     CHECK_FALSE(strategy->schedules_steps());
@@ -283,21 +282,30 @@ TEST_CASE("replica contexts, and sums inside run() over every local replica in r
 
 TEST_CASE("make_strategy: the devices, and what the config says about replicas in sync and evaluation") {
   distribute::SingleCommunicator alone;
-  config::StrategyConfig mirrored_auto;
-  mirrored_auto.kind = config::StrategyKind::mirrored;
+  const config::StrategyConfig mirrored_auto = config::strategy_config_of("mirrored");
   CHECK(distribute::num_replicas_in_sync(mirrored_auto, 3, 1) == 3);
   CHECK(distribute::make_strategy(mirrored_auto, 3, alone)->num_replicas_in_sync() == 3);
-  config::StrategyConfig mwm_auto;
-  mwm_auto.kind = config::StrategyKind::multi_worker_mirrored;
+  const config::StrategyConfig mwm_auto = config::strategy_config_of("multi_worker_mirrored");
   CHECK(distribute::num_replicas_in_sync(mwm_auto, 8, 4) == 4);
-  CHECK(distribute::num_replicas_in_sync(strategy_config(config::StrategyKind::multi_worker_mirrored, 2), 8, 3) == 6);
-  CHECK(distribute::num_replicas_in_sync(strategy_config(config::StrategyKind::central_storage, 2), 8, 3) == 2);
-  CHECK(distribute::num_replicas_in_sync(config::StrategyConfig{}, 8, 3) == 1);
+  CHECK(distribute::num_replicas_in_sync(strategy_config("multi_worker_mirrored", 2), 8, 3) == 6);
+  CHECK(distribute::num_replicas_in_sync(strategy_config("central_storage", 2), 8, 3) == 2);
+  const config::StrategyConfig by_default = config::strategy_config_of("default");
+  CHECK(distribute::num_replicas_in_sync(by_default, 8, 3) == 1);
+  // Each scheduled step is one worker's batch.
+  CHECK(distribute::num_replicas_in_sync(config::strategy_config_of("parameter_server"), 8, 5) == 1);
   CHECK(distribute::spans_workers(mwm_auto));
   CHECK_FALSE(distribute::spans_workers(mirrored_auto));
-  CHECK(distribute::evaluation_strategy(1).kind == config::StrategyKind::default_strategy);
-  CHECK(distribute::evaluation_strategy(2).kind == config::StrategyKind::multi_worker_mirrored);
-  auto one = distribute::make_strategy(config::StrategyConfig{}, 4, alone);
+  CHECK(distribute::roles_of(mirrored_auto) == nullptr);
+  CHECK(distribute::roles_of(mwm_auto)->chief == 1);
+  CHECK(distribute::runs_own_loop(config::strategy_config_of("parameter_server")));
+  CHECK_FALSE(distribute::runs_own_loop(mwm_auto));
+  CHECK(distribute::kinds_spanning_workers() ==
+        std::vector<std::string_view>{"multi_worker_mirrored", "parameter_server"});
+  CHECK(distribute::kinds_spanning_workers(true) == std::vector<std::string_view>{"multi_worker_mirrored"});
+  CHECK(distribute::kinds_with_own_loop() == std::vector<std::string_view>{"parameter_server"});
+  CHECK(distribute::evaluation_strategy(1) == by_default);
+  CHECK(distribute::evaluation_strategy(2) == mwm_auto);
+  auto one = distribute::make_strategy(by_default, 4, alone);
   CHECK(one->threads_per_replica() == 4);
   CHECK(one->describe() == "strategy default | replicas 1 (cpu:0) | cross-device ops none");
   CHECK(one->primary_replica() == 0);

@@ -55,7 +55,7 @@ TEST_CASE("init: every strategy's template parses back to itself, with every key
     options.strategy = std::string(kind);
     const std::string text = config::experiment_template(options);
     const config::Experiment e = config::parse_experiment(text, "init.yaml");
-    CHECK(config::name_of(e.strategy.kind) == kind);
+    CHECK(e.strategy.kind == kind);
     CHECK(e.loss.reduction == config::Reduction::none);
     CHECK(e.model.layers.size() == 7);
     for (const char* todo : {"strategy", "dataset", "model", "loss reduction", "metrics", "epochs"})

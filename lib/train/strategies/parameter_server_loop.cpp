@@ -1,5 +1,21 @@
-#include "train/parameter_server_loop.hpp"
-
+// The three loops of ParameterServerStrategy (distribute/parameter_server.hpp), one per role, which
+// its kind registers with the trainer (train/strategy_loop.hpp) to run in place of fit()'s own:
+//
+//   coordinator (the chief)  schedules steps_per_epoch steps per epoch over the workers, at most
+//       kInFlightPerWorker each (ClusterCoordinator.schedule), folds each step's loss and exact
+//       metric counts into the epoch's figures as results arrive, and at the end of the epoch
+//       (join: every scheduled step done) reads the variables back from the servers, evaluates
+//       the test split once on them and prints the epoch lines. Checkpoints are written only where
+//       no step is in flight (the scheduling stops at each checkpoint.every_steps boundary, and a
+//       stop request lets the steps in flight finish first), so a checkpoint's "continue at step
+//       k" has exactly k steps' updates in it. A worker that has not answered for
+//       communication.timeout_seconds is marked lost; its unfinished steps go to the others.
+//   worker  for each order: pull the variables from every server, run one batch of its own input
+//       (auto_shard as across any worker processes), push the gradients (and the moving
+//       statistics' changes) to the servers, report.
+//   server  holds its shards and their optimizer slots; applies each push at once.
+//
+// The loops reach the trainer only through its LoopHost.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -9,7 +25,7 @@
 
 #include "core/error.hpp"
 #include "distribute/parameter_server.hpp"
-#include "train/trainer.hpp"
+#include "train/strategy_loop.hpp"
 
 namespace dtrain::train {
 
@@ -56,25 +72,42 @@ constexpr std::size_t kResultHead = 4;
 // In place of a global step: the worker lost the server named next.
 constexpr double kServerLost = -1.0;
 
-}  // namespace
+class ParameterServerLoop final : public StrategyLoop {
+ public:
+  static constexpr int kInFlightPerWorker = 2;
+  explicit ParameterServerLoop(ParameterServerStrategy& ps) : ps_(ps) {}
 
-std::vector<EpochLog> ParameterServerLoop::fit() {
-  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t_.strategy_);
-  switch (ps.role()) {
-    case distribute::Role::chief: return coordinate();
-    case distribute::Role::worker: work(); return {};
-    case distribute::Role::ps: serve(); return {};
-    case distribute::Role::evaluator: break;
+  std::vector<EpochLog> fit(LoopHost& host) override {
+    switch (ps_.role()) {
+      case distribute::Role::chief: return coordinate(host);
+      case distribute::Role::worker: work(host); return {};
+      case distribute::Role::ps: serve(host); return {};
+      case distribute::Role::evaluator: break;
+    }
+    throw InternalError("an evaluator rank does not train");
   }
-  throw InternalError("an evaluator rank does not train");
-}
+
+ private:
+  std::vector<EpochLog> coordinate(LoopHost& host);
+  void work(LoopHost& host);
+  void serve(LoopHost& host);
+  ParameterServerStrategy& ps_;
+};
+
+const StrategyLoopRegistration registered(distribute::ParameterServerOptions::kind,
+                                          [](distribute::Strategy& strategy) -> std::unique_ptr<StrategyLoop> {
+                                            return std::make_unique<ParameterServerLoop>(
+                                                strategy_as<ParameterServerStrategy>(strategy));
+                                          });
+
+}  // namespace
 
 // ------------------------------------------------------------------------------------- server
 
-void ParameterServerLoop::serve() {
-  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t_.strategy_);
-  Trainer::Replica& rep = t_.replicas_[0];
-  const std::vector<Variable*>& vars = rep.model->variables();
+void ParameterServerLoop::serve(LoopHost& host) {
+  ParameterServerStrategy& ps = ps_;
+  optim::Optimizer& built = host.replica_optimizer();
+  const std::vector<Variable*>& vars = host.replica_model().variables();
   const Layout layout = layout_of(vars, ps);
   const auto me = static_cast<std::size_t>(ps.transport().rank() - ps.server_rank(0));
   const std::vector<std::size_t>& mine = layout.on_server[me];
@@ -93,21 +126,21 @@ void ParameterServerLoop::serve() {
     std::copy_n(slice(whole.value, s), s.size, parts[i].value.data<float>());
     if (whole.trainable) trained.push_back(&parts[i]);
   }
-  auto optimizer = optim::make_optimizer(t_.exp_.optimizer, rep.ctx->numerics());
+  auto optimizer = optim::make_optimizer(host.experiment().optimizer, host.replica_numerics());
   const std::size_t slots = optimizer->slot_names().size();
   if (!trained.empty()) optimizer->build(trained);
-  if (rep.optimizer->built()) {
+  if (built.built()) {
     std::size_t j = 0;
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const distribute::Shard& s = layout.shards[mine[i]];
       const int ti = layout.trainable_index[s.variable];
       if (ti < 0) continue;
       for (std::size_t k = 0; k < slots; ++k)
-        std::copy_n(slice(rep.optimizer->slot(static_cast<std::size_t>(ti), k), s), s.size, optimizer->slot(j, k).data<float>());
+        std::copy_n(slice(built.slot(static_cast<std::size_t>(ti), k), s), s.size, optimizer->slot(j, k).data<float>());
       ++j;
     }
   }
-  optimizer->set_iterations(rep.optimizer->iterations());
+  optimizer->set_iterations(built.iterations());
 
   distribute::ServerHandlers handlers;
   handlers.values = [&](std::vector<float>& out) {
@@ -147,24 +180,18 @@ void ParameterServerLoop::serve() {
 
 // ------------------------------------------------------------------------------------- worker
 
-void ParameterServerLoop::work() {
-  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t_.strategy_);
+void ParameterServerLoop::work(LoopHost& host) {
+  ParameterServerStrategy& ps = ps_;
   distribute::PsTransport& transport = ps.transport();
-  Trainer::Replica& rep = t_.replicas_[0];
-  const std::vector<Variable*>& vars = rep.model->variables();
+  nn::Sequential& model = host.replica_model();
+  const std::vector<Variable*>& vars = model.variables();
   const Layout layout = layout_of(vars, ps);
   const int servers = ps.plan().ps;
 
   // This worker's input, sharded over the workers as multi_worker_mirrored's auto_shard does; each
   // step is one global batch of it (the function a worker runs has one replica).
-  try {
-    t_.shards_ = data::plan_shards(t_.exp_.data, ps.plan().workers, ps.worker_number());
-  } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}: {}", t_.exp_.source_file, e.what()));
-  }
-  if (t_.shards_.policy == config::AutoShardPolicy::file)
-    t_.splits_ = data::load_splits(t_.exp_.data, t_.exp_.seed, t_.shards_.files);
-  auto input = t_.make_iterator(t_.splits_.train, true);
+  host.read_input_share(ps.plan().workers, ps.worker_number());
+  auto input = host.training_input();
 
   std::vector<std::vector<float>> values(static_cast<std::size_t>(servers)), pushed(values.size());
   for (std::size_t s = 0; s < values.size(); ++s) {
@@ -174,6 +201,8 @@ void ParameterServerLoop::work() {
   std::vector<std::int64_t> versions(values.size());
   std::vector<std::vector<float>> read(vars.size());  // the non-trainable values as read
   std::vector<double> result;
+  double loss = 0.0;  // the last step's
+  std::int64_t samples = 0;
   // One step: read the variables, compute on `batches`, push; returns the staleness.
   auto exchange = [&](const std::vector<data::ReplicaBatch>& batches, std::int64_t global_step) {
     std::int64_t staleness = 0;
@@ -191,14 +220,9 @@ void ParameterServerLoop::work() {
       if (!vars[v]->trainable) read[v].assign(vars[v]->value.span<float>().begin(), vars[v]->value.span<float>().end());
 
     // One step on this worker's batch: the trainer's own replica step (the strategy applies nothing).
-    t_.step_batches_ = &batches;
-    t_.step_samples_ = input->global_samples();
-    t_.global_step_ = global_step;
-    t_.reset_train_metrics();
-    t_.strategy_->set_step(global_step);
-    t_.strategy_->run(t_.train_fn_);
-    rep.model->apply_updates();  // the moving statistics' new values: their change is pushed
-    t_.step_batches_ = nullptr;
+    samples = input->global_samples();
+    loss = host.run_step(batches, samples, global_step);
+    model.apply_updates();  // the moving statistics' new values: their change is pushed
 
     for (std::size_t s = 0; s < values.size(); ++s) {
       std::size_t at = 0;
@@ -246,10 +270,10 @@ void ParameterServerLoop::work() {
       transport.send_result(report, std::min(transport.timeout_seconds(), 2.0));
       throw;
     }
-    result.assign({static_cast<double>(order.global_step), t_.replica_losses_[0], static_cast<double>(t_.step_samples_),
+    result.assign({static_cast<double>(order.global_step), loss, static_cast<double>(samples),
                    static_cast<double>(staleness)});
-    for (std::size_t i = 0; i < t_.exp_.metrics.size(); ++i) {
-      const metrics::MetricState st = t_.local_metric_state(true, i);  // every lane's counts
+    for (std::size_t i = 0; i < host.experiment().metrics.size(); ++i) {
+      const metrics::MetricState st = host.train_metric_state(i);  // every lane's counts
       for (std::int64_t c : st.counts) result.push_back(static_cast<double>(c));
       result.insert(result.end(), st.sums.begin(), st.sums.end());
     }
@@ -311,34 +335,29 @@ struct StopEveryone {
 
 }  // namespace
 
-std::vector<EpochLog> ParameterServerLoop::coordinate() {
-  Trainer& t = t_;
-  auto& ps = dynamic_cast<ParameterServerStrategy&>(*t.strategy_);
+std::vector<EpochLog> ParameterServerLoop::coordinate(LoopHost& host) {
+  ParameterServerStrategy& ps = ps_;
+  const config::Experiment& exp = host.experiment();
+  std::FILE* out = host.out();
   distribute::PsTransport& transport = ps.transport();
   StopEveryone stop_everyone{ps};
-  Trainer::Replica& rep = t.replicas_[0];
+  nn::Sequential& model = host.replica_model();
   std::vector<std::string> names;
-  for (const Variable* v : rep.model->variables()) names.push_back(v->name);
-  const Layout layout = layout_of(rep.model->variables(), ps);
-  fmt::print(t.opt_.out, "variables on the parameter servers (ranks {}..{}): {}\n", ps.server_rank(0),
+  for (const Variable* v : model.variables()) names.push_back(v->name);
+  const Layout layout = layout_of(model.variables(), ps);
+  fmt::print(out, "variables on the parameter servers (ranks {}..{}): {}\n", ps.server_rank(0),
              ps.server_rank(ps.plan().ps - 1), distribute::describe_placement(layout.shards, names));
-  std::fflush(t.opt_.out);
+  std::fflush(out);
 
   // steps_per_epoch as the trainer's own loop counts it, over the whole training split.
-  auto input = t.make_iterator(t.splits_.train, true);
+  auto input = host.training_input();
   LoopState state;
-  state.steps = input->steps_per_epoch();
-  if (t.exp_.train.steps_per_epoch > 0) state.steps = std::min(state.steps, t.exp_.train.steps_per_epoch);
-  if (state.steps == 0)
-    throw ConfigError(fmt::format("{}: an epoch has no steps: {} training samples, global batch {} with drop_remainder",
-                                  t.exp_.source_file, t.splits_.train.size(), input->global_batch_size()));
+  state.steps = host.steps_per_epoch(*input);
   // The callbacks see a stop request only where no step is in flight (a checkpoint then holds
   // exactly the steps it says): the loop passes the request on when it has drained.
   std::atomic<int> stop_seen{0};
-  const std::atomic<int>* stop_requested = t.opt_.stop_requested;
-  t.opt_.stop_requested = &stop_seen;
-  CallbackList callbacks = t.make_callbacks();
-  t.opt_.stop_requested = stop_requested;
+  const std::atomic<int>* stop_requested = host.stop_requested();
+  CallbackList callbacks = host.make_callbacks(&stop_seen);
   auto asked_to_stop = [&] { return stop_requested && stop_requested->load() != 0; };
 
   const int workers = ps.plan().workers;
@@ -347,15 +366,15 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
   std::vector<std::deque<std::int64_t>> in_flight(lost.size());
   std::vector<Clock::time_point> last_heard(lost.size(), Clock::now());
   std::vector<std::string> lost_notes;
-  const std::int64_t every_steps = t.exp_.checkpoint.every_steps;
+  const std::int64_t every_steps = exp.checkpoint.every_steps;
 
   callbacks.on_train_begin(state);
   std::vector<EpochLog> history;
-  for (state.epoch = t.resume_ ? static_cast<int>(t.resume_->epoch) : 0; state.epoch < t.exp_.train.epochs; ++state.epoch) {
-    t.begin_epoch(state, *input);
+  for (state.epoch = host.first_epoch(); state.epoch < exp.train.epochs; ++state.epoch) {
+    host.begin_epoch(state, *input);
     callbacks.on_epoch_begin(state);
     const auto t0 = Clock::now();
-    const std::int64_t first = state.step, base = t.global_step_;
+    const std::int64_t first = state.step, base = host.global_step();
     std::deque<std::int64_t> pending;  // steps of this epoch not yet scheduled, or given back by a lost worker
     for (std::int64_t k = first; k < state.steps; ++k) pending.push_back(k);
     // The steps to finish before the next point where nothing is in flight: the next
@@ -429,15 +448,15 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
       staleness_max = std::max(staleness_max, staleness);
       ++staleness_count;
       std::size_t at = kResultHead;
-      for (auto& m : rep.train_metrics) {
-        metrics::MetricState st = m->state();
+      for (std::size_t m = 0; m < exp.metrics.size(); ++m) {
+        metrics::MetricState st = host.train_metric_state(m);  // its shape; the values are the worker's
         for (auto& c : st.counts) c = static_cast<std::int64_t>(r.at(at++));
         for (auto& v : st.sums) v = r.at(at++);
-        m->merge(st);
+        host.merge_train_metric(m, st);
       }
       ++state.step;
-      t.global_step_ = base + (state.step - first);
-      state.global_step = t.global_step_;
+      host.set_global_step(base + (state.step - first));
+      state.global_step = host.global_step();
 
       if (!stopping && asked_to_stop()) {
         // Finish what is in flight (and what a lost worker left), schedule nothing new.
@@ -448,7 +467,7 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
                            std::all_of(in_flight.begin(), in_flight.end(), [](const auto& f) { return f.empty(); });
       if (drained) {
         // join(): every update is in; a checkpoint may be written now.
-        gather(ps, layout, *rep.model, *rep.optimizer);
+        gather(ps, layout, model, host.replica_optimizer());
         if (stopping) stop_seen = 1;
         boundary = next_boundary(state.step);
       }
@@ -463,11 +482,11 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
         throw Interrupted{state.checkpoint, state.epoch, state.step};
       }
     }
-    EpochLog log = t.end_epoch(state, std::chrono::duration<double>(Clock::now() - t0).count());
+    EpochLog log = host.end_epoch(state, std::chrono::duration<double>(Clock::now() - t0).count());
     log.staleness_mean = staleness_count > 0 ? staleness_sum / static_cast<double>(staleness_count) : 0.0;
     log.staleness_max = staleness_max;
-    fmt::print(t.opt_.out, "{}\n{}\n", epoch_line(log), throughput_line(log));
-    std::fflush(t.opt_.out);
+    fmt::print(out, "{}\n{}\n", epoch_line(log), throughput_line(log));
+    std::fflush(out);
     if (asked_to_stop()) stop_seen = 1;  // asked during the evaluation: the epoch is complete
     callbacks.on_epoch_end(state, log);
     history.push_back(log);
@@ -477,7 +496,6 @@ std::vector<EpochLog> ParameterServerLoop::coordinate() {
     }
   }
   callbacks.on_train_end(state);
-  t.resume_.reset();
   for (const std::string& note : lost_notes)
     fmt::print(stderr, "dtrain: warning: {}; training finished on the other workers\n", note);
   return history;

@@ -1,6 +1,7 @@
-// One layer's options, whatever its kind. Each layer file in nn/ defines its own options struct
-// (Conv2DOptions, DenseOptions, ...) and its schema (config/layers.hpp); the experiment holds them
-// type-erased here, so that adding a layer kind never touches config/.
+// One layer's or one strategy's options, whatever its kind. Each layer file in nn/ defines its own
+// options struct (Conv2DOptions, DenseOptions, ...) and its schema (config/layers.hpp), and so does
+// each strategy file in distribute/ (MirroredOptions, ...; config/strategies.hpp); the experiment
+// holds them type-erased here, so that adding a layer or a strategy kind never touches config/.
 //
 // Value semantics: copies share the immutable options; == compares kinds and values (the option
 // structs define a defaulted ==).
@@ -12,11 +13,11 @@
 
 namespace dtrain::config {
 
-class LayerOptions {
+class Options {
  public:
-  LayerOptions() = default;
+  Options() = default;
   template <class T>
-  LayerOptions(T options)  // NOLINT(google-explicit-constructor): options structs convert implicitly
+  Options(T options)  // NOLINT(google-explicit-constructor): options structs convert implicitly
       : impl_(std::make_shared<const Holder<T>>(std::move(options))) {}
 
   bool has_value() const { return impl_ != nullptr; }
@@ -26,7 +27,7 @@ class LayerOptions {
     if (!impl_ || impl_->type() != typeid(T)) return nullptr;
     return &static_cast<const Holder<T>&>(*impl_).value;
   }
-  bool operator==(const LayerOptions& other) const {
+  bool operator==(const Options& other) const {
     if (!impl_ || !other.impl_) return impl_ == other.impl_;
     return impl_->type() == other.impl_->type() && impl_->equals(*other.impl_);
   }
