@@ -26,3 +26,27 @@ wait_held() {
   fail "no $want process(es) held in $dir after 300 s"
 }
 release_hold() { touch "$1/release"; }
+
+# The PID of world rank $2 of the run writing into $1 (the dtrain process, not a wrapper's shell).
+rank_pid() {
+  for pid in $(pgrep -f -- "--run-dir $1"); do
+    [ "$(readlink -f "/proc/$pid/exe")" = "$(readlink -f "$dtrain")" ] || continue
+    r=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+    [ "$r" = "$2" ] && echo "$pid"
+  done
+}
+# $scratch/rc.sh OUT COMMAND...: runs a rank's command and writes its exit code into OUT.rc<RANK>:
+# under --enable-recovery mpirun exits 0 whatever its ranks return (OpenMPI 4.1.4), so the tests
+# read each rank's own code there.
+make_rc_wrapper() {
+  cat >"$scratch/rc.sh" <<'EOS'
+#!/usr/bin/env bash
+out=$1
+shift
+"$@"
+rc=$?
+echo "$rc" >"$out.rc$OMPI_COMM_WORLD_RANK"
+exit "$rc"
+EOS
+  chmod +x "$scratch/rc.sh"
+}

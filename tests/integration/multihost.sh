@@ -32,25 +32,7 @@ hosts() {
 ip_of() { echo "198.18.0.$((10 + $1))"; }
 across() { timeout 300 tools/netns_hosts mpirun "$name" "$@"; }
 one_host() { local n=$1; shift; timeout 300 mpirun -n "$n" --oversubscribe "$@"; }
-# The PID of world rank $2 of the run writing into $1 (the dtrain process, not a wrapper's shell).
-rank_pid() {
-  for pid in $(pgrep -f -- "--run-dir $1"); do
-    [ "$(readlink -f "/proc/$pid/exe")" = "$(readlink -f "$dtrain")" ] || continue
-    r=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
-    [ "$r" = "$2" ] && echo "$pid"
-  done
-}
-# The exit code of each rank, in $1.rc<RANK> (under --enable-recovery mpirun says 0 whatever).
-cat >"$scratch/rc.sh" <<'EOS'
-#!/usr/bin/env bash
-out=$1
-shift
-"$@"
-rc=$?
-echo "$rc" >"$out.rc$OMPI_COMM_WORLD_RANK"
-exit "$rc"
-EOS
-chmod +x "$scratch/rc.sh"
+make_rc_wrapper
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 # watch JOB FILE REGEX START: while JOB runs, the seconds from START until FILE first matched

@@ -13,27 +13,7 @@ kill_tree() {
   kill -KILL "$1" 2>/dev/null
 }
 trap 'for job in $(jobs -p); do kill_tree "$job"; done' EXIT
-# The PID of world rank $2 of the run writing into $1 (the dtrain process, not a wrapper's shell).
-rank_pid() {
-  for pid in $(pgrep -f -- "--run-dir $1"); do
-    [ "$(readlink -f "/proc/$pid/exe")" = "$(readlink -f "$dtrain")" ] || continue
-    r=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
-    [ "$r" = "$2" ] && echo "$pid"
-  done
-}
-# Runs a rank (the command after $1) and writes its exit code into $1.rcRANK: under
-# --enable-recovery mpirun exits 0 whatever its ranks return (OpenMPI 4.1.4), so the tests read
-# the chief's own code there.
-cat >"$scratch/rc.sh" <<'EOS'
-#!/usr/bin/env bash
-out=$1
-shift
-"$@"
-rc=$?
-echo "$rc" >"$out.rc$OMPI_COMM_WORLD_RANK"
-exit "$rc"
-EOS
-chmod +x "$scratch/rc.sh"
+make_rc_wrapper
 chief_rc() { cat "$1.rc0" 2>/dev/null || echo "none"; }
 # Waits (up to 120 s) until the file $1 holds a line matching $2.
 wait_for_line() {
