@@ -75,7 +75,11 @@ const StrategySchema& strategy_schema(std::string_view kind) {
 std::vector<const StrategySchema*> strategy_schemas() {
   std::vector<const StrategySchema*> out;
   for (const StrategySchema& schema : schemas()) out.push_back(&schema);
-  std::stable_sort(out.begin(), out.end(), [](const auto* a, const auto* b) { return a->listed_at < b->listed_at; });
+  // A total order (listed_at, then the kind), so std::sort needs no stability: libstdc++ 12's
+  // stable_sort frees its temporary buffer in a way AddressSanitizer reports as a mismatch.
+  std::sort(out.begin(), out.end(), [](const auto* a, const auto* b) {
+    return a->listed_at != b->listed_at ? a->listed_at < b->listed_at : a->kind < b->kind;
+  });
   return out;
 }
 
