@@ -19,6 +19,7 @@
 #include "distribute/worker_group.hpp"
 #include "signals.hpp"
 #include "train/evaluator.hpp"
+#include "checkpoint/manager.hpp"
 #include "checkpoint/run_dir.hpp"
 #include "train/trainer.hpp"
 
@@ -110,6 +111,13 @@ train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requeste
   return hold;
 }
 
+std::string continue_after_loss(const std::string& run_dir, const std::string& checkpoint_dir) {
+  if (!run_dir.empty() && !checkpoint_dir.empty() && !checkpoint::list_checkpoints(checkpoint_dir).empty())
+    return fmt::format("continue with: dtrain resume {}", run_dir);
+  return fmt::format("no checkpoint was written before it{}, so there is nothing to resume: run the experiment again",
+                     checkpoint_dir.empty() ? "" : fmt::format(" (in {})", checkpoint_dir));
+}
+
 int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& experiment, const train::TrainerOptions& options,
                       const std::function<void(train::Trainer&)>& prepare) {
   std::optional<distribute::RolePlan> roles;
@@ -138,6 +146,8 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
     note_loss();  // passed on: an evaluator must not finalize either
     for (int r = roles->training_ranks(); r < roles->world_size(); ++r) workers.send_training_done(r);
   };
+  // Where a job that lost a process goes on from: named only when a checkpoint is there.
+  const std::string checkpoints = checkpoint::checkpoint_dir_of(options.run_dir, experiment.checkpoint);
   try {
     train::TrainerOptions training = options;
     training.hold = test_hold_from_environment(options.stop_requested);
@@ -160,6 +170,12 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
   } catch (const train::Interrupted& stop) {
     tell_evaluators();
     return report_interrupted(stop, options.run_dir);
+  } catch (const PeerLostError& e) {
+    try {
+      if (trainer.strategy().lost_a_rank()) tell_evaluators();
+    } catch (const std::exception&) {
+    }
+    throw PeerLostError(fmt::format("{}; {}", e.what(), continue_after_loss(options.run_dir, checkpoints)));
   } catch (const std::exception&) {
     // After a lost rank no MPI_Abort ends the evaluator (run_as_worker): it is told. Best effort:
     // the error on its way out says why the job ends.

@@ -112,7 +112,7 @@ struct PsTransport::Impl {
       MPI_Cancel(&req);
       peer_lost = true;
       throw ServerLost(from, fmt::format("parameter server rank {} did not answer a {} within {:g} s: it is lost, and "
-                                         "the job cannot go on without its variables; continue with dtrain resume",
+                                         "the job cannot go on without its variables",
                                          from, what, seconds));
     }
     if (second) *second = header[1];
@@ -125,8 +125,7 @@ struct PsTransport::Impl {
         if (flag) break;
         if (poll.expired()) {
           peer_lost = true;
-          throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s; continue with "
-                                             "dtrain resume", from, what, seconds));
+          throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s", from, what, seconds));
         }
         poll.pause();
       }
@@ -141,8 +140,7 @@ struct PsTransport::Impl {
       if (!wait_for(&vreq, 1, seconds)) {
         MPI_Cancel(&vreq);
         peer_lost = true;
-        throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s; continue with "
-                                           "dtrain resume", from, what, seconds));
+        throw ServerLost(from, fmt::format("parameter server rank {} did not send its {} within {:g} s", from, what, seconds));
       }
     }
     return header[0];
@@ -240,8 +238,7 @@ StepOrder PsTransport::receive_order() {
     MPI_Cancel(&req);
     impl_->peer_lost = true;
     // The app names this rank in front of the message.
-    throw PeerLostError(fmt::format("no order from the coordinator (rank 0) for {:g} s: it is lost; continue with dtrain "
-                                    "resume", coordinator_timeout()));
+    throw PeerLostError(fmt::format("no order from the coordinator (rank 0) for {:g} s: it is lost", coordinator_timeout()));
   }
   if (o[0] == StepOrder::stop_after_loss) {
     impl_->peer_lost = true;
@@ -255,8 +252,8 @@ void PsTransport::send_result(std::span<const double> payload, double seconds) {
   check(MPI_Isend(payload.data(), count_of(payload.size()), MPI_DOUBLE, 0, kResultTag, impl_->comm, &req), "MPI_Isend");
   if (!wait_for(&req, 1, seconds)) {
     impl_->peer_lost = true;
-    throw PeerLostError(fmt::format("the coordinator (rank 0) did not take a step's result within {:g} s: it is lost; "
-                                    "continue with dtrain resume", seconds));
+    throw PeerLostError(fmt::format("the coordinator (rank 0) did not take a step's result within {:g} s: it is lost",
+                                    seconds));
   }
 }
 
@@ -318,8 +315,8 @@ void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_flo
       if (applied) continue;
       if (idle.expired()) {
         impl_->peer_lost = true;
-        throw PeerLostError(fmt::format("this parameter server had no request for {:g} s: the coordinator (rank 0) is lost; "
-                                        "continue with dtrain resume", coordinator_timeout()));
+        throw PeerLostError(fmt::format("this parameter server had no request for {:g} s: the coordinator (rank 0) is lost",
+                                        coordinator_timeout()));
       }
       idle.pause();
       continue;

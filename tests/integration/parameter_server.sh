@@ -14,6 +14,19 @@ kill_tree() {
 }
 trap 'for job in $(jobs -p); do kill_tree "$job"; done' EXIT
 make_rc_wrapper
+# Every "lost" error of the run writing into $1 says what to do next as the checkpoints allow:
+# resume when one was written, run again when none was (never a resume of nothing).
+advice_fits_checkpoints() {
+  local have=no
+  compgen -G "$1/checkpoints/ckpt-*.h5" >/dev/null && have=yes
+  while IFS= read -r line; do
+    case "$line" in
+      *"continue with: dtrain resume $1") [ "$have" = yes ] || fail "'$line' but no checkpoint was written" ;;
+      *"no checkpoint was written before it"*) [ "$have" = no ] || fail "'$line' but $(ls "$1/checkpoints")" ;;
+      *) fail "a lost-process error that says nothing of what to do: '$line'" ;;
+    esac
+  done < <(grep -E "^dtrain: error: rank [0-9]+: .*(is lost|lost \()" "$1.err")
+}
 chief_rc() { cat "$1.rc0" 2>/dev/null || echo "none"; }
 # Waits (up to 120 s) until the file $1 holds a line matching $2.
 wait_for_line() {
@@ -195,6 +208,7 @@ EOS
       wait "$job"
       [ "$(chief_rc "$run")" = "$want" ] || fail "${run##*/}: the chief exited $(chief_rc "$run"), wanted $want: $(tail -3 "$run.err")"
       grep -Eq "$line" "$run.err" || fail "${run##*/}: no line '$line': $(tail -3 "$run.err")"
+      advice_fits_checkpoints "$run"
     }
     kill_rank() { kill "-$1" $(for r in "${@:3}"; do rank_pid "$2" "$r"; done); }
     # Then SIGTERM to the others: stopped with a checkpoint, exit 4.
@@ -202,7 +216,7 @@ EOS
       kill_rank TERM "$scratch/term" 0 1 3 4
     echo "ok: a lost worker, then SIGTERM: the chief exits 4 with its checkpoint"
     # Then the other worker: the job ends, saying so, exit 5.
-    lost_then "$scratch/both" 5 "^dtrain: error: rank 0: every worker is lost \(worker rank 1 was lost at epoch .*\); continue with dtrain resume" \
+    lost_then "$scratch/both" 5 "^dtrain: error: rank 0: every worker is lost \(worker rank 1 was lost at epoch .*\); (continue with: dtrain resume|no checkpoint was written)" \
       kill_rank KILL "$scratch/both" 1
     echo "ok: both workers lost: the chief exits 5: $(grep -o 'every worker is lost.*' "$scratch/both.err")"
     # Then a server: it is named, exit 5.
@@ -273,7 +287,8 @@ EOS
     for r in 1 2 3; do
       [ "$(cat "$run.rc$r" 2>/dev/null)" = 5 ] || fail "rank $r exited $(cat "$run.rc$r" 2>/dev/null), wanted 5: $(grep dtrain: "$run.err")"
     done
-    grep -q "dtrain: error: rank 1: no order from the coordinator (rank 0) for 8 s: it is lost; continue with dtrain resume" "$run.err" \
+    advice_fits_checkpoints "$run"
+    grep -q "dtrain: error: rank 1: no order from the coordinator (rank 0) for 8 s: it is lost; " "$run.err" \
       || fail "the worker did not name the coordinator: $(grep dtrain: "$run.err")"
     grep -q "dtrain: error: rank 3: this parameter server had no request for 8 s: the coordinator (rank 0) is lost" "$run.err" \
       || fail "the server did not name the coordinator: $(grep dtrain: "$run.err")"

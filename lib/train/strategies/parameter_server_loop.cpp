@@ -423,7 +423,7 @@ std::vector<EpochLog> ParameterServerLoop::coordinate(LoopHost& host) {
         in_flight[i].clear();
       }
       if (std::all_of(lost.begin(), lost.end(), [](bool l) { return l; }))
-        throw PeerLostError(fmt::format("every worker is lost ({}); continue with dtrain resume", lost_notes.back()));
+        throw PeerLostError(fmt::format("every worker is lost ({})", lost_notes.back()));
       if (!got) continue;
       const auto i = static_cast<std::size_t>(got->worker_rank - ps.worker_rank(0));
       if (i >= lost.size() || lost[i]) continue;  // a lost worker's late answer: its step ran elsewhere
@@ -431,7 +431,7 @@ std::vector<EpochLog> ParameterServerLoop::coordinate(LoopHost& host) {
       if (r.at(0) == kServerLost) {
         transport.mark_peer_lost();  // passed on to the others by StopEveryone
         throw PeerLostError(fmt::format("parameter server rank {} is lost: worker rank {} got no answer from it within {:g} "
-                                        "s; the job cannot go on without its variables; continue with dtrain resume",
+                                        "s; the job cannot go on without its variables",
                                         static_cast<int>(r.at(1)), got->worker_rank, transport.server_timeout()));
       }
       const auto k = static_cast<std::int64_t>(r[0]) - base + first;
