@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <csignal>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +74,12 @@ MpiCommunicator::MpiCommunicator() : comm_(std::make_unique<Comm>()) {
   world_rank_ = rank_;
   world_size_ = size_;
   comm_->handle = MPI_COMM_WORLD;
+  // OpenMPI's TCP transport writes to its peers' sockets with plain writev(): once a peer process
+  // has died, a write racing the connection's reset raises SIGPIPE, whose default action ends this
+  // process without a word (seen: a parameter-server coordinator killed while its worker's host
+  // went down). Ignored, the write fails with EPIPE, and the transport reports the peer lost,
+  // which the strategies handle.
+  std::signal(SIGPIPE, SIG_IGN);
   learn_hosts();
 }
 
@@ -319,6 +326,24 @@ int MpiCommunicator::all_reduce_max(int value, const char* what) {
 void MpiCommunicator::reduce_sum_to(std::span<float> values, int root, const char* what) {
   DTRAIN_CHECK(root >= 0 && root < size_, fmt::format("{}: root {} is outside the {} ranks", what, root, size_));
   reduce(values.data(), values.size(), Element::f32, false, root, what);
+}
+
+void MpiCommunicator::broadcast(void* data, std::size_t count, Element element, int root, const char* what) {
+  DTRAIN_CHECK(root >= 0 && root < size_, fmt::format("{}: root {} is outside the {} ranks", what, root, size_));
+  if (size_ == 1) return;
+  ++collective_;
+  const MPI_Datatype type = element == Element::f32 ? MPI_FLOAT : MPI_DOUBLE;
+  MPI_Request req;
+  succeeded(MPI_Ibcast(data, mpi_count(count, what), type, root, comm_->handle, &req), "MPI_Ibcast", Failure::raise);
+  wait(&req, 1, what);
+}
+
+void MpiCommunicator::broadcast(std::span<float> values, int root, const char* what) {
+  broadcast(values.data(), values.size(), Element::f32, root, what);
+}
+
+void MpiCommunicator::broadcast(std::span<double> values, int root, const char* what) {
+  broadcast(values.data(), values.size(), Element::f64, root, what);
 }
 
 void MpiCommunicator::open(std::span<float> values, const char* what) {
