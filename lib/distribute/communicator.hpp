@@ -38,6 +38,9 @@ class Communicator {
   // The element-wise sum lands on `root` only; every other participant's values stay unchanged.
   // A root outside the group is an InternalError.
   virtual void reduce_sum_to(std::span<float> values, int root, const char* what) = 0;
+  // Every participant's values become root's (a root outside the group is an InternalError).
+  virtual void broadcast(std::span<float> values, int root, const char* what) = 0;
+  virtual void broadcast(std::span<double> values, int root, const char* what) = 0;
   // The same sum as all_reduce_sum by the chunked ring of ring.hpp over this group's neighbours:
   // each participant sends and receives 2 (size - 1) / size of the data, and each chunk's terms
   // are added in an order fixed by the ring.

@@ -43,6 +43,8 @@ class MpiCommunicator final : public WorkerGroup, private RingTransport {
   void all_reduce_sum(std::span<std::int64_t> values, const char* what) override;
   int all_reduce_max(int value, const char* what) override;
   void reduce_sum_to(std::span<float> values, int root, const char* what) override;
+  void broadcast(std::span<float> values, int root, const char* what) override;
+  void broadcast(std::span<double> values, int root, const char* what) override;
 
   void set_step(std::int64_t step) override { step_ = step; }
   void set_timeout(double seconds) override { timeout_seconds_ = seconds; }
@@ -67,6 +69,7 @@ class MpiCommunicator final : public WorkerGroup, private RingTransport {
   // An all-reduce (root < 0) or a reduce onto root.
   void reduce(void* data, std::size_t count, Element element, bool max, int root, const char* what);
   void wait(void* requests, int count, const char* what);
+  void broadcast(void* data, std::size_t count, Element element, int root, const char* what);
   // Whether rc is MPI_SUCCESS; otherwise throws (Failure::raise) or returns false.
   bool succeeded(int rc, const char* call, Failure failure) const;
   void split(bool trains);

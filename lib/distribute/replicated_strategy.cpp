@@ -18,9 +18,9 @@ ReplicatedStrategy::ReplicatedStrategy(ReplicaLayout layout, int total_threads, 
     : layout_(std::move(layout)),
       threads_per_replica_(std::max(1, std::max(1, total_threads) / std::max(1, static_cast<int>(layout_.devices.size())))),
       workers_(workers ? workers : &alone_),
-      group_(static_cast<int>(layout_.devices.size()), layout_.op),
+      group_(make_replica_group(static_cast<int>(layout_.devices.size()), layout_.op)),
       gradients_(layout_.devices.size()),
-      threads_(contexts(), threads_per_replica_, group_.barrier()) {}
+      threads_(contexts(), threads_per_replica_, group_->barrier()) {}
 
 std::vector<ReplicaContext> ReplicatedStrategy::contexts() const {
   std::vector<ReplicaContext> out;
@@ -30,7 +30,7 @@ std::vector<ReplicaContext> ReplicatedStrategy::contexts() const {
 
 std::string ReplicatedStrategy::describe() const {
   return fmt::format("strategy {} | replicas {} ({}) | cross-device ops {}", layout_.kind, num_replicas_in_sync(),
-                     device_list(layout_.devices), num_local_replicas() > 1 ? group_.name() : "none");
+                     device_list(layout_.devices), num_local_replicas() > 1 ? group_->name() : "none");
 }
 
 Device ReplicatedStrategy::replica_device(int replica) const {
@@ -72,7 +72,7 @@ bool ReplicatedStrategy::update(const ReplicaContext& replica, const std::functi
 
 void ReplicatedStrategy::all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values,
                                                    const char* what) {
-  ThreadCommunicator& here = local(replica);
+  Communicator& here = local(replica);
   here.all_reduce_sum(values, what);
   if (workers() == 1) return;
   // Across workers this process's replica 0 speaks for it; the others then copy its sum.

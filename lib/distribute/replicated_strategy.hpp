@@ -1,5 +1,5 @@
 // What every strategy of this release is made of: local replicas on devices, each with its own
-// copy of the variables, run on ReplicaThreads, combining their values through a ThreadGroup,
+// copy of the variables, run on ReplicaThreads, combining their values through a ReplicaGroup,
 // and the worker processes (a group of one unless the strategy spans processes). As it stands it
 // is the mirrored strategy (the one-replica kinds are its one-replica layouts); the others
 // override where the variables live and how gradients are summed.
@@ -12,7 +12,7 @@
 #include "distribute/replica_threads.hpp"
 #include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
-#include "distribute/thread_group.hpp"
+#include "distribute/replica_group.hpp"
 
 namespace dtrain::distribute {
 
@@ -64,7 +64,7 @@ class ReplicatedStrategy : public Strategy {
   double take_cross_worker_wait_seconds() override { return 0.0; }
 
  protected:
-  ThreadCommunicator& local(const ReplicaContext& replica) { return group_.endpoint(replica.replica_id); }
+  Communicator& local(const ReplicaContext& replica) { return group_->endpoint(replica.replica_id); }
   std::span<float> gradients(int replica) const { return gradients_[static_cast<std::size_t>(replica)]; }
   Communicator& worker_group() { return *workers_; }
   const ReplicaLayout& layout() const { return layout_; }
@@ -77,7 +77,7 @@ class ReplicatedStrategy : public Strategy {
   int threads_per_replica_;
   SingleCommunicator alone_;  // the workers of a strategy that runs in this process alone
   Communicator* workers_;
-  ThreadGroup group_;
+  std::unique_ptr<ReplicaGroup> group_;
   std::vector<std::span<float>> gradients_;  // per local replica, bound once
   bool collectives_in_backward_ = false;
   ReplicaThreads threads_;  // last: its threads use the members above

@@ -17,6 +17,8 @@ class SingleCommunicator final : public WorkerGroup, private RingTransport {
   void all_reduce_sum(std::span<std::int64_t>, const char*) override {}
   int all_reduce_max(int value, const char*) override { return value; }
   void reduce_sum_to(std::span<float> values, int root, const char* what) override;
+  void broadcast(std::span<float>, int root, const char* what) override { check_root(root, what); }
+  void broadcast(std::span<double>, int root, const char* what) override { check_root(root, what); }
 
   int world_rank() const override { return 0; }
   int world_size() const override { return 1; }
@@ -26,6 +28,7 @@ class SingleCommunicator final : public WorkerGroup, private RingTransport {
 
  private:
   void end_job(int) override {}  // there are no others
+  static void check_root(int root, const char* what);
   RingTransport& ring_transport() override { return *this; }
   // A ring of one has no steps.
   void open(std::span<float>, const char*) override {}

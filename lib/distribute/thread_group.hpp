@@ -32,15 +32,10 @@
 
 #include "distribute/barrier.hpp"
 #include "distribute/communicator.hpp"
+#include "distribute/replica_group.hpp"
 #include "distribute/ring.hpp"
 
 namespace dtrain::distribute {
-
-enum class CrossDeviceOp { reduction_to_one_device, hierarchical_copy, ring };
-const char* name_of(CrossDeviceOp op);
-// "reduction_to_one_device", "hierarchical_copy" or "ring"; anything else is an InternalError (the
-// strategy resolves "auto" and refuses "nccl" on CPU before this).
-CrossDeviceOp cross_device_op_named(const std::string& name);
 
 class ThreadGroup;
 
@@ -55,9 +50,8 @@ class ThreadCommunicator final : public Communicator, private RingTransport {
   void all_reduce_sum(std::span<std::int64_t> values, const char* what) override;
   int all_reduce_max(int value, const char* what) override;
   void reduce_sum_to(std::span<float> values, int root, const char* what) override;
-  // Every replica's values become root's.
-  void broadcast(std::span<float> values, int root, const char* what);
-  void broadcast(std::span<double> values, int root, const char* what);
+  void broadcast(std::span<float> values, int root, const char* what) override;
+  void broadcast(std::span<double> values, int root, const char* what) override;
 
  private:
   friend class ThreadGroup;
@@ -74,20 +68,18 @@ class ThreadCommunicator final : public Communicator, private RingTransport {
   int replica_;
 };
 
-class ThreadGroup {
+class ThreadGroup final : public ReplicaGroup {
  public:
   // size >= 1, else InternalError.
   ThreadGroup(int size, CrossDeviceOp op);
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
 
-  int size() const { return size_; }
+  int size() const override { return size_; }
   CrossDeviceOp op() const { return op_; }
-  const char* name() const { return name_of(op_); }
-  // InternalError outside [0, size()).
-  ThreadCommunicator& endpoint(int replica);
-  // The barrier the replicas meet at; the strategy breaks it when a replica fails.
-  Barrier& barrier() { return barrier_; }
+  const char* name() const override { return name_of(op_); }
+  ThreadCommunicator& endpoint(int replica) override;
+  Barrier& barrier() override { return barrier_; }
 
  private:
   friend class ThreadCommunicator;

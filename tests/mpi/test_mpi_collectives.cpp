@@ -97,6 +97,26 @@ TEST_CASE("the MPI communicator: exact sums of floats, doubles and int64s, the m
   CHECK_THROWS_AS(w.reduce_sum_to(std::span<float>(bad), n, "to nowhere"), InternalError);
 }
 
+TEST_CASE("the MPI communicator: broadcast hands every rank the root's floats and doubles, from any root") {
+  MpiCommunicator& w = world();
+  const int r = w.rank(), n = w.size();
+  for (int root = 0; root < n; ++root) {
+    CAPTURE(root);
+    std::vector<float> f(1001);
+    std::vector<double> d(17);
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] = value(r, i) + 0.25f;
+    for (std::size_t i = 0; i < d.size(); ++i) d[i] = 1.0 / (r + 3) + static_cast<double>(i);
+    w.broadcast(std::span<float>(f), root, "broadcast floats");
+    w.broadcast(std::span<double>(d), root, "broadcast doubles");
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < f.size(); ++i) wrong += f[i] != value(root, i) + 0.25f;
+    for (std::size_t i = 0; i < d.size(); ++i) wrong += d[i] != 1.0 / (root + 3) + static_cast<double>(i);
+    CHECK(wrong == 0);
+  }
+  std::vector<float> bad(3);
+  CHECK_THROWS_AS(w.broadcast(std::span<float>(bad), n, "to nowhere"), InternalError);
+}
+
 TEST_CASE("a failing MPI call throws, naming the call, the rank and MPI's error") {
   MpiCommunicator& w = world();
   try {

@@ -18,6 +18,7 @@
 #include "core/rng.hpp"
 #include "distribute/barrier.hpp"
 #include "distribute/ring.hpp"
+#include "distribute/single_communicator.hpp"
 #include "distribute/thread_group.hpp"
 
 using namespace dtrain;
@@ -443,7 +444,8 @@ TEST_CASE("double and int64 sums, the maximum and broadcast over threads, in rep
     for (int n = 1; n <= 4; ++n) {
       CAPTURE(algorithm);
       CAPTURE(n);
-      ThreadGroup group(n, cross_device_op_named(algorithm));
+      // Through the interfaces a strategy holds (ReplicaGroup, Communicator) alone.
+      const std::unique_ptr<distribute::ReplicaGroup> group = distribute::make_replica_group(n, cross_device_op_named(algorithm));
       std::vector<std::vector<double>> d(static_cast<std::size_t>(n));
       std::vector<std::vector<std::int64_t>> k(static_cast<std::size_t>(n));
       std::vector<int> maxima(static_cast<std::size_t>(n));
@@ -453,7 +455,7 @@ TEST_CASE("double and int64 sums, the maximum and broadcast over threads, in rep
         // 1e17 + 1 loses the 1 unless the two large terms meet first: ((x0 + x1) + x2) + x3.
         d[i] = {r == 0 ? 1e17 : r == 1 ? 1.0 : r == 2 ? -1e17 : 0.5, 0.25 * r};
         k[i] = {std::int64_t{1} << (40 + r), -r};
-        ThreadCommunicator& me = group.endpoint(r);
+        distribute::Communicator& me = group->endpoint(r);
         me.all_reduce_sum(std::span<double>(d[i]), "doubles");
         me.all_reduce_sum(std::span<std::int64_t>(k[i]), "counts");
         maxima[i] = me.all_reduce_max(10 * ((r + 2) % n), "max");
@@ -473,4 +475,15 @@ TEST_CASE("double and int64 sums, the maximum and broadcast over threads, in rep
         CHECK(b[i] == std::vector<double>{double(n - 1), -double(n - 1)});
       }
     }
+}
+
+TEST_CASE("a group of one broadcasts from root 0 only") {
+  distribute::SingleCommunicator alone;
+  std::vector<float> f{1.5f, -2.0f};
+  std::vector<double> d{3.0};
+  alone.broadcast(std::span<float>(f), 0, "floats");
+  alone.broadcast(std::span<double>(d), 0, "doubles");
+  CHECK(f == std::vector<float>{1.5f, -2.0f});
+  CHECK(d == std::vector<double>{3.0});
+  CHECK_THROWS_AS(alone.broadcast(std::span<float>(f), 1, "from nowhere"), InternalError);
 }
