@@ -37,7 +37,7 @@ int validate_command(const ValidateArgs& args) {
                              ? (exp.data.global_batch_size + copies.replicas - 1) / copies.replicas
                              : exp.data.batch_size_per_replica;
     copies.eval_batch = exp.data.eval_batch_size > 0 ? exp.data.eval_batch_size : copies.train_batch;
-    train::check_run_memory(declared, copies, physical_memory_bytes());
+    train::check_run_memory(declared, copies, usable_memory());
   };
   nn::Sequential model(exp.model, exp.seed, *ctx, options);
   config::check_loss_fits_model(exp, model.output_shape().dims());

@@ -199,10 +199,10 @@ std::vector<std::int64_t> read_shape(const Node& node, const std::string& path) 
 }
 
 void check_memory(const Node& node, const std::string& path, std::optional<std::int64_t> bytes, std::string_view what) {
-  const std::int64_t memory = physical_memory_bytes();
-  if (bytes && *bytes <= memory) return;
-  fail(node.origin, fmt::format("{}: {} needs {}, more than this machine's {} of memory; choose a smaller value", path,
-                                what, bytes ? format_bytes(*bytes) : "more than 8 EB", format_bytes(memory)));
+  const MemoryLimit memory = usable_memory();
+  if (bytes && *bytes <= memory.bytes) return;
+  fail(node.origin, fmt::format("{}: {} needs {}, more than {}; choose a smaller value", path,
+                                what, bytes ? format_bytes(*bytes) : "more than 8 EB", describe(memory)));
 }
 
 // Keras' int-or-pair arguments (kernel_size, strides, pool_size); every entry >= 1.

@@ -90,11 +90,10 @@ namespace {
 // allocation that large would fail, or succeed lazily and exhaust memory when first touched).
 std::size_t checked_bytes(const Shape& shape, DType dtype) {
   const auto bytes = checked_mul(shape.numel(), static_cast<std::int64_t>(dtype_size(dtype)));
-  const std::int64_t memory = physical_memory_bytes();
-  if (!bytes || *bytes > memory)
-    throw ConfigError(fmt::format("a tensor of shape {} needs {}, more than this machine's {} of memory",
-                                  shape.to_string(), bytes ? format_bytes(*bytes) : "more than 8 EB",
-                                  format_bytes(memory)));
+  const MemoryLimit memory = usable_memory();
+  if (!bytes || *bytes > memory.bytes)
+    throw ConfigError(fmt::format("a tensor of shape {} needs {}, more than {}", shape.to_string(),
+                                  bytes ? format_bytes(*bytes) : "more than 8 EB", describe(memory)));
   return static_cast<std::size_t>(*bytes);
 }
 

@@ -58,11 +58,12 @@ std::size_t Layer::add_variable(const std::string& weight, Shape shape, Initiali
   // Refused before allocating: a variable is held about four times (value, gradient, two
   // optimizer slots), and allocating and initializing one the machine cannot hold takes minutes.
   const auto bytes = checked_mul(shape.numel(), 4 * 4);
-  if (!bytes || *bytes > physical_memory_bytes())
+  const MemoryLimit memory = usable_memory();
+  if (!bytes || *bytes > memory.bytes)
     throw ConfigError(fmt::format("variable '{}' of shape {} needs {} with its gradient and optimizer slots, more "
-                                  "than this machine's {} of memory; make the layer smaller",
+                                  "than {}; make the layer smaller",
                                   weight, shape.to_string(), bytes ? format_bytes(*bytes) : "more than 8 EB",
-                                  format_bytes(physical_memory_bytes())));
+                                  describe(memory)));
   Variable v;
   v.name = name_ + "/" + weight;
   v.trainable = trainable;

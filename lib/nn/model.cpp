@@ -89,14 +89,14 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
       const auto sum = activations ? checked_add(activation_bytes_per_example_, *activations) : std::nullopt;
       parameter_bytes = checked_add(parameter_bytes, checked_mul(layer->declared_elements(), 4 * 4).value_or(-1))
                             .value_or(std::numeric_limits<std::int64_t>::max());
-      const std::int64_t memory = physical_memory_bytes();
+      const MemoryLimit limit = usable_memory();
+      const std::int64_t memory = limit.bytes;
       if (!sum || *sum > memory || parameter_bytes < 0 || parameter_bytes > memory)
         throw ConfigError(fmt::format(
-            "the model needs {} for its {} up to this layer, more than this machine's {} of memory; make the "
-            "layer smaller",
+            "the model needs {} for its {} up to this layer, more than {}; make the layer smaller",
             !sum || *sum > memory ? format_bytes(sum.value_or(std::numeric_limits<std::int64_t>::max()))
                                               : format_bytes(parameter_bytes),
-            !sum || *sum > memory ? "activations" : "parameters", format_bytes(memory)));
+            !sum || *sum > memory ? "activations" : "parameters", describe(limit)));
       activation_bytes_per_example_ = *sum;
       layers_.push_back(std::move(layer));
       layer_where_.push_back(where.where);
@@ -159,18 +159,18 @@ std::int64_t Sequential::activation_bytes(std::int64_t batch) const {
 }
 
 void Sequential::check_batch_memory(std::int64_t batch, const config::BatchKey& batch_key) const {
-  const std::int64_t memory = physical_memory_bytes();
-  if (activation_bytes(batch) <= memory) return;
+  const MemoryLimit memory = usable_memory();
+  if (activation_bytes(batch) <= memory.bytes) return;
   const std::size_t largest = largest_activation_layer();
   const Layer& layer = *layers_[largest];
   const config::SourceLocation& at = layer_where_[largest];
   const std::string smaller = layer.size_option().empty() ? std::string("a smaller input to that layer")
                                                            : fmt::format("fewer {} in that layer", layer.size_option());
   throw ConfigError(fmt::format(
-      "{}{} {}: a batch of {} on a replica needs {} of activations, more than this machine's {} of memory; layer '{}'{} "
+      "{}{} {}: a batch of {} on a replica needs {} of activations, more than {}; layer '{}'{} "
       "takes the most, {} per example: choose a smaller {}, or {}",
       batch_key.where, batch_key.name, batch_key.value, batch, format_bytes(activation_bytes(batch)),
-      format_bytes(memory), layer.name(),
+      describe(memory), layer.name(),
       at.line > 0 ? fmt::format(" ({}:{}:{})", at.file, at.line, at.column) : std::string(),
       layer.output_shape().to_string(), batch_key.name, smaller));
 }
@@ -198,10 +198,10 @@ std::size_t Sequential::largest_parameter_layer() const {
 Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   auto it = plans_.find(batch);
   if (it != plans_.end()) return it->second;
-  if (activation_bytes(batch) > physical_memory_bytes())
-    throw ConfigError(fmt::format("a batch of {} needs {} of activations, more than this machine's {} of memory; "
-                                  "choose a smaller data.batch_size_per_replica, global_batch_size or eval_batch_size",
-                                  batch, format_bytes(activation_bytes(batch)), format_bytes(physical_memory_bytes())));
+  if (const MemoryLimit memory = usable_memory(); activation_bytes(batch) > memory.bytes)
+    throw ConfigError(fmt::format("a batch of {} needs {} of activations, more than {}; choose a smaller "
+                                  "data.batch_size_per_replica, global_batch_size or eval_batch_size",
+                                  batch, format_bytes(activation_bytes(batch)), describe(memory)));
   Plan& p = plans_[batch];
   p.batch = batch;
   p.input = ctx_.movable_memory(ctx_.canonical_layout(input_shape_.with_batch(batch), DType::f32));

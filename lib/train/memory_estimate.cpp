@@ -38,11 +38,11 @@ MemoryEstimate estimate_memory(const nn::Sequential& declared, const RunCopies& 
   return e;
 }
 
-void check_run_memory(const nn::Sequential& declared, const RunCopies& copies, std::int64_t memory) {
+void check_run_memory(const nn::Sequential& declared, const RunCopies& copies, const MemoryLimit& memory) {
   declared.check_batch_memory(copies.train_batch, copies.train_key);
   declared.check_batch_memory(copies.eval_batch, copies.eval_key);
   const MemoryEstimate e = estimate_memory(declared, copies);
-  if (e.total <= memory) return;
+  if (e.total <= memory.bytes) return;
   // The layer to make smaller: the one with the most parameters when variables and slots weigh
   // more than the activations, else the one whose outputs are largest.
   const bool parameters_decide = plus(e.models, e.slots) >= e.activations;
@@ -52,10 +52,10 @@ void check_run_memory(const nn::Sequential& declared, const RunCopies& copies, s
   const std::string option = layer.size_option().empty() ? std::string("a smaller input to it")
                                                           : fmt::format("fewer {}", layer.size_option());
   throw ConfigError(fmt::format(
-      "{}layer '{}': this run needs about {} of memory, more than this machine's {}: {} cop{} of the model's {} "
+      "{}layer '{}': this run needs about {} of memory, more than {}: {} cop{} of the model's {} "
       "parameters with their gradients ({}), {} optimizer slot{} per replica ({}), activations of batches of {} "
       "on {} lane{} ({}); layer '{}' {}; give it {}, or use fewer replicas or threads",
-      config::location_prefix(declared.layer_where(i), {}), layer.name(), format_bytes(e.total), format_bytes(memory),
+      config::location_prefix(declared.layer_where(i), {}), layer.name(), format_bytes(e.total), describe(memory),
       lanes, lanes == 1 ? "y" : "ies", declared.num_parameters(), format_bytes(e.models), copies.optimizer_slots,
       copies.optimizer_slots == 1 ? "" : "s", format_bytes(e.slots), copies.batch_per_lane(), lanes,
       lanes == 1 ? "" : "s", format_bytes(e.activations), layer.name(),

@@ -8,6 +8,8 @@
 // data set are not counted: the estimate is a floor.
 #pragma once
 
+#include "core/machine.hpp"
+
 #include <cstdint>
 
 #include "config/parse.hpp"
@@ -36,10 +38,10 @@ struct MemoryEstimate {
 
 MemoryEstimate estimate_memory(const nn::Sequential& declared, const RunCopies& copies);
 
-// ConfigError when the run cannot fit in `memory` bytes: first a replica's batch alone
-// (Sequential::check_batch_memory, naming the batch key and the layer), then the whole estimate,
-// at the deciding layer's place in the experiment, with its parts, the machine's memory and what
-// to make smaller.
-void check_run_memory(const nn::Sequential& declared, const RunCopies& copies, std::int64_t memory);
+// ConfigError when the run cannot fit in `memory` (usable_memory(): the machine's, or a cgroup's or
+// ulimit's when lower): first a replica's batch alone (Sequential::check_batch_memory, naming the
+// batch key and the layer), then the whole estimate, at the deciding layer's place in the
+// experiment, with its parts, the memory and what sets it, and what to make smaller.
+void check_run_memory(const nn::Sequential& declared, const RunCopies& copies, const MemoryLimit& memory);
 
 }  // namespace dtrain::train

@@ -263,7 +263,7 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
       copies.eval_batch = std::min(ceil_div(eval_global, in_sync), std::max<std::int64_t>(1, eval_samples));
       copies.train_key = config::batch_key(exp_, false);
       copies.eval_key = config::batch_key(exp_, true);
-      train::check_run_memory(declared, copies, physical_memory_bytes());
+      train::check_run_memory(declared, copies, usable_memory());
     };
   // A signal while a large model's variables are made ends the run there (nothing to save yet).
   if (opt_.stop_requested)

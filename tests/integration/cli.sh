@@ -27,6 +27,24 @@ make_idx_dir() {
   done
 }
 
+# make_memory_cgroup BYTES: a new memory cgroup limited to BYTES (v1, or v2 where the memory
+# controller is delegated), its directory on stdout, and $scratch/in_cgroup.sh, which runs dtrain
+# inside it; non-zero (saying why on stdout) where this machine lets the test make none.
+make_memory_cgroup() {
+  local bytes=$1 dir limit_file
+  if [ -w /sys/fs/cgroup/memory ] && [ -e /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+    dir=/sys/fs/cgroup/memory/dtrain_test_$$ limit_file=memory.limit_in_bytes
+  elif [ -w /sys/fs/cgroup ] && grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+    dir=/sys/fs/cgroup/dtrain_test_$$ limit_file=memory.max
+  else
+    echo "no writable memory controller"; return 1
+  fi
+  mkdir -p "$dir" 2>/dev/null && echo "$bytes" >"$dir/$limit_file" 2>/dev/null || { echo "cannot make $dir"; return 1; }
+  printf '#!/usr/bin/env bash\necho $$ >%q/cgroup.procs || exit 99\nexec %q "$@"\n' "$dir" "$dtrain" >"$scratch/in_cgroup.sh"
+  chmod +x "$scratch/in_cgroup.sh"
+  echo "$dir"
+}
+
 small=experiments/fashion_mnist_small.yaml
 epoch_re='^Epoch [0-9]+, Loss: [0-9]+\.[0-9]{4}, Accuracy: [0-9]+\.[0-9]{2}, Test Loss: [0-9]+\.[0-9]{4}, Test Accuracy: [0-9]+\.[0-9]{2}$'
 
@@ -179,11 +197,30 @@ EOF
     sed "s/^    - dense: {units: 64, activation: relu}/    - dense: {units: $units, activation: relu}/" "$small" >"$scratch/lanes.yaml"
     SECONDS=0
     lanes=(--set train.threads=2 --set train.parallelism=batch)
-    refused="lanes\.yaml:22:7: layer 'dense': this run needs about .* more than this machine's .*: 2 copies of the model's .*; layer 'dense' holds the most parameters .*give it fewer units"
+    refused="lanes\.yaml:22:7: layer 'dense': this run needs about .* more than (this machine's|the .* memory limit of this process's cgroup).*: 2 copies of the model's .*; layer 'dense' holds the most parameters .*give it fewer units"
     expect_error 2 "$refused" -- validate "$scratch/lanes.yaml" "${lanes[@]}"
     expect_error 2 "$refused" -- run "$scratch/lanes.yaml" "${lanes[@]}" --run-dir "$scratch/lanes_run"
     [ "$SECONDS" -le 10 ] || fail "a run too large for memory took ${SECONDS}s to refuse"
     [ ! -e "$scratch/lanes_run" ] || fail "the run wrote its directory before refusing"
+    # Under a container's memory limit (a cgroup's, here made by the test where it may make one), the
+    # limit decides, and is named: each copy of this model fits 512 MB (410 MB with its slots), two
+    # lanes' do not (about 600 MB), though this machine holds them.
+    if cg=$(make_memory_cgroup $((512 << 20))); then
+      sed "s/^    - dense: {units: 64, activation: relu}/    - dense: {units: 16000, activation: relu}/" "$small" >"$scratch/contained.yaml"
+      contained="contained\.yaml:22:7: layer 'dense': this run needs about [0-9.]+ MB of memory, more than the 512\.0 MB memory limit of this process's cgroup: 2 copies"
+      outside=$dtrain
+      dtrain=$scratch/in_cgroup.sh  # expect_error runs $dtrain: here the wrapper that enters the cgroup
+      expect_error 2 "$contained" -- validate "$scratch/contained.yaml" "${lanes[@]}"
+      SECONDS=0
+      expect_error 2 "$contained" -- run "$scratch/contained.yaml" "${lanes[@]}" --run-dir "$scratch/contained_run"
+      [ "$SECONDS" -le 10 ] || fail "a run too large for its cgroup took ${SECONDS}s to refuse"
+      [ ! -e "$scratch/contained_run" ] || fail "the run wrote its directory before refusing"
+      dtrain=$outside
+      # The kernel lets go of a cgroup a moment after its last process has ended.
+      for _ in $(seq 1 100); do rmdir "$cg" 2>/dev/null && break; sleep 0.05; done
+    else
+      echo "note: no memory cgroup could be made here ($cg); the cgroup limit case is skipped"
+    fi
     # A stop signal while the model is being built ends the run there, exit 4, nothing saved: the
     # run holds before building its model (DTRAIN_TEST_HOLD_AT_STEP=0) until the signal.
     hold_env "$scratch/build_hold" 0

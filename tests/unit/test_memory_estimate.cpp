@@ -118,20 +118,23 @@ TEST_CASE("check_run_memory names the layer that decides, at its place, with the
     train::RunCopies copies;
     copies.optimizer_slots = 2;
     const train::MemoryEstimate e = train::estimate_memory(m, copies);
-    CHECK_NOTHROW(train::check_run_memory(m, copies, e.total));  // exactly enough
+    CHECK_NOTHROW(train::check_run_memory(m, copies, MemoryLimit{e.total}));  // exactly enough
     // Parameters weigh more than one example's activations: the dense layer, by its units.
-    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, e.total - 1),
+    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, MemoryLimit{e.total - 1}),
                          doctest::Contains("exp.yaml:19:7: layer 'dense': this run needs about"), ConfigError);
-    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, e.total - 1), doctest::Contains("give it fewer units"),
+    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, MemoryLimit{e.total - 1}), doctest::Contains("give it fewer units"),
                          ConfigError);
     // Activations of large batches weigh more: the layer with the largest outputs, by its filters.
     copies.train_batch = copies.eval_batch = 1000;
     const train::MemoryEstimate big = train::estimate_memory(m, copies);
-    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, big.total - 1),
+    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, MemoryLimit{big.total - 1}),
                          doctest::Contains("exp.yaml:17:7: layer 'conv': this run needs about"), ConfigError);
-    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, big.total - 1),
+    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, MemoryLimit{big.total - 1}),
                          doctest::Contains("has the largest outputs ((6, 6, 4) per example); give it fewer filters"),
                          ConfigError);
+    // A container's limit is named as such, not as the machine's memory.
+    CHECK_THROWS_WITH_AS(train::check_run_memory(m, copies, MemoryLimit{big.total - 1, MemoryLimit::Source::cgroup}),
+                         doctest::Contains("memory limit of this process's cgroup"), ConfigError);
   };
   nn::Sequential model(small_model(), 3, testing::cpu(), options);
 }

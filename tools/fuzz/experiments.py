@@ -9,6 +9,13 @@ aliases (shared blocks and "billion laughs"), unicode, duplicated keys, broken Y
 --set overrides. Every case runs `dtrain validate`; those that validate also run a short
 `dtrain run` (one epoch of two steps, one thread) on the small Fashion-MNIST subset in data/.
 
+Every eighth case, where the harness can make a memory cgroup (root, a writable memory
+controller), is an oversized or a modest model (the small CNN with a dense layer, the first
+conv2d's filters or the batch scaled so that its parameters or activations need either at least
+1.5 times, or at most a fifth of, a 768 MB limit), validated and run inside a cgroup with that
+limit: an oversized one must be refused (exit 2, one line naming the cgroup's limit) before it is
+allocated, a modest one must validate; neither may be killed by the kernel's OOM killer.
+
 With --min-experiments N it goes on past --seconds, up to --max-seconds, until N mutated
 experiments have run, and says whether it got there.
 
@@ -271,6 +278,54 @@ def check_outcome(rc, stderr, timed_out, case_file):
     return ""
 
 
+MEMORY_LIMIT = 768 << 20
+
+
+def make_memory_cgroup(directory_name):
+    """A memory cgroup limited to MEMORY_LIMIT (v1, or v2 where the controller is delegated): its
+    directory, or None where this machine lets the harness make none."""
+    for root, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")):
+        if limit_file == "memory.max":
+            try:
+                with open(os.path.join(root, "cgroup.subtree_control")) as f:
+                    if "memory" not in f.read().split():
+                        continue
+            except OSError:
+                continue
+        elif not os.path.exists(os.path.join(root, limit_file)):
+            continue
+        path = os.path.join(root, directory_name)
+        try:
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, limit_file), "w") as f:
+                f.write(str(MEMORY_LIMIT))
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def sized_model(rng, oversized):
+    """--set overrides of the small CNN (conv2d 3x3 on 28x28x1 -> pooling -> conv2d 3x3 -> pooling
+    -> flatten (1600) -> dense -> dense 10) and what they scale: its parameters or activations need
+    at least 1.5 x MEMORY_LIMIT when oversized, at most a fifth of it otherwise."""
+    knob = rng.choice(["units", "filters", "batch", "lanes"])
+    if knob == "units":  # 1600 x units parameters, 16 bytes each with gradient and Adam's slots
+        low, high = (int(1.5 * MEMORY_LIMIT / 25600) + 1, 2_000_000) if oversized else (64, MEMORY_LIMIT // 5 // 25600)
+        return [f"model.layers.5.dense.units={rng.randint(low, high)}"], knob
+    if knob == "filters":  # 26 x 26 x filters activations per example, value and gradient, batch 64
+        low, high = (int(1.5 * MEMORY_LIMIT / (26 * 26 * 8 * 64)) + 1, 10**6) if oversized else (8, 300)
+        return [f"model.layers.0.conv2d.filters={rng.randint(low, high)}"], knob
+    if knob == "batch":  # about 26 x 26 x 32 x 8 bytes of activations per example
+        per_example = 26 * 26 * 32 * 8
+        low, high = (int(1.5 * MEMORY_LIMIT / per_example) + 1, 2**24) if oversized else (1, MEMORY_LIMIT // 5 // per_example)
+        return [f"data.batch_size_per_replica={rng.randint(low, high)}"], knob
+    # Two lanes: two copies of the model (24 bytes a dense parameter in all).
+    low, high = (int(1.5 * MEMORY_LIMIT / (1600 * 24)) + 1, 400_000) if oversized else (64, MEMORY_LIMIT // 5 // 38400)
+    return [f"model.layers.5.dense.units={rng.randint(low, high)}", "train.threads=2",
+            "train.parallelism=batch"], knob
+
+
 class Campaign:
     def __init__(self, args):
         self.args = args
@@ -280,6 +335,48 @@ class Campaign:
         self.counts = {"experiments": 0, "set_cases": 0, "validate": 0, "run": 0, "ok": 0, "refused": 0, "bad": 0}
         self.kinds = {}
         self.bad = []
+        self.cgroup = make_memory_cgroup(f"dtrain_fuzz_{os.getpid()}")
+        self.counts["memory_cases"] = 0
+
+    def memory_case(self, rng):
+        """An oversized or a modest model inside a memory cgroup (see the module's docstring)."""
+        oversized = rng.random() < 0.6
+        overrides, knob = sized_model(rng, oversized)
+        case_file = os.path.join(ROOT, "experiments", "fashion_mnist_small.yaml")
+        with open(case_file, encoding="utf-8") as f:
+            text = f.read()
+        sets = [a for o in overrides for a in ("--set", o)]
+        description = f"{'oversized' if oversized else 'modest'} {knob} in a {MEMORY_LIMIT >> 20} MB cgroup: " + \
+            " ".join(sets)
+        self.counts["memory_cases"] += 1
+        self.counts["experiments"] += 1
+        # The command enters the cgroup first: every allocation of the run is charged to it.
+        enter = ["/bin/sh", "-c", 'echo $$ >"$0/cgroup.procs" && exec "$@"', self.cgroup]
+        run_dir = os.path.join(self.work, "memory-run")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for verb, extra, timeout in (("validate", [], VALIDATE_TIMEOUT),
+                                     ("run", ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=1",
+                                              "--set", "train.progress=none", "--run-dir", run_dir], RUN_TIMEOUT)):
+            argv = enter + [self.args.dtrain, verb, case_file] + sets + extra
+            rc, out, err, timed_out = self.execute(argv, timeout)
+            self.counts[verb] += 1
+            problem = check_outcome(rc, err, timed_out, case_file)
+            if not problem and oversized and (rc != 2 or "memory limit of this process's cgroup" not in err):
+                problem = f"an oversized model was not refused naming the cgroup's limit (exit {rc})"
+            if not problem and not oversized and verb == "validate" and rc != 0:
+                problem = f"a modest model did not validate (exit {rc})"
+            self.record(argv, text, description + f" ({verb})", rc, out, err, timed_out, case_file, problem)
+            if rc != 0:
+                return
+
+    def close(self):
+        if self.cgroup:
+            for _ in range(100):
+                try:
+                    os.rmdir(self.cgroup)
+                    return
+                except OSError:
+                    time.sleep(0.05)
 
     def execute(self, argv, timeout):
         env = dict(os.environ)
@@ -299,8 +396,9 @@ class Campaign:
                     sys.exit(f"experiments.py: cannot start {argv[0]}: {e}")
                 time.sleep(2)
 
-    def record(self, argv, text, description, rc, out, err, timed_out, case_file):
-        problem = check_outcome(rc, err, timed_out, case_file)
+    def record(self, argv, text, description, rc, out, err, timed_out, case_file, problem=None):
+        if problem is None:
+            problem = check_outcome(rc, err, timed_out, case_file)
         if rc == 0 and not problem:
             self.counts["ok"] += 1
         elif not problem:
@@ -409,13 +507,19 @@ def main():
         elapsed = time.monotonic() - start
         if elapsed >= cap or (elapsed >= args.seconds and campaign.counts["experiments"] >= args.min_experiments):
             break
-        campaign.case(rng, bases, index)
+        if campaign.cgroup and index % 8 == 7:
+            campaign.memory_case(rng)
+        else:
+            campaign.case(rng, bases, index)
         index += 1
+    campaign.close()
     c = campaign.counts
     met = c["experiments"] >= args.min_experiments
     print(f"experiments.py: {c['experiments']} mutated experiments ({c['set_cases']} with --set), "
           f"{c['validate']} validate and {c['run']} run invocations: {c['ok']} exit 0, {c['refused']} refused "
-          f"with one error line, {c['bad']} bad, in {time.monotonic() - start:.0f} s (seed {args.seed})")
+          f"with one error line, {c['bad']} bad, in {time.monotonic() - start:.0f} s (seed {args.seed}); "
+          f"{c['memory_cases']} oversized or modest models in a {MEMORY_LIMIT >> 20} MB cgroup"
+          f"{'' if campaign.cgroup else ' (none: no memory cgroup could be made here)'}")
     if args.min_experiments:
         print(f"experiments.py: target of {args.min_experiments} experiments {'met' if met else 'NOT met'}")
     for problem, n in sorted(campaign.kinds.items()):
