@@ -22,6 +22,11 @@ it got there:
   manifest the checkpoint manifest empty, garbage, reversed, repeated, deleted, a FIFO
   signal    SIGTERM/SIGINT (single and double) at random moments of a run, and under mpirun -n 2
            (SIGUSR1, SIGTERM) when mpirun is installed
+  recovery  a parameter-server job (chief, 1 server, 2 workers) under tools/dtrain-mpirun
+           --enable-recovery, one rank killed (SIGKILL) at a random step: a worker is survived
+           (exit 0, the final checkpoint written), a lost server ends the job with exit 5, a lost
+           chief with exit 1 and dtrain-mpirun's line; never 0 for a job that did not finish, never
+           a hang, and every checkpoint written evaluates
 Every outcome must be exit 0, or exit 2/3 with one line naming the file (`dtrain: error:`, or
 `tools/to_hdf5:` for the converter) (4, or 128 + the signal
 for a second signal, in the signal cases, with no *.tmp-* file left behind); never a signal death,
@@ -716,6 +721,90 @@ train: {epochs: 2, threads: 1, progress: none}
             ok = self.judge("signal-resume", name, argv2, rc2, out2, err2, files=[run], allowed=(0,)) and ok
         return ok
 
+    def rank_pid(self, run, rank):
+        """The PID of the dtrain process of world rank `rank` writing into `run`, or None."""
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.path.realpath("/proc/%s/exe" % entry) != os.path.realpath(self.dtrain):
+                    continue
+                with open("/proc/%s/cmdline" % entry, "rb") as f:
+                    if run.encode() not in f.read():
+                        continue
+                with open("/proc/%s/environ" % entry, "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except OSError:
+                continue
+            if env.get(b"OMPI_COMM_WORLD_RANK") == str(rank).encode():
+                return int(entry)
+        return None
+
+    def recovery_case(self, index):
+        """One rank of a parameter-server job under --enable-recovery killed at a random step (see
+        the module's docstring for the outcomes each loss must have)."""
+        r = self.rng
+        run = os.path.join(self.work, "recovery-run")
+        hold = run + ".hold"
+        for d in (run, hold):
+            shutil.rmtree(d, ignore_errors=True)
+        exp = os.path.join(self.work, "recovery.yaml")
+        with open(self.ckpt_exp) as f:
+            text = f.read().replace("epochs: 3", "epochs: 2").replace(
+                "{kind: default}", "{kind: parameter_server, roles: {chief: 1, ps: 1, worker: 2}, "
+                "communication: {timeout_seconds: 4}}").replace("every_epochs: 1", "every_epochs: 1, every_steps: 3")
+        with open(exp, "w") as f:
+            f.write(text)
+        # World ranks: 0 the chief (coordinator), 1 and 2 the workers, 3 the server.
+        victim = r.choice([0, 1, 1, 2, 3])
+        step = r.randint(1, 6)
+        role = {0: "chief", 1: "worker", 2: "worker", 3: "server"}[victim]
+        name = "%d: the %s (rank %d) killed at step %d" % (index, role, victim, step)
+        tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dtrain-mpirun")
+        argv = [tool, "--oversubscribe", "--enable-recovery", "-n", "4", self.dtrain, "run", exp, "--run-dir", run]
+        env = dict(self.env)
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"  # as in the MPI signal cases
+        env["DTRAIN_TEST_HOLD_DIR"], env["DTRAIN_TEST_HOLD_AT_STEP"] = hold, str(step)
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.work,
+                             stdin=subprocess.DEVNULL, errors="replace")
+        # The chief holds at the step (the workers wait for its orders): the blow lands there.
+        held = os.path.join(hold, "held.rank0")
+        until = time.monotonic() + 120
+        while not os.path.exists(held) and p.poll() is None and time.monotonic() < until:
+            time.sleep(0.02)
+        pid = self.rank_pid(run, victim) if os.path.exists(held) else None
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        os.makedirs(hold, exist_ok=True)
+        open(os.path.join(hold, "release"), "w").close()
+        try:
+            out, err = p.communicate(timeout=180)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            rc = None
+        # OpenMPI 4.1's PMIx prints this when it tells the survivors of a lost process under
+        # --enable-recovery: its noise, not a sanitizer's "ERROR: ".
+        err = "\n".join(l for l in err.splitlines() if "PMIX ERROR: BAD-PARAM" not in l)
+        if not pid:
+            return self.judge("recovery", name + " (no rank to kill: the run ended first)", argv, rc, out, err,
+                              allowed=(0,), files=[run])
+        want = {"worker": 0, "server": 5, "chief": 1}[role]
+        ok = self.judge("recovery", name, argv, rc, out, err, allowed=(want,), files=[run, exp])
+        if ok and role == "worker" and not any(f.endswith(".h5") and ".tmp-" not in f for f in
+                                                os.listdir(os.path.join(run, "checkpoints"))):
+            self.save_bad("recovery", name, argv, rc, out, err, "a survived loss left no checkpoint", [run])
+            ok = False
+        ckdir = os.path.join(run, "checkpoints")
+        for f in sorted(os.listdir(ckdir)) if os.path.isdir(ckdir) else []:
+            if not f.endswith(".h5") or ".tmp-" in f:
+                continue
+            argv2 = [self.dtrain, "eval", "--checkpoint", os.path.join(ckdir, f)]
+            rc2, out2, err2 = self.run(argv2, timeout=120)
+            ok = self.judge("recovery-eval", name + ": " + f, argv2, rc2, out2, err2, allowed=(0,), files=[run]) and ok
+        return ok
+
     @staticmethod
     def wait_until_blocked(pid, sig, limit=30.0):
         until = time.monotonic() + limit
@@ -766,6 +855,8 @@ train: {epochs: 2, threads: 1, progress: none}
                 self.checkpoint_case(i)
             if i % 8 == 0 and self.time_left() > 0:
                 self.signal_case(i, mpi=mpi and i % 24 == 0)
+            if mpi and i % 24 == 12 and self.time_left() > 0:
+                self.recovery_case(i)
 
     def summary(self):
         total = sum(self.counts.values())
