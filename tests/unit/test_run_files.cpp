@@ -9,12 +9,14 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "observe/observers.hpp"
+#include "observe/report.hpp"
 #include "train/callbacks.hpp"
-#include "train/report.hpp"
 #include "checkpoint/run_dir.hpp"
 
 using namespace dtrain;
 using namespace dtrain::train;
+using namespace dtrain::observe;
 using namespace dtrain::checkpoint;
 
 TEST_CASE("metrics.jsonl: a non-finite figure is written as null, with what it held") {
