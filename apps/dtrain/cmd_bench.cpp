@@ -12,7 +12,7 @@
 #include "distribute/roles.hpp"
 #include "distribute/strategy.hpp"
 #include "distribute/worker_group.hpp"
-#include "train/bench.hpp"
+#include "observe/bench.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
@@ -46,15 +46,15 @@ int bench_command(const BenchArgs& args) {
       fmt::print("{}\n", trainer.header_line());
       std::fflush(stdout);
     }
-    train::BenchOptions bench;
+    observe::BenchOptions bench;
     bench.warmup = args.warmup;
     bench.steps = args.steps;
-    train::BenchReport report = train::run_bench(trainer, bench);
+    observe::BenchReport report = observe::run_bench(trainer, bench);
     if (chief) {
       if (args.json) {
-        fmt::print("{}", train::bench_json(report));
+        fmt::print("{}", observe::bench_json(report));
       } else {
-        fmt::print("{}", train::bench_table(report));
+        fmt::print("{}", observe::bench_table(report));
       }
       std::fflush(stdout);
     }

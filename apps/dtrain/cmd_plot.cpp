@@ -1,16 +1,16 @@
-// dtrain plot: the learning curves of one or more runs in one PNG (train/plot.hpp).
+// dtrain plot: the learning curves of one or more runs in one PNG (observe/plot.hpp).
 #include <set>
 
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "train/plot.hpp"
+#include "observe/plot.hpp"
 
 namespace dtrain::app {
 
 int plot_command(const PlotArgs& args) {
-  std::vector<train::RunCurves> runs;
-  for (const std::string& dir : args.run_dirs) runs.push_back(train::read_run_curves(dir));
+  std::vector<observe::RunCurves> runs;
+  for (const std::string& dir : args.run_dirs) runs.push_back(observe::read_run_curves(dir));
   // Runs from different places with the same last path component: the legend shows the paths.
   std::set<std::string> labels;
   for (const auto& run : runs) labels.insert(run.label);
@@ -19,7 +19,7 @@ int plot_command(const PlotArgs& args) {
   const std::string png = !args.output.empty() ? args.output
                           : args.run_dirs.size() == 1 ? args.run_dirs.front() + "/curves.png"
                                                       : std::string("curves.png");
-  train::plot_curves(runs, png);
+  observe::plot_curves(runs, png);
   fmt::print("wrote {}\n", png);
   return kOk;
 }

@@ -16,8 +16,8 @@
 #include "config/parse.hpp"
 #include "core/error.hpp"
 #include "distribute/worker_group.hpp"
+#include "observe/observers.hpp"
 #include "signals.hpp"
-#include "train/callbacks.hpp"
 #include "checkpoint/run_dir.hpp"
 #include "train/trainer.hpp"
 
@@ -177,7 +177,7 @@ int resume_command(const ResumeArgs& args) {
   train::TrainerOptions options;
   options.run_dir = !args.run_dir.empty() ? args.run_dir : checkpoint::run_dir_of_checkpoint(candidates[first], exp.checkpoint);
   options.out = stdout;
-  options.out_is_tty = train::progress_reaches_a_terminal(stdout);
+  options.out_is_tty = observe::progress_reaches_a_terminal(stdout);
   options.workers = workers.get();
   options.stop_requested = &signals.requested();
   signals.set_directories(options.run_dir, checkpoint::checkpoint_dir_of(options.run_dir, exp.checkpoint));

@@ -17,6 +17,7 @@
 #include "distribute/roles.hpp"
 #include "distribute/strategy.hpp"
 #include "distribute/worker_group.hpp"
+#include "observe/observers.hpp"
 #include "signals.hpp"
 #include "train/evaluator.hpp"
 #include "checkpoint/manager.hpp"
@@ -151,6 +152,7 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
   try {
     train::TrainerOptions training = options;
     training.hold = test_hold_from_environment(options.stop_requested);
+    training.observers = observe::add_observers;  // progress, metrics.jsonl, TensorBoard, curves
     built = std::make_unique<train::Trainer>(std::move(experiment), training);
   } catch (const JobConfigError&) {
     tell_evaluators();  // the training ranks all end here, without an abort that would end the evaluator
@@ -222,7 +224,7 @@ int run_command(const RunArgs& args) {
       }
     }
     options.out = stdout;
-    options.out_is_tty = train::progress_reaches_a_terminal(stdout);
+    options.out_is_tty = observe::progress_reaches_a_terminal(stdout);
     options.stop_requested = &signals.requested();
     signals.set_directories(options.run_dir, checkpoint::checkpoint_dir_of(options.run_dir, exp.checkpoint));
     return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});

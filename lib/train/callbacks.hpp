@@ -1,7 +1,9 @@
 // What happens around the training loop, as Keras callbacks (on_train_batch_end, on_epoch_end,
-// ...): the progress bar or lines, metrics.jsonl, checkpoints and the agreement to stop on a
-// signal. fit() stays the custom-loop template — for each epoch, for each batch run the step, then
-// test, then print — and calls these at the template's seams, in the order they were added.
+// ...): checkpoints, the agreement to stop on a signal, the end on a non-finite loss and a test's
+// hold, and the seam where what observes the run (observe/: progress, metrics.jsonl, TensorBoard,
+// curves) is added. fit() stays the custom-loop template — for each epoch, for each batch run the
+// step, then test, then print — and calls these at the template's seams, in the order they were
+// added.
 //
 // Every worker runs the same callbacks at the same points: a callback that makes a collective
 // (the stop agreement, a checkpoint's metric merge) is thereby entered by every worker together.
@@ -19,7 +21,7 @@
 #include "config/experiment.hpp"
 #include "core/error.hpp"
 #include "distribute/strategy.hpp"
-#include "train/report.hpp"
+#include "train/epoch_log.hpp"
 
 namespace dtrain::train {
 
@@ -152,64 +154,23 @@ class TerminateOnNaN final : public Callback {
   void on_train_batch_end(LoopState& s) override;
 };
 
-// <run dir>/metrics.jsonl: one JSON object per epoch. A resumed run (resumed_epoch: the 0-based
-// epoch it continues in) first cuts the log back to the epochs before that one, atomically, then
-// appends: epochs logged after the checkpoint it resumes from are trained again and must not show
-// twice.
-class MetricsLog final : public Callback {
- public:
-  MetricsLog(std::string run_dir, std::optional<std::int64_t> resumed_epoch)
-      : run_dir_(std::move(run_dir)), resumed_epoch_(resumed_epoch) {}
-  void on_train_begin(LoopState&) override;
-  void on_epoch_end(LoopState&, const EpochLog& log) override;
-
- private:
-  std::string path() const;
-  std::string run_dir_;
-  std::optional<std::int64_t> resumed_epoch_;
+// What fit() tells the callbacks that observe the run from outside the loop (observe/: progress,
+// metrics.jsonl, TensorBoard, the curves) when it makes its callbacks.
+struct RunView {
+  const config::Experiment& experiment;
+  std::string run_dir;  // empty where this process writes no run directory (not the chief)
+  std::FILE* out;       // where the epoch lines go (nowhere on a process that does not print)
+  bool out_is_tty;      // TrainerOptions::out_is_tty
+  // A resumed run: the 0-based epoch it continues in, and the global step of its checkpoint.
+  std::optional<std::int64_t> resumed_epoch, resumed_global_step;
+  // The learning rate the next step uses (the optimizer every replica computes with).
+  std::function<double()> learning_rate;
 };
 
-// Whether `train.progress: auto` draws a bar on `out`: only when the output reaches a person's
-// terminal. isatty alone is not enough: OpenMPI's mpirun hands every rank a pseudo-terminal of its
-// own whatever mpirun's own output is (a file, a batch system's log), and a rank cannot see
-// mpirun's output. So under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK in the
-// environment) auto never draws a bar, nor on a terminal that cannot redraw (TERM unset or
-// "dumb"); `progress: bar` still forces one. `env` is getenv, or a table in tests.
-bool progress_reaches_a_terminal(bool is_tty, const std::function<const char*(const char*)>& env);
-// The same for a stream of this process, with isatty and the real environment.
-bool progress_reaches_a_terminal(std::FILE* out);
-// The lines of a metrics.jsonl text whose "epoch" is at most `epochs` (what a run resumed at
-// 0-based epoch `epochs` keeps); lines without a readable epoch (a line cut short by a crash) go.
-std::string metrics_lines_through(const std::string& text, std::int64_t epochs);
-
-// Keras' progress: a bar redrawn in place on a terminal, or a line every tenth of an epoch.
-class ProgressLogger final : public Callback {
- public:
-  enum class Mode { bar, lines, none };
-  ProgressLogger(std::FILE* out, Mode mode) : out_(out), mode_(mode) {}
-  void on_epoch_begin(LoopState& s) override;
-  void on_train_batch_end(LoopState& s) override;
-  void on_epoch_end(LoopState&, const EpochLog&) override { finish(); }
-  void on_train_end(LoopState&) override { finish(); }
-
- private:
-  void finish();
-  std::FILE* out_;
-  Mode mode_;
-  std::optional<ProgressBar> bar_;
-};
-
-// train.plot: redraws <run dir>/curves.png from metrics.jsonl after each epoch (the chief only: it
-// alone has the run directory). A picture is never worth a run: a failure is one warning on
-// stderr, and the run goes on without plotting.
-class PlotCurves final : public Callback {
- public:
-  explicit PlotCurves(std::string run_dir) : run_dir_(std::move(run_dir)) {}
-  void on_epoch_end(LoopState&, const EpochLog&) override;
-
- private:
-  std::string run_dir_;
-  bool failed_ = false;
-};
+// Adds the callbacks that observe the run, after the loop's own (the test hold, the stop
+// agreement, TerminateOnNaN, the checkpoint saver). The loop knows none of them: apps/ installs
+// observe::add_observers (TrainerOptions::observers); without it a run prints its epoch lines
+// only.
+using Observers = std::function<void(CallbackList& callbacks, const RunView& run)>;
 
 }  // namespace dtrain::train

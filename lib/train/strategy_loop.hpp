@@ -27,7 +27,7 @@
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
 #include "train/callbacks.hpp"
-#include "train/report.hpp"
+#include "train/epoch_log.hpp"
 
 namespace dtrain::train {
 

@@ -22,7 +22,6 @@
 #include "dtrain/build_info.hpp"
 #include "train/memory_estimate.hpp"
 #include "checkpoint/run_dir.hpp"
-#include "train/tensorboard.hpp"
 
 namespace dtrain::train {
 
@@ -471,7 +470,7 @@ void Trainer::finish_replica_step(const distribute::ReplicaContext& rc, Replica&
 }
 
 void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
-  StepProfile* profile = rc.replica_id == 0 ? profile_ : nullptr;
+  StepTimer* profile = rc.replica_id == 0 ? profile_ : nullptr;
   auto lane_step = [&](int l) {
     Lane& lane = rep.lane(l);
     const Lanes::Rows rows = rep.lanes->rows(batch.size, l);
@@ -624,25 +623,22 @@ CallbackList Trainer::make_callbacks(const std::atomic<int>* stop_requested) {
   callbacks.add(std::make_unique<StopOnRequest>(stop_requested, *strategy_));
   callbacks.add(std::make_unique<TerminateOnNaN>());
   callbacks.add(std::make_unique<CheckpointSaver>(*this, exp_.checkpoint));
-  if (!opt_.run_dir.empty())
-    callbacks.add(std::make_unique<MetricsLog>(opt_.run_dir, resume_ ? std::optional<std::int64_t>(resume_->epoch)
-                                                                      : std::nullopt));
-  if (!opt_.run_dir.empty() && exp_.train.tensorboard) {
-    // The primary replica's optimizer holds the copy every replica computes with (central storage).
-    const auto* optimizer = replicas_[static_cast<std::size_t>(strategy_->primary_replica())].optimizer.get();
-    callbacks.add(std::make_unique<TensorBoardLogger>(
-        opt_.run_dir, exp_.train.log_every_steps, [optimizer] { return optimizer->learning_rate(); },
-        resume_ ? std::optional<std::int64_t>(resume_->global_step) : std::nullopt));
+  // Then what observes the run, as apps/ installs it (TrainerOptions::observers).
+  if (opt_.observers) {
+    const RunView run{exp_,
+                      opt_.run_dir,
+                      opt_.out,
+                      opt_.out_is_tty,
+                      resume_ ? std::optional<std::int64_t>(resume_->epoch) : std::nullopt,
+                      resume_ ? std::optional<std::int64_t>(resume_->global_step) : std::nullopt,
+                      // The primary replica's optimizer holds the copy every replica computes with
+                      // (central storage).
+                      [this] {
+                        return replicas_[static_cast<std::size_t>(strategy_->primary_replica())]
+                            .optimizer->learning_rate();
+                      }};
+    opt_.observers(callbacks, run);
   }
-  using Mode = ProgressLogger::Mode;
-  const auto progress = exp_.train.progress;
-  const Mode mode = progress == config::ProgressMode::bar ||
-                            (progress == config::ProgressMode::auto_detect && opt_.out_is_tty)
-                        ? Mode::bar
-                        : progress == config::ProgressMode::lines ? Mode::lines : Mode::none;
-  callbacks.add(std::make_unique<ProgressLogger>(opt_.out, mode));
-  // After MetricsLog, which has then written the epoch the picture shows.
-  if (exp_.train.plot && !opt_.run_dir.empty()) callbacks.add(std::make_unique<PlotCurves>(opt_.run_dir));
   return callbacks;
 }
 
@@ -700,7 +696,7 @@ double Trainer::train_step(data::DistributedIterator& input) {
   return loss;
 }
 
-void Trainer::set_profile(StepProfile* profile) {
+void Trainer::set_profile(StepTimer* profile) {
   profile_ = profile;
   replicas_[0].model->time_layers(profile ? &profile->step_layers() : nullptr);
 }

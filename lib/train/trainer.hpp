@@ -39,8 +39,8 @@
 #include "optim/optimizer.hpp"
 #include "train/callbacks.hpp"
 #include "train/lanes.hpp"
-#include "train/report.hpp"
-#include "train/step_profile.hpp"
+#include "train/epoch_log.hpp"
+#include "train/step_timer.hpp"
 #include "train/strategy_loop.hpp"
 
 namespace dtrain::train {
@@ -57,6 +57,10 @@ struct TrainerOptions {
   distribute::Communicator* workers = nullptr;
   // A test's hold at a chosen step (callbacks.hpp); off unless apps/ sets it.
   StepHold hold;
+  // What observes the run (progress, metrics.jsonl, TensorBoard, curves: observe::add_observers,
+  // installed by apps/), added after the loop's own callbacks (callbacks.hpp); none = the epoch
+  // lines alone.
+  Observers observers;
 };
 
 // Compute threads for an experiment's `train.threads`: 0 = every core this process may use,
@@ -92,9 +96,9 @@ class Trainer : private LoopHost {
   // The same on a split by name: "test", "validation" or "train".
   EvalResult evaluate_split(const std::string& name);
 
-  // Attaches a profile that the training steps fill from now on (dtrain bench), or detaches it
-  // (null). Steps without one read no clock.
-  void set_profile(StepProfile* profile);
+  // Attaches a timer that the training steps report their times to from now on (dtrain bench:
+  // observe::StepProfile), or detaches it (null). Steps without one read no clock.
+  void set_profile(StepTimer* profile);
 
   distribute::Strategy& strategy() override { return *strategy_; }
   // Replica r's model; with mirrored variables every replica holds the same values.
@@ -217,7 +221,7 @@ class Trainer : private LoopHost {
   std::vector<double> replica_losses_;
   // Built once: std::function from a capturing lambda may allocate.
   std::function<void(const distribute::ReplicaContext&)> train_fn_, eval_fn_;
-  StepProfile* profile_ = nullptr;  // set_profile()
+  StepTimer* profile_ = nullptr;  // set_profile()
 };
 
 }  // namespace dtrain::train

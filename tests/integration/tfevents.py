@@ -3,7 +3,7 @@
 
   tfevents.py RUN_DIR [--files N] [--step-every K] [--resumed-at STEP] [--workdir DIR]
 
-The protocol buffers are dtrain's copy of TensorFlow's schema (lib/train/proto), compiled here with
+The protocol buffers are dtrain's copy of TensorFlow's schema (lib/observe/proto), compiled here with
 protoc --python_out and read with Python's protobuf. Every record's length CRC and data CRC are
 checked (TFRecord: masked CRC-32C, computed here independently of dtrain's), every file starts with
 the file_version event, and the epoch scalars must equal <run dir>/metrics.jsonl (to float32); with
@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROTO = os.path.join(ROOT, "lib", "train", "proto")
+PROTO = os.path.join(ROOT, "lib", "observe", "proto")
 
 
 def fail(message):

@@ -13,7 +13,7 @@
 #include "nn/kernel.hpp"
 #include "nn/registry.hpp"
 #include "test_support.hpp"
-#include "train/bench.hpp"
+#include "observe/bench.hpp"
 #include "trainer_support.hpp"
 
 using namespace dtrain;
@@ -80,7 +80,7 @@ double sum(const std::array<double, train::kPhases>& a) { return std::accumulate
 
 TEST_CASE("a profile attached is filled by the steps; short batches are left out; detached, nothing is touched") {
   auto trainer = testing::make_trainer(kExperiment);
-  train::StepProfile profile;
+  observe::StepProfile profile;
   trainer->set_profile(&profile);
   trainer->train_steps(0, 3);  // 4, 4, then the short 2
   CHECK(profile.steps == 2);
@@ -96,7 +96,7 @@ TEST_CASE("a profile attached is filled by the steps; short batches are left out
   CHECK(layers_forward <= profile.seconds[static_cast<std::size_t>(train::Phase::forward)]);
 
   trainer->set_profile(nullptr);
-  const train::StepProfile before = profile;
+  const observe::StepProfile before = profile;
   trainer->train_steps(1, 3);
   CHECK(profile.steps == before.steps);
   CHECK(profile.seconds == before.seconds);
@@ -106,10 +106,10 @@ TEST_CASE("a profile attached is filled by the steps; short batches are left out
 
 TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases within the step, the JSON") {
   auto trainer = testing::make_trainer(kExperiment);
-  train::BenchOptions options;
+  observe::BenchOptions options;
   options.warmup = 1;
   options.steps = 3;  // two epochs: each one's short last batch is left out
-  const train::BenchReport r = train::run_bench(*trainer, options);
+  const observe::BenchReport r = observe::run_bench(*trainer, options);
   CHECK(r.steps == 3);
   CHECK(r.steps_left_out >= 1);
   CHECK(r.global_batch == 4);
@@ -131,10 +131,10 @@ TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases w
   REQUIRE(r.peak.available);
   CHECK(r.peak.gflops > 0.0);
   CHECK(r.peak_fraction == doctest::Approx(r.gflops / r.peak_gflops_total));
-  const std::string json = train::bench_json(r);
+  const std::string json = observe::bench_json(r);
   CHECK(json.starts_with("{\"schema\": \"dtrain.bench/1\""));
   CHECK(json.find("\"reduction\": {\"mean\": ") != std::string::npos);
-  const std::string table = train::bench_table(r);
+  const std::string table = observe::bench_table(r);
   CHECK(table.find("sum of phases") != std::string::npos);
   CHECK(table.find("GEMM peak: oneDNN matmul f32 x f32 -> f32") != std::string::npos);
 }
@@ -155,7 +155,7 @@ TEST_CASE("the GEMM peak in each compute dtype, or why there is none") {
 
 TEST_CASE("under mirrored replicas replica 0's thread times the phases, read after the step") {
   auto trainer = testing::make_trainer(kExperiment, {"strategy={kind: mirrored, devices: [cpu:0, cpu:1]}", "train.threads=2"});
-  train::StepProfile profile;
+  observe::StepProfile profile;
   trainer->set_profile(&profile);
   trainer->train_steps(0, 2);
   trainer->set_profile(nullptr);
@@ -172,12 +172,12 @@ TEST_CASE("a kernel that marks the end of its weights' gradients gets its backwa
   REQUIRE(yaml.find(dense) != std::string::npos);
   yaml.replace(yaml.find(dense), dense.size(), "    - dense: {units: 6}\n    - split_probe: {}\n" + dense);
   auto trainer = testing::make_trainer(yaml);
-  train::BenchOptions options;
+  observe::BenchOptions options;
   options.warmup = 1;
   options.steps = 2;
-  const train::BenchReport r = train::run_bench(*trainer, options);
+  const observe::BenchReport r = observe::run_bench(*trainer, options);
   REQUIRE(r.layers.size() == 6);
-  const train::LayerBench& probe = r.layers[4];
+  const observe::LayerBench& probe = r.layers[4];
   CHECK(probe.kind == "split_probe");
   REQUIRE(probe.split);
   CHECK(probe.backward_weights_ms.mean >= 2.0);
@@ -185,7 +185,7 @@ TEST_CASE("a kernel that marks the end of its weights' gradients gets its backwa
   CHECK(probe.backward_weights_ms.mean + probe.backward_data_ms.mean == doctest::Approx(probe.backward_ms.mean));
   CHECK_FALSE(r.layers[1].split);  // pooling and flatten have no weights' gradients to mark
   CHECK_FALSE(r.layers[2].split);
-  const std::string json = train::bench_json(r);
+  const std::string json = observe::bench_json(r);
   CHECK(json.find("\"kind\": \"split_probe\", \"forward_ms\"") != std::string::npos);
   CHECK(json.find("\"backward_weights_ms\": null") != std::string::npos);
   CHECK(json.find("\"backward_weights_ms\": {\"mean\": ") != std::string::npos);

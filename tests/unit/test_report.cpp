@@ -4,9 +4,11 @@
 
 #include <string>
 
-#include "train/report.hpp"
+#include "observe/report.hpp"
+#include "train/epoch_log.hpp"
 
 using namespace dtrain::train;
+using dtrain::observe::epoch_json;
 
 namespace {
 EpochLog sample_log() {

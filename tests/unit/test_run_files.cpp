@@ -1,20 +1,28 @@
 // What a run writes besides checkpoints, when training goes wrong: metrics.jsonl stays JSON with
 // non-finite figures, a non-finite loss stops training before a checkpoint is written, and a
 // resumed run cuts its metrics log back to the epoch it resumes; a relative checkpoint.dir lies
-// inside the run directory.
+// inside the run directory; what observes a run (observe/) is added to the loop from outside.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <string>
 
 #include "core/error.hpp"
+#include "observe/observers.hpp"
+#include "observe/report.hpp"
 #include "train/callbacks.hpp"
-#include "train/report.hpp"
 #include "checkpoint/run_dir.hpp"
+#include "config/parse.hpp"
+#include "test_support.hpp"
+#include "train/trainer.hpp"
+#include "trainer_support.hpp"
 
 using namespace dtrain;
 using namespace dtrain::train;
+using namespace dtrain::observe;
 using namespace dtrain::checkpoint;
 
 TEST_CASE("metrics.jsonl: a non-finite figure is written as null, with what it held") {
@@ -83,4 +91,32 @@ TEST_CASE("a relative checkpoint.dir lies inside the run directory, whatever the
   CHECK(run_dir_of_checkpoint("/scratch/ck/ckpt-30.h5", c) == "/scratch");
   c.dir = "../shared";
   CHECK(run_dir_of_checkpoint("A/shared/ckpt-30.h5", c) == "A");
+}
+
+TEST_CASE("the loop knows no observer: without observe::add_observers a run prints its epoch lines alone") {
+  const std::string yaml = testing::small_data_experiment("observed", 3, "{kind: default}", 16) +
+                           "model: {input_shape: [28, 28, 1], layers: [{flatten: {}}, {dense: {units: 10}}]}\n"
+                           "loss: {kind: sparse_categorical_crossentropy, from_logits: true}\n"
+                           "optimizer: {kind: sgd}\nmetrics: [sparse_categorical_accuracy]\n"
+                           "train: {epochs: 1, steps_per_epoch: 2, threads: 1, progress: lines, tensorboard: true}\n";
+  for (const bool observed : {false, true}) {
+    CAPTURE(observed);
+    testing::ScratchDir dir("observers");
+    std::FILE* out = std::tmpfile();
+    REQUIRE(out != nullptr);
+    TrainerOptions options;
+    options.out = out;
+    options.run_dir = dir.path().string();
+    if (observed) options.observers = add_observers;
+    Trainer(config::parse_experiment(yaml, "test.yaml", {}), options).fit();
+    std::rewind(out);
+    std::string printed(4096, '\0');
+    printed.resize(std::fread(printed.data(), 1, printed.size(), out));
+    std::fclose(out);
+    CHECK(printed.find("\nEpoch 1, Loss: ") != std::string::npos);
+    CHECK((printed.find("  step 2/2, loss ") != std::string::npos) == observed);
+    CHECK(std::filesystem::exists(dir.path() / "metrics.jsonl") == observed);
+    CHECK(std::filesystem::exists(dir.path() / "tensorboard") == observed);
+    CHECK(std::filesystem::exists(dir.path() / "config.yaml"));  // the loop's own run files
+  }
 }

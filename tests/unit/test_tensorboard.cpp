@@ -14,12 +14,12 @@
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
-#include "train/tensorboard.hpp"
-#include "train/tfrecord.hpp"
+#include "observe/tensorboard.hpp"
+#include "observe/tfrecord.hpp"
 #include "test_support.hpp"
 
 using namespace dtrain;
-using namespace dtrain::train;
+using namespace dtrain::observe;
 namespace fs = std::filesystem;
 
 namespace {

@@ -16,8 +16,8 @@
 #include "config/experiment_template.hpp"
 #include "config/parse.hpp"
 #include "core/error.hpp"
-#include "train/callbacks.hpp"
-#include "train/plot.hpp"
+#include "observe/observers.hpp"
+#include "observe/plot.hpp"
 
 using namespace dtrain;
 
@@ -36,7 +36,7 @@ auto environment(std::map<std::string, std::string> table) {
 }  // namespace
 
 TEST_CASE("progress: auto draws a bar only on a person's terminal, never through an MPI launcher") {
-  using train::progress_reaches_a_terminal;
+  using observe::progress_reaches_a_terminal;
   CHECK(progress_reaches_a_terminal(true, environment({{"TERM", "xterm-256color"}})));
   CHECK_FALSE(progress_reaches_a_terminal(false, environment({{"TERM", "xterm"}})));
   CHECK_FALSE(progress_reaches_a_terminal(true, environment({})));
@@ -181,7 +181,7 @@ TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record w
   const auto dir = std::filesystem::temp_directory_path() / "dtrain_test_ux_plot";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  CHECK_THROWS_AS(train::read_run_curves(dir.string()), InputError);
+  CHECK_THROWS_AS(observe::read_run_curves(dir.string()), InputError);
   {
     std::ofstream out(dir / "metrics.jsonl");
     out << R"({"epoch": 1, "global_step": 3, "loss": 2.5, "accuracy": 0.25, "test_loss": 2.25, "test_accuracy": 0.5, "test_samples": 500, "train_samples": 192, "train_seconds": 0.5, "train_samples_per_s": 384.00})"
@@ -191,7 +191,7 @@ TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record w
         << R"({"epoch": 2, "global_step": 6, "loss": 1.5, "train_samples": 192, "train_seconds": 0.5, "train_samples_per_s": 400.00})"
         << "\n";
   }
-  const train::RunCurves run = train::read_run_curves(dir.string());
+  const observe::RunCurves run = observe::read_run_curves(dir.string());
   CHECK(run.label == "dtrain_test_ux_plot");
   REQUIRE(run.epochs.size() == 2);
   CHECK(run.epochs[0].loss == 2.5);
@@ -204,21 +204,21 @@ TEST_CASE("plot: metrics.jsonl is read per epoch, a resumed run's later record w
   CHECK_FALSE(run.epochs[1].accuracy.has_value());
 
   // The key names the splits' styles, and for several runs each run's colour.
-  const std::string one = train::gnuplot_script({run}, "x.png");
+  const std::string one = observe::gnuplot_script({run}, "x.png");
   CHECK(contains(one, "title 'train'"));
   CHECK(contains(one, "title 'test'"));
   CHECK_FALSE(contains(one, "title 'validation'"));  // no record has validation figures now
   CHECK_FALSE(contains(one, "title 'dtrain_test_ux_plot'"));  // the picture's title names the one run
   CHECK(contains(one, "set ylabel 'accuracy (%)'"));
   CHECK(contains(one, "1 2.5 25 NaN NaN 2.25 50 384\n"));
-  train::RunCurves other = run;
+  observe::RunCurves other = run;
   other.label = "it's";
-  const std::string two = train::gnuplot_script({run, other}, "x.png");
+  const std::string two = observe::gnuplot_script({run, other}, "x.png");
   CHECK(contains(two, "title 'dtrain_test_ux_plot'"));
   CHECK(contains(two, "title 'it''s'"));  // gnuplot's quoting
   CHECK(contains(two, "title 'train'"));
   std::ofstream(dir / "metrics.jsonl") << "not json\n";
-  CHECK_THROWS_AS(train::read_run_curves(dir.string()), InputError);
+  CHECK_THROWS_AS(observe::read_run_curves(dir.string()), InputError);
   std::filesystem::remove_all(dir);
 }
 
@@ -227,7 +227,7 @@ namespace {
 // The InputError read_run_curves throws for `dir`, or "" when it reads.
 std::string curves_error(const std::filesystem::path& dir) {
   try {
-    train::read_run_curves(dir.string());
+    observe::read_run_curves(dir.string());
   } catch (const InputError& e) {
     return e.what();
   }
@@ -256,7 +256,7 @@ TEST_CASE("plot: an empty, special or out-of-range metrics.jsonl is refused nami
   CHECK(contains(curves_error(dir), log + ":1: loss inf is not a finite number"));
   // A figure that is not finite is left out, as dtrain's null is.
   std::ofstream(log) << R"({"epoch": 1, "loss": 2.5, "test_loss": nan, "accuracy": null})" << "\n";
-  const train::RunCurves run = train::read_run_curves(dir.string());
+  const observe::RunCurves run = observe::read_run_curves(dir.string());
   REQUIRE(run.epochs.size() == 1);
   CHECK_FALSE(run.epochs[0].test_loss.has_value());
   CHECK_FALSE(run.epochs[0].accuracy.has_value());
@@ -271,15 +271,15 @@ TEST_CASE("plot: an empty, special or out-of-range metrics.jsonl is refused nami
 }
 
 TEST_CASE("plot: a script for runs without epochs has a key of one empty row, not a division by zero") {
-  train::RunCurves empty;
+  observe::RunCurves empty;
   empty.label = "empty";
-  CHECK_FALSE(train::gnuplot_script({empty}, "x.png").empty());
-  CHECK_FALSE(train::gnuplot_script({empty, empty}, "x.png").empty());
+  CHECK_FALSE(observe::gnuplot_script({empty}, "x.png").empty());
+  CHECK_FALSE(observe::gnuplot_script({empty, empty}, "x.png").empty());
   // The largest epoch a record may hold: a point every 107374183 epochs, counted without overflow.
-  train::RunCurves last;
-  last.epochs = {train::EpochPoint{1, 2.0, {}, {}, {}, {}, {}, {}},
-                 train::EpochPoint{std::numeric_limits<int>::max(), 1.0, {}, {}, {}, {}, {}, {}}};
-  CHECK(contains(train::gnuplot_script({last}, "x.png"), "pi 107374183 "));
+  observe::RunCurves last;
+  last.epochs = {observe::EpochPoint{1, 2.0, {}, {}, {}, {}, {}, {}},
+                 observe::EpochPoint{std::numeric_limits<int>::max(), 1.0, {}, {}, {}, {}, {}, {}}};
+  CHECK(contains(observe::gnuplot_script({last}, "x.png"), "pi 107374183 "));
 }
 
 namespace {
@@ -296,10 +296,10 @@ std::vector<double> values_after(const std::string& script, const std::string& p
 }  // namespace
 
 TEST_CASE("plot: the key lies below the panels, outside every plotting area, for 1 to 8 runs") {
-  train::RunCurves run;
+  observe::RunCurves run;
   run.label = "a_run_with_a_long_name";
   for (int epoch = 1; epoch <= 5; ++epoch) {
-    train::EpochPoint p;
+    observe::EpochPoint p;
     p.epoch = epoch;
     p.loss = 2.0 / epoch;
     p.accuracy = 0.1 + 0.02 * epoch;  // low accuracy: the curves run along the bottom
@@ -313,12 +313,12 @@ TEST_CASE("plot: the key lies below the panels, outside every plotting area, for
   int previous_height = 0;
   for (std::size_t n = 1; n <= 8; ++n) {
     CAPTURE(n);
-    std::vector<train::RunCurves> runs;
+    std::vector<observe::RunCurves> runs;
     for (std::size_t i = 0; i < n; ++i) {
       runs.push_back(run);
       runs.back().label += std::to_string(i);
     }
-    const std::string script = train::gnuplot_script(runs, "x.png");
+    const std::string script = observe::gnuplot_script(runs, "x.png");
     // Every curve is untitled: only the key's empty plots carry titles.
     std::istringstream lines(script);
     for (std::string line; std::getline(lines, line);)

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace dtrain::train {
+namespace dtrain::observe {
 
 // One epoch of metrics.jsonl; what the epoch did not record is empty.
 struct EpochPoint {
@@ -35,4 +35,4 @@ std::string gnuplot_script(const std::vector<RunCurves>& runs, const std::string
 // picture cannot be written.
 void plot_curves(const std::vector<RunCurves>& runs, const std::string& png);
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe

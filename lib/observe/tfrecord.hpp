@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace dtrain::train {
+namespace dtrain::observe {
 
 // CRC-32C of `size` bytes (table-driven, one byte at a time); crc32c("123456789") = 0xE3069283.
 std::uint32_t crc32c(const void* data, std::size_t size);
@@ -38,4 +38,4 @@ class TFRecordWriter {
   std::FILE* file_ = nullptr;
 };
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe

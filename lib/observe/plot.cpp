@@ -1,4 +1,4 @@
-#include "train/plot.hpp"
+#include "observe/plot.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -22,7 +22,7 @@
 
 #include "core/error.hpp"
 
-namespace dtrain::train {
+namespace dtrain::observe {
 
 namespace fs = std::filesystem;
 
@@ -386,4 +386,4 @@ void plot_curves(const std::vector<RunCurves>& runs, const std::string& png) {
   fs::remove(errors_path, ignored);
 }
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe

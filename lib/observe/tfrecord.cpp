@@ -1,4 +1,4 @@
-#include "train/tfrecord.hpp"
+#include "observe/tfrecord.hpp"
 
 #include <array>
 #include <cerrno>
@@ -8,7 +8,7 @@
 
 #include "core/error.hpp"
 
-namespace dtrain::train {
+namespace dtrain::observe {
 namespace {
 
 // The table of the reflected Castagnoli polynomial 0x1EDC6F41 (reversed: 0x82F63B78): entry b is
@@ -70,4 +70,4 @@ void TFRecordWriter::flush() {
   if (std::fflush(file_) != 0) throw IoError(fmt::format("cannot write {}: {}", path_, std::strerror(errno)));
 }
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe

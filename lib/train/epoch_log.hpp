@@ -1,10 +1,10 @@
-// What a run prints and logs: the epoch line of the custom-training-loop template, the throughput
-// line after it, a Keras-style progress bar on a terminal, and runs/<name>/metrics.jsonl.
+// What an epoch of the training loop gives: its figures (EpochLog, with the evaluation of each
+// split) and the two lines fit() prints after it, the epoch line of the custom-training-loop
+// template and the throughput line. Whatever else shows the run (metrics.jsonl, the progress bar,
+// TensorBoard, the curves) is observe/'s, which reads these figures.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -39,25 +39,5 @@ struct EpochLog {
 std::string epoch_line(const EpochLog& log);
 // "  train 3950.2 samples/s (15.19 s), eval 0.81 s"
 std::string throughput_line(const EpochLog& log);
-// One JSON object, no trailing newline.
-std::string epoch_json(const EpochLog& log);
-
-// A Keras-style bar, redrawn in place at most 10 times a second:
-//   " 312/938 [=========>....................] - ETA: 9s - loss: 0.5123"
-// Disabled, it prints nothing.
-class ProgressBar {
- public:
-  ProgressBar(std::FILE* out, std::int64_t total_steps, bool enabled);
-  void update(std::int64_t steps_done, double running_loss);
-  // Clears the bar so the epoch line starts on a clean line.
-  void finish();
-
- private:
-  std::FILE* out_;
-  std::int64_t total_;
-  bool enabled_;
-  std::chrono::steady_clock::time_point start_, last_draw_;
-  bool drawn_ = false;
-};
 
 }  // namespace dtrain::train

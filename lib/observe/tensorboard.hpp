@@ -1,6 +1,6 @@
 // TensorBoard scalars of a run, written as TensorFlow's summary writer writes them: event files
 // <run dir>/tensorboard/events.out.tfevents.<seconds>.<host>.<pid> holding TFRecords
-// (train/tfrecord.hpp) of tensorflow.Event protocol buffers (lib/train/proto, TensorFlow's
+// (observe/tfrecord.hpp) of tensorflow.Event protocol buffers (lib/observe/proto, TensorFlow's
 // schema). `tensorboard --logdir runs` reads them.
 #pragma once
 
@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "observe/tfrecord.hpp"
 #include "train/callbacks.hpp"
-#include "train/tfrecord.hpp"
 
-namespace dtrain::train {
+namespace dtrain::observe {
 
 // One event file: its first record is the file_version event, as TensorBoard expects.
 class EventFileWriter {
@@ -37,16 +37,16 @@ class EventFileWriter {
 // The Keras-style callback: the step loss every `log_every_steps` global steps (0: none), and after
 // each epoch its figures (train/, validation/ and test/ loss and accuracy as fractions, as in
 // metrics.jsonl), the learning rate and the training samples/s, all at the epoch's global step.
-// The trainer adds it on the chief only.
-class TensorBoardLogger final : public Callback {
+// add_observers (observers.hpp) adds it where there is a run directory: on the chief only.
+class TensorBoardLogger final : public train::Callback {
  public:
   // `resumed_at`: the global step of the checkpoint a resumed run continues from.
   TensorBoardLogger(std::string run_dir, std::int64_t log_every_steps, std::function<double()> learning_rate,
                     std::optional<std::int64_t> resumed_at);
-  void on_train_begin(LoopState&) override;
-  void on_epoch_begin(LoopState& s) override { previous_loss_sum_ = s.loss_sum; }
-  void on_train_batch_end(LoopState& s) override;
-  void on_epoch_end(LoopState&, const EpochLog& log) override;
+  void on_train_begin(train::LoopState&) override;
+  void on_epoch_begin(train::LoopState& s) override { previous_loss_sum_ = s.loss_sum; }
+  void on_train_batch_end(train::LoopState& s) override;
+  void on_epoch_end(train::LoopState&, const train::EpochLog& log) override;
 
  private:
   std::string run_dir_;
@@ -57,4 +57,4 @@ class TensorBoardLogger final : public Callback {
   double previous_loss_sum_ = 0.0;  // the epoch's loss sum before the latest step
 };
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe

@@ -1,8 +1,11 @@
-#include "train/step_profile.hpp"
+#include "observe/step_profile.hpp"
 
 #include <algorithm>
 
-namespace dtrain::train {
+namespace dtrain::observe {
+
+using train::kPhases;
+using train::Phase;
 
 std::string_view phase_name(Phase phase) {
   static constexpr std::array<std::string_view, kPhases> names = {"data",     "forward",   "loss",
@@ -36,4 +39,4 @@ void StepProfile::end_step(double wall_seconds, std::int64_t step_samples, bool 
     layers.backward_weights[i] += step_layers_.backward_weights[i];
 }
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe

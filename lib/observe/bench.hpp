@@ -12,10 +12,10 @@
 
 #include "device/gemm_peak.hpp"
 #include "nn/layer.hpp"
-#include "train/step_profile.hpp"
+#include "observe/step_profile.hpp"
 #include "train/trainer.hpp"
 
-namespace dtrain::train {
+namespace dtrain::observe {
 
 struct BenchOptions {
   std::int64_t warmup = 10;  // steps before timing
@@ -46,7 +46,7 @@ struct BenchReport {
   int workers = 1, replicas_in_sync = 1, threads = 1;
   std::int64_t global_batch = 0, replica_batch = 0, warmup_steps = 0, steps = 0, steps_left_out = 0;
   Spread step_ms;
-  std::array<Spread, kPhases> phase_ms;
+  std::array<Spread, train::kPhases> phase_ms;
   Spread phase_sum_ms;
   std::vector<LayerBench> layers;
   double samples_per_s = 0.0;
@@ -59,11 +59,11 @@ struct BenchReport {
 };
 
 // Runs the warm-up and the timed steps and measures the GEMM peak. Every worker calls it.
-BenchReport run_bench(Trainer& trainer, const BenchOptions& options);
+BenchReport run_bench(train::Trainer& trainer, const BenchOptions& options);
 
 // The human table (docs/performance.md, "Benchmarking"); the header line is not in it.
 std::string bench_table(const BenchReport& report);
 // One JSON object (schema "dtrain.bench/1", docs/performance.md, "Benchmarking"), ending in a newline.
 std::string bench_json(const BenchReport& report);
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe

@@ -1,4 +1,4 @@
-#include "train/bench.hpp"
+#include "observe/bench.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,11 @@
 #include "core/error.hpp"
 #include "nn/model.hpp"
 
-namespace dtrain::train {
+namespace dtrain::observe {
+
+using train::kPhases;
+using train::Phase;
+using train::Trainer;
 
 namespace {
 
@@ -74,7 +78,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
 
   // Every worker measures its cores' GEMM peak at the same time, as they trained together.
   BenchReport r;
-  r.threads = resolve_threads(exp.train.threads);
+  r.threads = train::resolve_threads(exp.train.threads);
   const DType dtype = nn::compute_dtype(exp.precision);
   r.compute_dtype = dtype_name(dtype);
   strategy.all_reduce_max(0, "bench: start of the GEMM peak");
@@ -246,4 +250,4 @@ std::string bench_json(const BenchReport& r) {
   return out + "}}\n";
 }
 
-}  // namespace dtrain::train
+}  // namespace dtrain::observe
