@@ -34,7 +34,8 @@ MemoryEstimate estimate_memory(const nn::Sequential& declared, const RunCopies& 
   e.models = times(lanes, times(parameters, 2 * 4));
   e.slots = times(copies.replicas, times(parameters, std::int64_t{copies.optimizer_slots} * 4));
   e.activations = times(lanes, declared.activation_bytes(copies.batch_per_lane()));
-  e.total = plus(plus(e.models, e.slots), e.activations);
+  e.checkpoint = times(2, times(parameters, (1 + std::int64_t{copies.optimizer_slots}) * 4));
+  e.total = plus(plus(plus(e.models, e.slots), e.activations), e.checkpoint);
   return e;
 }
 
@@ -45,7 +46,7 @@ void check_run_memory(const nn::Sequential& declared, const RunCopies& copies, c
   if (e.total <= memory.bytes) return;
   // The layer to make smaller: the one with the most parameters when variables and slots weigh
   // more than the activations, else the one whose outputs are largest.
-  const bool parameters_decide = plus(e.models, e.slots) >= e.activations;
+  const bool parameters_decide = plus(plus(e.models, e.slots), e.checkpoint) >= e.activations;
   const std::size_t i = parameters_decide ? declared.largest_parameter_layer() : declared.largest_activation_layer();
   const nn::Layer& layer = declared.layer(i);
   const std::int64_t lanes = std::int64_t{copies.replicas} * copies.lanes;
@@ -54,11 +55,11 @@ void check_run_memory(const nn::Sequential& declared, const RunCopies& copies, c
   throw ConfigError(fmt::format(
       "{}layer '{}': this run needs about {} of memory, more than {}: {} cop{} of the model's {} "
       "parameters with their gradients ({}), {} optimizer slot{} per replica ({}), activations of batches of {} "
-      "on {} lane{} ({}); layer '{}' {}; give it {}, or use fewer replicas or threads",
+      "on {} lane{} ({}), a checkpoint being saved ({}); layer '{}' {}; give it {}, or use fewer replicas or threads",
       config::location_prefix(declared.layer_where(i), {}), layer.name(), format_bytes(e.total), describe(memory),
       lanes, lanes == 1 ? "y" : "ies", declared.num_parameters(), format_bytes(e.models), copies.optimizer_slots,
       copies.optimizer_slots == 1 ? "" : "s", format_bytes(e.slots), copies.batch_per_lane(), lanes,
-      lanes == 1 ? "" : "s", format_bytes(e.activations), layer.name(),
+      lanes == 1 ? "" : "s", format_bytes(e.activations), format_bytes(e.checkpoint), layer.name(),
       parameters_decide ? fmt::format("holds the most parameters ({})", layer.declared_elements())
                         : fmt::format("has the largest outputs ({} per example)", layer.output_shape().to_string()),
       option));

@@ -4,8 +4,10 @@
 //
 // Per process: every replica's lanes each hold a model (variables and their gradients, 4 bytes
 // each per element) and the activations of their slice of the batch with their gradients
-// (Sequential::activation_bytes); every replica holds its optimizer's slots. Workspaces and the
-// data set are not counted: the estimate is a floor.
+// (Sequential::activation_bytes); every replica holds its optimizer's slots; and saving a
+// checkpoint holds the variables and one replica's slots twice more (the HDF5 image built in memory
+// and the copy sealed and written: checkpoint/checkpoint.cpp). Workspaces and the data set are not
+// counted: the estimate is a floor.
 #pragma once
 
 #include "core/machine.hpp"
@@ -33,6 +35,7 @@ struct MemoryEstimate {
   std::int64_t models = 0;       // variables and gradients, every lane
   std::int64_t slots = 0;        // optimizer slots, every replica
   std::int64_t activations = 0;  // activations and their gradients, every lane
+  std::int64_t checkpoint = 0;   // a checkpoint being saved: variables and slots, twice
   std::int64_t total = 0;        // the sum (the largest int64 when it overflows)
 };
 

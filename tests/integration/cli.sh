@@ -203,11 +203,12 @@ EOF
     [ "$SECONDS" -le 10 ] || fail "a run too large for memory took ${SECONDS}s to refuse"
     [ ! -e "$scratch/lanes_run" ] || fail "the run wrote its directory before refusing"
     # Under a container's memory limit (a cgroup's, here made by the test where it may make one), the
-    # limit decides, and is named: each copy of this model fits 512 MB (410 MB with its slots), two
-    # lanes' do not (about 600 MB), though this machine holds them.
+    # limit decides, and is named: each of this model's variables fits 512 MB (410 MB with its
+    # gradient and slots), the run does not (two lanes' copies, the slots and a checkpoint's image:
+    # about 1.2 GB), though this machine holds it.
     if cg=$(make_memory_cgroup $((512 << 20))); then
       sed "s/^    - dense: {units: 64, activation: relu}/    - dense: {units: 16000, activation: relu}/" "$small" >"$scratch/contained.yaml"
-      contained="contained\.yaml:22:7: layer 'dense': this run needs about [0-9.]+ MB of memory, more than the 512\.0 MB memory limit of this process's cgroup: 2 copies"
+      contained="contained\.yaml:22:7: layer 'dense': this run needs about [0-9.]+ [MG]B of memory, more than the 512\.0 MB memory limit of this process's cgroup: 2 copies"
       outside=$dtrain
       dtrain=$scratch/in_cgroup.sh  # expect_error runs $dtrain: here the wrapper that enters the cgroup
       expect_error 2 "$contained" -- validate "$scratch/contained.yaml" "${lanes[@]}"

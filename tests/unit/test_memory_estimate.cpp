@@ -107,7 +107,8 @@ TEST_CASE("estimate_memory counts every lane's model and activations and every r
     CHECK(e.models == 6 * kParameters * 8);
     CHECK(e.slots == 2 * kParameters * 2 * 4);
     CHECK(e.activations == 6 * 3 * kActivationBytes);
-    CHECK(e.total == e.models + e.slots + e.activations);
+    CHECK(e.checkpoint == 2 * kParameters * 3 * 4);  // the image and its sealed copy: value and 2 slots
+    CHECK(e.total == e.models + e.slots + e.activations + e.checkpoint);
   };
   nn::Sequential model(small_model(), 3, testing::cpu(), options);
 }
