@@ -30,10 +30,30 @@ if(NOT DTRAIN_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
     endif()
     enable_language(CUDA)
+    # The .cu files are C++20 like the rest (a target's CXX_STANDARD 20 asks for CUDA20 too).
+    # CMake before 3.26 does not know nvcc's flag for it (nvcc 12+ takes -std=c++20): say it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
+    # dtrain_lib was made before this fragment: the properties that CMake initializes from
+    # variables at a target's creation are set on it here.
+    set_target_properties(dtrain_lib PROPERTIES CUDA_STANDARD 20 CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+    # One CUDA runtime in the process: the shared libcudart that cuBLAS, cuDNN and NCCL use too
+    # (CMake's default for CUDA targets is the static one). Set for the targets made after this
+    # fragment (the executables) and on dtrain_lib, made before it.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    set_property(TARGET dtrain_lib PROPERTY CUDA_RUNTIME_LIBRARY Shared)
     file(GLOB _cuda_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cpp ${CMAKE_CURRENT_LIST_DIR}/*.cu)
     target_sources(dtrain_lib PRIVATE ${_cuda_sources})
     target_link_libraries(dtrain_lib PUBLIC CUDA::cudart CUDA::cublas)
+    # nvcc gets GCC's warnings for the host code it hands to g++ (dtrain_flags' options are for C
+    # and C++ compiles only; -Wpedantic is left out: nvcc's generated host code trips it).
+    target_compile_options(dtrain_lib PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+    # The numerics round as the CPU backend's (compiled with -ffp-contract=off): no fused
+    # multiply-add, so the element-wise optimizer updates give the CPU's bits.
+    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/numerics.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
     if(CUDNN_LIBRARY AND CUDNN_INCLUDE_DIR)
       target_include_directories(dtrain_lib SYSTEM PUBLIC ${CUDNN_INCLUDE_DIR})
       target_link_libraries(dtrain_lib PUBLIC ${CUDNN_LIBRARY})
