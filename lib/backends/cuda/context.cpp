@@ -1,12 +1,14 @@
-// The CUDA backend's place in the build, compiled when CUDA was found (CMake's DTRAIN_HAVE_CUDA),
-// so that the backend seam is built against a second backend. It registers itself for gpu:N
-// devices; until its layer kernels and its Numerics exist, making a context refuses the device
-// and names what is missing (and whether the machine has such a device at all).
-#include <cuda_runtime_api.h>
+// The CUDA backend's context and its registration for gpu:N. A model needs a kernel for each of
+// its layers, so while layer kinds lack a CUDA kernel the registered factory refuses the device
+// and names what is missing (and whether the machine has such a device at all); the tests reach a
+// working context through make_cuda_context().
+#include "backends/cuda/context.hpp"
 
 #include <fmt/format.h>
 
-#include "device/context.hpp"
+#include "backends/cuda/check.hpp"
+#include "backends/cuda/convert.hpp"
+#include "backends/cuda/numerics.hpp"
 #include "config/schema.hpp"
 #include "core/error.hpp"
 #include "nn/kernel.hpp"
@@ -15,21 +17,53 @@ namespace dtrain::backends::cuda {
 
 namespace {
 
-constexpr std::string_view kName = "cuda";
+// A prepared copy between two memories of the same shape; the addresses are read at run() so
+// that a movable memory's latest address is used.
+class CudaCopy final : public Copy {
+ public:
+  CudaCopy(CudaContext& ctx, Memory from, Memory to) : ctx_(ctx), from_(std::move(from)), to_(std::move(to)) {}
+  void run() override {
+    ctx_.activate();
+    const void* src = CudaContext::address(from_);
+    void* dst = CudaContext::address(to_);
+    const DType a = from_.layout->dtype(), b = to_.layout->dtype();
+    const auto n = static_cast<std::size_t>(from_.layout->shape().numel());
+    if (a == b) {
+      // cudaMemcpyDefault: unified addressing tells device from host memory.
+      DTRAIN_CUDA_CALL(ctx_.device(),
+                       cudaMemcpyAsync(dst, src, from_.layout->bytes(), cudaMemcpyDefault, ctx_.stream()));
+    } else if (a == DType::f32 && b == DType::bf16) {
+      f32_to_bf16(static_cast<const float*>(src), static_cast<std::uint16_t*>(dst), n, ctx_.stream(), ctx_.device());
+    } else {
+      bf16_to_f32(static_cast<const std::uint16_t*>(src), static_cast<float*>(dst), n, ctx_.stream(), ctx_.device());
+    }
+  }
 
-std::unique_ptr<device::Context> make(Device device) {
+ private:
+  CudaContext& ctx_;
+  Memory from_, to_;
+};
+
+// What a movable memory's handle holds: the address set_address() gave it last.
+struct MovableAddress {
+  void* data = nullptr;
+};
+
+std::unique_ptr<Context> make(Device device) {
+  const std::vector<std::string_view> missing = nn::kinds_without_kernel(kName);
+  if (missing.empty()) return make_cuda_context(device);
   // What the backend lacks decides; whether the machine has the device is said too.
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
+  (void)cudaGetLastError();
   std::string machine;
   if (status != cudaSuccess)
     machine = fmt::format("; this machine has no usable CUDA device either (cudaGetDeviceCount: {})",
                           cudaGetErrorString(status));
   else if (device.index >= count)
     machine = fmt::format("; this machine has {} CUDA device{} either way", count, count == 1 ? "" : "s");
-  const std::vector<std::string_view> missing = nn::kinds_without_kernel(kName);
   throw ConfigError(fmt::format("device {}: the CUDA backend of this build has no kernels yet: it lacks the layer kinds "
-                                "{} and the loss, metric and optimizer loops{}; use cpu:N "
+                                "{} (its context and its loss, metric and optimizer loops exist){}; use cpu:N "
                                 "devices",
                                 device.to_string(), config::join(missing), machine));
 }
@@ -37,5 +71,138 @@ std::unique_ptr<device::Context> make(Device device) {
 const bool registered = (device::register_backend(Device::Kind::gpu, kName, &make), true);
 
 }  // namespace
+
+std::unique_ptr<Context> make_cuda_context(Device device) { return std::make_unique<CudaContext>(device); }
+
+bool CudaLayout::same_as(const Layout& other) const {
+  const auto* o = dynamic_cast<const CudaLayout*>(&other);
+  return o && o->shape_ == shape_ && o->dtype_ == dtype_;
+}
+
+CudaContext::CudaContext(Device device) : device_(device) {
+  if (device.kind != Device::Kind::gpu) throw InternalError("the CUDA backend runs gpu devices only");
+  int count = 0;
+  DTRAIN_CUDA_CALL(device_, cudaGetDeviceCount(&count));
+  if (device.index < 0 || device.index >= count)
+    throw ConfigError(fmt::format("device {}: this machine has {} CUDA device{}{}; use one of those or cpu:N devices",
+                                  device.to_string(), count, count == 1 ? "" : "s",
+                                  count > 0 ? fmt::format(" (gpu:0 to gpu:{})", count - 1) : ""));
+  DTRAIN_CUDA_CALL(device_, cudaSetDevice(device_.index));
+  DTRAIN_CUDA_CALL(device_, cudaGetDeviceProperties(&properties_, device_.index));
+  // Non-blocking: the legacy default stream must not serialize the replicas' streams.
+  DTRAIN_CUDA_CALL(device_, cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  try {
+    DTRAIN_CUBLAS_CALL(device_, cublasCreate(&cublas_));
+    DTRAIN_CUBLAS_CALL(device_, cublasSetStream(cublas_, stream_));
+  } catch (...) {
+    if (cublas_) cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+    throw;
+  }
+  allocator_ = std::make_shared<CachingAllocator>(device_);
+  numerics_ = std::make_unique<CudaNumerics>(*this);
+}
+
+CudaContext::~CudaContext() {
+  // Work in flight may still use buffers; errors are ignored (a destructor must not throw, and a
+  // device fault was reported where it happened).
+  (void)cudaSetDevice(device_.index);
+  (void)cudaStreamSynchronize(stream_);
+  numerics_.reset();
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (cublas_) cublasDestroy(cublas_);
+  (void)cudaStreamDestroy(stream_);
+  (void)cudaGetLastError();
+}
+
+CudaContext& CudaContext::of(Context& ctx) {
+  auto* c = dynamic_cast<CudaContext*>(&ctx);
+  DTRAIN_CHECK(c != nullptr, "a CUDA kernel was made for a context of another backend");
+  return *c;
+}
+
+void CudaContext::activate() const { DTRAIN_CUDA_CALL(device_, cudaSetDevice(device_.index)); }
+
+cudnnHandle_t CudaContext::cudnn() {
+  if (!cudnn_) {
+    activate();
+    DTRAIN_CUDNN_CALL(device_, cudnnCreate(&cudnn_));
+    DTRAIN_CUDNN_CALL(device_, cudnnSetStream(cudnn_, stream_));
+  }
+  return cudnn_;
+}
+
+LayoutPtr CudaContext::canonical_layout(const Shape& shape, DType dtype) const {
+  return std::make_shared<CudaLayout>(shape, dtype);
+}
+
+Buffer CudaContext::allocate(std::size_t bytes) {
+  activate();
+  void* block = allocator_->take(bytes);
+  // The Buffer's deleter holds the allocator, which may outlive this context.
+  Buffer buffer(block, [allocator = allocator_, bytes](void* b) { allocator->give_back(b, bytes); });
+  DTRAIN_CUDA_CALL(device_, cudaMemsetAsync(block, 0, CachingAllocator::rounded(bytes), stream_));
+  return buffer;
+}
+
+Memory CudaContext::movable_memory(const LayoutPtr& layout) {
+  Memory m;
+  m.layout = layout;
+  m.handle = std::make_shared<MovableAddress>();
+  return m;
+}
+
+void CudaContext::set_address(const Memory& m, void* data) {
+  DTRAIN_CHECK(m.handle != nullptr, "set_address() on memory that movable_memory() did not make");
+  static_cast<MovableAddress*>(m.handle.get())->data = data;
+}
+
+void* CudaContext::address(const Memory& m) {
+  return m.handle ? static_cast<MovableAddress*>(m.handle.get())->data : m.data;
+}
+
+std::unique_ptr<Copy> CudaContext::make_copy(const Memory& from, const Memory& to) {
+  DTRAIN_CHECK(from.layout && to.layout, "a copy between memories without layouts");
+  DTRAIN_CHECK(dynamic_cast<const CudaLayout*>(from.layout.get()) && dynamic_cast<const CudaLayout*>(to.layout.get()),
+               "a layout of another backend reached the CUDA backend");
+  if (!(from.layout->shape() == to.layout->shape()))
+    throw InternalError(fmt::format("a copy between shapes {} and {}: a copy keeps the logical shape",
+                                    from.layout->shape().to_string(), to.layout->shape().to_string()));
+  if (from.data == to.data && !from.handle && !to.handle && from.layout->same_as(*to.layout)) return nullptr;
+  const DType a = from.layout->dtype(), b = to.layout->dtype();
+  const bool convertible = a == b || (a == DType::f32 && b == DType::bf16) || (a == DType::bf16 && b == DType::f32);
+  if (!convertible)
+    throw InternalError(fmt::format("the CUDA backend copies {} to {}: it converts only between f32 and bf16",
+                                    dtype_name(a), dtype_name(b)));
+  return std::make_unique<CudaCopy>(*this, from, to);
+}
+
+void CudaContext::synchronize() {
+  activate();
+  DTRAIN_CUDA_CALL(device_, cudaStreamSynchronize(stream_));
+}
+
+std::string CudaContext::describe() const {
+  int runtime = 0, driver = 0;
+  (void)cudaRuntimeGetVersion(&runtime);
+  (void)cudaDriverGetVersion(&driver);
+  const std::size_t cudnn = cudnnGetVersion();  // major * 10000 + minor * 100 + patch (cuDNN 9)
+  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+  return fmt::format("CUDA {}.{} (driver {}.{}), {} sm_{}{}, {:.0f} GiB, cuDNN {}.{}.{}", runtime / 1000,
+                     runtime % 1000 / 10, driver / 1000, driver % 1000 / 10, properties_.name, properties_.major,
+                     properties_.minor, static_cast<double>(properties_.totalGlobalMem) / gib, cudnn / 10000,
+                     cudnn % 10000 / 100, cudnn % 100);
+}
+
+std::string CudaContext::cannot_compute_in(DType compute) const {
+  switch (compute) {
+    case DType::f32: return {};
+    case DType::bf16:
+      if (properties_.major >= 8) return {};
+      return fmt::format("{} is sm_{}{}; bfloat16 kernels need sm_80 (Ampere) or newer", properties_.name,
+                         properties_.major, properties_.minor);
+    default: return fmt::format("the CUDA backend does not compute in {}", dtype_name(compute));
+  }
+}
 
 }  // namespace dtrain::backends::cuda
