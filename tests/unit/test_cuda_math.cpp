@@ -40,7 +40,7 @@ constexpr std::size_t kN = 1003;
 TEST_CASE("CUDA math: the optimizer and axpy elements give the CPU numerics' bits") {
   device::Numerics& cpu = testing::cpu_numerics();
   const std::vector<float> w0 = uniform(kN, -1, 1, 1), g = uniform(kN, -2, 2, 2);
-  const std::vector<float> m0 = uniform(kN, -0.5f, 0.5f, 3), v0 = uniform(kN, 0, 0.5f, 4);
+  const std::vector<float> m0 = uniform(kN, -0.5f, 0.5f, 3), v0 = uniform(kN, 0.1f, 0.5f, 4);
   const std::vector<float> a0 = uniform(kN, -0.1f, 0.1f, 5);
 
   SUBCASE("sgd: plain, momentum, nesterov") {
