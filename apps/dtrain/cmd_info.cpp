@@ -41,6 +41,7 @@ int info_command() {
     fmt::print("CUDA: built ({} backend for gpu:N); kernels missing for {} of the layer kinds, so gpu devices are "
                "refused\n",
                device::backend_for(Device::Kind::gpu), missing.size());
+    for (const std::string& line : device::device_inventory(Device::Kind::gpu)) fmt::print("  {}\n", line);
   } else {
     fmt::print("CUDA: not built (CUDA was not found at build time)\n");
   }

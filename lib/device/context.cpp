@@ -14,6 +14,7 @@ struct Registered {
   Device::Kind kind;
   std::string_view name;
   ContextFactory factory;
+  DeviceInventory inventory;
 };
 
 // Filled by the backends' registrations before main, read-only afterwards.
@@ -30,10 +31,15 @@ const Registered* find(Device::Kind kind) {
 
 }  // namespace
 
-void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory) {
+void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory, DeviceInventory inventory) {
   DTRAIN_CHECK(find(kind) == nullptr, fmt::format("two backends registered for one device kind ({} and {})",
                                                   find(kind) ? find(kind)->name : "", name));
-  registry().push_back({kind, name, factory});
+  registry().push_back({kind, name, factory, inventory});
+}
+
+std::vector<std::string> device_inventory(Device::Kind kind) {
+  const Registered* r = find(kind);
+  return r && r->inventory ? r->inventory() : std::vector<std::string>{};
 }
 
 std::string_view backend_for(Device::Kind kind) {

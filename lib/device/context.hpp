@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "device/numerics.hpp"
 #include "core/tensor.hpp"
@@ -88,8 +89,15 @@ std::unique_ptr<Context> make_context(Device device);
 // How a backend makes its contexts; registered once per device kind before main (by the backend's
 // folder: backends/onednn for cpu, backends/cuda for gpu when CUDA was found).
 using ContextFactory = std::unique_ptr<Context> (*)(Device device);
-void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory);
+// What a backend says, for `dtrain info`, about the devices of its kind this machine has and the
+// library versions it was built with and finds at run time: lines without a trailing newline.
+// It must not fail where the machine has no such device (it says so instead).
+using DeviceInventory = std::vector<std::string> (*)();
+void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory,
+                      DeviceInventory inventory = nullptr);
 // The backend registered for a device kind ("" when none).
 std::string_view backend_for(Device::Kind kind);
+// Its inventory (empty when it has none, or no backend is registered for the kind).
+std::vector<std::string> device_inventory(Device::Kind kind);
 
 }  // namespace dtrain::device

@@ -68,7 +68,43 @@ std::unique_ptr<Context> make(Device device) {
                                 device.to_string(), config::join(missing), machine));
 }
 
-const bool registered = (device::register_backend(Device::Kind::gpu, kName, &make), true);
+// "CUDA runtime 13.0 (built with 13.0), driver 13.0; cuDNN 9.13.0 (built with 9.13.0); NCCL ..."
+// and one line per GPU: what `dtrain info` prints, whether or not the machine has a GPU.
+std::vector<std::string> inventory() {
+  const auto version = [](int v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); };
+  int runtime = 0, driver = 0;
+  const bool have_runtime = cudaRuntimeGetVersion(&runtime) == cudaSuccess;
+  const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+  const std::size_t cudnn = cudnnGetVersion();
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format(
+      "CUDA runtime {} (built with {}), driver {}; cuDNN {}.{}.{} (built with {}.{}.{})",
+      have_runtime ? version(runtime) : "unknown", version(CUDART_VERSION),
+      have_driver ? version(driver) : "none (no NVIDIA driver on this machine)", cudnn / 10000, cudnn % 10000 / 100,
+      cudnn % 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL));
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  (void)cudaGetLastError();
+  if (status != cudaSuccess) {
+    lines.push_back(fmt::format("GPUs: none usable ({})", cudaGetErrorString(status)));
+    return lines;
+  }
+  lines.push_back(fmt::format("GPUs: {}", count));
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+      (void)cudaGetLastError();
+      lines.push_back(fmt::format("  gpu:{}: its properties cannot be read", i));
+      continue;
+    }
+    lines.push_back(fmt::format("  gpu:{}: {}, {:.1f} GiB, compute capability {}.{}, {} multiprocessors", i, p.name,
+                                static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), p.major, p.minor,
+                                p.multiProcessorCount));
+  }
+  return lines;
+}
+
+const bool registered = (device::register_backend(Device::Kind::gpu, kName, &make, &inventory), true);
 
 }  // namespace
 
