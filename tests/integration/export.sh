@@ -13,16 +13,27 @@ python=${DTRAIN_VENV:-build/venv}/bin/python
 mpi() { local n=$1; shift; timeout 300 mpirun -n "$n" --oversubscribe "$@"; }
 common=(--set train.progress=none --set train.threads=1)
 
-# Every layer kind, SAME paddings that pad more at the end, strides, kernels that are not square,
-# batch normalization on rank 4, 3 and 2 (with and without gamma/beta), every activation.
-cat >"$scratch/layers_a.yaml" <<'YAML'
-name: onnx_layers_a
-seed: 7
+# experiment NAME SEED LEARNING_RATE FROM_LOGITS < LAYERS: a 20-step experiment on the subset in
+# data/ whose model.layers are the lines read.
+experiment() {
+  cat <<YAML
+name: $1
+seed: $2
 strategy: {kind: default}
 data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 32, shuffle_buffer: 2000}
 model:
   input_shape: [28, 28, 1]
   layers:
+$(cat)
+loss: {kind: sparse_categorical_crossentropy, from_logits: $4, reduction: none}
+optimizer: {kind: adam, learning_rate: $3}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, steps_per_epoch: 20}
+YAML
+}
+# Every layer kind, SAME paddings that pad more at the end, strides, kernels that are not square,
+# batch normalization on rank 4, 3 and 2 (with and without gamma/beta), every activation.
+experiment onnx_layers_a 7 0.003 true >"$scratch/layers_a.yaml" <<'LAYERS'
     - conv2d: {filters: 8, kernel_size: [3, 5], strides: [2, 1], padding: same, activation: relu}
     - batch_normalization: {momentum: 0.5, epsilon: 0.01}
     - max_pool2d: {pool_size: 3, strides: 2, padding: same}
@@ -33,19 +44,8 @@ model:
     - dense: {units: 16, activation: sigmoid}
     - batch_normalization: {momentum: 0.5, center: false, scale: false}
     - dense: {units: 10}
-loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
-optimizer: {kind: adam, learning_rate: 0.003}
-metrics: [sparse_categorical_accuracy]
-train: {epochs: 1, steps_per_epoch: 20}
-YAML
-cat >"$scratch/layers_b.yaml" <<'YAML'
-name: onnx_layers_b
-seed: 11
-strategy: {kind: default}
-data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 32, shuffle_buffer: 2000}
-model:
-  input_shape: [28, 28, 1]
-  layers:
+LAYERS
+experiment onnx_layers_b 11 0.01 false >"$scratch/layers_b.yaml" <<'LAYERS'
     - reshape: {target_shape: [14, 56, -1]}
     - conv2d: {filters: 8, kernel_size: 3, padding: valid}
     - activation: {activation: relu}
@@ -58,11 +58,7 @@ model:
     - flatten: {}
     - activation: {activation: linear}
     - dense: {units: 10, use_bias: false, activation: softmax}
-loss: {kind: sparse_categorical_crossentropy, from_logits: false, reduction: none}
-optimizer: {kind: adam, learning_rate: 0.01}
-metrics: [sparse_categorical_accuracy]
-train: {epochs: 1, steps_per_epoch: 20}
-YAML
+LAYERS
 
 # check RUN_DIR [--softmax]: eval its checkpoint with --predictions, export it, run ONNX Runtime.
 check() {

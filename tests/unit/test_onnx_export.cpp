@@ -61,28 +61,19 @@ TEST_CASE("the Transposes between channels last and channels first") {
 namespace {
 
 config::ModelConfig exported_model() {
+  using config::Activation, config::Padding;
   config::ModelConfig mc;
   mc.input_shape = {9, 8, 2};
-  nn::Conv2DOptions conv;
-  conv.filters = 3;
-  conv.kernel_size = {3, 2};
-  conv.strides = {2, 1};
-  conv.padding = config::Padding::same;
-  conv.activation = config::Activation::relu;
-  nn::AveragePooling2DOptions pool;
-  pool.padding = config::Padding::same;
-  nn::BatchNormalizationOptions bn;
-  bn.epsilon = 0.25;
-  bn.scale = false;
-  nn::DenseOptions dense;
-  dense.units = 4;
-  dense.use_bias = false;
-  mc.layers.push_back(nn::layer_config("conv", conv));
-  mc.layers.push_back(nn::layer_config("bn", bn));
-  mc.layers.push_back(nn::layer_config("pool", pool));
-  mc.layers.push_back(nn::layer_config("drop", nn::DropoutOptions{0.5}));
-  mc.layers.push_back(nn::layer_config("flat", nn::FlattenOptions{}));
-  mc.layers.push_back(nn::layer_config("dense", dense));
+  mc.layers = {
+      nn::layer_config("conv", nn::Conv2DOptions{.filters = 3, .kernel_size = {3, 2}, .strides = {2, 1},
+                                                 .padding = Padding::same, .activation = Activation::relu,
+                                                 .kernel_regularizer = {}}),
+      nn::layer_config("bn", nn::BatchNormalizationOptions{.epsilon = 0.25, .scale = false}),
+      nn::layer_config("pool", nn::AveragePooling2DOptions{{.strides = std::nullopt, .padding = Padding::same}}),
+      nn::layer_config("drop", nn::DropoutOptions{0.5}),
+      nn::layer_config("flat", nn::FlattenOptions{}),
+      nn::layer_config("dense", nn::DenseOptions{.units = 4, .use_bias = false, .kernel_regularizer = {}}),
+  };
   return mc;
 }
 
