@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <stdexcept>
 
 #include <fmt/format.h>
 #include <onnx/checker.h>

@@ -27,7 +27,7 @@
 
 namespace dtrain::interop {
 
-// The ONNX operator set the graph imports (ONNX 1.12's newest) and its IR version.
+// The ONNX operator set the graph imports (ONNX 1.12's newest); the IR version is the library's (8).
 inline constexpr int kOnnxOpset = 17;
 
 inline constexpr const char* kOnnxInputName = "input";
