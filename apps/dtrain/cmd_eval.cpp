@@ -83,6 +83,12 @@ int eval_command(const EvalArgs& args) {
     std::string line = fmt::format("{} Loss: {:.4f}", label, r.loss);
     if (r.accuracy) line += fmt::format(", {} Accuracy: {:.2f}", label, 100.0 * *r.accuracy);
     fmt::print("{}\n  {} samples, {:.2f} s\n", line, r.samples, r.seconds);
+    if (!args.predictions.empty()) {
+      // The chief alone, over the whole split, with the batch evaluation used.
+      train::write_predictions(args.predictions, trainer.predict_split(args.split, trainer.experiment().data.eval_batch_size),
+                               args.split, args.checkpoint);
+      fmt::print("  predictions of {} samples written to {}\n", r.samples, args.predictions);
+    }
     return static_cast<int>(kOk);
   });
 }

@@ -56,8 +56,18 @@ struct EvalArgs {
   std::string experiment;  // empty = the experiment stored in the checkpoint
   std::string split = "test";
   std::vector<std::string> overrides;
+  std::string predictions;  // write every sample's inputs, logits and labels here (HDF5); empty = no
 };
 int eval_command(const EvalArgs& args);
+
+struct ExportArgs {
+  std::string checkpoint;
+  std::string output;      // the .onnx file, replaced atomically
+  std::string experiment;  // empty = the experiment stored in the checkpoint
+  std::vector<std::string> overrides;
+  bool softmax = false;    // append a Softmax: the output is then probabilities
+};
+int export_command(const ExportArgs& args);
 
 struct ResumeArgs {
   std::string run_dir;     // continue from its newest valid checkpoint

@@ -24,6 +24,7 @@ Examples:
   dtrain run experiments/regression_toy.yaml --run-dir /tmp/toy
   dtrain validate experiments/fashion_mnist.yaml
   dtrain eval --checkpoint runs/fashion_mnist/checkpoints/ckpt-9380.h5
+  dtrain export runs/fashion_mnist/checkpoints/ckpt-9380.h5 -o fashion_mnist.onnx
   dtrain resume runs/fashion_mnist
   dtrain resume runs/fashion_mnist --set train.epochs=15
   dtrain info
@@ -99,6 +100,19 @@ int main(int argc, char** argv) {
   eval->add_option("--experiment", eval_args.experiment, "Experiment YAML (default: the one stored in the checkpoint)");
   eval->add_option("--split", eval_args.split, "Which split to evaluate")->check(CLI::IsMember({"test", "validation", "train"}));
   eval->add_option("--set", eval_args.overrides, "Override a setting (repeatable)");
+  eval->add_option("--predictions", eval_args.predictions,
+                   "Also write every sample's inputs, logits and labels of the split to this HDF5 file");
+
+  dtrain::app::ExportArgs export_args;
+  auto* export_cmd = app.add_subcommand("export", "Write a checkpoint's model, in inference mode, as an ONNX graph");
+  export_cmd->add_option("checkpoint", export_args.checkpoint, "Checkpoint file (runs/<name>/checkpoints/ckpt-N.h5)")
+      ->required();
+  export_cmd->add_option("-o,--output", export_args.output, "The ONNX file to write (replaced if it exists)")->required();
+  export_cmd->add_option("--experiment", export_args.experiment,
+                         "Experiment YAML (default: the one stored in the checkpoint)");
+  export_cmd->add_option("--set", export_args.overrides, "Override a setting (repeatable)");
+  export_cmd->add_flag("--softmax", export_args.softmax,
+                       "Append a Softmax over the last axis: the output 'probabilities' instead of 'logits'");
 
   dtrain::app::ResumeArgs resume_args;
   auto* resume = app.add_subcommand("resume", "Continue a run exactly from its newest valid checkpoint");
@@ -149,6 +163,7 @@ int main(int argc, char** argv) {
     if (*run) return dtrain::app::run_command(run_args);
     if (*validate) return dtrain::app::validate_command(validate_args);
     if (*eval) return dtrain::app::eval_command(eval_args);
+    if (*export_cmd) return dtrain::app::export_command(export_args);
     if (*resume) return dtrain::app::resume_command(resume_args);
     if (*info) return dtrain::app::info_command();
     if (*init) return dtrain::app::init_command(init_args);

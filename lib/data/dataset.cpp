@@ -13,6 +13,18 @@
 
 namespace dtrain::data {
 
+void sample_as_f32(const Dataset& ds, std::int64_t i, float* dst) {
+  const std::int64_t row = ds.x.shape().tail().numel();
+  const float scale = ds.x_scale;
+  if (ds.x.dtype() == DType::u8) {
+    const std::uint8_t* src = ds.x.data<std::uint8_t>() + i * row;
+    for (std::int64_t j = 0; j < row; ++j) dst[j] = static_cast<float>(src[j]) * scale;
+  } else {
+    const float* src = ds.x.data<float>() + i * row;
+    for (std::int64_t j = 0; j < row; ++j) dst[j] = src[j] * scale;
+  }
+}
+
 Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description) {
   Dataset part = whole;
   part.x = whole.x.slice_rows(begin, end);

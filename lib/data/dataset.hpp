@@ -37,6 +37,10 @@ struct Dataset {
   bool has_labels() const { return y.dtype() == DType::i32; }
 };
 
+// Sample `i` of `ds` as the model takes it: its row of x converted to f32 times x_scale, written
+// to dst (x.shape().tail().numel() floats).
+void sample_as_f32(const Dataset& ds, std::int64_t i, float* dst);
+
 // Rows [begin, end) of a dataset; shares storage with `whole` (no copy).
 Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description);
 

@@ -166,21 +166,11 @@ void Pipeline::fill(Batch& batch, std::int64_t step) const {
   const std::int64_t first = part_offset(whole, options_.parts, options_.part_begin);
   const std::int64_t count = part_offset(whole, options_.parts, options_.part_end) - first;
   const std::int64_t row = dataset_.x.shape().tail().numel();
-  const float scale = dataset_.x_scale;
 
   batch.x.ensure(dataset_.x.shape().tail().with_batch(count), DType::f32);
   float* x_out = batch.x.data<float>();
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::int64_t sample = order_[static_cast<std::size_t>(begin + first + i)];
-    float* dst = x_out + i * row;
-    if (dataset_.x.dtype() == DType::u8) {
-      const std::uint8_t* src = dataset_.x.data<std::uint8_t>() + sample * row;
-      for (std::int64_t j = 0; j < row; ++j) dst[j] = static_cast<float>(src[j]) * scale;
-    } else {
-      const float* src = dataset_.x.data<float>() + sample * row;
-      for (std::int64_t j = 0; j < row; ++j) dst[j] = src[j] * scale;
-    }
-  }
+  for (std::int64_t i = 0; i < count; ++i)
+    sample_as_f32(dataset_, order_[static_cast<std::size_t>(begin + first + i)], x_out + i * row);
 
   batch.y.ensure(dataset_.y.shape().tail().with_batch(count), dataset_.y.dtype());
   const std::size_t y_row_bytes = static_cast<std::size_t>(dataset_.y.shape().tail().numel()) * dtype_size(dataset_.y.dtype());

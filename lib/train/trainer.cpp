@@ -606,11 +606,36 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
   return r;
 }
 
-EvalResult Trainer::evaluate_split(const std::string& name) {
-  if (name == "test") return evaluate(splits_.test);
-  if (name == "train") return evaluate(splits_.train);
-  if (name == "validation" && splits_.validation) return evaluate(*splits_.validation);
+const data::Dataset& Trainer::split_named(const std::string& name) const {
+  if (name == "test") return splits_.test;
+  if (name == "train") return splits_.train;
+  if (name == "validation" && splits_.validation) return *splits_.validation;
   throw ConfigError(fmt::format("unknown split '{}' (test, validation when validation_split is set, train)", name));
+}
+
+EvalResult Trainer::evaluate_split(const std::string& name) { return evaluate(split_named(name)); }
+
+Predictions Trainer::predict_split(const std::string& name, std::int64_t batch) {
+  const data::Dataset& split = split_named(name);
+  flush_denormals();  // as every compute thread does
+  const std::int64_t n = split.size();
+  Predictions p;
+  p.inputs = Tensor(split.x.shape(), DType::f32);
+  const std::int64_t row = split.x.shape().tail().numel();
+  for (std::int64_t i = 0; i < n; ++i) data::sample_as_f32(split, i, p.inputs.data<float>() + i * row);
+  p.labels = split.y.clone();
+  p.logits = Tensor(model().output_shape().with_batch(n), DType::f32);
+  const std::int64_t outputs = model().output_shape().numel();
+  nn::StepContext step;
+  step.mode = nn::Mode::inference;
+  step.seed = exp_.seed;
+  for (std::int64_t begin = 0; begin < n; begin += batch) {
+    const std::int64_t end = std::min(n, begin + batch);
+    step.step_samples = end - begin;
+    const Tensor& y = model().forward(p.inputs.slice_rows(begin, end), step);
+    std::copy_n(y.data<float>(), (end - begin) * outputs, p.logits.data<float>() + begin * outputs);
+  }
+  return p;
 }
 
 CallbackList Trainer::make_callbacks(const std::atomic<int>* stop_requested) {

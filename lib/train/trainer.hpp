@@ -40,6 +40,7 @@
 #include "train/callbacks.hpp"
 #include "train/lanes.hpp"
 #include "train/epoch_log.hpp"
+#include "train/predictions.hpp"
 #include "train/step_timer.hpp"
 #include "train/strategy_loop.hpp"
 
@@ -95,6 +96,10 @@ class Trainer : private LoopHost {
   EvalResult evaluate(const data::Dataset& split);
   // The same on a split by name: "test", "validation" or "train".
   EvalResult evaluate_split(const std::string& name);
+  // Every sample of split `name` in the split's order: its input as the model takes it, the
+  // outputs of replica 0's model in inference mode (computed in batches of `batch` on this thread)
+  // and its labels (dtrain eval --predictions).
+  Predictions predict_split(const std::string& name, std::int64_t batch);
 
   // Attaches a timer that the training steps report their times to from now on (dtrain bench:
   // observe::StepProfile), or detaches it (null). Steps without one read no clock.
@@ -209,6 +214,8 @@ class Trainer : private LoopHost {
   std::unique_ptr<distribute::Strategy> strategy_;
   data::ShardPlan shards_;   // this worker's part of the data
   data::DataSplits splits_;  // as this worker loaded them (its files under auto_shard file)
+  // "test", "train" or "validation" (when validation_split is set); ConfigError for another name.
+  const data::Dataset& split_named(const std::string& name) const;
   std::vector<Replica> replicas_;
   std::int64_t global_step_ = 0;
   std::FILE* null_out_ = nullptr;  // where a non-chief worker's epoch lines go

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# dtrain export against ONNX Runtime (build/venv, made by tools/setup): tiny models covering every
+# layer kind, trained under the default, mirrored, multi-worker and parameter-server strategies,
+# exported and run in ONNX Runtime on the test split that `dtrain eval --predictions` wrote: the
+# same Test Accuracy as dtrain eval, logits within 1e-5 of each sample's largest.
+#   tests/integration/export.sh CASE DTRAIN_BINARY SCRATCH_DIR
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
+
+python=${DTRAIN_VENV:-build/venv}/bin/python
+"$python" -c 'import onnxruntime' 2>/dev/null \
+  || fail "no ONNX Runtime in ${DTRAIN_VENV:-build/venv}: run tools/setup (it installs tools/requirements.txt there)"
+mpi() { local n=$1; shift; timeout 300 mpirun -n "$n" --oversubscribe "$@"; }
+common=(--set train.progress=none --set train.threads=1)
+
+# experiment NAME SEED LEARNING_RATE FROM_LOGITS < LAYERS: a 20-step experiment on the subset in
+# data/ whose model.layers are the lines read.
+experiment() {
+  cat <<YAML
+name: $1
+seed: $2
+strategy: {kind: default}
+data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 32, shuffle_buffer: 2000}
+model:
+  input_shape: [28, 28, 1]
+  layers:
+$(cat)
+loss: {kind: sparse_categorical_crossentropy, from_logits: $4, reduction: none}
+optimizer: {kind: adam, learning_rate: $3}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, steps_per_epoch: 20}
+YAML
+}
+# Every layer kind, SAME paddings that pad more at the end, strides, kernels that are not square,
+# batch normalization on rank 4, 3 and 2 (with and without gamma/beta), every activation.
+experiment onnx_layers_a 7 0.003 true >"$scratch/layers_a.yaml" <<'LAYERS'
+    - conv2d: {filters: 8, kernel_size: [3, 5], strides: [2, 1], padding: same, activation: relu}
+    - batch_normalization: {momentum: 0.5, epsilon: 0.01}
+    - max_pool2d: {pool_size: 3, strides: 2, padding: same}
+    - dropout: {rate: 0.25}
+    - conv2d: {filters: 6, kernel_size: 2, use_bias: false, activation: tanh}
+    - average_pooling2d: {pool_size: [3, 2], strides: 2, padding: same}
+    - flatten: {}
+    - dense: {units: 16, activation: sigmoid}
+    - batch_normalization: {momentum: 0.5, center: false, scale: false}
+    - dense: {units: 10}
+LAYERS
+experiment onnx_layers_b 11 0.01 false >"$scratch/layers_b.yaml" <<'LAYERS'
+    - reshape: {target_shape: [14, 56, -1]}
+    - conv2d: {filters: 8, kernel_size: 3, padding: valid}
+    - activation: {activation: relu}
+    - batch_normalization: {momentum: 0.5}
+    - max_pool2d: {pool_size: 2}
+    - global_average_pooling2d: {}
+    - reshape: {target_shape: [2, 4]}
+    - batch_normalization: {momentum: 0.5, epsilon: 0.1}
+    - activation: {activation: softmax}
+    - flatten: {}
+    - activation: {activation: linear}
+    - dense: {units: 10, use_bias: false, activation: softmax}
+LAYERS
+
+# check RUN_DIR [--softmax]: eval its checkpoint with --predictions, export it, run ONNX Runtime.
+check() {
+  local run=$1 name ckpt accuracy
+  shift
+  name=$(basename "$run")
+  ckpt=$(ls "$run"/checkpoints/ckpt-*.h5 | tail -1)
+  [ -f "$ckpt" ] || fail "$name: no checkpoint in $run/checkpoints"
+  "$dtrain" eval --checkpoint "$ckpt" --predictions "$scratch/$name.h5" >"$scratch/$name.eval" \
+    || fail "$name: dtrain eval --predictions failed: $(cat "$scratch/$name.eval")"
+  accuracy=$(sed -n 's/.*Test Accuracy: \([0-9.]*\).*/\1/p' "$scratch/$name.eval")
+  [ -n "$accuracy" ] || fail "$name: eval printed no Test Accuracy: $(cat "$scratch/$name.eval")"
+  "$dtrain" export "$ckpt" -o "$scratch/$name.onnx" "$@" >"$scratch/$name.export" 2>&1 \
+    || fail "$name: dtrain export failed: $(cat "$scratch/$name.export")"
+  grep -q "^Exported $ckpt (global step [0-9]*) to $scratch/$name.onnx: input 'input' (N, 28, 28, 1) float32" \
+    "$scratch/$name.export" || fail "$name: export printed $(cat "$scratch/$name.export")"
+  echo -n "$name: "
+  "$python" tests/integration/onnx_check.py "$scratch/$name.onnx" "$scratch/$name.h5" --accuracy "$accuracy" "$@" \
+    || fail "$name: ONNX Runtime differs from dtrain"
+}
+
+case "$case_name" in
+  layer_kinds)
+    for model in layers_a layers_b; do
+      "$dtrain" run "$scratch/$model.yaml" "${common[@]}" --run-dir "$scratch/$model" >"$scratch/$model.out" 2>&1 \
+        || fail "training $model failed: $(tail -5 "$scratch/$model.out")"
+      check "$scratch/$model"
+    done
+    # --softmax: the output is 'probabilities', softmax of dtrain's logits.
+    cp -r "$scratch/layers_a" "$scratch/layers_a_softmax"
+    check "$scratch/layers_a_softmax" --softmax
+    ;;
+  strategies)
+    # Checkpoints written under mirrored (2 replicas), multi_worker_mirrored (2 workers) and
+    # parameter_server (a chief, one server, one worker): eval and export read them alike.
+    a="$scratch/layers_a.yaml"
+    batch=(--set data.batch_size_per_replica=16)
+    "$dtrain" run "$a" "${common[@]}" "${batch[@]}" --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" \
+      --run-dir "$scratch/mirrored" >"$scratch/mirrored.out" 2>&1 || fail "mirrored run failed: $(tail -5 "$scratch/mirrored.out")"
+    check "$scratch/mirrored"
+    mpi 2 "$dtrain" run "$a" "${common[@]}" "${batch[@]}" --set "strategy={kind: multi_worker_mirrored}" \
+      --run-dir "$scratch/multi_worker" >"$scratch/multi_worker.out" 2>&1 \
+      || fail "multi-worker run failed: $(tail -5 "$scratch/multi_worker.out")"
+    check "$scratch/multi_worker"
+    mpi 3 "$dtrain" run "$a" "${common[@]}" "${batch[@]}" \
+      --set "strategy={kind: parameter_server, roles: {chief: 1, ps: 1, worker: 1}}" \
+      --run-dir "$scratch/parameter_server" >"$scratch/parameter_server.out" 2>&1 \
+      || fail "parameter-server run failed: $(tail -5 "$scratch/parameter_server.out")"
+    check "$scratch/parameter_server"
+    ;;
+  errors)
+    # A missing or damaged checkpoint is exit 2, an output that cannot be written exit 3; neither
+    # leaves a file behind.
+    "$dtrain" run "$scratch/layers_b.yaml" "${common[@]}" --set train.steps_per_epoch=2 --run-dir "$scratch/b" \
+      >/dev/null 2>&1 || fail "training failed"
+    ckpt=$(ls "$scratch"/b/checkpoints/ckpt-*.h5 | tail -1)
+    "$dtrain" export "$scratch/none.h5" -o "$scratch/none.onnx" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -q "none.h5" "$scratch/err" || fail "a missing checkpoint: exit $rc, $(cat "$scratch/err")"
+    head -c 3000 "$ckpt" >"$scratch/cut.h5"
+    "$dtrain" export "$scratch/cut.h5" -o "$scratch/cut.onnx" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] || fail "a truncated checkpoint: exit $rc, $(cat "$scratch/err")"
+    "$dtrain" export "$ckpt" -o "$scratch/no/such/dir/m.onnx" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 3 ] && grep -q "no/such/dir/m.onnx" "$scratch/err" || fail "an unwritable output: exit $rc, $(cat "$scratch/err")"
+    "$dtrain" export "$ckpt" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] || fail "no -o: exit $rc"
+    [ -z "$(find "$scratch" -name '*.onnx*')" ] || fail "files were left: $(find "$scratch" -name '*.onnx*')"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "ok [$case_name]"
