@@ -14,6 +14,11 @@ std::string device_list(const std::vector<Device>& devices) {
   return s;
 }
 
+bool on_gpus(const std::vector<Device>& devices) {
+  return !devices.empty() &&
+         std::all_of(devices.begin(), devices.end(), [](const Device& d) { return d.kind == Device::Kind::gpu; });
+}
+
 ReplicatedStrategy::ReplicatedStrategy(ReplicaLayout layout, int total_threads, Communicator* workers)
     : layout_(std::move(layout)),
       threads_per_replica_(std::max(1, std::max(1, total_threads) / std::max(1, static_cast<int>(layout_.devices.size())))),

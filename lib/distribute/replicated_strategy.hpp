@@ -85,5 +85,7 @@ class ReplicatedStrategy : public Strategy {
 
 // "cpu:0, cpu:1"
 std::string device_list(const std::vector<Device>& devices);
+// Every device a GPU (and at least one).
+bool on_gpus(const std::vector<Device>& devices);
 
 }  // namespace dtrain::distribute

@@ -370,6 +370,11 @@ EOF
     ;;
   nccl_on_cpu)
     expect_error 2 "nccl needs GPU devices.*ring, hierarchical_copy or reduction_to_one_device" -- run experiments/fashion_mnist_mirrored.yaml --set strategy.cross_device_ops=nccl --run-dir "$scratch/run"
+    # On GPUs: validate accepts it (any machine), run says what this build lacks, in one line.
+    gpus=(--set "strategy={kind: mirrored, devices: [gpu:0, gpu:1], cross_device_ops: nccl}")
+    "$dtrain" validate experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" >/dev/null || fail "validate refused nccl over gpu:0, gpu:1"
+    expect_error 2 "cross_device_ops nccl over gpu:0, gpu:1: this build has no NCCL communicator for local GPUs yet.*use cpu:N devices" -- \
+      run experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" --run-dir "$scratch/gpus"
     ;;
   *)
     fail "unknown case"
