@@ -3,6 +3,7 @@
 
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/convert.hpp"
+#include "backends/cuda/math.hpp"
 
 namespace dtrain::backends::cuda {
 
@@ -40,6 +41,14 @@ __global__ void transpose_filter_kernel(const float* __restrict__ from, float* _
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, std::int64_t total,
                                 std::int64_t cols) {
   for (std::int64_t i = first_index(); i < total; i += index_stride()) y[i] += bias[i % cols];
+}
+
+__global__ void add_bias_to_bf16_kernel(const float* __restrict__ acc, const float* __restrict__ bias,
+                                        std::uint16_t* __restrict__ y, std::int64_t total, std::int64_t cols) {
+  for (std::int64_t i = first_index(); i < total; i += index_stride()) {
+    const float v = bias ? acc[i] + bias[i % cols] : acc[i];
+    y[i] = math::bf16_from_f32_bits(__float_as_uint(v));
+  }
 }
 
 __global__ void fill_kernel(float* __restrict__ p, std::int64_t n, float value) {
@@ -81,6 +90,14 @@ void add_bias_rows(float* y, const float* bias, std::int64_t rows, std::int64_t 
   if (total == 0) return;
   add_bias_kernel<<<blocks(total), kThreads, 0, stream>>>(y, bias, total, cols);
   check_launch("add_bias_kernel", device);
+}
+
+void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std::int64_t rows, std::int64_t cols,
+                      cudaStream_t stream, Device device) {
+  const std::int64_t total = rows * cols;
+  if (total == 0) return;
+  add_bias_to_bf16_kernel<<<blocks(total), kThreads, 0, stream>>>(acc, bias, y, total, cols);
+  check_launch("add_bias_to_bf16_kernel", device);
 }
 
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream, Device device) {

@@ -26,6 +26,10 @@ void ohwi_to_hwio(const Conv2dGeometry& g, const float* ohwi, float* hwio, cudaS
 // y (rows, cols) += bias (cols), broadcast over the rows.
 void add_bias_rows(float* y, const float* bias, std::int64_t rows, std::int64_t cols, cudaStream_t stream,
                    Device device);
+// y (rows, cols) bfloat16 bits = acc + bias (bias null: none), the sum in float32 and then rounded
+// as the CPU backend's reorders round (math::bf16_from_f32_bits).
+void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std::int64_t rows, std::int64_t cols,
+                      cudaStream_t stream, Device device);
 // p[0, n) = value.
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream, Device device);
 

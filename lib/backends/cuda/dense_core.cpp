@@ -1,10 +1,12 @@
 #include "backends/cuda/dense_core.hpp"
 
+#include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
 
 #include "backends/cuda/check.hpp"
+#include "backends/cuda/convert.hpp"
 #include "backends/cuda/core_kernels.hpp"
 #include "core/error.hpp"
 
@@ -88,6 +90,64 @@ void DenseCore::backward_weights(const float* x, const float* dy, float* dk, flo
   if (bias_) {
     DTRAIN_CHECK(db != nullptr, "dense on CUDA: a layer with a bias needs db");
     column_sums(ctx_, dy, static_cast<const float*>(ones_.get()), batch_, out_, db);
+  }
+}
+
+DenseCoreBf16::DenseCoreBf16(CudaContext& ctx, std::int64_t batch, std::int64_t in, std::int64_t out, bool bias)
+    : ctx_(ctx), batch_(batch), in_(in), out_(out), bias_(bias) {
+  if (batch <= 0 || in <= 0 || out <= 0)
+    throw InternalError(fmt::format("dense on CUDA: batch {}, in {}, out {}: sizes must be positive", batch, in, out));
+  const std::string cannot = ctx_.cannot_compute_in(DType::bf16);
+  if (!cannot.empty()) throw InternalError("dense on CUDA in bfloat16: " + cannot);
+  (void)blas_int(batch * std::max(in, out), "batch * max(in, out)");
+  (void)blas_int(in * out, "in * out");
+  accumulator_ = ctx_.allocate(static_cast<std::size_t>(batch_ * std::max(in_, out_)) * sizeof(float));
+  if (bias_) {
+    // The ones in float32 (the accumulator is free now), rounded to bfloat16 (exactly 1).
+    ones_ = ctx_.allocate(static_cast<std::size_t>(batch_) * sizeof(std::uint16_t));
+    auto* acc = static_cast<float*>(accumulator_.get());
+    fill(acc, batch_, 1.0f, ctx_.stream(), ctx_.device());
+    f32_to_bf16(acc, static_cast<std::uint16_t*>(ones_.get()), static_cast<std::size_t>(batch_), ctx_.stream(),
+                ctx_.device());
+  }
+}
+
+void DenseCoreBf16::forward(const std::uint16_t* x, const std::uint16_t* k, const float* b, std::uint16_t* y) {
+  cublasHandle_t h = prepared_cublas(ctx_);
+  const float one = 1.0f, zero = 0.0f;
+  const int n = static_cast<int>(batch_), i = static_cast<int>(in_), o = static_cast<int>(out_);
+  auto* acc = static_cast<float*>(accumulator_.get());
+  DTRAIN_CUBLAS_CALL(ctx_.device(), cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, o, n, i, &one, k, CUDA_R_16BF, o, x,
+                                                 CUDA_R_16BF, i, &zero, acc, CUDA_R_32F, o, CUBLAS_COMPUTE_32F,
+                                                 CUBLAS_GEMM_DEFAULT));
+  if (bias_) DTRAIN_CHECK(b != nullptr, "dense on CUDA: a layer with a bias needs b");
+  add_bias_to_bf16(acc, bias_ ? b : nullptr, y, batch_, out_, ctx_.stream(), ctx_.device());
+}
+
+void DenseCoreBf16::backward_data(const std::uint16_t* dy, const std::uint16_t* k, std::uint16_t* dx) {
+  cublasHandle_t h = prepared_cublas(ctx_);
+  const float one = 1.0f, zero = 0.0f;
+  const int n = static_cast<int>(batch_), i = static_cast<int>(in_), o = static_cast<int>(out_);
+  auto* acc = static_cast<float*>(accumulator_.get());
+  DTRAIN_CUBLAS_CALL(ctx_.device(), cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, i, n, o, &one, k, CUDA_R_16BF, o, dy,
+                                                 CUDA_R_16BF, o, &zero, acc, CUDA_R_32F, i, CUBLAS_COMPUTE_32F,
+                                                 CUBLAS_GEMM_DEFAULT));
+  f32_to_bf16(acc, dx, static_cast<std::size_t>(batch_ * in_), ctx_.stream(), ctx_.device());
+}
+
+void DenseCoreBf16::backward_weights(const std::uint16_t* x, const std::uint16_t* dy, float* dk, float* db) {
+  cublasHandle_t h = prepared_cublas(ctx_);
+  const float one = 1.0f, zero = 0.0f;
+  const int n = static_cast<int>(batch_), i = static_cast<int>(in_), o = static_cast<int>(out_);
+  DTRAIN_CUBLAS_CALL(ctx_.device(), cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, o, i, n, &one, dy, CUDA_R_16BF, o, x,
+                                                 CUDA_R_16BF, i, &zero, dk, CUDA_R_32F, o, CUBLAS_COMPUTE_32F,
+                                                 CUBLAS_GEMM_DEFAULT));
+  if (bias_) {
+    DTRAIN_CHECK(db != nullptr, "dense on CUDA: a layer with a bias needs db");
+    // db (O, 1) = dy^T (O, N) ones (N, 1).
+    DTRAIN_CUBLAS_CALL(ctx_.device(), cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, o, 1, n, &one, dy, CUDA_R_16BF, o,
+                                                   ones_.get(), CUDA_R_16BF, n, &zero, db, CUDA_R_32F, o,
+                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }
 

@@ -48,4 +48,26 @@ class DenseCore {
   Buffer ones_;  // batch ones, for db
 };
 
+// Dense in mixed_bfloat16, as the CPU backend's (backends/onednn/dense.cpp): x, k, y, dy and dx
+// in bfloat16 (uint16 bits), the bias and the kernel's gradient dk in float32. cuBLAS GEMMs on
+// tensor cores with float32 accumulation (cublasGemmEx, compute type 32F); y and dx are
+// accumulated into a float32 scratch (the bias added there) and then rounded to bfloat16 as the
+// CPU backend's reorders round, so that the rounding is the CPU's; dk and db are float32
+// outputs of the GEMMs (db: dy^T times a bfloat16 vector of ones). Needs sm_80 or newer.
+class DenseCoreBf16 {
+ public:
+  DenseCoreBf16(CudaContext& ctx, std::int64_t batch, std::int64_t in, std::int64_t out, bool bias);
+
+  void forward(const std::uint16_t* x, const std::uint16_t* k, const float* b, std::uint16_t* y);
+  void backward_data(const std::uint16_t* dy, const std::uint16_t* k, std::uint16_t* dx);
+  void backward_weights(const std::uint16_t* x, const std::uint16_t* dy, float* dk, float* db);
+
+ private:
+  CudaContext& ctx_;
+  std::int64_t batch_, in_, out_;
+  bool bias_;
+  Buffer accumulator_;  // float32, batch * max(in, out)
+  Buffer ones_;         // batch bfloat16 ones, for db
+};
+
 }  // namespace dtrain::backends::cuda
