@@ -1,0 +1,84 @@
+// The compute core of Conv2D on the GPU (nn/conv2d.hpp has the semantics), on device pointers and
+// the context's stream, for one shape made once: cuDNN's descriptors (NHWC tensors, the filter in
+// cuDNN's NHWC filter layout KRSC), the algorithms of the three passes chosen once, the scratch
+// memory allocated once (after the constructor, a step allocates nothing).
+//
+//   set_kernel        k (KH, KW, C, F) Keras HWIO -> cuDNN's (F, KH, KW, C), once per step,
+//                     after the optimizer has updated k (forward and backward_data read it)
+//   forward           y (N, OH, OW, F) = conv(x, k) + b
+//   backward_data     dx (N, H, W, C) from dy (N, OH, OW, F)
+//   backward_filter   dk (KH, KW, C, F) Keras HWIO, db (F) = sums of dy over N, OH, OW
+// Every output is overwritten. conv2d_geometry.hpp says how TensorFlow's asymmetric SAME padding
+// is given to cuDNN (which pads symmetrically) and why the filter is transposed.
+//
+// Float32 with cuDNN's FMA math (CUDNN_FMA_MATH): CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor
+// cores for float32 on Ampere and newer, whose 10-bit mantissas give errors near 1e-3 where the
+// CPU backend and the reference compute in float32.
+//
+// Algorithms: cuDNN's heuristics (cudnnGet*Algorithm_v7, no benchmarking, so the choice is the
+// same on every run), the first one that cuDNN says is deterministic, that is not FFT or Winograd
+// (less accurate in float32) and whose workspace fits the limit; only if none is, the first that fits (deterministic() then says false). The
+// workspace is one buffer, the largest of the three passes'.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "backends/cuda/context.hpp"
+#include "backends/cuda/conv2d_geometry.hpp"
+
+namespace dtrain::backends::cuda {
+
+class Conv2dCore {
+ public:
+  static constexpr std::size_t kDefaultWorkspaceLimit = std::size_t{256} << 20;  // 256 MiB
+
+  // `bias`: whether the layer has one (forward adds b, backward_filter computes db).
+  Conv2dCore(CudaContext& ctx, const Conv2dGeometry& geometry, bool bias,
+             std::size_t workspace_limit = kDefaultWorkspaceLimit);
+  ~Conv2dCore();
+  Conv2dCore(const Conv2dCore&) = delete;
+  Conv2dCore& operator=(const Conv2dCore&) = delete;
+
+  const Conv2dGeometry& geometry() const { return g_; }
+
+  void set_kernel(const float* k);
+  // b is ignored where the core has no bias.
+  void forward(const float* x, const float* b, float* y);
+  void backward_data(const float* dy, float* dx);
+  // db is ignored (may be null) where the core has no bias.
+  void backward_filter(const float* x, const float* dy, float* dk, float* db);
+
+  // The chosen algorithms (cuDNN's enum values), for logs and tests.
+  int forward_algorithm() const { return fwd_algo_; }
+  int backward_data_algorithm() const { return bwd_data_algo_; }
+  int backward_filter_algorithm() const { return bwd_filter_algo_; }
+  // Whether cuDNN says all three are deterministic (the same bits on every run).
+  bool deterministic() const { return deterministic_; }
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+  // "fwd 1, bwd data 1, bwd filter 1 (deterministic), workspace 0 bytes, input padded to 8x10"
+  std::string describe() const;
+
+ private:
+  void choose_algorithms(std::size_t workspace_limit);
+  void destroy_descriptors() noexcept;
+  // x, or its padded copy where the geometry pads the input.
+  const float* cudnn_input(const float* x);
+
+  CudaContext& ctx_;
+  Conv2dGeometry g_;
+  bool bias_;
+  cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr;
+  cudnnFilterDescriptor_t w_desc_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
+  int fwd_algo_ = 0, bwd_data_algo_ = 0, bwd_filter_algo_ = 0;
+  bool deterministic_ = true;
+  std::size_t workspace_bytes_ = 0;
+  Buffer workspace_;
+  Buffer filter_;       // k in cuDNN's layout (F, KH, KW, C)
+  Buffer filter_grad_;  // dk in cuDNN's layout
+  Buffer padded_x_;     // where the geometry pads the input: x padded, then (backward_data) dx padded
+  Buffer ones_;         // N * OH * OW ones, for db
+};
+
+}  // namespace dtrain::backends::cuda
