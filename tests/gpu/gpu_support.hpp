@@ -14,6 +14,7 @@
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/context.hpp"
 #include "device/context.hpp"
+#include "../unit/test_support.hpp"
 
 namespace dtrain::gpu_testing {
 
@@ -23,11 +24,10 @@ inline backends::cuda::CudaContext& gpu() {
 }
 inline device::Numerics& gpu_numerics() { return gpu().numerics(); }
 
-inline device::Context& cpu() {
-  static const std::unique_ptr<device::Context> ctx = device::make_context({Device::Kind::cpu, 0});
-  return *ctx;
-}
-inline device::Numerics& cpu_numerics() { return cpu().numerics(); }
+// The CPU backend's context and numerics, and random inputs: as the unit tests have them.
+using testing::cpu;
+using testing::cpu_numerics;
+using testing::uniform;
 
 // Device memory holding `host`. Uploads and downloads go on the context's stream: a plain
 // cudaMemcpy runs on the legacy stream, which a non-blocking stream does not wait for (the
@@ -53,14 +53,6 @@ std::vector<T> download(const device::Buffer& b, std::size_t n) {
 template <class T>
 T* ptr(const device::Buffer& b) {
   return static_cast<T*>(b.get());
-}
-
-inline std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
 }
 
 // GPU result against the CPU's: |gpu - cpu| <= 1e-5 |cpu| + 1e-6 (the floor for values that

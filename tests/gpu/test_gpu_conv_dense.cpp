@@ -58,6 +58,31 @@ std::vector<float> from_bf16(const std::vector<std::uint16_t>& v) {
   return r;
 }
 
+struct DenseCase {
+  std::int64_t batch, in, out;
+  bool bias;
+  std::size_t nx() const { return static_cast<std::size_t>(batch * in); }
+  std::size_t nk() const { return static_cast<std::size_t>(in * out); }
+  std::size_t ny() const { return static_cast<std::size_t>(batch * out); }
+  std::size_t nb() const { return static_cast<std::size_t>(out); }
+};
+
+// The reference layer's outputs and gradients, in double, for the inputs as the GPU sees them.
+struct DenseReference {
+  std::vector<double> y, dx, dk, db;
+};
+DenseReference dense_reference(const DenseCase& t, const std::vector<float>& x, const std::vector<float>& k,
+                               const std::vector<float>& b, const std::vector<float>& dy) {
+  const auto xd = widen(x), kd = widen(k), bd = widen(b), dyd = widen(dy);
+  DenseReference r{std::vector<double>(t.ny()), std::vector<double>(t.nx()), std::vector<double>(t.nk()),
+                   std::vector<double>(t.nb())};
+  nn::reference::dense_forward(xd.data(), kd.data(), t.bias ? bd.data() : nullptr, r.y.data(), t.batch, t.in, t.out);
+  nn::reference::dense_backward(xd.data(), kd.data(), dyd.data(), r.dx.data(), r.dk.data(),
+                                t.bias ? r.db.data() : nullptr, t.batch, t.in, t.out);
+  return r;
+}
+
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -150,10 +175,6 @@ TEST_CASE("conv2d core on the GPU: forward, dx, dk and db against the reference,
 }
 
 TEST_CASE("dense core on the GPU: forward, dx, dk and db against the reference, and a second step allocates nothing") {
-  struct DenseCase {
-    std::int64_t batch, in, out;
-    bool bias;
-  };
   const DenseCase cases[] = {{1, 7, 5, true}, {5, 33, 17, false}, {5, 1, 1, true}, {64, 300, 129, true}};
   auto& ctx = gpu();
   std::uint32_t seed = 200;
@@ -162,16 +183,10 @@ TEST_CASE("dense core on the GPU: forward, dx, dk and db against the reference, 
     CAPTURE(t.in);
     CAPTURE(t.out);
     CAPTURE(t.bias);
-    const auto nx = static_cast<std::size_t>(t.batch * t.in), nk = static_cast<std::size_t>(t.in * t.out),
-               ny = static_cast<std::size_t>(t.batch * t.out), nb = static_cast<std::size_t>(t.out);
+    const std::size_t nx = t.nx(), nk = t.nk(), ny = t.ny(), nb = t.nb();
     const auto x = uniform(nx, -1, 1, seed++), k = uniform(nk, -1, 1, seed++), b = uniform(nb, -1, 1, seed++),
                dy = uniform(ny, -1, 1, seed++);
-    const auto xd = widen(x), kd = widen(k), bd = widen(b), dyd = widen(dy);
-    std::vector<double> y_ref(ny), dx_ref(nx), dk_ref(nk), db_ref(nb);
-    nn::reference::dense_forward(xd.data(), kd.data(), t.bias ? bd.data() : nullptr, y_ref.data(), t.batch, t.in,
-                                 t.out);
-    nn::reference::dense_backward(xd.data(), kd.data(), dyd.data(), dx_ref.data(), dk_ref.data(),
-                                  t.bias ? db_ref.data() : nullptr, t.batch, t.in, t.out);
+    const DenseReference ref = dense_reference(t, x, k, b, dy);
 
     cuda::DenseCore core(ctx, t.batch, t.in, t.out, t.bias);
     device::Buffer d_x = upload(x), d_k = upload(k), d_b = upload(b), d_dy = upload(dy);
@@ -186,10 +201,10 @@ TEST_CASE("dense core on the GPU: forward, dx, dk and db against the reference, 
     step();
     const auto y1 = download<float>(d_y, ny), dx1 = download<float>(d_dx, nx), dk1 = download<float>(d_dk, nk),
                db1 = download<float>(d_db, nb);
-    compare_to_reference("dense y", y1, y_ref, t.in + 1);
-    compare_to_reference("dense dx", dx1, dx_ref, t.out);
-    compare_to_reference("dense dk", dk1, dk_ref, t.batch);
-    if (t.bias) compare_to_reference("dense db", db1, db_ref, t.batch);
+    compare_to_reference("dense y", y1, ref.y, t.in + 1);
+    compare_to_reference("dense dx", dx1, ref.dx, t.out);
+    compare_to_reference("dense dk", dk1, ref.dk, t.batch);
+    if (t.bias) compare_to_reference("dense db", db1, ref.db, t.batch);
 
     const cuda::AllocatorStats before = ctx.allocator_stats();
     step();
@@ -209,10 +224,6 @@ TEST_CASE("dense core in bfloat16 on the GPU: y and dx within bfloat16's roundin
     MESSAGE("skipped: " << gpu().cannot_compute_in(DType::bf16));
     return;
   }
-  struct DenseCase {
-    std::int64_t batch, in, out;
-    bool bias;
-  };
   const DenseCase cases[] = {{1, 7, 5, true}, {5, 33, 17, false}, {64, 300, 129, true}};
   auto& ctx = gpu();
   std::uint32_t seed = 300;
@@ -221,17 +232,11 @@ TEST_CASE("dense core in bfloat16 on the GPU: y and dx within bfloat16's roundin
     CAPTURE(t.in);
     CAPTURE(t.out);
     CAPTURE(t.bias);
-    const auto nx = static_cast<std::size_t>(t.batch * t.in), nk = static_cast<std::size_t>(t.in * t.out),
-               ny = static_cast<std::size_t>(t.batch * t.out), nb = static_cast<std::size_t>(t.out);
+    const std::size_t nx = t.nx(), nk = t.nk(), ny = t.ny(), nb = t.nb();
     const auto x = to_bf16(uniform(nx, -1, 1, seed++)), k = to_bf16(uniform(nk, -1, 1, seed++)),
                dy = to_bf16(uniform(ny, -1, 1, seed++));
     const auto b = uniform(nb, -1, 1, seed++);
-    const auto xd = widen(from_bf16(x)), kd = widen(from_bf16(k)), dyd = widen(from_bf16(dy)), bd = widen(b);
-    std::vector<double> y_ref(ny), dx_ref(nx), dk_ref(nk), db_ref(nb);
-    nn::reference::dense_forward(xd.data(), kd.data(), t.bias ? bd.data() : nullptr, y_ref.data(), t.batch, t.in,
-                                 t.out);
-    nn::reference::dense_backward(xd.data(), kd.data(), dyd.data(), dx_ref.data(), dk_ref.data(),
-                                  t.bias ? db_ref.data() : nullptr, t.batch, t.in, t.out);
+    const DenseReference ref = dense_reference(t, from_bf16(x), from_bf16(k), b, from_bf16(dy));
 
     cuda::DenseCoreBf16 core(ctx, t.batch, t.in, t.out, t.bias);
     device::Buffer d_x = upload(x), d_k = upload(k), d_b = upload(b), d_dy = upload(dy);
@@ -248,11 +253,11 @@ TEST_CASE("dense core in bfloat16 on the GPU: y and dx within bfloat16's roundin
     const auto y1 = download<std::uint16_t>(d_y, ny), dx1 = download<std::uint16_t>(d_dx, nx);
     const auto dk1 = download<float>(d_dk, nk), db1 = download<float>(d_db, nb);
     // bfloat16 outputs: rounding to nearest errs by at most 2^-8 relative (3.9e-3).
-    compare_to_reference("bf16 dense y", from_bf16(y1), y_ref, t.in + 1, 4e-3);
-    compare_to_reference("bf16 dense dx", from_bf16(dx1), dx_ref, t.out, 4e-3);
+    compare_to_reference("bf16 dense y", from_bf16(y1), ref.y, t.in + 1, 4e-3);
+    compare_to_reference("bf16 dense dx", from_bf16(dx1), ref.dx, t.out, 4e-3);
     // float32 outputs of exact bfloat16 products, summed on tensor cores in float32.
-    compare_to_reference("bf16 dense dk", dk1, dk_ref, t.batch, 1e-4);
-    if (t.bias) compare_to_reference("bf16 dense db", db1, db_ref, t.batch, 1e-4);
+    compare_to_reference("bf16 dense dk", dk1, ref.dk, t.batch, 1e-4);
+    if (t.bias) compare_to_reference("bf16 dense db", db1, ref.db, t.batch, 1e-4);
 
     const cuda::AllocatorStats before = ctx.allocator_stats();
     step();

@@ -28,20 +28,13 @@
 #include "test_support.hpp"
 
 using namespace dtrain;
+using testing::uniform;
 namespace lm = dtrain::backends::cuda::layer_math;
 using config::Activation;
 using config::Padding;
 using nn::reference::PoolDims;
 
 namespace {
-
-std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // Small integers: many ties inside pooling windows.
 std::vector<float> with_ties(std::size_t n, std::uint32_t seed) {

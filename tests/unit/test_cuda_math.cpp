@@ -16,18 +16,11 @@
 #include "test_support.hpp"
 
 using namespace dtrain;
+using testing::uniform;
 namespace math = dtrain::backends::cuda::math;
 using config::LossKind;
 
 namespace {
-
-std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

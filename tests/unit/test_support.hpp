@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "device/context.hpp"
 #include "nn/layer.hpp"
@@ -20,6 +23,15 @@ inline device::Context& cpu() {
   return *ctx;
 }
 inline device::Numerics& cpu_numerics() { return cpu().numerics(); }
+
+// n floats drawn uniformly from [lo, hi), the same for a given seed.
+inline std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
 
 // A layer that passes its input through, for a test that registers a probe kernel of its own under
 // OptionsT::kind (what the kernel records is the test's point).

@@ -692,13 +692,7 @@ train: {epochs: 2, threads: 1, progress: none}
         if double:
             time.sleep(r.uniform(0.0, 0.5))
             p.send_signal(sig)
-        try:
-            out, err = p.communicate(timeout=120)
-            rc = p.returncode
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            rc = None
+        rc, out, err = self.finish(p, 120)
         allowed = [0, 4]
         if double:
             allowed.append(128 + sig)
@@ -720,6 +714,18 @@ train: {epochs: 2, threads: 1, progress: none}
             rc2, out2, err2 = self.run(argv2, timeout=120)
             ok = self.judge("signal-resume", name, argv2, rc2, out2, err2, files=[run], allowed=(0,)) and ok
         return ok
+
+    @staticmethod
+    def finish(p, timeout):
+        """(exit code, stdout, stderr) of the started process `p`; the code is None (a hang) when it
+        has not ended within `timeout` seconds, and it is killed."""
+        try:
+            out, err = p.communicate(timeout=timeout)
+            return p.returncode, out, err
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            return None, out, err
 
     def rank_pid(self, run, rank):
         """The PID of the dtrain process of world rank `rank` writing into `run`, or None."""
@@ -777,13 +783,7 @@ train: {epochs: 2, threads: 1, progress: none}
             os.kill(pid, signal.SIGKILL)
         os.makedirs(hold, exist_ok=True)
         open(os.path.join(hold, "release"), "w").close()
-        try:
-            out, err = p.communicate(timeout=180)
-            rc = p.returncode
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            rc = None
+        rc, out, err = self.finish(p, 180)
         # OpenMPI 4.1's PMIx prints this when it tells the survivors of a lost process under
         # --enable-recovery: its noise, not a sanitizer's "ERROR: ".
         err = "\n".join(l for l in err.splitlines() if "PMIX ERROR: BAD-PARAM" not in l)

@@ -6,6 +6,7 @@
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/context.hpp"
 #include "backends/cuda/convert.hpp"
+#include "backends/cuda/launch.hpp"
 #include "backends/cuda/elementwise_cores.hpp"
 #include "backends/cuda/layer_math.hpp"
 
@@ -16,12 +17,7 @@ namespace {
 namespace lm = layer_math;
 using config::Activation;
 
-constexpr unsigned kThreads = 256;
 constexpr unsigned kRowThreads = 128;
-
-#define DTRAIN_GRID_STRIDE(i, n)                                                                         \
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n);                   \
-       i += std::int64_t{gridDim.x} * blockDim.x)
 
 __global__ void activation_forward_kernel(Activation a, const float* z, float* y, std::int64_t size) {
   DTRAIN_GRID_STRIDE(i, size) { y[i] = lm::activation_element(a, z[i]); }
@@ -62,11 +58,11 @@ void activation_forward(CudaContext& ctx, Activation a, const float* z, float* y
     copy(ctx, z, y, size);
   } else if (a == Activation::softmax) {
     const std::int64_t rows = size / cols;
-    softmax_forward_kernel<<<elementwise_blocks(static_cast<std::size_t>(rows), kRowThreads), kRowThreads, 0,
+    softmax_forward_kernel<<<elementwise_blocks(rows, kRowThreads), kRowThreads, 0,
                              ctx.stream()>>>(z, y, rows, cols);
     check_launch("softmax_forward_kernel", ctx.device());
   } else {
-    activation_forward_kernel<<<elementwise_blocks(static_cast<std::size_t>(size), kThreads), kThreads, 0,
+    activation_forward_kernel<<<elementwise_blocks(size), kThreads, 0,
                                 ctx.stream()>>>(a, z, y, size);
     check_launch("activation_forward_kernel", ctx.device());
   }
@@ -80,11 +76,11 @@ void activation_backward(CudaContext& ctx, Activation a, const float* y, const f
     copy(ctx, dy, dz, size);
   } else if (a == Activation::softmax) {
     const std::int64_t rows = size / cols;
-    softmax_backward_kernel<<<elementwise_blocks(static_cast<std::size_t>(rows), kRowThreads), kRowThreads, 0,
+    softmax_backward_kernel<<<elementwise_blocks(rows, kRowThreads), kRowThreads, 0,
                               ctx.stream()>>>(y, dy, dz, rows, cols);
     check_launch("softmax_backward_kernel", ctx.device());
   } else {
-    activation_backward_kernel<<<elementwise_blocks(static_cast<std::size_t>(size), kThreads), kThreads, 0,
+    activation_backward_kernel<<<elementwise_blocks(size), kThreads, 0,
                                  ctx.stream()>>>(a, y, dy, dz, size);
     check_launch("activation_backward_kernel", ctx.device());
   }

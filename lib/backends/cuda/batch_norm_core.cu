@@ -12,6 +12,7 @@
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/context.hpp"
 #include "backends/cuda/convert.hpp"
+#include "backends/cuda/launch.hpp"
 #include "backends/cuda/elementwise_cores.hpp"
 #include "backends/cuda/layer_math.hpp"
 
@@ -21,15 +22,10 @@ namespace {
 
 namespace lm = layer_math;
 
-constexpr unsigned kThreads = 256;
 constexpr unsigned kChannelLanes = 32;  // threadIdx.x: consecutive channels (coalesced reads)
 constexpr unsigned kRowLanes = 8;       // threadIdx.y: rows of a range, strided
 constexpr std::int64_t kRowsPerChunk = 64;
 constexpr std::int64_t kMaxChunks = 256;
-
-#define DTRAIN_GRID_STRIDE(i, n)                                                                         \
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n);                   \
-       i += std::int64_t{gridDim.x} * blockDim.x)
 
 std::int64_t chunks_of(std::int64_t m) {
   const std::int64_t chunks = (m + kRowsPerChunk - 1) / kRowsPerChunk;
@@ -187,7 +183,6 @@ __global__ void moving_average_kernel(float* __restrict__ moving, const float* _
   DTRAIN_GRID_STRIDE(k, c) { moving[k] = lm::moving_average(moving[k], statistic[k], keep, take); }
 }
 
-unsigned blocks(std::int64_t n) { return elementwise_blocks(static_cast<std::size_t>(n), kThreads); }
 
 template <class Term>
 void channel_partials(CudaContext& ctx, const Term& term, std::int64_t m, std::int64_t c, const Workspace& w) {
@@ -211,17 +206,17 @@ void batch_norm_statistics(CudaContext& ctx, const float* x, std::int64_t m, std
   const std::int64_t chunks = chunks_of(m);
   const Workspace w = carve(workspace, chunks, c);
   channel_partials(ctx, SumX{x, c}, m, c, w);
-  mean_kernel<<<blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, m, c);
+  mean_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, m, c);
   check_launch("mean_kernel", ctx.device());
   channel_partials(ctx, SumSquaredDeviation{x, w.channel_a, c}, m, c, w);
-  variance_kernel<<<blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, m, c, epsilon, out);
+  variance_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, m, c, epsilon, out);
   check_launch("variance_kernel", ctx.device());
 }
 
 void batch_norm_inv_std(CudaContext& ctx, const float* variance, std::int64_t c, double epsilon, float* inv_std) {
   if (c == 0) return;
   ctx.activate();
-  inv_std_kernel<<<blocks(c), kThreads, 0, ctx.stream()>>>(variance, c, epsilon, inv_std);
+  inv_std_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(variance, c, epsilon, inv_std);
   check_launch("inv_std_kernel", ctx.device());
 }
 
@@ -229,7 +224,7 @@ void batch_norm_forward(CudaContext& ctx, const float* x, std::int64_t m, std::i
                         const float* inv_std, const float* gamma, const float* beta, float* y) {
   if (m * c == 0) return;
   ctx.activate();
-  forward_kernel<<<blocks(m * c), kThreads, 0, ctx.stream()>>>(x, m, c, mean, inv_std, gamma, beta, y);
+  forward_kernel<<<elementwise_blocks(m * c), kThreads, 0, ctx.stream()>>>(x, m, c, mean, inv_std, gamma, beta, y);
   check_launch("batch_norm forward_kernel", ctx.device());
 }
 
@@ -242,15 +237,15 @@ void batch_norm_backward(CudaContext& ctx, bool training, const float* x, const 
   const Workspace w = carve(workspace, chunks, c);
   if (dgamma || dbeta || (training && dx)) {
     channel_partials(ctx, SumGradient{x, dy, mean, inv_std, c}, m, c, w);
-    gradient_sums_kernel<<<blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, m, c, dgamma, dbeta);
+    gradient_sums_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, m, c, dgamma, dbeta);
     check_launch("gradient_sums_kernel", ctx.device());
   }
   if (!dx || m == 0) return;
   if (training) {
-    backward_training_kernel<<<blocks(m * c), kThreads, 0, ctx.stream()>>>(w, x, dy, m, c, mean, inv_std, gamma, dx);
+    backward_training_kernel<<<elementwise_blocks(m * c), kThreads, 0, ctx.stream()>>>(w, x, dy, m, c, mean, inv_std, gamma, dx);
     check_launch("backward_training_kernel", ctx.device());
   } else {
-    backward_inference_kernel<<<blocks(m * c), kThreads, 0, ctx.stream()>>>(dy, m, c, inv_std, gamma, dx);
+    backward_inference_kernel<<<elementwise_blocks(m * c), kThreads, 0, ctx.stream()>>>(dy, m, c, inv_std, gamma, dx);
     check_launch("backward_inference_kernel", ctx.device());
   }
 }
@@ -259,7 +254,7 @@ void batch_norm_moving_average(CudaContext& ctx, float* moving, const float* sta
                                double momentum) {
   if (c == 0) return;
   ctx.activate();
-  moving_average_kernel<<<blocks(c), kThreads, 0, ctx.stream()>>>(moving, statistic, c, static_cast<float>(momentum),
+  moving_average_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(moving, statistic, c, static_cast<float>(momentum),
                                                                   static_cast<float>(1.0 - momentum));
   check_launch("moving_average_kernel", ctx.device());
 }

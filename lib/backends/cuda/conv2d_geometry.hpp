@@ -22,17 +22,10 @@
 #include <cstdint>
 #include <string>
 
+#include "backends/cuda/launch.hpp"
 #include "config/experiment.hpp"
 #include "core/error.hpp"
 #include "nn/padding.hpp"
-
-#if !defined(DTRAIN_HD)
-#if defined(__CUDACC__)
-#define DTRAIN_HD __host__ __device__
-#else
-#define DTRAIN_HD
-#endif
-#endif
 
 namespace dtrain::backends::cuda {
 

@@ -16,12 +16,4 @@ void f32_to_bf16(const float* from, std::uint16_t* to, std::size_t n, cudaStream
 // Exact.
 void bf16_to_f32(const std::uint16_t* from, float* to, std::size_t n, cudaStream_t stream, Device device);
 
-// Grid of a one-thread-per-element kernel with a grid-stride loop: enough blocks to fill an
-// H200 several times over, few enough that a huge n costs no launch overhead.
-inline unsigned elementwise_blocks(std::size_t n, unsigned threads) {
-  constexpr std::size_t max_blocks = 8192;
-  const std::size_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < max_blocks ? blocks : max_blocks);
-}
-
 }  // namespace dtrain::backends::cuda

@@ -3,20 +3,17 @@
 
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/convert.hpp"
+#include "backends/cuda/launch.hpp"
 #include "backends/cuda/math.hpp"
 
 namespace dtrain::backends::cuda {
 
 namespace {
 
-constexpr unsigned kThreads = 256;
-
-__device__ inline std::int64_t first_index() { return blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; }
-__device__ inline std::int64_t index_stride() { return std::int64_t{gridDim.x} * blockDim.x; }
 
 __global__ void pad_kernel(const float* __restrict__ x, float* __restrict__ padded, std::int64_t total,
                            std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t ph, std::int64_t pw) {
-  for (std::int64_t i = first_index(); i < total; i += index_stride()) {
+  DTRAIN_GRID_STRIDE(i, total) {
     const std::int64_t from = unpadded_index(i, h, w, c, ph, pw);
     padded[i] = from < 0 ? 0.0f : x[from];
   }
@@ -24,14 +21,14 @@ __global__ void pad_kernel(const float* __restrict__ x, float* __restrict__ padd
 
 __global__ void crop_kernel(const float* __restrict__ padded, float* __restrict__ dx, std::int64_t total,
                             std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t ph, std::int64_t pw) {
-  for (std::int64_t i = first_index(); i < total; i += index_stride()) dx[i] = padded[padded_index(i, h, w, c, ph, pw)];
+  DTRAIN_GRID_STRIDE(i, total) dx[i] = padded[padded_index(i, h, w, c, ph, pw)];
 }
 
 // i runs over OHWI; `to_ohwi` chooses the direction (each element is written once either way).
 __global__ void transpose_filter_kernel(const float* __restrict__ from, float* __restrict__ to, std::int64_t total,
                                         std::int64_t kh, std::int64_t kw, std::int64_t c, std::int64_t f,
                                         bool to_ohwi) {
-  for (std::int64_t i = first_index(); i < total; i += index_stride()) {
+  DTRAIN_GRID_STRIDE(i, total) {
     const std::int64_t j = hwio_index(i, kh, kw, c, f);
     if (to_ohwi) to[i] = from[j];
     else to[j] = from[i];
@@ -40,47 +37,46 @@ __global__ void transpose_filter_kernel(const float* __restrict__ from, float* _
 
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, std::int64_t total,
                                 std::int64_t cols) {
-  for (std::int64_t i = first_index(); i < total; i += index_stride()) y[i] += bias[i % cols];
+  DTRAIN_GRID_STRIDE(i, total) y[i] += bias[i % cols];
 }
 
 __global__ void add_bias_to_bf16_kernel(const float* __restrict__ acc, const float* __restrict__ bias,
                                         std::uint16_t* __restrict__ y, std::int64_t total, std::int64_t cols) {
-  for (std::int64_t i = first_index(); i < total; i += index_stride()) {
+  DTRAIN_GRID_STRIDE(i, total) {
     const float v = bias ? acc[i] + bias[i % cols] : acc[i];
     y[i] = math::bf16_from_f32_bits(__float_as_uint(v));
   }
 }
 
 __global__ void fill_kernel(float* __restrict__ p, std::int64_t n, float value) {
-  for (std::int64_t i = first_index(); i < n; i += index_stride()) p[i] = value;
+  DTRAIN_GRID_STRIDE(i, n) p[i] = value;
 }
 
-unsigned blocks(std::int64_t n) { return elementwise_blocks(static_cast<std::size_t>(n), kThreads); }
 
 }  // namespace
 
 void pad_conv_input(const Conv2dGeometry& g, const float* x, float* padded, cudaStream_t stream, Device device) {
   const std::int64_t total = g.padded_x_elements();
-  pad_kernel<<<blocks(total), kThreads, 0, stream>>>(x, padded, total, g.h, g.w, g.c, g.padded_h, g.padded_w);
+  pad_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(x, padded, total, g.h, g.w, g.c, g.padded_h, g.padded_w);
   check_launch("pad_kernel", device);
 }
 
 void crop_conv_gradient(const Conv2dGeometry& g, const float* padded_dx, float* dx, cudaStream_t stream,
                         Device device) {
   const std::int64_t total = g.x_elements();
-  crop_kernel<<<blocks(total), kThreads, 0, stream>>>(padded_dx, dx, total, g.h, g.w, g.c, g.padded_h, g.padded_w);
+  crop_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(padded_dx, dx, total, g.h, g.w, g.c, g.padded_h, g.padded_w);
   check_launch("crop_kernel", device);
 }
 
 void hwio_to_ohwi(const Conv2dGeometry& g, const float* hwio, float* ohwi, cudaStream_t stream, Device device) {
   const std::int64_t total = g.kernel_elements();
-  transpose_filter_kernel<<<blocks(total), kThreads, 0, stream>>>(hwio, ohwi, total, g.kh, g.kw, g.c, g.f, true);
+  transpose_filter_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(hwio, ohwi, total, g.kh, g.kw, g.c, g.f, true);
   check_launch("transpose_filter_kernel", device);
 }
 
 void ohwi_to_hwio(const Conv2dGeometry& g, const float* ohwi, float* hwio, cudaStream_t stream, Device device) {
   const std::int64_t total = g.kernel_elements();
-  transpose_filter_kernel<<<blocks(total), kThreads, 0, stream>>>(ohwi, hwio, total, g.kh, g.kw, g.c, g.f, false);
+  transpose_filter_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(ohwi, hwio, total, g.kh, g.kw, g.c, g.f, false);
   check_launch("transpose_filter_kernel", device);
 }
 
@@ -88,7 +84,7 @@ void add_bias_rows(float* y, const float* bias, std::int64_t rows, std::int64_t 
                    Device device) {
   const std::int64_t total = rows * cols;
   if (total == 0) return;
-  add_bias_kernel<<<blocks(total), kThreads, 0, stream>>>(y, bias, total, cols);
+  add_bias_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(y, bias, total, cols);
   check_launch("add_bias_kernel", device);
 }
 
@@ -96,13 +92,13 @@ void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std
                       cudaStream_t stream, Device device) {
   const std::int64_t total = rows * cols;
   if (total == 0) return;
-  add_bias_to_bf16_kernel<<<blocks(total), kThreads, 0, stream>>>(acc, bias, y, total, cols);
+  add_bias_to_bf16_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(acc, bias, y, total, cols);
   check_launch("add_bias_to_bf16_kernel", device);
 }
 
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream, Device device) {
   if (n == 0) return;
-  fill_kernel<<<blocks(n), kThreads, 0, stream>>>(p, n, value);
+  fill_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(p, n, value);
   check_launch("fill_kernel", device);
 }
 

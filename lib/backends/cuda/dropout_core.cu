@@ -7,6 +7,7 @@
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/context.hpp"
 #include "backends/cuda/convert.hpp"
+#include "backends/cuda/launch.hpp"
 #include "backends/cuda/elementwise_cores.hpp"
 #include "backends/cuda/layer_math.hpp"
 
@@ -16,11 +17,6 @@ namespace {
 
 namespace lm = layer_math;
 
-constexpr unsigned kThreads = 256;
-
-#define DTRAIN_GRID_STRIDE(i, n)                                                                         \
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n);                   \
-       i += std::int64_t{gridDim.x} * blockDim.x)
 
 // x and y null: the mask alone.
 __global__ void dropout_kernel(DropoutKey key, std::uint32_t threshold, float scale,
@@ -52,7 +48,7 @@ void launch(CudaContext& ctx, const DropoutKey& key, const std::int64_t* sample_
             std::int64_t elements, const float* x, float* y, std::uint8_t* keep) {
   const std::int64_t threads = batch * ((elements + 3) / 4);
   if (threads == 0) return;
-  dropout_kernel<<<elementwise_blocks(static_cast<std::size_t>(threads), kThreads), kThreads, 0, ctx.stream()>>>(
+  dropout_kernel<<<elementwise_blocks(threads), kThreads, 0, ctx.stream()>>>(
       key, lm::dropout_threshold(key.rate), lm::dropout_scale(key.rate), sample_ids, batch, elements, x, y, keep);
   check_launch("dropout_kernel", ctx.device());
 }
@@ -89,7 +85,7 @@ void dropout_backward(CudaContext& ctx, double rate, const std::uint8_t* keep, c
     return;
   }
   if (size == 0) return;
-  dropout_backward_kernel<<<elementwise_blocks(static_cast<std::size_t>(size), kThreads), kThreads, 0,
+  dropout_backward_kernel<<<elementwise_blocks(size), kThreads, 0,
                             ctx.stream()>>>(lm::dropout_scale(rate), keep, dy, dx, size);
   check_launch("dropout_backward_kernel", ctx.device());
 }

@@ -25,68 +25,63 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cuda/launch.hpp"
 #include "config/experiment.hpp"
 #include "nn/reference/layers.hpp"
-
-#if defined(__CUDACC__)
-#define DTRAIN_LHD __host__ __device__
-#else
-#define DTRAIN_LHD
-#endif
 
 namespace dtrain::backends::cuda::layer_math {
 
 // ---- rounding exactly as written (no contraction into fused multiply-adds on the device)
-DTRAIN_LHD inline float mul(float a, float b) {
+DTRAIN_HD inline float mul(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-DTRAIN_LHD inline float add(float a, float b) {
+DTRAIN_HD inline float add(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
-DTRAIN_LHD inline float sub(float a, float b) {
+DTRAIN_HD inline float sub(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fsub_rn(a, b);
 #else
   return a - b;
 #endif
 }
-DTRAIN_LHD inline double mul(double a, double b) {
+DTRAIN_HD inline double mul(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-DTRAIN_LHD inline double add(double a, double b) {
+DTRAIN_HD inline double add(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
-DTRAIN_LHD inline float exp_f(float x) {
+DTRAIN_HD inline float exp_f(float x) {
 #if defined(__CUDA_ARCH__)
   return ::expf(x);
 #else
   return std::exp(x);
 #endif
 }
-DTRAIN_LHD inline float tanh_f(float x) {
+DTRAIN_HD inline float tanh_f(float x) {
 #if defined(__CUDA_ARCH__)
   return ::tanhf(x);
 #else
   return std::tanh(x);
 #endif
 }
-DTRAIN_LHD inline double sqrt_d(double x) {
+DTRAIN_HD inline double sqrt_d(double x) {
 #if defined(__CUDA_ARCH__)
   return ::sqrt(x);
 #else
@@ -99,7 +94,7 @@ struct Bits4 {
   std::uint32_t v[4];
 };
 
-DTRAIN_LHD inline Bits4 philox4x32_10(Bits4 c, std::uint32_t k0, std::uint32_t k1) {
+DTRAIN_HD inline Bits4 philox4x32_10(Bits4 c, std::uint32_t k0, std::uint32_t k1) {
   constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -120,7 +115,7 @@ inline constexpr std::uint32_t kDropoutStream = 5;
 
 // Block `block` (four 32-bit words) of the stream keyed by (seed, stream, step, sample, layer):
 // sample_bits() of core/rng.cpp.
-DTRAIN_LHD inline Bits4 sample_bits(std::uint64_t seed, std::uint32_t stream, std::uint64_t step, std::uint64_t sample,
+DTRAIN_HD inline Bits4 sample_bits(std::uint64_t seed, std::uint32_t stream, std::uint64_t step, std::uint64_t sample,
                                     std::uint32_t layer, std::uint32_t block) {
   const Bits4 counter{{block, (stream << 24) | (layer & 0xFFFFFFu), static_cast<std::uint32_t>(sample),
                        static_cast<std::uint32_t>(step)}};
@@ -129,15 +124,15 @@ DTRAIN_LHD inline Bits4 sample_bits(std::uint64_t seed, std::uint32_t stream, st
 }
 
 // An element is dropped when its 32 bits fall below this: P(keep) = 1 - threshold / 2^32.
-DTRAIN_LHD inline std::uint32_t dropout_threshold(double rate) {
+DTRAIN_HD inline std::uint32_t dropout_threshold(double rate) {
   const double t = rate * 4294967296.0;
   return static_cast<std::uint32_t>(t < 4294967295.0 ? t : 4294967295.0);
 }
 // 1 / (1 - rate) in double, then rounded, as tf.nn.dropout and the CPU backend take it.
-DTRAIN_LHD inline float dropout_scale(double rate) { return static_cast<float>(1.0 / (1.0 - rate)); }
+DTRAIN_HD inline float dropout_scale(double rate) { return static_cast<float>(1.0 / (1.0 - rate)); }
 
 // The keep decisions of elements 4 * block .. 4 * block + 3 of one sample's mask.
-DTRAIN_LHD inline Bits4 dropout_keep_block(std::uint64_t seed, std::int64_t global_step, std::int64_t sample_id,
+DTRAIN_HD inline Bits4 dropout_keep_block(std::uint64_t seed, std::int64_t global_step, std::int64_t sample_id,
                                            std::uint32_t layer, std::uint32_t threshold, std::uint32_t block) {
   Bits4 b = sample_bits(seed, kDropoutStream, static_cast<std::uint64_t>(global_step),
                         static_cast<std::uint64_t>(sample_id), layer, block);
@@ -145,13 +140,13 @@ DTRAIN_LHD inline Bits4 dropout_keep_block(std::uint64_t seed, std::int64_t glob
   return b;
 }
 // Element e of one sample's mask: 1 keeps, 0 drops.
-DTRAIN_LHD inline std::uint8_t dropout_keep(std::uint64_t seed, std::int64_t global_step, std::int64_t sample_id,
+DTRAIN_HD inline std::uint8_t dropout_keep(std::uint64_t seed, std::int64_t global_step, std::int64_t sample_id,
                                             std::uint32_t layer, std::uint32_t threshold, std::int64_t e) {
   const Bits4 b = dropout_keep_block(seed, global_step, sample_id, layer, threshold, static_cast<std::uint32_t>(e / 4));
   return static_cast<std::uint8_t>(b.v[e % 4]);
 }
 // y = x * scale * keep (x * mask / (1 - rate)); the same for dx from dy.
-DTRAIN_LHD inline float dropout_apply(float x, float scale, std::uint8_t keep) {
+DTRAIN_HD inline float dropout_apply(float x, float scale, std::uint8_t keep) {
   return mul(mul(x, scale), static_cast<float>(keep));
 }
 
@@ -163,7 +158,7 @@ using nn::reference::PoolDims;
 struct Window {
   std::int64_t y0, y1, x0, x1;
 };
-DTRAIN_LHD inline Window pool_window(const PoolDims& d, std::int64_t oy, std::int64_t ox) {
+DTRAIN_HD inline Window pool_window(const PoolDims& d, std::int64_t oy, std::int64_t ox) {
   const std::int64_t ys = oy * d.sh - d.pad_top, xs = ox * d.sw - d.pad_left;
   Window w;
   w.y0 = ys > 0 ? ys : 0;
@@ -174,7 +169,7 @@ DTRAIN_LHD inline Window pool_window(const PoolDims& d, std::int64_t oy, std::in
 }
 // How many real input positions the window holds: average pooling's divisor (never 0 with
 // TensorFlow's padding).
-DTRAIN_LHD inline std::int64_t pool_count(const Window& w) {
+DTRAIN_HD inline std::int64_t pool_count(const Window& w) {
   const std::int64_t rows = w.y1 - w.y0, cols = w.x1 - w.x0;
   return (rows > 0 ? rows : 0) * (cols > 0 ? cols : 0);
 }
@@ -184,7 +179,7 @@ DTRAIN_LHD inline std::int64_t pool_count(const Window& w) {
 struct Range {
   std::int64_t o0, o1;
 };
-DTRAIN_LHD inline Range windows_holding(std::int64_t i, std::int64_t k, std::int64_t s, std::int64_t p,
+DTRAIN_HD inline Range windows_holding(std::int64_t i, std::int64_t k, std::int64_t s, std::int64_t p,
                                         std::int64_t out) {
   // o * s - p <= i < o * s - p + k  <=>  (i + p - k) / s < o <= (i + p) / s
   const std::int64_t hi = (i + p) / s;  // i + p >= 0
@@ -197,7 +192,7 @@ DTRAIN_LHD inline Range windows_holding(std::int64_t i, std::int64_t k, std::int
 }
 
 // Index (n, y, x, c) of an NHWC tensor of h x w x c planes.
-DTRAIN_LHD inline std::int64_t nhwc(std::int64_t n, std::int64_t y, std::int64_t x, std::int64_t c, std::int64_t h,
+DTRAIN_HD inline std::int64_t nhwc(std::int64_t n, std::int64_t y, std::int64_t x, std::int64_t c, std::int64_t h,
                                     std::int64_t w, std::int64_t channels) {
   return ((n * h + y) * w + x) * channels + c;
 }
@@ -208,7 +203,7 @@ struct MaxAt {
   float value;
   std::int32_t position;
 };
-DTRAIN_LHD inline MaxAt max_pool_window(const float* x, const PoolDims& d, std::int64_t n, std::int64_t oy,
+DTRAIN_HD inline MaxAt max_pool_window(const float* x, const PoolDims& d, std::int64_t n, std::int64_t oy,
                                         std::int64_t ox, std::int64_t c) {
   const Window w = pool_window(d, oy, ox);
   const std::int64_t ys = oy * d.sh - d.pad_top, xs = ox * d.sw - d.pad_left;
@@ -223,7 +218,7 @@ DTRAIN_LHD inline MaxAt max_pool_window(const float* x, const PoolDims& d, std::
 
 // The average over the window's real positions: summed rows first, then columns, from 0, divided
 // by the count (reference::average_pool2d_forward).
-DTRAIN_LHD inline float average_pool_window(const float* x, const PoolDims& d, std::int64_t n, std::int64_t oy,
+DTRAIN_HD inline float average_pool_window(const float* x, const PoolDims& d, std::int64_t n, std::int64_t oy,
                                             std::int64_t ox, std::int64_t c) {
   const Window w = pool_window(d, oy, ox);
   float acc = 0.0f;
@@ -235,7 +230,7 @@ DTRAIN_LHD inline float average_pool_window(const float* x, const PoolDims& d, s
 // Gradient of one input element (n, iy, ix, c) of max pooling: the sum, over the windows holding
 // it in output order, of dy where that window's maximum was this element (argmax: positions from
 // forward). Added from 0 in the order reference::max_pool2d_backward adds them.
-DTRAIN_LHD inline float max_pool_input_gradient(const float* dy, const std::int32_t* argmax, const PoolDims& d,
+DTRAIN_HD inline float max_pool_input_gradient(const float* dy, const std::int32_t* argmax, const PoolDims& d,
                                                 std::int64_t n, std::int64_t iy, std::int64_t ix, std::int64_t c) {
   const Range ry = windows_holding(iy, d.ph, d.sh, d.pad_top, d.oh);
   const Range rx = windows_holding(ix, d.pw, d.sw, d.pad_left, d.ow);
@@ -251,7 +246,7 @@ DTRAIN_LHD inline float max_pool_input_gradient(const float* dy, const std::int3
 
 // Gradient of one input element of average pooling: the sum, over the windows holding it in
 // output order, of dy / count (reference::average_pool2d_backward's order).
-DTRAIN_LHD inline float average_pool_input_gradient(const float* dy, const PoolDims& d, std::int64_t n, std::int64_t iy,
+DTRAIN_HD inline float average_pool_input_gradient(const float* dy, const PoolDims& d, std::int64_t n, std::int64_t iy,
                                                     std::int64_t ix, std::int64_t c) {
   const Range ry = windows_holding(iy, d.ph, d.sh, d.pad_top, d.oh);
   const Range rx = windows_holding(ix, d.pw, d.sw, d.pad_left, d.ow);
@@ -265,7 +260,7 @@ DTRAIN_LHD inline float average_pool_input_gradient(const float* dy, const PoolD
 }
 
 // Global average pooling of channel c of sample n over h * w positions, in position order.
-DTRAIN_LHD inline float global_average_pool(const float* x, std::int64_t n, std::int64_t positions, std::int64_t c,
+DTRAIN_HD inline float global_average_pool(const float* x, std::int64_t n, std::int64_t positions, std::int64_t c,
                                             std::int64_t channels) {
   float acc = 0.0f;
   for (std::int64_t p = 0; p < positions; ++p) acc = add(acc, x[(n * positions + p) * channels + c]);
@@ -276,7 +271,7 @@ DTRAIN_LHD inline float global_average_pool(const float* x, std::int64_t n, std:
 using config::Activation;
 
 // Every activation but softmax, which works on rows (softmax_row).
-DTRAIN_LHD inline float activation_element(Activation a, float z) {
+DTRAIN_HD inline float activation_element(Activation a, float z) {
   switch (a) {
     case Activation::relu: return z > 0.0f ? z : 0.0f;
     case Activation::sigmoid: return 1.0f / add(1.0f, exp_f(-z));
@@ -284,7 +279,7 @@ DTRAIN_LHD inline float activation_element(Activation a, float z) {
     default: return z;  // linear
   }
 }
-DTRAIN_LHD inline float activation_gradient_element(Activation a, float y, float dy) {
+DTRAIN_HD inline float activation_gradient_element(Activation a, float y, float dy) {
   switch (a) {
     case Activation::relu: return y > 0.0f ? dy : 0.0f;
     case Activation::sigmoid: return mul(mul(dy, y), sub(1.0f, y));
@@ -293,7 +288,7 @@ DTRAIN_LHD inline float activation_gradient_element(Activation a, float y, float
   }
 }
 // In place over one row of `cols` values: exp(z - max) / sum.
-DTRAIN_LHD inline void softmax_row(float* row, std::int64_t cols) {
+DTRAIN_HD inline void softmax_row(float* row, std::int64_t cols) {
   float m = row[0];
   for (std::int64_t j = 1; j < cols; ++j)
     if (m < row[j]) m = row[j];  // std::max_element: the first largest
@@ -305,7 +300,7 @@ DTRAIN_LHD inline void softmax_row(float* row, std::int64_t cols) {
   for (std::int64_t j = 0; j < cols; ++j) row[j] /= sum;
 }
 // dz = y * (dy - sum(y * dy)) over one row.
-DTRAIN_LHD inline void softmax_gradient_row(const float* y, const float* dy, float* dz, std::int64_t cols) {
+DTRAIN_HD inline void softmax_gradient_row(const float* y, const float* dy, float* dz, std::int64_t cols) {
   float dot = 0.0f;
   for (std::int64_t j = 0; j < cols; ++j) dot = add(dot, mul(y[j], dy[j]));
   for (std::int64_t j = 0; j < cols; ++j) dz[j] = mul(y[j], sub(dy[j], dot));
@@ -314,28 +309,28 @@ DTRAIN_LHD inline void softmax_gradient_row(const float* y, const float* dy, flo
 // ---- batch normalization, per channel (the CPU backend's batch_normalization.cpp)
 // 1 / sqrt(variance + epsilon) in double, rounded to float (variance: the batch's in double, or
 // the moving variance widened).
-DTRAIN_LHD inline float batch_norm_inv_std(double variance, double epsilon) {
+DTRAIN_HD inline float batch_norm_inv_std(double variance, double epsilon) {
   return static_cast<float>(1.0 / sqrt_d(variance + epsilon));
 }
 // y = (x - mean) * inv_std * gamma + beta = x * scale + shift.
-DTRAIN_LHD inline float batch_norm_scale(float inv_std, float gamma) { return mul(inv_std, gamma); }
-DTRAIN_LHD inline float batch_norm_shift(float beta, float mean, float scale) { return sub(beta, mul(mean, scale)); }
-DTRAIN_LHD inline float batch_norm_apply(float x, float scale, float shift) { return add(mul(x, scale), shift); }
+DTRAIN_HD inline float batch_norm_scale(float inv_std, float gamma) { return mul(inv_std, gamma); }
+DTRAIN_HD inline float batch_norm_shift(float beta, float mean, float scale) { return sub(beta, mul(mean, scale)); }
+DTRAIN_HD inline float batch_norm_apply(float x, float scale, float shift) { return add(mul(x, scale), shift); }
 // The terms backward sums per channel, in double: dy and dy * xhat.
-DTRAIN_LHD inline double batch_norm_dy_xhat(float x, float dy, float mean, float inv_std) {
+DTRAIN_HD inline double batch_norm_dy_xhat(float x, float dy, float mean, float inv_std) {
   return mul(mul(static_cast<double>(dy), static_cast<double>(x) - static_cast<double>(mean)),
              static_cast<double>(inv_std));
 }
 // Training: dx = scale * (dy - mean(dy) - xhat * mean(dy xhat)), scale = gamma * inv_std,
 // xhat = (x - mean) * inv_std.
-DTRAIN_LHD inline float batch_norm_input_gradient(float x, float dy, float mean, float inv_std, float scale,
+DTRAIN_HD inline float batch_norm_input_gradient(float x, float dy, float mean, float inv_std, float scale,
                                                   float mean_dy, float mean_dy_xhat) {
   const float xhat = mul(sub(x, mean), inv_std);
   return mul(scale, sub(sub(dy, mean_dy), mul(xhat, mean_dy_xhat)));
 }
 // moving = moving * momentum + statistic * (1 - momentum): the CPU numerics' axpby(take, statistic,
 // keep, moving) (math::axpby_element's order), which BatchNormalization::apply_updates calls.
-DTRAIN_LHD inline float moving_average(float moving, float statistic, float keep, float take) {
+DTRAIN_HD inline float moving_average(float moving, float statistic, float keep, float take) {
   return add(mul(moving, keep), mul(statistic, take));
 }
 

@@ -15,14 +15,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cuda/launch.hpp"
 #include "device/numerics.hpp"
 #include "losses/loss_math.hpp"
-
-#if defined(__CUDACC__)
-#define DTRAIN_HD __host__ __device__
-#else
-#define DTRAIN_HD
-#endif
 
 namespace dtrain::backends::cuda::math {
 

@@ -12,6 +12,7 @@
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/context.hpp"
 #include "backends/cuda/convert.hpp"
+#include "backends/cuda/launch.hpp"
 #include "backends/cuda/math.hpp"
 #include "core/error.hpp"
 
@@ -19,15 +20,10 @@ namespace dtrain::backends::cuda {
 
 namespace {
 
-constexpr unsigned kThreads = 256;
 constexpr unsigned kRowThreads = 128;
 // sum_of_squares always uses this many blocks of kThreads, whatever the GPU: the order of the
 // additions, and so the bits of the result, depend on n alone.
 constexpr unsigned kSumBlocks = 256;
-
-#define DTRAIN_GRID_STRIDE(i, n)                                                      \
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += std::size_t{gridDim.x} * blockDim.x)
 
 __global__ void sgd_kernel(float lr, float w_momentum, bool nesterov, float* __restrict__ w,
                            const float* __restrict__ g, float* __restrict__ m, std::size_t n) {
@@ -146,7 +142,7 @@ void CudaNumerics::sgd_update(const device::SgdStep& step, float* w, const float
   ctx_.activate();
   // Momentum 0 is plain SGD, which has no slot, as on the CPU.
   float* m = step.momentum <= 0.0f ? nullptr : momentum;
-  sgd_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, ctx_.stream()>>>(step.learning_rate, step.momentum,
+  sgd_kernel<<<elementwise_blocks(static_cast<std::int64_t>(n)), kThreads, 0, ctx_.stream()>>>(step.learning_rate, step.momentum,
                                                                               step.nesterov, w, g, m, n);
   check_launch("sgd_kernel", ctx_.device());
 }
@@ -155,7 +151,7 @@ void CudaNumerics::adam_update(const device::AdamStep& step, float* w, const flo
                                std::size_t n) {
   if (n == 0) return;
   ctx_.activate();
-  adam_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, ctx_.stream()>>>(step, w, g, m, v, n);
+  adam_kernel<<<elementwise_blocks(static_cast<std::int64_t>(n)), kThreads, 0, ctx_.stream()>>>(step, w, g, m, v, n);
   check_launch("adam_kernel", ctx_.device());
 }
 
@@ -163,7 +159,7 @@ void CudaNumerics::rmsprop_update(const device::RmspropStep& step, float* w, con
                                   float* momentum, float* average, std::size_t n) {
   if (n == 0) return;
   ctx_.activate();
-  rmsprop_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, ctx_.stream()>>>(step, 1.0f - step.rho, w, g,
+  rmsprop_kernel<<<elementwise_blocks(static_cast<std::int64_t>(n)), kThreads, 0, ctx_.stream()>>>(step, 1.0f - step.rho, w, g,
                                                                                   velocity, momentum, average, n);
   check_launch("rmsprop_kernel", ctx_.device());
 }
@@ -222,14 +218,14 @@ double CudaNumerics::sum_of_squares(const float* x, std::size_t n) {
 void CudaNumerics::axpy(float a, const float* x, float* y, std::size_t n) {
   if (n == 0) return;
   ctx_.activate();
-  axpy_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, ctx_.stream()>>>(a, x, y, n);
+  axpy_kernel<<<elementwise_blocks(static_cast<std::int64_t>(n)), kThreads, 0, ctx_.stream()>>>(a, x, y, n);
   check_launch("axpy_kernel", ctx_.device());
 }
 
 void CudaNumerics::axpby(float a, const float* x, float b, float* y, std::size_t n) {
   if (n == 0) return;
   ctx_.activate();
-  axpby_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, ctx_.stream()>>>(a, x, b, y, n);
+  axpby_kernel<<<elementwise_blocks(static_cast<std::int64_t>(n)), kThreads, 0, ctx_.stream()>>>(a, x, b, y, n);
   check_launch("axpby_kernel", ctx_.device());
 }
 

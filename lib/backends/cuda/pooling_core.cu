@@ -7,6 +7,7 @@
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/context.hpp"
 #include "backends/cuda/convert.hpp"
+#include "backends/cuda/launch.hpp"
 #include "backends/cuda/elementwise_cores.hpp"
 #include "backends/cuda/layer_math.hpp"
 
@@ -16,11 +17,6 @@ namespace {
 
 namespace lm = layer_math;
 
-constexpr unsigned kThreads = 256;
-
-#define DTRAIN_GRID_STRIDE(i, n)                                                                         \
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n);                   \
-       i += std::int64_t{gridDim.x} * blockDim.x)
 
 // (n, y, x, c) of flat NHWC index i over planes of h x w x c.
 struct At {
@@ -86,7 +82,6 @@ __global__ void global_average_backward_kernel(std::int64_t n, std::int64_t posi
   DTRAIN_GRID_STRIDE(i, n * positions * c) { dx[i] = dy[(i / (positions * c)) * c + i % c] / count; }
 }
 
-unsigned blocks(std::int64_t n) { return elementwise_blocks(static_cast<std::size_t>(n), kThreads); }
 
 }  // namespace
 
@@ -94,7 +89,7 @@ void max_pool2d_forward(CudaContext& ctx, const PoolDims& d, const float* x, flo
   const std::int64_t total = d.n * d.oh * d.ow * d.c;
   if (total == 0) return;
   ctx.activate();
-  max_pool_forward_kernel<<<blocks(total), kThreads, 0, ctx.stream()>>>(d, x, y, argmax);
+  max_pool_forward_kernel<<<elementwise_blocks(total), kThreads, 0, ctx.stream()>>>(d, x, y, argmax);
   check_launch("max_pool_forward_kernel", ctx.device());
 }
 
@@ -102,7 +97,7 @@ void max_pool2d_backward(CudaContext& ctx, const PoolDims& d, const float* dy, c
   const std::int64_t total = d.n * d.h * d.w * d.c;
   if (total == 0) return;
   ctx.activate();
-  max_pool_backward_kernel<<<blocks(total), kThreads, 0, ctx.stream()>>>(d, dy, argmax, dx);
+  max_pool_backward_kernel<<<elementwise_blocks(total), kThreads, 0, ctx.stream()>>>(d, dy, argmax, dx);
   check_launch("max_pool_backward_kernel", ctx.device());
 }
 
@@ -110,7 +105,7 @@ void average_pool2d_forward(CudaContext& ctx, const PoolDims& d, const float* x,
   const std::int64_t total = d.n * d.oh * d.ow * d.c;
   if (total == 0) return;
   ctx.activate();
-  average_pool_forward_kernel<<<blocks(total), kThreads, 0, ctx.stream()>>>(d, x, y);
+  average_pool_forward_kernel<<<elementwise_blocks(total), kThreads, 0, ctx.stream()>>>(d, x, y);
   check_launch("average_pool_forward_kernel", ctx.device());
 }
 
@@ -118,7 +113,7 @@ void average_pool2d_backward(CudaContext& ctx, const PoolDims& d, const float* d
   const std::int64_t total = d.n * d.h * d.w * d.c;
   if (total == 0) return;
   ctx.activate();
-  average_pool_backward_kernel<<<blocks(total), kThreads, 0, ctx.stream()>>>(d, dy, dx);
+  average_pool_backward_kernel<<<elementwise_blocks(total), kThreads, 0, ctx.stream()>>>(d, dy, dx);
   check_launch("average_pool_backward_kernel", ctx.device());
 }
 
@@ -126,7 +121,7 @@ void global_average_pool2d_forward(CudaContext& ctx, std::int64_t n, std::int64_
                                    const float* x, float* y) {
   if (n * c == 0) return;
   ctx.activate();
-  global_average_forward_kernel<<<blocks(n * c), kThreads, 0, ctx.stream()>>>(n, h * w, c, x, y);
+  global_average_forward_kernel<<<elementwise_blocks(n * c), kThreads, 0, ctx.stream()>>>(n, h * w, c, x, y);
   check_launch("global_average_forward_kernel", ctx.device());
 }
 
@@ -134,7 +129,7 @@ void global_average_pool2d_backward(CudaContext& ctx, std::int64_t n, std::int64
                                     const float* dy, float* dx) {
   if (n * h * w * c == 0) return;
   ctx.activate();
-  global_average_backward_kernel<<<blocks(n * h * w * c), kThreads, 0, ctx.stream()>>>(n, h * w, c, dy, dx);
+  global_average_backward_kernel<<<elementwise_blocks(n * h * w * c), kThreads, 0, ctx.stream()>>>(n, h * w, c, dy, dx);
   check_launch("global_average_backward_kernel", ctx.device());
 }
 
