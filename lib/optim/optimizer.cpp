@@ -115,9 +115,14 @@ Adam::Adam(std::unique_ptr<LearningRateSchedule> schedule, device::Numerics& num
 }
 
 void Adam::begin_step(double learning_rate, std::int64_t iteration) {
-  // The bias corrections fold into one step size, computed once per update in double.
-  const double t = static_cast<double>(iteration + 1);
-  step_.alpha = static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(beta_2_, t)) / (1.0 - std::pow(beta_1_, t)));
+  // The bias corrections fold into one step size, computed once per update in float32 as Keras 3
+  // computes it (the variables' dtype): beta_2 = 0.999 rounds to 0.99900001 in float32, so
+  // 1 - beta_2^t, and the step, differ from double's by up to 1e-5 relative, which TensorFlow
+  // run beside dtrain shows (tests/anchors).
+  const float t = static_cast<float>(iteration + 1);
+  const float beta_1_power = std::pow(static_cast<float>(beta_1_), t);
+  const float beta_2_power = std::pow(static_cast<float>(beta_2_), t);
+  step_.alpha = static_cast<float>(learning_rate) * std::sqrt(1.0f - beta_2_power) / (1.0f - beta_1_power);
 }
 
 void Adam::update(float* w, const float* g, std::size_t n, float* const* slots) {

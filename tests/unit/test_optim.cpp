@@ -250,6 +250,27 @@ TEST_CASE("RMSprop in all four variants vs a double reference") {
   }
 }
 
+TEST_CASE("Adam's step size is Keras 3's, computed in float32 as Keras computes it") {
+  // Keras evaluates lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) in the variables' dtype, where 0.999
+  // is 0.99900001: the first step then differs from double's by 6e-6 relative, which TensorFlow
+  // beside dtrain shows (tests/anchors). One weight, gradient 1, three steps of 0.001.
+  auto adam = make_optimizer(optimizer_config(config::OptimizerKind::adam, 0.001), testing::cpu_numerics());
+  Variable w{"w", Tensor(Shape{1}), Tensor(Shape{1})};
+  std::vector<Variable*> vars{&w};
+  float keras = 0.0f, m = 0.0f, v = 0.0f;
+  for (int step = 1; step <= 3; ++step) {
+    w.grad.data<float>()[0] = 1.0f;
+    adam->apply_gradients(vars);
+    const float t = static_cast<float>(step);
+    const float alpha = 0.001f * std::sqrt(1.0f - std::pow(0.999f, t)) / (1.0f - std::pow(0.9f, t));
+    m += (1.0f - m) * 0.1f;
+    v += (1.0f - v) * static_cast<float>(1.0 - 0.999);
+    keras -= alpha * m / (std::sqrt(v) + 1e-7f);
+    CAPTURE(step);
+    CHECK(w.value.data<float>()[0] == keras);
+  }
+}
+
 TEST_CASE("set_iterations moves the schedule position and Adam's bias correction") {
   auto c = optimizer_config(config::OptimizerKind::sgd, 0.0);
   c.learning_rate.kind = config::ScheduleKind::piecewise_constant;
