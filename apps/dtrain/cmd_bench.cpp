@@ -34,6 +34,7 @@ int bench_command(const BenchArgs& args) {
     options.workers = workers.get();
     options.out = stdout;
     train::Trainer trainer(std::move(exp), options);
+    start_from_initial_weights(trainer);
     if (trainer.strategy().schedules_steps())
       throw ConfigError(fmt::format("{}: dtrain bench times the synchronous training step, and this strategy schedules "
                                     "its own steps; bench it under {}{}a local strategy",

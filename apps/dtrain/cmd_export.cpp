@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -8,17 +10,26 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "device/context.hpp"
+#include "interop/keras_weights.hpp"
 #include "interop/onnx_export.hpp"
 #include "nn/model.hpp"
 
 namespace dtrain::app {
 
 int export_command(const ExportArgs& args) {
+  const bool keras = args.format == "keras";
+  if (args.checkpoint.empty() && args.experiment.empty())
+    throw ConfigError("dtrain export needs a CHECKPOINT to export, or --experiment EXP alone for the model as that "
+                      "experiment initializes it");
+  if (keras && args.softmax)
+    throw ConfigError("--softmax appends a node to an ONNX graph; a Keras weights file holds weights only (build the "
+                      "Keras model with a softmax if you need one): leave out --softmax or --format keras");
   // The model comes from the experiment stored in the checkpoint, unless one is given (as eval).
-  const checkpoint::Contents stored = checkpoint::peek(args.checkpoint);
+  const std::optional<checkpoint::Contents> stored =
+      args.checkpoint.empty() ? std::nullopt : std::optional(checkpoint::peek(args.checkpoint));
   const std::string source = args.experiment.empty() ? args.checkpoint + ":/experiment" : args.experiment;
   const config::Experiment exp = args.experiment.empty()
-                                     ? config::parse_experiment(stored.experiment_yaml, source, args.overrides)
+                                     ? config::parse_experiment(stored->experiment_yaml, source, args.overrides)
                                      : config::load_experiment(args.experiment, args.overrides);
   // The weights are float32 whatever precision trained them; the graph computes in float32.
   const std::unique_ptr<device::Context> cpu = device::make_context(Device{});
@@ -27,14 +38,34 @@ int export_command(const ExportArgs& args) {
     model = std::make_unique<nn::Sequential>(exp.model, exp.seed, *cpu);
     return 0;
   });
-  checkpoint::restore_model(args.checkpoint, *model);
+  // Where the weights came from: for the message, and in more detail for the ONNX doc string.
+  std::string what, origin;
+  if (stored) {
+    checkpoint::restore_model(args.checkpoint, *model);
+    what = fmt::format("{} (global step {})", args.checkpoint, stored->state.global_step);
+    origin = fmt::format("{} (epoch {}, step {} of it, global step {}), exported by dtrain {}", args.checkpoint,
+                         stored->state.epoch, stored->state.step_in_epoch, stored->state.global_step,
+                         stored->dtrain_version);
+  } else {
+    // What a run of the experiment starts its first step from.
+    const std::vector<std::vector<float>> values = read_initial_weights(exp, *model);
+    for (std::size_t v = 0; v < values.size(); ++v)
+      std::copy(values[v].begin(), values[v].end(), model->variables()[v]->value.data<float>());
+    what = fmt::format("the initial model of {} ({})", args.experiment,
+                       values.empty() ? fmt::format("seed {}", exp.seed) : exp.model.initial_weights);
+    origin = what + ", untrained";
+  }
 
+  if (keras) {
+    write_file_atomically(args.output, interop::keras_weights_image(*model, exp.name));
+    fmt::print("Exported {} to {}: Keras 3 weights of {} layers ({} variables) for model.load_weights\n", what,
+               args.output, model->num_layers(), model->variables().size());
+    return static_cast<int>(kOk);
+  }
   interop::OnnxExportOptions options;
   options.softmax = args.softmax;
   options.model_name = exp.name;
-  options.doc = fmt::format("experiment {} from {} (epoch {}, step {} of it, global step {}), exported by dtrain {}",
-                            exp.name, args.checkpoint, stored.state.epoch, stored.state.step_in_epoch,
-                            stored.state.global_step, stored.dtrain_version);
+  options.doc = fmt::format("experiment {} from {}", exp.name, origin);
   const std::string bytes = interop::export_onnx(*model, options);
   write_file_atomically(args.output, bytes);
   const auto batched = [](const Shape& per_example) {
@@ -42,10 +73,9 @@ int export_command(const ExportArgs& args) {
     for (std::int64_t d : per_example.dims()) text += fmt::format(", {}", d);
     return text + ")";
   };
-  fmt::print("Exported {} (global step {}) to {}: input '{}' {} float32 channels last, output '{}' {}, ONNX opset {}\n",
-             args.checkpoint, stored.state.global_step, args.output, interop::kOnnxInputName,
-             batched(model->input_shape()), args.softmax ? interop::kOnnxProbabilitiesName
-                                                                             : interop::kOnnxLogitsName,
+  fmt::print("Exported {} to {}: input '{}' {} float32 channels last, output '{}' {}, ONNX opset {}\n", what,
+             args.output, interop::kOnnxInputName, batched(model->input_shape()),
+             args.softmax ? interop::kOnnxProbabilitiesName : interop::kOnnxLogitsName,
              batched(model->output_shape()), interop::kOnnxOpset);
   return static_cast<int>(kOk);
 }

@@ -17,6 +17,7 @@
 #include "distribute/roles.hpp"
 #include "distribute/strategy.hpp"
 #include "distribute/worker_group.hpp"
+#include "interop/keras_weights.hpp"
 #include "observe/observers.hpp"
 #include "signals.hpp"
 #include "train/evaluator.hpp"
@@ -117,6 +118,23 @@ std::string continue_after_loss(const std::string& run_dir, const std::string& c
     return fmt::format("continue with: dtrain resume {}", run_dir);
   return fmt::format("no checkpoint was written before it{}, so there is nothing to resume: run the experiment again",
                      checkpoint_dir.empty() ? "" : fmt::format(" (in {})", checkpoint_dir));
+}
+
+std::vector<std::vector<float>> read_initial_weights(const config::Experiment& experiment, const nn::Sequential& model) {
+  if (experiment.model.initial_weights.empty()) return {};
+  try {
+    return interop::read_keras_weights(experiment.model.initial_weights, model);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}model.initial_weights: {}",
+                                 config::given_prefix(experiment.initial_weights_where,
+                                                      config::SourceLocation{experiment.source_file, 0, 0}),
+                                 e.what()));
+  }
+}
+
+void start_from_initial_weights(train::Trainer& trainer) {
+  const std::vector<std::vector<float>> values = read_initial_weights(trainer.experiment(), trainer.model());
+  if (!values.empty()) trainer.set_variables(values);
 }
 
 int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& experiment, const train::TrainerOptions& options,
@@ -227,7 +245,7 @@ int run_command(const RunArgs& args) {
     options.out_is_tty = observe::progress_reaches_a_terminal(stdout);
     options.stop_requested = &signals.requested();
     signals.set_directories(options.run_dir, checkpoint::checkpoint_dir_of(options.run_dir, exp.checkpoint));
-    return train_or_evaluate(*workers, exp, options, [](train::Trainer&) {});
+    return train_or_evaluate(*workers, exp, options, start_from_initial_weights);
   }));
 }
 

@@ -22,6 +22,9 @@ class Trainer;
 namespace dtrain::distribute {
 class WorkerGroup;
 }
+namespace dtrain::nn {
+class Sequential;
+}
 
 namespace dtrain::app {
 
@@ -61,11 +64,12 @@ struct EvalArgs {
 int eval_command(const EvalArgs& args);
 
 struct ExportArgs {
-  std::string checkpoint;
-  std::string output;      // the .onnx file, replaced atomically
+  std::string checkpoint;  // empty: the model as `experiment` initializes it, before any step
+  std::string output;      // the .onnx or .weights.h5 file, replaced atomically
   std::string experiment;  // empty = the experiment stored in the checkpoint
   std::vector<std::string> overrides;
-  bool softmax = false;    // append a Softmax: the output is then probabilities
+  std::string format = "onnx";  // onnx: the inference graph; keras: a Keras 3 .weights.h5 file
+  bool softmax = false;    // append a Softmax: the output is then probabilities (onnx)
 };
 int export_command(const ExportArgs& args);
 
@@ -142,6 +146,13 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
 // stored experiment names the checkpoint it came from. A stop on a non-finite loss is not an
 // error of the stored experiment and passes unchanged.
 int naming_source(const std::string& source, const std::function<int()>& body);
+
+// The values of model.initial_weights (a Keras 3 weights file) for `model`'s variables, in
+// model.variables() order; empty when the experiment names no file. An error reading it names the
+// key's place in the experiment (file:line:column, or the --set) and the file.
+std::vector<std::vector<float>> read_initial_weights(const config::Experiment& experiment, const nn::Sequential& model);
+// A new run's start (run, bench): the trainer's variables from model.initial_weights, when set.
+void start_from_initial_weights(train::Trainer& trainer);
 
 // Prints where the run stopped and the command that continues it; returns kInterrupted.
 int report_interrupted(const train::Interrupted& stop, const std::string& run_dir);

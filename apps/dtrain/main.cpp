@@ -25,6 +25,7 @@ Examples:
   dtrain validate experiments/fashion_mnist.yaml
   dtrain eval --checkpoint runs/fashion_mnist/checkpoints/ckpt-9380.h5
   dtrain export runs/fashion_mnist/checkpoints/ckpt-9380.h5 -o fashion_mnist.onnx
+  dtrain export runs/fashion_mnist/checkpoints/ckpt-9380.h5 --format keras -o fashion_mnist.weights.h5
   dtrain resume runs/fashion_mnist
   dtrain resume runs/fashion_mnist --set train.epochs=15
   dtrain info
@@ -104,15 +105,22 @@ int main(int argc, char** argv) {
                    "Also write every sample's inputs, logits and labels of the split to this HDF5 file");
 
   dtrain::app::ExportArgs export_args;
-  auto* export_cmd = app.add_subcommand("export", "Write a checkpoint's model, in inference mode, as an ONNX graph");
-  export_cmd->add_option("checkpoint", export_args.checkpoint, "Checkpoint file (runs/<name>/checkpoints/ckpt-N.h5)")
+  auto* export_cmd = app.add_subcommand(
+      "export", "Write a checkpoint's model as an ONNX graph (inference mode) or its weights for Keras 3");
+  export_cmd->add_option("checkpoint", export_args.checkpoint,
+                         "Checkpoint file (runs/<name>/checkpoints/ckpt-N.h5); left out, with --experiment: the model "
+                         "as the experiment initializes it, before the first step");
+  export_cmd->add_option("-o,--output", export_args.output,
+                         "The file to write (replaced if it exists): MODEL.onnx, or NAME.weights.h5 for --format keras")
       ->required();
-  export_cmd->add_option("-o,--output", export_args.output, "The ONNX file to write (replaced if it exists)")->required();
+  export_cmd->add_option("--format", export_args.format,
+                         "onnx (the inference graph, default) or keras (a Keras 3 weights file for model.load_weights)")
+      ->check(CLI::IsMember({"onnx", "keras"}));
   export_cmd->add_option("--experiment", export_args.experiment,
                          "Experiment YAML (default: the one stored in the checkpoint)");
   export_cmd->add_option("--set", export_args.overrides, "Override a setting (repeatable)");
   export_cmd->add_flag("--softmax", export_args.softmax,
-                       "Append a Softmax over the last axis: the output 'probabilities' instead of 'logits'");
+                       "onnx: append a Softmax over the last axis: the output 'probabilities' instead of 'logits'");
 
   dtrain::app::ResumeArgs resume_args;
   auto* resume = app.add_subcommand("resume", "Continue a run exactly from its newest valid checkpoint");

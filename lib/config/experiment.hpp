@@ -176,6 +176,10 @@ struct LayerConfig {
 struct ModelConfig {
   std::vector<std::int64_t> input_shape;  // without the batch dimension, channels last
   std::vector<LayerConfig> layers;
+  // model.initial_weights: a Keras 3 weights file (model.save_weights("x.weights.h5"), or dtrain
+  // export --format keras) whose values replace the seed's initialization before the first step;
+  // empty = the seed's. A checkpoint (resume, eval) overrides it, so it is read only by a new run.
+  std::string initial_weights;
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -275,6 +279,7 @@ struct Experiment {
   SourceLocation batch_where;       // data.global_batch_size, else data.batch_size_per_replica
   SourceLocation eval_batch_where;  // data.eval_batch_size, else batch_where
   SourceLocation data_where;        // data.path (or data.shards), else the data section: for errors of the data
+  SourceLocation initial_weights_where;  // model.initial_weights (line 0 when left out): for errors of that file
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

@@ -258,7 +258,10 @@ std::vector<Note> notes(const std::string& skeleton, const Experiment& experimen
                "and the layers in order. The last layer gives the logits. Layer kinds and their options:\n" +
                    layer_catalogue(),
                "", ""});
-  n.push_back({"model.input_shape", "", "channels last, without the batch dimension", ""});
+  n.push_back({"model.input_shape", "", "channels last, without the batch dimension",
+               "initial_weights: model.weights.h5   # start from weights Keras saved (model.save_weights) or dtrain "
+               "export --format keras wrote, instead of the seed's initialization"});
+  n.push_back({"model.initial_weights", "", "a Keras 3 .weights.h5 file; left out: the seed's initialization", ""});
   n.push_back({"loss", "", "", ""});
   n.push_back({"loss.kind", "", "", ""});
   n.push_back({"loss.from_logits", "", "true: the model ends without a softmax", ""});

@@ -146,6 +146,20 @@ std::vector<std::string> read_shards(const Node& node, const std::string& path) 
   return out;
 }
 
+// A file or directory path read from `node`: not empty, not only blanks, no '~' (leaving the key
+// out gives `default_meaning`).
+void check_path(const Node& node, const std::string& path, const std::string& value, std::string_view default_meaning) {
+  if (value.empty())
+    range_error(node, path, fmt::format("a non-empty path (leave the key out for {})", default_meaning));
+  if (std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isspace(c) != 0; }))
+    range_error(node, path, fmt::format("a path, not only blanks (leave the key out for {})", default_meaning));
+  // The shell expands ~, unquoted on its command line; nothing expands it in a YAML file.
+  if (value == "~" || value.starts_with("~/"))
+    range_error(node, path,
+                "a path dtrain can open: it does not expand '~' (a shell does, on its command line); write the "
+                "home directory out, or the path relative to the working directory");
+}
+
 // `batch_where`, `eval_batch_where` and `data_where` (Experiment) are set too.
 DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocation& eval_batch_where,
                       SourceLocation& data_where) {
@@ -192,17 +206,7 @@ DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocat
   } else {
     s.get("path", out.path, read_string);
   }
-  if (const Node* path = s.find("path")) {
-    if (out.path.empty())
-      range_error(*path, s.path("path"), "a non-empty path (leave the key out for the source's default)");
-    if (std::all_of(out.path.begin(), out.path.end(), [](unsigned char c) { return std::isspace(c) != 0; }))
-      range_error(*path, s.path("path"), "a path, not only blanks (leave the key out for the source's default)");
-    // The shell expands ~, unquoted on its command line; nothing expands it in a YAML file.
-    if (out.path == "~" || out.path.starts_with("~/"))
-      range_error(*path, s.path("path"),
-                  "a path dtrain can open: it does not expand '~' (a shell does, on its command line); write the "
-                  "home directory out, or the path relative to the working directory");
-  }
+  if (const Node* path = s.find("path")) check_path(*path, s.path("path"), out.path, "the source's default");
   const Node* data_file = s.find("path") ? s.find("path") : s.find("shards");
   data_where = (data_file ? data_file->origin : node.origin).location();
 
@@ -318,12 +322,18 @@ std::vector<LayerConfig> parse_layers(const Node& node, const std::string& path)
   return layers;
 }
 
-ModelConfig parse_model(const Node& node) {
-  static constexpr std::string_view keys[] = {"input_shape", "layers"};
+// `initial_weights_where` (Experiment) is set too.
+ModelConfig parse_model(const Node& node, SourceLocation& initial_weights_where) {
+  static constexpr std::string_view keys[] = {"input_shape", "layers", "initial_weights"};
   Section s(node, "model", keys);
   ModelConfig out;
   out.input_shape = read_shape(s.require("input_shape"), s.path("input_shape"));
   out.layers = parse_layers(s.require("layers"), s.path("layers"));
+  if (const Node* weights = s.find("initial_weights")) {
+    out.initial_weights = read_string(*weights, s.path("initial_weights"));
+    check_path(*weights, s.path("initial_weights"), out.initial_weights, "the seed's initialization");
+    initial_weights_where = weights->origin.location();
+  }
   return out;
 }
 
@@ -511,7 +521,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
   };
   out.strategy = parse_strategy(section("strategy"), s.find("strategy") ? s.key_origin("strategy") : empty.origin);
   out.data = parse_data(section("data"), out.batch_where, out.eval_batch_where, out.data_where);
-  out.model = parse_model(s.require("model"));
+  out.model = parse_model(s.require("model"), out.initial_weights_where);
   out.loss = parse_loss(section("loss"), s.find("loss") ? s.key_origin("loss") : empty.origin);
   out.optimizer = parse_optimizer(section("optimizer"));
   out.metrics = parse_metrics(section("metrics"));

@@ -128,7 +128,10 @@ std::string to_yaml(const Experiment& e) {
     schema->write(layer.options, writer);
     out << YAML::EndMap << YAML::EndMap;
   }
-  out << YAML::EndSeq << YAML::EndMap;
+  out << YAML::EndSeq;
+  if (!e.model.initial_weights.empty())
+    out << YAML::Key << "initial_weights" << YAML::Value << e.model.initial_weights;
+  out << YAML::EndMap;
 
   out << YAML::Key << "loss" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "kind" << YAML::Value << name_of(e.loss.kind);

@@ -81,6 +81,11 @@ class Trainer : private LoopHost {
   // optimizer slots and iterations, the epoch and step to go on at, and the unfinished epoch's
   // running loss and metrics. Call before fit(). Returns the checkpoint's training state.
   checkpoint::TrainingState restore(const std::string& checkpoint_path);
+  // Starts from these weights instead of the seed's initialization: `values` holds one host array
+  // per model().variables(), in that order and of their sizes (model.initial_weights, read by
+  // interop/keras_weights.hpp), copied into every replica that holds the variables. Call before
+  // fit(), on every worker; the optimizer's slots stay as they start.
+  void set_variables(const std::vector<std::vector<float>>& values);
   // Refuses (InputError naming `path`: the checkpoint is corrupt) a /state whose running metric
   // figures do not fit the metrics of `stored`, the experiment written with it. restore() checks
   // this against its own metrics; `dtrain eval`, which does not use the figures, checks it so as

@@ -130,6 +130,71 @@ case "$case_name" in
     [ "$rc" = 2 ] || fail "no -o: exit $rc"
     [ -z "$(find "$scratch" -name '*.onnx*')" ] || fail "files were left: $(find "$scratch" -name '*.onnx*')"
     ;;
+  keras)
+    # --format keras, and model.initial_weights reading it back, without Keras (tests/anchors has
+    # Keras read and write them): a checkpoint's weights round trip exactly, the initial model of
+    # an experiment exports without a checkpoint, and every file a run cannot start from is
+    # refused at the key's file:line:column, naming the file and why.
+    b="$scratch/layers_b.yaml"
+    "$dtrain" run "$b" "${common[@]}" --set train.steps_per_epoch=2 --run-dir "$scratch/b" >/dev/null 2>&1 \
+      || fail "training failed"
+    ckpt=$(ls "$scratch"/b/checkpoints/ckpt-*.h5 | tail -1)
+    "$dtrain" export "$ckpt" --format keras -o "$scratch/b.weights.h5" >"$scratch/out" 2>&1 \
+      || fail "export --format keras failed: $(cat "$scratch/out")"
+    grep -q "^Exported $ckpt (global step 2) to $scratch/b.weights.h5: Keras 3 weights of 12 layers" "$scratch/out" \
+      || fail "export printed $(cat "$scratch/out")"
+    # The experiment starting from them: its initial model is the checkpoint's weights, bit for bit.
+    awk -v weights="$scratch/b.weights.h5" '/^loss:/ && !done {print "  initial_weights: " weights; done = 1} {print}' \
+      "$b" >"$scratch/from.yaml"
+    line=$(grep -n initial_weights "$scratch/from.yaml" | cut -d: -f1)
+    "$dtrain" export --experiment "$scratch/from.yaml" --format keras -o "$scratch/again.weights.h5" >"$scratch/out" 2>&1 \
+      || fail "exporting the initial model failed: $(cat "$scratch/out")"
+    grep -qF "Exported the initial model of $scratch/from.yaml ($scratch/b.weights.h5)" "$scratch/out" \
+      || fail "export printed $(cat "$scratch/out")"
+    /usr/bin/python3 - "$scratch/b.weights.h5" "$scratch/again.weights.h5" "$ckpt" <<'PY' || fail "the weights changed"
+import sys, h5py, numpy as np
+a, b, c = (h5py.File(p, "r") for p in sys.argv[1:])
+names = []
+a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names), names
+# Keras' group of the first dense layer holds what dtrain calls dense/kernel.
+assert np.array_equal(a["layers/dense/vars/0"][()], c["model/dense/kernel"][()])
+print(f"{len(names)} variables read back exactly")
+PY
+    "$dtrain" run "$scratch/from.yaml" "${common[@]}" --set train.steps_per_epoch=1 --run-dir "$scratch/from" \
+      >"$scratch/out" 2>&1 || fail "a run from model.initial_weights failed: $(tail -3 "$scratch/out")"
+    # refused FILE MESSAGE: a run from FILE (--set) exits 2 naming the --set, FILE and MESSAGE.
+    refused() {
+      "$dtrain" run "$scratch/from.yaml" "${common[@]}" --run-dir "$scratch/refused" --overwrite \
+        --set "model.initial_weights=$1" >"$scratch/out" 2>&1
+      local rc=$?
+      [ "$rc" = 2 ] && grep -qF -- "dtrain: error: --set model.initial_weights=$1: model.initial_weights: $1: $2" \
+        "$scratch/out" || fail "initial weights $1: exit $rc, $(cat "$scratch/out")"
+    }
+    refused "$scratch/none.weights.h5" "no such file"
+    refused "$b" "not an HDF5 file"
+    refused "$ckpt" "is a dtrain checkpoint, not a Keras weights file"
+    refused "$scratch" "is not a regular file"
+    "$dtrain" export --experiment "$scratch/layers_a.yaml" --format keras -o "$scratch/a.weights.h5" >/dev/null \
+      || fail "exporting layers_a's initial model failed"
+    refused "$scratch/a.weights.h5" "/layers/conv2d/vars/0 has shape (3, 5, 1, 8), but conv2d/kernel of the experiment's layer"
+    # In the file itself: the key's line and column.
+    sed "s#initial_weights: .*#initial_weights: $scratch/none.weights.h5#" "$scratch/from.yaml" >"$scratch/bad.yaml"
+    "$dtrain" run "$scratch/bad.yaml" "${common[@]}" --run-dir "$scratch/bad" >"$scratch/out" 2>&1
+    rc=$?
+    [ "$rc" = 2 ] && grep -qF "dtrain: error: $scratch/bad.yaml:$line:20: model.initial_weights: $scratch/none.weights.h5: no such file" \
+      "$scratch/out" || fail "a missing file in the experiment: exit $rc, $(cat "$scratch/out")"
+    # export's own refusals, which leave no file.
+    "$dtrain" export "$ckpt" --format keras --softmax -o "$scratch/s.weights.h5" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -q "leave out --softmax or --format keras" "$scratch/err" || fail "--softmax with keras: exit $rc"
+    "$dtrain" export --format keras -o "$scratch/s.weights.h5" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -q "needs a CHECKPOINT" "$scratch/err" || fail "neither checkpoint nor experiment: exit $rc"
+    "$dtrain" export "$ckpt" --format tf -o "$scratch/s.weights.h5" 2>"$scratch/err"
+    [ $? = 2 ] || fail "--format tf was taken"
+    [ ! -e "$scratch/s.weights.h5" ] || fail "a refused export left a file"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "ok [$case_name]"

@@ -69,8 +69,8 @@ set_tests_properties(ux.mpi_log ux.init_strategies ux.local_strategy_under_mpiru
 # ParameterServerStrategy over real mpirun with 3 to 5 ranks (tests/integration/parameter_server.sh).
 dtrain_script_cases(parameter_server sync_equals_default async roles sigterm lost_worker lost_mid_push lost_exit_codes lost_ps lost_coordinator)
 # dtrain export: ONNX Runtime (build/venv, tools/setup) against dtrain eval, every layer kind and
-# the strategies' checkpoints.
-dtrain_script_cases(export layer_kinds strategies errors)
+# the strategies' checkpoints; --format keras and model.initial_weights reading it back.
+dtrain_script_cases(export layer_kinds strategies errors keras)
 # dtrain bench: the table and the JSON, in one process and under mpirun -n 2.
 dtrain_script_cases(bench table_and_json bad_args mpi)
 # Bad files, full and read-only disks, damaged checkpoints and manifests, signals under mpirun

@@ -89,6 +89,7 @@ Experiment without_locations(Experiment e) {
   e.batch_where = {};
   e.eval_batch_where = {};
   e.data_where = {};
+  e.initial_weights_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -1210,4 +1211,32 @@ TEST_CASE("config: a loss the last layer cannot feed is refused at the loss, nam
                                         "loss: {kind: mean_squared_error}\n";
   CHECK(contains(error_for(tensors, {2}), "compares 2 outputs per example with the 3 targets of data.y"));
   CHECK(error_for(tensors, {3}).empty());
+}
+
+TEST_CASE("config: model.initial_weights names a file, located for the errors of reading it") {
+  const std::string yaml = "model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2}\n"
+                           "  initial_weights: start.weights.h5\n";
+  const Experiment e = parse_experiment(yaml, "t.yaml");
+  CHECK(e.model.initial_weights == "start.weights.h5");
+  CHECK(e.initial_weights_where.line == 5);
+  CHECK(e.initial_weights_where.column == 20);
+  // Written back only when set, and read back the same.
+  const std::string text = to_yaml(e);
+  CHECK(contains(text, "initial_weights: start.weights.h5"));
+  CHECK(without_locations(parse_experiment(text, "resolved.yaml")) == without_locations(e));
+  CHECK(!contains(to_yaml(parse_experiment(minimal, "t.yaml")), "initial_weights"));
+  const Experiment set = parse_experiment(minimal, "t.yaml", {"model.initial_weights=k.weights.h5"});
+  CHECK(set.model.initial_weights == "k.weights.h5");
+  CHECK(set.initial_weights_where.file == "--set model.initial_weights=k.weights.h5");
+
+  CHECK(error_of(yaml + "  initial_weight: x\n") ==
+        "t.yaml:6:3: unknown key 'initial_weight' in model; did you mean 'initial_weights'?");
+  CHECK(error_of(minimal + "  initial_weights: [a.h5]\n") ==
+        "t.yaml:5:20: model.initial_weights: expected a string, got a list");
+  CHECK(error_of(minimal + "  initial_weights: ''\n") ==
+        "t.yaml:5:20: model.initial_weights: must be a non-empty path (leave the key out for the seed's "
+        "initialization), got ''");
+  CHECK(contains(error_of(minimal + "  initial_weights: '  '\n"), "model.initial_weights: must be a path, not only blanks"));
+  CHECK(contains(error_of(minimal + "  initial_weights: ~/k.weights.h5\n"), "it does not expand '~'"));
+  CHECK(contains(error_of(minimal, {"model.initial_weights=[1]"}), "--set model.initial_weights=[1]"));
 }
