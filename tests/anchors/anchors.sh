@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# dtrain beside TensorFlow 2.21 and Keras 3 (the anchors: build/venv-anchors, made by
+# tools/setup --anchors; without it every case skips with exit 77).
+#   tests/anchors/anchors.sh CASE DTRAIN_BINARY SCRATCH_DIR
+#
+# default, mirrored, multi_worker: dtrain trains the anchors experiment below for one epoch of the
+#   2,000-image subset in file order (shuffle_buffer 0): 20 global batches of 96 and a short last
+#   one of 80, a checkpoint after every step. TensorFlow runs the same custom training loop
+#   (tools/tf_reference/tf_ctl.py) from dtrain's initial weights on the same batches, under the
+#   same strategy: 2 mirrored replicas on 2 logical CPU devices, or 2 workers (dtrain under mpirun,
+#   TensorFlow as 2 processes with TF_CONFIG). tests/anchors/tf_step_for_step.py compares them
+#   step for step (TensorFlow set to dtrain's state before each step) and free running.
+# keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
+#   (load_weights, evaluate: dtrain eval's Test Accuracy), and weights Keras saved starting a dtrain
+#   run (model.initial_weights) that TensorFlow follows step for step.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../integration/common.sh" "$@"
+
+venv=${DTRAIN_ANCHORS_VENV:-build/venv-anchors}
+python=$venv/bin/python
+if ! [ -x "$python" ] || ! "$python" -c 'import tensorflow, keras' 2>/dev/null; then
+  echo "SKIP: no TensorFlow in $venv: tools/setup --anchors installs it (tools/requirements-anchors.txt)"
+  exit 77
+fi
+# TensorFlow's own oneDNN kernels compute convolutions differently enough to move the weights by
+# 1e-4 in a few steps (its start-up message says so, and how to turn them off): its reference
+# kernels are what the comparison holds dtrain to. One op thread per process: two share the cores.
+export TF_ENABLE_ONEDNN_OPTS=0 TF_CPP_MIN_LOG_LEVEL=2 PYTHONDONTWRITEBYTECODE=1
+steps=21
+
+# The seed CNN with what the comparison must cover: L2 on a convolution and a dense layer,
+# reduction none (the global batch's average), batch normalization synchronized across replicas
+# and per replica, and the short last batch (2,000 = 20 x 96 + 80).
+cat >"$scratch/anchors.yaml" <<'YAML'
+name: anchors
+seed: 3
+strategy: {kind: default}
+data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 96, shuffle_buffer: 0}
+model:
+  input_shape: [28, 28, 1]
+  layers:
+    - conv2d: {filters: 32, kernel_size: 3, activation: relu, kernel_regularizer: {l2: 1.0e-3}}
+    - max_pool2d: {pool_size: 2}
+    - conv2d: {filters: 64, kernel_size: 3, use_bias: false}
+    - batch_normalization: {momentum: 0.9, synchronized: true}
+    - activation: {activation: relu}
+    - max_pool2d: {pool_size: 2}
+    - flatten: {}
+    - dense: {units: 64, use_bias: false, kernel_regularizer: {l2: 1.0e-3}}
+    - batch_normalization: {momentum: 0.9}
+    - activation: {activation: relu}
+    - dense: {units: 10}
+loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
+optimizer: {kind: adam, learning_rate: 0.001}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, threads: 1, progress: none}
+checkpoint: {every_steps: 1, max_to_keep: 100}
+YAML
+per_replica=(--set data.batch_size_per_replica=48)
+
+# train NAME STRATEGY [--set ...]: dtrain runs the experiment into $scratch/NAME.
+train() {
+  local name=$1 kind=$2
+  shift 2
+  case $kind in
+    default) "$dtrain" run "$scratch/anchors.yaml" --run-dir "$scratch/$name" "$@" ;;
+    mirrored) "$dtrain" run "$scratch/anchors.yaml" --run-dir "$scratch/$name" "${per_replica[@]}" \
+                --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" "$@" ;;
+    multi_worker) timeout 300 mpirun -n 2 --oversubscribe "$dtrain" run "$scratch/anchors.yaml" --run-dir "$scratch/$name" \
+                    "${per_replica[@]}" --set "strategy={kind: multi_worker_mirrored}" "$@" ;;
+  esac >"$scratch/$name.out" 2>&1 || fail "dtrain ($kind) failed: $(tail -5 "$scratch/$name.out")"
+}
+
+# follow NAME STRATEGY INITIAL: TensorFlow beside the run in $scratch/NAME, from INITIAL.
+follow() {
+  timeout 300 "$python" tests/anchors/tf_step_for_step.py --run "$scratch/$1" --initial-weights "$3" --steps "$steps" \
+    --strategy "$2" >"$scratch/$1.tf" 2>&1
+  local rc=$?
+  cat "$scratch/$1.tf"
+  [ "$rc" = 0 ] || fail "TensorFlow differs from dtrain ($2)"
+}
+
+case "$case_name" in
+  default | mirrored | multi_worker)
+    train "$case_name" "$case_name"
+    "$dtrain" export --experiment "$scratch/anchors.yaml" --format keras -o "$scratch/initial.weights.h5" >/dev/null \
+      || fail "exporting the initial model failed"
+    follow "$case_name" "$case_name" "$scratch/initial.weights.h5"
+    ;;
+  keras_weights)
+    # dtrain -> Keras: a trained checkpoint, exported, evaluates in Keras as dtrain evaluates it.
+    train trained default --set checkpoint.every_steps=0 --set train.epochs=2
+    ckpt=$(ls "$scratch"/trained/checkpoints/ckpt-*.h5 | tail -1)
+    "$dtrain" eval --checkpoint "$ckpt" >"$scratch/eval.out" 2>&1 || fail "dtrain eval failed: $(cat "$scratch/eval.out")"
+    accuracy=$(sed -n 's/.*Test Accuracy: \([0-9.]*\).*/\1/p' "$scratch/eval.out")
+    "$dtrain" export "$ckpt" --format keras -o "$scratch/trained.weights.h5" >"$scratch/export.out" 2>&1 \
+      || fail "dtrain export --format keras failed: $(cat "$scratch/export.out")"
+    timeout 300 "$python" tests/anchors/keras_weights.py evaluate "$scratch/trained/config.yaml" \
+      "$scratch/trained.weights.h5" >"$scratch/keras.out" 2>&1 || fail "Keras failed: $(tail -5 "$scratch/keras.out")"
+    echo "dtrain eval: $(cat "$scratch/eval.out")"
+    cat "$scratch/keras.out"
+    grep -q "Test Accuracy: $accuracy\$" "$scratch/keras.out" || fail "Keras' accuracy differs from dtrain's ($accuracy)"
+
+    # Keras -> dtrain: weights Keras initialized and saved start a dtrain run exactly where
+    # TensorFlow starts from them.
+    timeout 300 "$python" tests/anchors/keras_weights.py save "$scratch/anchors.yaml" "$scratch/keras.weights.h5" \
+      >"$scratch/save.out" 2>&1 || fail "Keras could not save weights: $(tail -5 "$scratch/save.out")"
+    from_keras=(--set "model.initial_weights=$scratch/keras.weights.h5")
+    "$dtrain" export --experiment "$scratch/anchors.yaml" "${from_keras[@]}" --format keras -o "$scratch/start.weights.h5" \
+      >/dev/null || fail "exporting the model started from Keras' weights failed"
+    # Byte for byte, the values dtrain read back are Keras' own.
+    "$python" - "$scratch/keras.weights.h5" "$scratch/start.weights.h5" <<'EOF' || fail "dtrain did not start from Keras' values"
+import sys, h5py, numpy as np
+a, b = (h5py.File(p, "r") for p in sys.argv[1:])
+names = []
+a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+bad = [n for n in names if not np.array_equal(a[n][()], b[n][()])]
+print(f"{len(names) - len(bad)} of {len(names)} variables equal")
+sys.exit(1 if bad or not names else 0)
+EOF
+    train from_keras default "${from_keras[@]}" --set train.steps_per_epoch=5
+    steps=5
+    follow from_keras default "$scratch/keras.weights.h5"
+    ;;
+  *) fail "unknown case" ;;
+esac
+echo "ok [$case_name]"
