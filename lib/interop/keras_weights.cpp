@@ -156,23 +156,16 @@ class WeightsReader {
     return true;
   }
 
-  // The names of a group's direct members, sorted.
+  // The names of a group's direct members, in name order (HDF5's iteration by its name index).
   std::vector<std::string> members(const std::string& group) const {
-    H5G_info_t info{};
-    if (H5Gget_info_by_name(file_.get(), group.c_str(), &info, H5P_DEFAULT) < 0)
-      fail(fmt::format("{} is not a readable group ({})", group, hdf5_detail()));
     std::vector<std::string> names;
-    for (hsize_t i = 0; i < info.nlinks; ++i) {
-      const ssize_t length =
-          H5Lget_name_by_idx(file_.get(), group.c_str(), H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-      std::string name(length > 0 ? static_cast<std::size_t>(length) + 1 : 0, '\0');
-      if (length <= 0 || H5Lget_name_by_idx(file_.get(), group.c_str(), H5_INDEX_NAME, H5_ITER_INC, i, name.data(),
-                                            name.size(), H5P_DEFAULT) < 0)
-        fail(fmt::format("cannot list {} ({})", group, hdf5_detail()));
-      name.resize(static_cast<std::size_t>(length));
-      names.push_back(std::move(name));
-    }
-    std::sort(names.begin(), names.end());
+    const auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+      static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+      return 0;
+    };
+    if (H5Literate_by_name(file_.get(), group.c_str(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names,
+                           H5P_DEFAULT) < 0)
+      fail(fmt::format("cannot list the group {} ({})", group, hdf5_detail()));
     return names;
   }
 

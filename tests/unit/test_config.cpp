@@ -1229,14 +1229,18 @@ TEST_CASE("config: model.initial_weights names a file, located for the errors of
   CHECK(set.model.initial_weights == "k.weights.h5");
   CHECK(set.initial_weights_where.file == "--set model.initial_weights=k.weights.h5");
 
-  CHECK(error_of(yaml + "  initial_weight: x\n") ==
-        "t.yaml:6:3: unknown key 'initial_weight' in model; did you mean 'initial_weights'?");
-  CHECK(error_of(minimal + "  initial_weights: [a.h5]\n") ==
-        "t.yaml:5:20: model.initial_weights: expected a string, got a list");
-  CHECK(error_of(minimal + "  initial_weights: ''\n") ==
-        "t.yaml:5:20: model.initial_weights: must be a non-empty path (leave the key out for the seed's "
-        "initialization), got ''");
-  CHECK(contains(error_of(minimal + "  initial_weights: '  '\n"), "model.initial_weights: must be a path, not only blanks"));
-  CHECK(contains(error_of(minimal + "  initial_weights: ~/k.weights.h5\n"), "it does not expand '~'"));
+  // Each refusal names the key's place, the key and what it takes.
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {yaml + "  initial_weight: x\n", "t.yaml:6:3: unknown key 'initial_weight' in model; did you mean 'initial_weights'?"},
+      {minimal + "  initial_weights: [a.h5]\n", "t.yaml:5:20: model.initial_weights: expected a string, got a list"},
+      {minimal + "  initial_weights: ''\n",
+       "t.yaml:5:20: model.initial_weights: must be a non-empty path (leave the key out for the seed's initialization)"},
+      {minimal + "  initial_weights: '  '\n", "t.yaml:5:20: model.initial_weights: must be a path, not only blanks"},
+      {minimal + "  initial_weights: ~/k.weights.h5\n", "it does not expand '~'"},
+  };
+  for (const auto& [text, message] : refused) {
+    CAPTURE(text);
+    CHECK(contains(error_of(text), message));
+  }
   CHECK(contains(error_of(minimal, {"model.initial_weights=[1]"}), "--set model.initial_weights=[1]"));
 }
