@@ -11,7 +11,7 @@
 #   TensorFlow as 2 processes with TF_CONFIG). tests/anchors/tf_step_for_step.py compares them
 #   step for step (TensorFlow set to dtrain's state before each step) and free running.
 # keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
-#   (load_weights, evaluate: dtrain eval's Test Accuracy), and weights Keras saved starting a dtrain
+#   (load_weights, evaluate: dtrain eval's Test Loss and Accuracy), and weights Keras saved starting a dtrain
 #   run (model.initial_weights) that TensorFlow follows step for step.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../integration/common.sh" "$@"
@@ -93,13 +93,15 @@ case "$case_name" in
     ckpt=$(ls "$scratch"/trained/checkpoints/ckpt-*.h5 | tail -1)
     "$dtrain" eval --checkpoint "$ckpt" >"$scratch/eval.out" 2>&1 || fail "dtrain eval failed: $(cat "$scratch/eval.out")"
     accuracy=$(sed -n 's/.*Test Accuracy: \([0-9.]*\).*/\1/p' "$scratch/eval.out")
+    loss=$(sed -n 's/.*Test Loss: \([0-9.]*\),.*/\1/p' "$scratch/eval.out")
     "$dtrain" export "$ckpt" --format keras -o "$scratch/trained.weights.h5" >"$scratch/export.out" 2>&1 \
       || fail "dtrain export --format keras failed: $(cat "$scratch/export.out")"
     timeout 300 "$python" tests/anchors/keras_weights.py evaluate "$scratch/trained/config.yaml" \
       "$scratch/trained.weights.h5" >"$scratch/keras.out" 2>&1 || fail "Keras failed: $(tail -5 "$scratch/keras.out")"
     echo "dtrain eval: $(cat "$scratch/eval.out")"
     cat "$scratch/keras.out"
-    grep -q "Test Accuracy: $accuracy\$" "$scratch/keras.out" || fail "Keras' accuracy differs from dtrain's ($accuracy)"
+    grep -q "Test Loss: $loss, Test Accuracy: $accuracy " "$scratch/keras.out" \
+      || fail "Keras' loss or accuracy differs from dtrain's (Test Loss: $loss, Test Accuracy: $accuracy)"
 
     # Keras -> dtrain: weights Keras initialized and saved start a dtrain run exactly where
     # TensorFlow starts from them.

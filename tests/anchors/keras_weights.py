@@ -3,7 +3,8 @@
 
   keras_weights.py evaluate EXPERIMENT WEIGHTS.weights.h5
       builds the experiment's model in Keras, model.load_weights(WEIGHTS) and prints
-      "Keras Test Loss: L, Test Accuracy: A" from model.evaluate on the experiment's test split
+      "Keras Test Loss: L, Test Accuracy: A" from model.evaluate on the experiment's test split (L
+      without the L2 penalties that evaluate adds, as dtrain's Test Loss)
   keras_weights.py save EXPERIMENT WEIGHTS.weights.h5 [--seed S]
       builds the experiment's model in Keras with Keras' own initializers (keras.utils.set_random_seed)
       and model.save_weights(WEIGHTS): a start for dtrain's model.initial_weights
@@ -39,7 +40,11 @@ def main():
                   metrics=[keras.metrics.SparseCategoricalAccuracy()])
     _, _, x_test, y_test = tf_ctl.load_data(exp.get("data", {}))
     test_loss, accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
-    print(f"Keras Test Loss: {test_loss:.4f}, Test Accuracy: {accuracy * 100:.2f}")
+    # Keras' evaluate adds the model's regularization losses (the L2 penalties) to the loss it
+    # reports; dtrain's Test Loss is the per-example losses' mean alone.
+    penalties = float(sum(float(loss) for loss in model.losses))
+    print(f"Keras Test Loss: {test_loss - penalties:.4f}, Test Accuracy: {accuracy * 100:.2f} "
+          f"(evaluate's loss {test_loss:.4f} holds the L2 penalties, {penalties:.4f})")
 
 
 if __name__ == "__main__":
