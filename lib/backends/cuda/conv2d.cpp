@@ -18,47 +18,31 @@ namespace dtrain::backends::cuda {
 
 namespace {
 
-class Conv2DKernel final : public nn::LayerKernel {
+struct Conv2DPlan : LayerMemories {
+  std::unique_ptr<Conv2dCore> core;
+};
+
+class Conv2DKernel final : public Float32Kernel<nn::Conv2D, Conv2DPlan> {
  public:
-  Conv2DKernel(nn::Conv2D& layer, CudaContext& ctx) : layer_(layer), ctx_(ctx) {}
-
-  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
-    const auto& o = layer_.options();
-    const Shape& in = layer_.input_shape();
-    Plan& p = plans_.create(batch);
-    // The core allocates its scratch (workspace, transposed filter, padded input) here, once.
-    p.core = std::make_unique<Conv2dCore>(ctx_,
-                                          conv2d_geometry(batch, in[0], in[1], in[2], o.filters, o.kernel_size[0],
-                                                          o.kernel_size[1], o.strides[0], o.strides[1], o.padding),
-                                          o.use_bias);
-    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), DType::f32);
-  }
-
-  void bind(std::int64_t batch, const nn::LayerIO& io) override {
-    Plan& p = plans_.get(batch);
-    p.input.bind(ctx_, io, DType::f32);
-    p.dst = io.dst;
-    p.diff_dst = io.diff_dst;
-  }
+  using Float32Kernel::Float32Kernel;
 
   void forward(std::int64_t batch, const nn::StepContext&) override {
-    Plan& p = plans_.get(batch);
+    Conv2DPlan& p = plans_.get(batch);
     const float* x = p.input.load_as<float>();
     auto vars = layer_.variables();
-    auto* y = static_cast<float*>(CudaContext::address(p.dst));
     p.core->set_kernel(value_of(vars[nn::Conv2D::kKernel]));
-    p.core->forward(x, bias() ? value_of(vars[nn::Conv2D::kBias]) : nullptr, y);
-    activation_in_place(ctx_, activation(), DType::f32, y, p.core->geometry().y_elements(), layer_.options().filters,
-                        nullptr);
+    p.core->forward(x, bias() ? value_of(vars[nn::Conv2D::kBias]) : nullptr, p.y<float>());
+    activation_in_place(ctx_, activation(), DType::f32, p.y<float>(), p.core->geometry().y_elements(),
+                        layer_.options().filters, nullptr);
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
-    Plan& p = plans_.get(batch);
+    Conv2DPlan& p = plans_.get(batch);
     auto vars = layer_.variables();
-    auto* dy = static_cast<float*>(CudaContext::address(p.diff_dst));
+    float* dy = p.dy<float>();
     // The gradient before the activation, in place: the model never reads diff_dst again.
     if (!activation_backward_elsewhere_)
-      activation_backward_in_place(ctx_, activation(), DType::f32, CudaContext::address(p.dst), dy,
+      activation_backward_in_place(ctx_, activation(), DType::f32, p.y<const float>(), dy,
                                    p.core->geometry().y_elements(), layer_.options().filters, nullptr);
     p.core->backward_filter(p.input.as<float>(), dy, grad_of(vars[nn::Conv2D::kKernel]),
                             bias() ? grad_of(vars[nn::Conv2D::kBias]) : nullptr);
@@ -73,26 +57,23 @@ class Conv2DKernel final : public nn::LayerKernel {
   void skip_activation_backward() override { activation_backward_elsewhere_ = true; }
 
  private:
-  struct Plan {
-    std::unique_ptr<Conv2dCore> core;
-    KernelInput input;
-    Memory dst, diff_dst;
-  };
+  // The core allocates its scratch (workspace, transposed filter, padded input) here, once.
+  void prepare(std::int64_t batch, Conv2DPlan& p) override {
+    const auto& o = layer_.options();
+    const Shape& in = layer_.input_shape();
+    p.core = std::make_unique<Conv2dCore>(ctx_,
+                                          conv2d_geometry(batch, in[0], in[1], in[2], o.filters, o.kernel_size[0],
+                                                          o.kernel_size[1], o.strides[0], o.strides[1], o.padding),
+                                          o.use_bias);
+  }
   bool bias() const { return layer_.options().use_bias; }
   config::Activation activation() const { return layer_.options().activation; }
 
-  nn::Conv2D& layer_;
-  CudaContext& ctx_;
   // The layer above applies the activation's derivative to the gradient it hands down.
   bool activation_backward_elsewhere_ = false;
-  nn::PlanCache<Plan> plans_;
 };
 
-std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
-  return std::make_unique<Conv2DKernel>(static_cast<nn::Conv2D&>(layer), CudaContext::of(ctx));
-}
-
-const nn::KernelRegistration registered(kName, nn::Conv2D::Options::kind, &make);
+const nn::KernelRegistration registered(kName, nn::Conv2D::Options::kind, &make_kernel<Conv2DKernel, nn::Conv2D>);
 
 }  // namespace
 

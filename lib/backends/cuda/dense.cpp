@@ -44,10 +44,7 @@ class DenseKernel final : public nn::LayerKernel {
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
-    Plan& p = plans_.get(batch);
-    p.input.bind(ctx_, io, compute_);
-    p.dst = io.dst;
-    p.diff_dst = io.diff_dst;
+    plans_.get(batch).bind(ctx_, io, compute_);
   }
 
   void forward(std::int64_t batch, const nn::StepContext&) override {
@@ -55,7 +52,7 @@ class DenseKernel final : public nn::LayerKernel {
     auto vars = layer_.variables();
     const float* k = value_of(vars[nn::Dense::kKernel]);
     const float* b = bias() ? value_of(vars[nn::Dense::kBias]) : nullptr;
-    void* y = CudaContext::address(p.dst);
+    void* y = p.y<void>();
     if (compute_ == DType::bf16) {
       auto* k16 = static_cast<std::uint16_t*>(kernel16_.get());
       convert(ctx_, k, DType::f32, k16, DType::bf16, inputs() * units());
@@ -69,10 +66,10 @@ class DenseKernel final : public nn::LayerKernel {
   void backward(std::int64_t batch, const nn::StepContext& step) override {
     Plan& p = plans_.get(batch);
     auto vars = layer_.variables();
-    void* dy = CudaContext::address(p.diff_dst);
+    void* dy = p.dy<void>();
     // The gradient before the activation, in place: the model never reads diff_dst again.
     if (!activation_backward_elsewhere_)
-      activation_backward_in_place(ctx_, activation(), compute_, CudaContext::address(p.dst), dy, batch * units(),
+      activation_backward_in_place(ctx_, activation(), compute_, p.y<const void>(), dy, batch * units(),
                                    units(), p.scratch.get());
     float* dk = grad_of(vars[nn::Dense::kKernel]);
     float* db = bias() ? grad_of(vars[nn::Dense::kBias]) : nullptr;
@@ -100,11 +97,9 @@ class DenseKernel final : public nn::LayerKernel {
   void skip_activation_backward() override { activation_backward_elsewhere_ = true; }
 
  private:
-  struct Plan {
+  struct Plan : LayerMemories {
     std::unique_ptr<DenseCore> core;        // float32
     std::unique_ptr<DenseCoreBf16> core16;  // bfloat16
-    KernelInput input;
-    Memory dst, diff_dst;
     Buffer scratch;  // a bfloat16 output's activation in float32 (activation_in_place)
   };
   std::int64_t inputs() const { return layer_.input_shape()[0]; }

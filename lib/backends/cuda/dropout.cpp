@@ -17,28 +17,18 @@ namespace dtrain::backends::cuda {
 
 namespace {
 
-class DropoutKernel final : public nn::LayerKernel {
+struct DropoutPlan : LayerMemories {
+  Buffer keep;        // uint8 (batch, elements)
+  Buffer sample_ids;  // int64 (batch)
+};
+
+class DropoutKernel final : public Float32Kernel<nn::Dropout, DropoutPlan> {
  public:
-  DropoutKernel(nn::Dropout& layer, CudaContext& ctx) : layer_(layer), ctx_(ctx) {}
-
-  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
-    Plan& p = plans_.create(batch);
-    p.keep = ctx_.allocate(static_cast<std::size_t>(batch * elements()));
-    p.sample_ids = ctx_.allocate(static_cast<std::size_t>(batch) * sizeof(std::int64_t));
-    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), DType::f32);
-  }
-
-  void bind(std::int64_t batch, const nn::LayerIO& io) override {
-    Plan& p = plans_.get(batch);
-    p.input.bind(ctx_, io, DType::f32);
-    p.dst = io.dst;
-    p.diff_dst = io.diff_dst;
-  }
+  using Float32Kernel::Float32Kernel;
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
-    Plan& p = plans_.get(batch);
+    DropoutPlan& p = plans_.get(batch);
     const float* x = p.input.load_as<float>();
-    auto* y = static_cast<float*>(CudaContext::address(p.dst));
     const std::int64_t* ids = nullptr;  // null: ids 0 .. batch - 1, as nn::sample_id without the pipeline's
     if (step.training() && layer_.rate() > 0.0 && !step.sample_ids.empty()) {
       DTRAIN_CHECK(static_cast<std::int64_t>(step.sample_ids.size()) == batch,
@@ -52,41 +42,31 @@ class DropoutKernel final : public nn::LayerKernel {
                                                       ctx_.stream()));
       ids = static_cast<const std::int64_t*>(p.sample_ids.get());
     }
-    dropout_forward(ctx_, key(step), step.training(), ids, batch, elements(), x, y,
+    dropout_forward(ctx_, key(step), step.training(), ids, batch, elements(), x, p.y<float>(),
                     static_cast<std::uint8_t*>(p.keep.get()));
   }
 
   void backward(std::int64_t batch, const nn::StepContext&) override {
-    Plan& p = plans_.get(batch);
+    DropoutPlan& p = plans_.get(batch);
     float* dx = p.input.gradient_as<float>();
     if (!dx) return;
-    dropout_backward(ctx_, layer_.rate(), static_cast<const std::uint8_t*>(p.keep.get()),
-                     static_cast<const float*>(CudaContext::address(p.diff_dst)), dx, batch * elements());
+    dropout_backward(ctx_, layer_.rate(), static_cast<const std::uint8_t*>(p.keep.get()), p.dy<const float>(), dx,
+                     batch * elements());
     p.input.store_gradient();
   }
 
  private:
-  struct Plan {
-    KernelInput input;
-    Memory dst, diff_dst;
-    Buffer keep;        // uint8 (batch, elements)
-    Buffer sample_ids;  // int64 (batch)
-  };
+  void prepare(std::int64_t batch, DropoutPlan& p) override {
+    p.keep = ctx_.allocate(static_cast<std::size_t>(batch * elements()));
+    p.sample_ids = ctx_.allocate(static_cast<std::size_t>(batch) * sizeof(std::int64_t));
+  }
   std::int64_t elements() const { return layer_.output_shape().numel(); }
   DropoutKey key(const nn::StepContext& step) const {
     return {step.seed, step.global_step, static_cast<std::uint32_t>(layer_.position()), layer_.rate()};
   }
-
-  nn::Dropout& layer_;
-  CudaContext& ctx_;
-  nn::PlanCache<Plan> plans_;
 };
 
-std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
-  return std::make_unique<DropoutKernel>(static_cast<nn::Dropout&>(layer), CudaContext::of(ctx));
-}
-
-const nn::KernelRegistration registered(kName, nn::Dropout::Options::kind, &make);
+const nn::KernelRegistration registered(kName, nn::Dropout::Options::kind, &make_kernel<DropoutKernel, nn::Dropout>);
 
 }  // namespace
 

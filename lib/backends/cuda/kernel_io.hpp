@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "backends/cuda/context.hpp"
 #include "core/variable.hpp"
@@ -53,6 +54,53 @@ class KernelInput {
   std::int64_t elements_ = 0;
   Buffer converted_, converted_gradient_;  // only where the dtypes differ
 };
+
+// The memories of one batch size that every kernel here keeps: its input (in the dtype the kernel
+// computes in), its output and the gradient arriving from above. A kernel's per-batch Plan derives
+// from it to keep more (a core, scratch).
+struct LayerMemories {
+  KernelInput input;
+  Memory dst, diff_dst;
+
+  void bind(CudaContext& ctx, const nn::LayerIO& io, DType compute) {
+    input.bind(ctx, io, compute);
+    dst = io.dst;
+    diff_dst = io.diff_dst;
+  }
+  template <class T>
+  T* y() const { return static_cast<T*>(CudaContext::address(dst)); }
+  template <class T>
+  T* dy() const { return static_cast<T*>(CudaContext::address(diff_dst)); }
+};
+
+// A kernel that computes in float32 whatever the precision policy (every kind but Dense: the
+// cores have no bfloat16 path) and writes a canonical float32 output of the layer's output shape.
+// `Plan` (a LayerMemories) is made per batch size; prepare() allocates what else it holds.
+template <class LayerT, class Plan = LayerMemories>
+class Float32Kernel : public nn::LayerKernel {
+ public:
+  Float32Kernel(LayerT& layer, CudaContext& ctx) : layer_(layer), ctx_(ctx) {}
+
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
+    prepare(batch, plans_.create(batch));
+    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), DType::f32);
+  }
+  void bind(std::int64_t batch, const nn::LayerIO& io) override { plans_.get(batch).bind(ctx_, io, DType::f32); }
+
+ protected:
+  virtual void prepare(std::int64_t /*batch*/, Plan& /*plan*/) {}
+
+  LayerT& layer_;
+  CudaContext& ctx_;
+  nn::PlanCache<Plan> plans_;
+};
+
+// The factory of a kernel whose constructor takes its layer and the CUDA context (what
+// nn::KernelRegistration takes): make_kernel<Conv2DKernel, nn::Conv2D>.
+template <class Kernel, class LayerT>
+std::unique_ptr<nn::LayerKernel> make_kernel(nn::Layer& layer, Context& ctx, DType) {
+  return std::make_unique<Kernel>(static_cast<LayerT&>(layer), CudaContext::of(ctx));
+}
 
 // Device addresses of a layer's variables (value or gradient), f32 in Keras layouts; null for an
 // index < 0 (a variable the layer's options leave out).

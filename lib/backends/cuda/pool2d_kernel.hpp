@@ -11,32 +11,26 @@
 #pragma once
 
 #include "backends/cuda/kernel_io.hpp"
-#include "nn/kernel.hpp"
 #include "nn/pooling.hpp"
 
 namespace dtrain::backends::cuda {
 
-class Pool2DKernel final : public nn::LayerKernel {
+struct Pool2DPlan : LayerMemories {
+  Buffer argmax;  // max pooling
+};
+
+class Pool2DKernel final : public Float32Kernel<nn::Pool2DLayer, Pool2DPlan> {
  public:
   enum class Pooling { max, average };
   Pool2DKernel(nn::Pool2DLayer& layer, CudaContext& ctx, Pooling pooling)
-      : layer_(layer), ctx_(ctx), pooling_(pooling) {}
+      : Float32Kernel(layer, ctx), pooling_(pooling) {}
 
-  LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override;
-  void bind(std::int64_t batch, const nn::LayerIO& io) override;
   void forward(std::int64_t batch, const nn::StepContext&) override;
   void backward(std::int64_t batch, const nn::StepContext&) override;
 
  private:
-  struct Plan {
-    KernelInput input;
-    Memory dst, diff_dst;
-    Buffer argmax;  // max pooling
-  };
-  nn::Pool2DLayer& layer_;
-  CudaContext& ctx_;
+  void prepare(std::int64_t batch, Pool2DPlan& p) override;
   Pooling pooling_;
-  nn::PlanCache<Plan> plans_;
 };
 
 }  // namespace dtrain::backends::cuda

@@ -23,27 +23,22 @@ class ReshapeKernel final : public nn::LayerKernel {
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     Plan& p = plans_.get(batch);
-    // The input in its own dtype: no conversion, a plain copy.
-    p.input.bind(ctx_, io, p.dtype);
-    p.dst = io.dst;
-    p.diff_dst = io.diff_dst;
+    p.bind(ctx_, io, p.dtype);  // in its own dtype: no conversion, a plain copy
     p.elements = batch * layer_.output_shape().numel();
   }
 
   void forward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
-    convert(ctx_, p.input.load(), p.dtype, CudaContext::address(p.dst), p.dtype, p.elements);
+    convert(ctx_, p.input.load(), p.dtype, p.y<void>(), p.dtype, p.elements);
   }
 
   void backward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
-    if (void* dx = p.input.gradient()) convert(ctx_, CudaContext::address(p.diff_dst), p.dtype, dx, p.dtype, p.elements);
+    if (void* dx = p.input.gradient()) convert(ctx_, p.dy<const void>(), p.dtype, dx, p.dtype, p.elements);
   }
 
  private:
-  struct Plan {
-    KernelInput input;
-    Memory dst, diff_dst;
+  struct Plan : LayerMemories {
     DType dtype = DType::f32;
     std::int64_t elements = 0;
   };
