@@ -468,7 +468,7 @@ TEST_CASE("the gradients of a model are one contiguous arena, in variables() ord
   nn::Sequential model(conv_flatten_dense({8, 8, 1}, 4, 3), 1, testing::cpu());
   const auto& vars = model.variables();
   REQUIRE(model.gradient_sizes().size() == vars.size());
-  std::span<float> arena = model.gradient_arena();
+  std::span<float> arena = model.gradient_arena().span<float>();
   CHECK(arena.size() == static_cast<std::size_t>(model.num_parameters()));
   std::size_t at = 0;
   for (std::size_t v = 0; v < vars.size(); ++v) {
@@ -614,7 +614,7 @@ TEST_CASE("mixed_bfloat16 really computes in bfloat16, with float32 variables an
   for (auto& v : bf16.output_gradient().span<float>()) v = 1.0f;
   bf16.backward(step);
   double sum = 0;
-  for (float g : bf16.gradient_arena()) sum += std::abs(g);
+  for (float g : bf16.gradient_arena().span<float>()) sum += std::abs(g);
   CHECK(std::isfinite(sum));
   CHECK(sum > 0);
 }

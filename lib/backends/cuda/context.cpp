@@ -218,6 +218,34 @@ void CudaContext::synchronize() {
   DTRAIN_CUDA_CALL(device_, cudaStreamSynchronize(stream_));
 }
 
+void CudaContext::copy_to_host(const void* src, void* host, std::size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  DTRAIN_CUDA_CALL(device_, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  DTRAIN_CUDA_CALL(device_, cudaStreamSynchronize(stream_));
+}
+
+void CudaContext::copy_from_host(const void* host, void* dst, std::size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  DTRAIN_CUDA_CALL(device_, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  // From pageable memory the runtime may still read `host` after returning; the caller may reuse
+  // it as soon as this returns.
+  DTRAIN_CUDA_CALL(device_, cudaStreamSynchronize(stream_));
+}
+
+void CudaContext::copy_on_device(const void* src, void* dst, std::size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  DTRAIN_CUDA_CALL(device_, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaContext::zero(void* dst, std::size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  DTRAIN_CUDA_CALL(device_, cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
 std::string CudaContext::describe() const {
   int runtime = 0, driver = 0;
   (void)cudaRuntimeGetVersion(&runtime);
