@@ -6,6 +6,8 @@
 //                         contribution to the update (statistic * contribution_weight), which
 //                         BatchNormalization::apply_updates folds in after the step
 //   mean, inv_std (C)     f32, the last forward's (batch or moving statistics), kept for backward
+//   sums, means (2C)      double, the synchronized passes' per-channel sums and what the host
+//                         made of them (device memory, beside mean and inv_std)
 // Float32 under every precision policy, as Keras keeps batch statistics in float32 and the CPU
 // backend computes this layer in float32.
 //
@@ -18,13 +20,11 @@
 // after them (C + 1 values), then the squared deviations from the global mean (C); backward: dy
 // and dy * xhat (2C). A replica without samples takes part in the same collectives with zeros.
 #include <algorithm>
-#include <cmath>
 #include <span>
 #include <vector>
 
 #include "backends/cuda/elementwise_cores.hpp"
 #include "backends/cuda/kernel_io.hpp"
-#include "core/error.hpp"
 #include "nn/batch_normalization.hpp"
 
 namespace dtrain::backends::cuda {
@@ -62,7 +62,7 @@ class BatchNormalizationKernel final : public Float32Kernel<nn::BatchNormalizati
         count_ = static_cast<double>(m);
       }
     } else {
-      // The moving statistics, copied so that mean_ and inv_std_ always hold what forward used.
+      // The moving statistics, copied so that mean() and inv_std() always hold what forward used.
       ctx_.copy_on_device(value_of(var(layer_.moving_mean_index())), mean(), bytes_per_channel());
       batch_norm_inv_std(ctx_, value_of(var(layer_.moving_variance_index())), c, layer_.options().epsilon, inv_std());
     }
@@ -143,7 +143,7 @@ class BatchNormalizationKernel final : public Float32Kernel<nn::BatchNormalizati
     return layer_.beta_index() >= 0 ? value_of(var(static_cast<std::size_t>(layer_.beta_index()))) : nullptr;
   }
 
-  // Where a training forward writes the statistics: mean_ and inv_std_ for backward, and this
+  // Where a training forward writes the statistics: mean() and inv_std() for backward, and this
   // replica's contributions into the moving statistics' grads.
   BatchNormStatistics statistics_out(const nn::StepContext& step, std::int64_t batch) {
     BatchNormStatistics out;

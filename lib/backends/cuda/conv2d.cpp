@@ -7,7 +7,8 @@
 //   y (N, OH, OW, F)        f32, canonical: act(conv(x, kernel) + bias)
 //   dk, db                  written whole into the variables' grads (Keras HWIO, (F))
 // Float32 under every precision policy: the core has no bfloat16 path yet (cuDNN's FMA math, no
-// TF32), as the CPU backend computes its plain-loop layers in float32.
+// TF32). This differs from the CPU backend, whose oneDNN convolution computes in bfloat16 under
+// mixed_bfloat16; a bfloat16 Dense below or above converts at the boundary (KernelInput).
 #include <memory>
 
 #include "backends/cuda/conv2d_core.hpp"

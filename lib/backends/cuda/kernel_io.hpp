@@ -102,8 +102,8 @@ std::unique_ptr<nn::LayerKernel> make_kernel(nn::Layer& layer, Context& ctx, DTy
   return std::make_unique<Kernel>(static_cast<LayerT&>(layer), CudaContext::of(ctx));
 }
 
-// Device addresses of a layer's variables (value or gradient), f32 in Keras layouts; null for an
-// index < 0 (a variable the layer's options leave out).
+// Device addresses of a variable's value and gradient (f32, Keras layouts): .raw(), never .data(),
+// which refuses memory the host cannot read.
 inline const float* value_of(Variable& v) { return static_cast<const float*>(v.value.raw()); }
 inline float* grad_of(Variable& v) { return static_cast<float*>(v.grad.raw()); }
 
