@@ -117,12 +117,19 @@ bool CudaLayout::same_as(const Layout& other) const {
 
 CudaContext::CudaContext(Device device) : device_(device) {
   if (device.kind != Device::Kind::gpu) throw InternalError("the CUDA backend runs gpu devices only");
+  // A machine without a GPU or without NVIDIA's driver has no device: a configuration the user
+  // can change (exit 2), not a failure of the backend.
   int count = 0;
-  DTRAIN_CUDA_CALL(device_, cudaGetDeviceCount(&count));
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
   if (device.index < 0 || device.index >= count)
-    throw ConfigError(fmt::format("device {}: this machine has {} CUDA device{}{}; use one of those or cpu:N devices",
+    throw ConfigError(fmt::format("device {}: this machine has {} CUDA device{}{}{}; use one of those or cpu:N devices",
                                   device.to_string(), count, count == 1 ? "" : "s",
-                                  count > 0 ? fmt::format(" (gpu:0 to gpu:{})", count - 1) : ""));
+                                  count > 0 ? fmt::format(" (gpu:0 to gpu:{})", count - 1) : "",
+                                  status != cudaSuccess ? fmt::format(" ({})", cudaGetErrorString(status)) : ""));
   DTRAIN_CUDA_CALL(device_, cudaSetDevice(device_.index));
   DTRAIN_CUDA_CALL(device_, cudaGetDeviceProperties(&properties_, device_.index));
   // Non-blocking: the legacy default stream must not serialize the replicas' streams.
