@@ -45,21 +45,9 @@ struct MovableAddress {
   void* data = nullptr;
 };
 
-// The registered factory. A machine with no usable CUDA device is said in those words first: the
-// runtime's own, where no NVIDIA driver is installed, would be "CUDA driver version is
-// insufficient", which reads as a driver to update. A device index the machine lacks is the
-// context's error (how many devices it has).
-std::unique_ptr<Context> make(Device device) {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  (void)cudaGetLastError();
-  if (status != cudaSuccess || count == 0)
-    throw ConfigError(fmt::format("device {}: this machine has no usable CUDA device ({}); use cpu:N devices",
-                                  device.to_string(),
-                                  status != cudaSuccess ? fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(status))
-                                                        : std::string("0 found")));
-  return make_cuda_context(device);
-}
+// The registered factory: every layer kind has its kernel here. A machine without the device (or
+// without a GPU or NVIDIA's driver at all) is the context's ConfigError, naming how many it has.
+std::unique_ptr<Context> make(Device device) { return make_cuda_context(device); }
 
 // "CUDA runtime 13.0 (built with 13.0), driver 13.0; cuDNN 9.13.0 (built with 9.13.0); NCCL ..."
 // and one line per GPU: what `dtrain info` prints, whether or not the machine has a GPU.
@@ -110,12 +98,19 @@ bool CudaLayout::same_as(const Layout& other) const {
 
 CudaContext::CudaContext(Device device) : device_(device) {
   if (device.kind != Device::Kind::gpu) throw InternalError("the CUDA backend runs gpu devices only");
+  // A machine without a GPU or without NVIDIA's driver has no device: a configuration the user
+  // can change (exit 2), not a failure of the backend.
   int count = 0;
-  DTRAIN_CUDA_CALL(device_, cudaGetDeviceCount(&count));
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
   if (device.index < 0 || device.index >= count)
-    throw ConfigError(fmt::format("device {}: this machine has {} CUDA device{}{}; use one of those or cpu:N devices",
+    throw ConfigError(fmt::format("device {}: this machine has {} CUDA device{}{}{}; use one of those or cpu:N devices",
                                   device.to_string(), count, count == 1 ? "" : "s",
-                                  count > 0 ? fmt::format(" (gpu:0 to gpu:{})", count - 1) : ""));
+                                  count > 0 ? fmt::format(" (gpu:0 to gpu:{})", count - 1) : "",
+                                  status != cudaSuccess ? fmt::format(" ({})", cudaGetErrorString(status)) : ""));
   DTRAIN_CUDA_CALL(device_, cudaSetDevice(device_.index));
   DTRAIN_CUDA_CALL(device_, cudaGetDeviceProperties(&properties_, device_.index));
   // Non-blocking: the legacy default stream must not serialize the replicas' streams.
