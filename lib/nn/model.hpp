@@ -103,7 +103,8 @@ class Sequential {
   Tensor& gradient_arena() { return gradients_; }
   std::span<const std::size_t> gradient_sizes() const { return gradient_sizes_; }
 
-  // x: (N, input_shape...) f32, canonical, in the context's memory (staged there by the caller).
+  // x: (N, input_shape...) f32, canonical, in the context's memory (staged there by the caller),
+  // kept alive and unchanged by the caller until backward() (kernels read it again there).
   // Returns y: (N, output_shape...) f32, canonical, in the context's memory, valid until the next
   // forward.
   const Tensor& forward(const Tensor& x, const StepContext& step);
