@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "commands.hpp"
 #include "data/dataset.hpp"
@@ -38,9 +39,9 @@ int info_command() {
   fmt::print("HDF5 {}.{}.{}, zlib {}, fmt {}\n", h5_major, h5_minor, h5_release, zlibVersion(), FMT_VERSION);
   if (build_info::have_cuda) {
     const auto missing = nn::kinds_without_kernel(device::backend_for(Device::Kind::gpu));
-    fmt::print("CUDA: built ({} backend for gpu:N); kernels missing for {} of the layer kinds, so gpu devices are "
-               "refused\n",
-               device::backend_for(Device::Kind::gpu), missing.size());
+    fmt::print("CUDA: built ({} backend for gpu:N){}\n", device::backend_for(Device::Kind::gpu),
+               missing.empty() ? std::string(": a kernel for every layer kind")
+                               : fmt::format("; no kernel for the layer kinds {}", fmt::join(missing, ", ")));
     for (const std::string& line : device::device_inventory(Device::Kind::gpu)) fmt::print("  {}\n", line);
   } else {
     fmt::print("CUDA: not built (CUDA was not found at build time)\n");

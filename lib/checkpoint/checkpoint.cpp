@@ -218,7 +218,9 @@ std::string checkpoint_image(const std::string& path, const nn::Sequential& mode
   w.string_attribute(file.get(), "/", "created_by", "dtrain");
 
   w.group("/model");
-  for (const Variable* v : vars) w.floats(model_dataset(v->name), v->value);
+  // Read through the model's context: the values may be device memory.
+  device::Context& ctx = model.context();
+  for (const Variable* v : vars) w.floats(model_dataset(v->name), ctx.on_host(v->value));
 
   {
     H5Id group = w.group("/optimizer");
@@ -235,7 +237,7 @@ std::string checkpoint_image(const std::string& path, const nn::Sequential& mode
         DTRAIN_CHECK(slot.shape() == trained[i]->value.shape(),
                      fmt::format("optimizer slot {} has shape {}, its variable {}", name, slot.shape().to_string(),
                                  trained[i]->value.shape().to_string()));
-        w.floats(name, slot);
+        w.floats(name, ctx.on_host(slot));
       } else {
         w.zero_floats(name, trained[i]->value.shape());
       }
@@ -781,7 +783,8 @@ OptimizerState read_optimizer(const Reader& r, const nn::Sequential& model, cons
 void write_model(nn::Sequential& model, const std::vector<Raw>& values) {
   const auto& vars = model.variables();
   for (std::size_t i = 0; i < vars.size(); ++i) {
-    if (!values[i].bytes.empty()) std::memcpy(vars[i]->value.raw(), values[i].bytes.data(), values[i].bytes.size());
+    DTRAIN_CHECK(vars[i]->value.bytes() == values[i].bytes.size(), fmt::format("variable {} has an unexpected size", vars[i]->name));
+    if (!values[i].bytes.empty()) model.context().copy_from_host(values[i].bytes.data(), vars[i]->value);
   }
 }
 
@@ -821,7 +824,7 @@ Contents restore(const std::string& path, nn::Sequential& model, optim::Optimize
       Tensor& slot = optimizer.slot(i, s);
       DTRAIN_CHECK(slot.bytes() == raw.bytes.size(), fmt::format("optimizer slot {} of {} has an unexpected size", s,
                                                                  vars[i]->name));
-      if (!raw.bytes.empty()) std::memcpy(slot.raw(), raw.bytes.data(), raw.bytes.size());
+      if (!raw.bytes.empty()) model.context().copy_from_host(raw.bytes.data(), slot);
     }
   }
   optimizer.set_iterations(state.iterations);

@@ -74,15 +74,23 @@ std::string Shape::to_string() const {
   return s + (rank_ == 1 ? ",)" : ")");
 }
 
-Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  DTRAIN_CHECK(device.kind == Device::Kind::cpu, "only cpu storage is built in this release");
+Storage::Storage(std::size_t bytes) : bytes_(bytes) {
   std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
   data_ = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
   if (!data_) throw std::bad_alloc();
   std::memset(data_, 0, rounded == 0 ? alignment : rounded);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::Storage(std::shared_ptr<void> memory, std::size_t bytes, Device device, bool host_accessible)
+    : data_(memory.get()),
+      backend_memory_(std::move(memory)),
+      bytes_(bytes),
+      device_(device),
+      host_accessible_(host_accessible) {}
+
+Storage::~Storage() {
+  if (!backend_memory_) std::free(data_);
+}
 
 namespace {
 
@@ -99,15 +107,27 @@ std::size_t checked_bytes(const Shape& shape, DType dtype) {
 
 }  // namespace
 
-Tensor::Tensor(Shape shape, DType dtype, Device device)
-    : storage_(std::make_shared<Storage>(checked_bytes(shape, dtype), device)),
-      shape_(std::move(shape)),
-      dtype_(dtype),
-      device_(device) {}
+Tensor::Tensor(Shape shape, DType dtype)
+    : storage_(std::make_shared<Storage>(checked_bytes(shape, dtype))), shape_(std::move(shape)), dtype_(dtype) {}
 
-void Tensor::check_type(std::size_t elem) const {
+Tensor::Tensor(Shape shape, DType dtype, std::shared_ptr<Storage> storage)
+    : storage_(std::move(storage)), shape_(std::move(shape)), dtype_(dtype), device_(storage_->device()) {
+  DTRAIN_CHECK(bytes() <= storage_->bytes(), "a tensor larger than the storage it was given");
+}
+
+Tensor Tensor::borrowed(void* host, Shape shape, DType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  // The no-op deleter: the memory is the caller's.
+  return Tensor(std::move(shape), dtype,
+                std::make_shared<Storage>(std::shared_ptr<void>(host, [](void*) {}), bytes, Device{}, true));
+}
+
+void Tensor::check_host(std::size_t elem) const {
   DTRAIN_CHECK(storage_ != nullptr, "tensor has no storage");
   DTRAIN_CHECK(elem == dtype_size(dtype_), fmt::format("element size {} does not match dtype {}", elem, dtype_name(dtype_)));
+  DTRAIN_CHECK(storage_->host_accessible(),
+               fmt::format("a tensor {} in the memory of {}'s backend was read on the host; copy it with the "
+                           "context's copy_to_host()", shape_.to_string(), device_.to_string()));
 }
 
 Tensor Tensor::reshaped(Shape shape) const {
@@ -136,7 +156,8 @@ Tensor Tensor::view(std::int64_t element_offset, Shape shape) const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor t(shape_, dtype_, device_);
+  Tensor t(shape_, dtype_);
+  check_host(dtype_size(dtype_));
   if (bytes()) std::memcpy(t.raw(), raw(), bytes());
   return t;
 }
@@ -146,13 +167,15 @@ void Tensor::fill(float value) {
 }
 
 void Tensor::zero() {
+  check_host(dtype_size(dtype_));
   if (bytes()) std::memset(raw(), 0, bytes());
 }
 
 void Tensor::ensure(const Shape& shape, DType dtype) {
   const std::size_t need = checked_bytes(shape, dtype);
+  DTRAIN_CHECK(host_accessible(), "ensure() of a tensor in backend memory");
   if (!storage_ || offset_ + need > storage_->bytes()) {
-    *this = Tensor(shape, dtype, device_);
+    *this = Tensor(shape, dtype);
     return;
   }
   shape_ = shape;

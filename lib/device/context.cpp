@@ -1,5 +1,6 @@
 #include "device/context.hpp"
 
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
@@ -45,6 +46,47 @@ std::vector<std::string> device_inventory(Device::Kind kind) {
 std::string_view backend_for(Device::Kind kind) {
   const Registered* r = find(kind);
   return r ? r->name : std::string_view();
+}
+
+Tensor Context::tensor(const Shape& shape, DType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  Buffer memory = allocate(bytes);
+  return Tensor(shape, dtype, std::make_shared<Storage>(std::move(memory), bytes, device(), host_accessible()));
+}
+
+Tensor Context::upload(const Tensor& host) {
+  Tensor t = tensor(host.shape(), host.dtype());
+  DTRAIN_CHECK(host.host_accessible(), "upload() of a tensor that is not in host memory");
+  if (t.bytes()) copy_from_host(host.raw(), t.raw(), t.bytes());
+  return t;
+}
+
+Tensor Context::download(const Tensor& t) {
+  Tensor host(t.shape(), t.dtype());
+  if (!t.bytes()) return host;
+  if (t.host_accessible()) {
+    std::memcpy(host.raw(), t.raw(), t.bytes());
+  } else {
+    copy_to_host(t.raw(), host.raw(), t.bytes());
+  }
+  return host;
+}
+
+void Context::copy_to_host(const Tensor& src, void* host) {
+  if (src.bytes()) copy_to_host(src.raw(), host, src.bytes());
+}
+
+void Context::copy_from_host(const void* host, Tensor& dst) {
+  if (dst.bytes()) copy_from_host(host, dst.raw(), dst.bytes());
+}
+
+void Context::copy(const Tensor& src, Tensor& dst) {
+  DTRAIN_CHECK(src.bytes() == dst.bytes(), fmt::format("a copy from {} bytes into {}", src.bytes(), dst.bytes()));
+  if (src.bytes() && src.raw() != dst.raw()) copy_on_device(src.raw(), dst.raw(), src.bytes());
+}
+
+void Context::zero(Tensor& t) {
+  if (t.bytes()) zero(t.raw(), t.bytes());
 }
 
 std::unique_ptr<Context> make_context(Device device) {

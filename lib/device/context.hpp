@@ -10,6 +10,19 @@
 //            or a dtype change (f32 <-> the compute dtype).
 //   Numerics the loops of the losses, metrics, optimizers and regularizers (device/numerics.hpp).
 //
+// Memory. Everything a step touches (variables, gradients, optimizer slots, activations, the
+// staged input batch, a model's outputs) is allocated by the replica's context (allocate(),
+// tensor()) and lives where its backend keeps it. The host reaches it only through the
+// directional copies below (copy_to_host, copy_from_host), unless host_accessible() says it may
+// read it in place (the CPU backend, outside its checked mode), where callers may skip a staging
+// copy. Work is queued on the context's one ordered stream: a copy or a kernel starts after
+// everything submitted before it; copy_to_host() returns with the bytes on the host.
+//
+// Calls. The CPU backend's checked mode (DTRAIN_CHECKED_MEMORY=1) makes its memory inaccessible
+// outside the backend's own calls, so a host access the seam does not allow faults. A call into
+// the backend is a Call scope (Context::Call); the context's own copies, numerics and kernels
+// (nn/kernel.cpp wraps them) open one.
+//
 // The layer kernels are declared by nn (nn/kernel.hpp) and registered by each backend's folder;
 // nothing outside backends/<name>/ includes a backend's own headers.
 #pragma once
@@ -75,6 +88,50 @@ class Context {
   virtual std::unique_ptr<Copy> make_copy(const Memory& from, const Memory& to) = 0;
   // Returns when everything submitted so far has finished (results readable, buffers reusable).
   virtual void synchronize() = 0;
+
+  // ---- memory and the host (see the top of the file)
+  // Whether host code may read and write this context's memory in place.
+  virtual bool host_accessible() const = 0;
+  // `bytes` from this context's memory at `src` to host memory at `host`, after the work queued
+  // before it; returns when `host` holds them.
+  virtual void copy_to_host(const void* src, void* host, std::size_t bytes) = 0;
+  // `bytes` from host memory at `host` to this context's memory at `dst`, ordered after the work
+  // queued before it; returns when `host` may be reused.
+  virtual void copy_from_host(const void* host, void* dst, std::size_t bytes) = 0;
+  // Between two places of this context's memory, ordered on its stream.
+  virtual void copy_on_device(const void* src, void* dst, std::size_t bytes) = 0;
+  // dst[0, bytes) = 0, ordered on its stream.
+  virtual void zero(void* dst, std::size_t bytes) = 0;
+
+  // The host hands control to the backend for one call (a kernel's forward, a copy); the memory
+  // of a checked context is accessible inside. Nested and concurrent calls are allowed.
+  virtual void enter() {}
+  virtual void leave() {}
+  class Call {
+   public:
+    explicit Call(Context& ctx) : ctx_(ctx) { ctx_.enter(); }
+    ~Call() { ctx_.leave(); }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    Context& ctx_;
+  };
+
+  // ---- conveniences over the above (device/context.cpp)
+  // A zero-filled tensor of `shape` in this context's memory.
+  Tensor tensor(const Shape& shape, DType dtype = DType::f32);
+  // A tensor of this context holding a copy of host tensor `host` (same shape and dtype).
+  Tensor upload(const Tensor& host);
+  // A host tensor holding a copy of `t` (a tensor of this context, or a host tensor).
+  Tensor download(const Tensor& t);
+  // `t` itself where the host reads it in place, else download(t): for reading it once.
+  Tensor on_host(const Tensor& t) { return t.host_accessible() ? t : download(t); }
+  // Whole-tensor copies of equal byte size: host <-> this context, and within this context.
+  void copy_to_host(const Tensor& src, void* host);
+  void copy_from_host(const void* host, Tensor& dst);
+  void copy(const Tensor& src, Tensor& dst);
+  void zero(Tensor& t);
   virtual Numerics& numerics() = 0;
   // "oneDNN 2.6.3 isa avx2": what the run header says about the backend.
   virtual std::string describe() const = 0;

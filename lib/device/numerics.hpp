@@ -68,6 +68,10 @@ class Numerics {
   virtual void row_matches(const float* pred, const void* targets, bool targets_are_i32, std::int64_t rows,
                            std::int64_t columns, const float* threshold, std::int64_t* matches) = 0;
 
+  // ---- read-back: `bytes` of this backend's memory at `src` into host memory (labels a metric
+  // compares on the host, predictions a Mean averages); returns with them on the host.
+  virtual void to_host(const void* src, void* host, std::size_t bytes) = 0;
+
   // ---- regularizers
   virtual double sum_of_squares(const float* x, std::size_t n) = 0;
   // y += a * x

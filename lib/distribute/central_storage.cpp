@@ -24,6 +24,11 @@ class CentralStorageStrategy final : public ReplicatedStrategy {
     DTRAIN_CHECK(per_replica.size() == static_cast<std::size_t>(num_local_replicas()),
                  fmt::format("place_variables: {} variable lists for {} replicas", per_replica.size(), num_local_replicas()));
     const std::vector<Variable*>& held = per_replica[static_cast<std::size_t>(holder_)];
+    // Where the host reads the replicas' memory in place (CPU replicas), they all compute with the
+    // holder's one storage. Elsewhere (GPUs, the checked mode) a replica's kernels read only its
+    // own memory: each keeps a copy that the holder's values overwrite after every update.
+    shared_ = std::all_of(held.begin(), held.end(), [](const Variable* v) { return v->value.host_accessible(); });
+    replicas_.assign(per_replica.begin(), per_replica.end());
     for (std::size_t r = 0; r < per_replica.size(); ++r) {
       if (static_cast<int>(r) == holder_) continue;
       const std::vector<Variable*>& mine = per_replica[r];
@@ -32,17 +37,54 @@ class CentralStorageStrategy final : public ReplicatedStrategy {
         DTRAIN_CHECK(mine[v]->value.shape() == held[v]->value.shape(),
                      fmt::format("place_variables: {} has shape {} on replica {}, {} on the holder", mine[v]->name,
                                  mine[v]->value.shape().to_string(), r, held[v]->value.shape().to_string()));
-        mine[v]->value = held[v]->value;  // one storage: the holder's updates are what every replica computes with
+        if (shared_) mine[v]->value = held[v]->value;  // the holder's updates are what every replica computes with
       }
     }
+    std::size_t floats = 0;
+    for (const Variable* v : held) floats += static_cast<std::size_t>(v->value.numel());
+    if (!shared_) value_staging_.assign(per_replica.size(), std::vector<float>(floats));
+  }
+
+  bool update(const ReplicaContext& replica, const std::function<void()>& apply) override {
+    const bool here = ReplicatedStrategy::update(replica, apply);
+    if (!shared_) send_values(replica);
+    return here;
   }
 
   void sum_gradients(const ReplicaContext& replica) override {
-    local(replica).reduce_sum_to(gradients(replica.replica_id), holder_, "gradients");
+    StagedGradients& g = staged(replica.replica_id);
+    g.to_host();
+    local(replica).reduce_sum_to(g.host(), holder_, "gradients");
+    if (replica.replica_id == holder_) g.from_host();  // only the holder's copy is updated
   }
 
  private:
+  // The holder's values, after its update, into every other replica's copy: down to the host,
+  // broadcast among the local replicas, up into each copy.
+  void send_values(const ReplicaContext& replica) {
+    const auto r = static_cast<std::size_t>(replica.replica_id);
+    device::Context& ctx = staged(replica.replica_id).context();
+    std::vector<float>& host = value_staging_[r];
+    const bool holder = replica.replica_id == holder_;
+    std::size_t at = 0;
+    if (holder)
+      for (const Variable* v : replicas_[r]) {
+        ctx.copy_to_host(v->value, host.data() + at);
+        at += static_cast<std::size_t>(v->value.numel());
+      }
+    local(replica).broadcast(std::span<float>(host), holder_, "central storage values");
+    if (holder) return;
+    at = 0;
+    for (Variable* v : replicas_[r]) {
+      ctx.copy_from_host(host.data() + at, v->value);
+      at += static_cast<std::size_t>(v->value.numel());
+    }
+  }
+
   int holder_;
+  bool shared_ = true;
+  std::vector<std::vector<Variable*>> replicas_;       // each local replica's variables
+  std::vector<std::vector<float>> value_staging_;      // per replica, when not shared
 };
 
 void parse(const config::Section& s, config::StrategyConfig& out) {

@@ -37,16 +37,21 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
     ReplicatedStrategy::set_collectives_in_backward(yes);
   }
 
-  void bind_gradients(int replica, std::span<float> gradients, std::span<const std::size_t> sizes) override {
-    ReplicatedStrategy::bind_gradients(replica, gradients, sizes);
-    // Across workers, this process's replica 0 speaks for it.
+  void bind_gradients(int replica, device::Context& ctx, const Tensor& gradients,
+                      std::span<const std::size_t> sizes) override {
+    ReplicatedStrategy::bind_gradients(replica, ctx, gradients, sizes);
+    // Across workers, this process's replica 0 speaks for it, from its host-side gradients.
     if (replica == 0 && workers() > 1)
-      reducer_ = std::make_unique<PackedAllReduce>(worker_group(), gradients, sizes, bytes_per_pack_, ring_,
+      reducer_ = std::make_unique<PackedAllReduce>(worker_group(), this->gradients(0), sizes, bytes_per_pack_, ring_,
                                                    overlap_requested_ && !collectives_in_backward());
   }
 
   void gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count) override {
-    if (replica.replica_id == 0 && overlaps_backward()) reducer_->ready(first, count);
+    if (replica.replica_id != 0 || !overlaps_backward()) return;
+    // The variables' floats reach the host before their sum starts.
+    const auto offsets = variable_offsets();
+    staged(0).to_host(offsets[first], offsets[first + count] - offsets[first]);
+    reducer_->ready(first, count);
   }
 
   bool overlaps_backward() const override { return reducer_ && reducer_->overlaps(); }
@@ -62,12 +67,18 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
 
   void sum_gradients(const ReplicaContext& replica) override {
     const bool several = num_local_replicas() > 1;
-    if (several) ReplicatedStrategy::sum_gradients(replica);
-    if (!reducer_) return;
-    // Replica 0 sums across workers (or waits for the packs already under way); the other local
-    // replicas then copy its sum.
-    if (replica.replica_id == 0) reducer_->finish();
-    if (several) local(replica).broadcast(gradients(replica.replica_id), 0, "gradients");
+    if (!several && !reducer_) return;
+    StagedGradients& g = staged(replica.replica_id);
+    // Overlapping, replica 0's gradients reached the host as backward handed them over.
+    if (!overlaps_backward()) g.to_host();
+    if (several) local(replica).all_reduce_sum(g.host(), "gradients");
+    if (reducer_) {
+      // Replica 0 sums across workers (or waits for the packs already under way); the other
+      // local replicas then copy its sum.
+      if (replica.replica_id == 0) reducer_->finish();
+      if (several) local(replica).broadcast(g.host(), 0, "gradients");
+    }
+    g.from_host();
   }
 
   double take_cross_worker_seconds() override { return reducer_ ? reducer_->take_collective_seconds() : 0.0; }

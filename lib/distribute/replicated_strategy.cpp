@@ -58,15 +58,25 @@ std::vector<std::int64_t> ReplicatedStrategy::all_gather(std::int64_t mine, cons
   return all;
 }
 
-void ReplicatedStrategy::bind_gradients(int replica, std::span<float> gradients, std::span<const std::size_t>) {
+void ReplicatedStrategy::bind_gradients(int replica, device::Context& ctx, const Tensor& gradients,
+                                        std::span<const std::size_t> sizes) {
   DTRAIN_CHECK(replica >= 0 && replica < num_local_replicas(),
                fmt::format("bind_gradients: replica {} is outside [0, {})", replica, num_local_replicas()));
-  // Each replica writes only its own slot, so replicas may bind from their own threads.
-  gradients_[static_cast<std::size_t>(replica)] = gradients;
+  // Each replica writes only its own slot, so replicas may bind from their own threads; the
+  // offsets are the same for every replica, and replica 0 writes them.
+  gradients_[static_cast<std::size_t>(replica)] = StagedGradients(ctx, gradients);
+  if (replica == 0) {
+    offsets_.assign(1, 0);
+    for (std::size_t n : sizes) offsets_.push_back(offsets_.back() + n);
+  }
 }
 
 void ReplicatedStrategy::sum_gradients(const ReplicaContext& replica) {
-  local(replica).all_reduce_sum(gradients(replica.replica_id), "gradients");
+  if (num_local_replicas() == 1) return;  // alone in this process: nothing to sum here
+  StagedGradients& g = staged(replica.replica_id);
+  g.to_host();
+  local(replica).all_reduce_sum(g.host(), "gradients");
+  g.from_host();
 }
 
 bool ReplicatedStrategy::update(const ReplicaContext& replica, const std::function<void()>& apply) {

@@ -13,6 +13,7 @@
 #include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
 #include "distribute/replica_group.hpp"
+#include "distribute/staged_gradients.hpp"
 
 namespace dtrain::distribute {
 
@@ -52,7 +53,8 @@ class ReplicatedStrategy : public Strategy {
   void set_step(std::int64_t global_step) override { workers_->set_step(global_step); }
 
   void set_collectives_in_backward(bool yes) override { collectives_in_backward_ = yes; }
-  void bind_gradients(int replica, std::span<float> gradients, std::span<const std::size_t> sizes) override;
+  void bind_gradients(int replica, device::Context& ctx, const Tensor& gradients,
+                      std::span<const std::size_t> sizes) override;
   void gradients_ready(const ReplicaContext&, std::size_t, std::size_t) override {}
   bool overlaps_backward() const override { return false; }
   // Every replica's gradients become the sum (the thread group's cross-device op).
@@ -65,7 +67,11 @@ class ReplicatedStrategy : public Strategy {
 
  protected:
   Communicator& local(const ReplicaContext& replica) { return group_->endpoint(replica.replica_id); }
-  std::span<float> gradients(int replica) const { return gradients_[static_cast<std::size_t>(replica)]; }
+  // A replica's gradients where the host-memory collectives sum them (staged_gradients.hpp).
+  StagedGradients& staged(int replica) { return gradients_[static_cast<std::size_t>(replica)]; }
+  std::span<float> gradients(int replica) { return staged(replica).host(); }
+  // The float offset in the arena of each variable, and one past the last.
+  std::span<const std::size_t> variable_offsets() const { return offsets_; }
   Communicator& worker_group() { return *workers_; }
   const ReplicaLayout& layout() const { return layout_; }
   bool collectives_in_backward() const { return collectives_in_backward_; }
@@ -78,7 +84,8 @@ class ReplicatedStrategy : public Strategy {
   SingleCommunicator alone_;  // the workers of a strategy that runs in this process alone
   Communicator* workers_;
   std::unique_ptr<ReplicaGroup> group_;
-  std::vector<std::span<float>> gradients_;  // per local replica, bound once
+  std::vector<StagedGradients> gradients_;  // per local replica, bound once
+  std::vector<std::size_t> offsets_;        // of each variable in an arena (the same for every replica)
   bool collectives_in_backward_ = false;
   ReplicaThreads threads_;  // last: its threads use the members above
 };

@@ -25,6 +25,7 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "core/variable.hpp"
+#include "device/context.hpp"
 #include "distribute/communicator.hpp"
 
 namespace dtrain::distribute {
@@ -95,8 +96,11 @@ class Strategy {
   // before bind_gradients().
   virtual void set_collectives_in_backward(bool yes) = 0;
   // Each replica registers its gradient arena once, before its first sum_gradients(): one
-  // contiguous span partitioned into variables of `sizes` floats (the same on every replica).
-  virtual void bind_gradients(int replica, std::span<float> gradients, std::span<const std::size_t> sizes) = 0;
+  // contiguous f32 tensor in the memory of the replica's context `ctx`, partitioned into
+  // variables of `sizes` floats (the same on every replica). Collectives over host memory reach it
+  // through staging copies where the host cannot read it in place (staged_gradients.hpp).
+  virtual void bind_gradients(int replica, device::Context& ctx, const Tensor& gradients,
+                              std::span<const std::size_t> sizes) = 0;
   // During backward: variables [first, first + count) of the replica's arena hold their final
   // gradients for this step. Across workers, their sum may start now.
   virtual void gradients_ready(const ReplicaContext& replica, std::size_t first, std::size_t count) = 0;

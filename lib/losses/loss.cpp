@@ -208,8 +208,10 @@ std::pair<std::int64_t, std::int64_t> Loss::validate(const Tensor& y_pred, const
                                    "give f32 targets of shape ({}, {}) instead",
                                    name, ts.to_string(), y_pred.shape().to_string(), N, C));
     }
-    const std::int32_t* labels = y_true.data<std::int32_t>();
-    for (std::int64_t i = 0; i < N; ++i) {
+    // Labels the host cannot read in place were checked when their split was loaded (the
+    // trainer's check_label_range), before they were staged to the device.
+    const std::int32_t* labels = y_true.host_accessible() ? y_true.data<std::int32_t>() : nullptr;
+    for (std::int64_t i = 0; labels && i < N; ++i) {
       const std::int32_t l = labels[i];
       if (is_crossentropy(config_.kind) && (l < 0 || l >= C)) {
         throw InputError(fmt::format("loss {}: label {} of example {} is out of range [0, {}); the model has {} "
@@ -245,9 +247,9 @@ device::LossBatch Loss::batch_of(const Tensor& y_pred, const Tensor& y_true) con
   b.from_logits = config_.from_logits;
   b.rows = y_pred.shape()[0];
   b.columns = y_pred.shape()[1];
-  b.pred = y_pred.data<float>();
-  b.dense_targets = dense ? y_true.data<float>() : nullptr;
-  b.labels = dense ? nullptr : y_true.data<std::int32_t>();
+  b.pred = y_pred.address<float>();
+  b.dense_targets = dense ? y_true.address<float>() : nullptr;
+  b.labels = dense ? nullptr : y_true.address<std::int32_t>();
   return b;
 }
 
@@ -267,11 +269,16 @@ void Loss::gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const 
     throw InputError(fmt::format("loss {}: {} sample weights for a batch of {} examples; give one weight per example",
                                  loss_name(config_.kind), weights.size(), N));
   }
-  d_pred.ensure(y_pred.shape(), DType::f32);
+  // A host buffer is sized here; a device one (a model's output gradient) already fits.
+  if (d_pred.host_accessible() && !(d_pred.defined() && d_pred.shape() == y_pred.shape()))
+    d_pred.ensure(y_pred.shape(), DType::f32);
+  DTRAIN_CHECK(d_pred.shape() == y_pred.shape() && d_pred.dtype() == DType::f32,
+               fmt::format("loss gradient buffer {} for predictions {}", d_pred.shape().to_string(),
+                           y_pred.shape().to_string()));
   device::LossBatch b = batch_of(y_pred, y_true);
   b.weights = weights.empty() ? nullptr : weights.data();
   b.scale = scale;
-  b.grad = d_pred.data<float>();
+  b.grad = d_pred.address<float>();
   numerics_.loss(b);
 }
 

@@ -47,8 +47,8 @@ void check_elementwise_targets(const char* metric, const Tensor& y_true, const B
   }
 }
 
-std::int32_t checked_label(const char* metric, const Tensor& y_true, std::int64_t i, std::int64_t C) {
-  const std::int32_t label = y_true.data<std::int32_t>()[i];
+std::int32_t checked_label(const char* metric, const std::int32_t* labels, std::int64_t i, std::int64_t C) {
+  const std::int32_t label = labels[i];
   if (label < 0 || label >= C) {
     throw InputError(fmt::format("metric {}: label {} of example {} is out of range [0, {}); check the number of "
                                  "classes in the data and the model's last layer",
@@ -74,7 +74,7 @@ void Mean::update(double value, double weight) {
 
 void Mean::update(const Tensor&, const Tensor& y_pred, std::span<const float> sample_weight) {
   const Batch b = check_predictions(name_.c_str(), y_pred, sample_weight);
-  const float* v = y_pred.data<float>();
+  const float* v = y_pred.data<float>();  // a Mean of values the host holds
   for (std::int64_t i = 0; i < b.N; ++i) {
     const double w = sample_weight.empty() ? 1.0 : sample_weight[i];
     for (std::int64_t j = 0; j < b.C; ++j) update(v[i * b.C + j], w);
@@ -131,7 +131,7 @@ void CountingMetric::merge(const MetricState& other) {
 void CountingMetric::count_matches(const Tensor& y_true, const Tensor& y_pred, std::int64_t rows,
                                    std::int64_t columns, const float* threshold, std::span<const float> sample_weight) {
   row_matches_.resize(static_cast<std::size_t>(rows));
-  numerics_.row_matches(y_pred.data<float>(), y_true.raw(), y_true.dtype() == DType::i32, rows, columns, threshold,
+  numerics_.row_matches(y_pred.address<float>(), y_true.raw(), y_true.dtype() == DType::i32, rows, columns, threshold,
                         row_matches_.data());
   for (std::int64_t i = 0; i < rows; ++i)
     count_example(row_matches_[static_cast<std::size_t>(i)], columns,
@@ -151,9 +151,10 @@ void SparseCategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pre
                                  y_true.shape().to_string()));
   }
   argmax_pred_.resize(static_cast<std::size_t>(b.N));
-  numerics_.argmax_rows(y_pred.data<float>(), b.N, b.C, argmax_pred_.data());
+  numerics_.argmax_rows(y_pred.address<float>(), b.N, b.C, argmax_pred_.data());
+  const std::int32_t* labels = on_host<std::int32_t>(y_true, labels_);
   for (std::int64_t i = 0; i < b.N; ++i) {
-    const std::int32_t label = checked_label(metric, y_true, i, b.C);
+    const std::int32_t label = checked_label(metric, labels, i, b.C);
     const bool hit = argmax_pred_[static_cast<std::size_t>(i)] == label;
     count_example(hit ? 1 : 0, 1, sample_weight.empty() ? nullptr : &sample_weight[i]);
   }
@@ -171,14 +172,15 @@ void CategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pred, std
                                  y_true.shape().to_string()));
   }
   argmax_pred_.resize(static_cast<std::size_t>(b.N));
-  numerics_.argmax_rows(y_pred.data<float>(), b.N, b.C, argmax_pred_.data());
+  numerics_.argmax_rows(y_pred.address<float>(), b.N, b.C, argmax_pred_.data());
+  const std::int32_t* host_labels = labels ? on_host<std::int32_t>(y_true, labels_) : nullptr;
   if (!labels) {
     argmax_true_.resize(static_cast<std::size_t>(b.N));
-    numerics_.argmax_rows(y_true.data<float>(), b.N, b.C, argmax_true_.data());
+    numerics_.argmax_rows(y_true.address<float>(), b.N, b.C, argmax_true_.data());
   }
   for (std::int64_t i = 0; i < b.N; ++i) {
     const std::int64_t expected =
-        labels ? checked_label(metric, y_true, i, b.C) : argmax_true_[static_cast<std::size_t>(i)];
+        labels ? checked_label(metric, host_labels, i, b.C) : argmax_true_[static_cast<std::size_t>(i)];
     const bool hit = argmax_pred_[static_cast<std::size_t>(i)] == expected;
     count_example(hit ? 1 : 0, 1, sample_weight.empty() ? nullptr : &sample_weight[i]);
   }

@@ -78,9 +78,19 @@ class CountingMetric : public Metric {
   // The elementwise accuracies: each row's matching columns, exactly or after `threshold`.
   void count_matches(const Tensor& y_true, const Tensor& y_pred, std::int64_t rows, std::int64_t columns,
                      const float* threshold, std::span<const float> sample_weight);
+  // The elements of `t` where the host can read them: `t` itself when it may, else a copy in
+  // `scratch` (labels staged to a GPU: one small read-back per update).
+  template <class T>
+  const T* on_host(const Tensor& t, std::vector<T>& scratch) {
+    if (t.host_accessible()) return t.data<T>();
+    scratch.resize(static_cast<std::size_t>(t.numel()));
+    numerics_.to_host(t.raw(), scratch.data(), t.bytes());
+    return scratch.data();
+  }
   device::Numerics& numerics_;
-  // Per-row results of the backend (argmax, match counts), reused across updates.
-  std::vector<std::int32_t> argmax_pred_, argmax_true_;
+  // Per-row results of the backend (argmax, match counts) and labels read back, reused across
+  // updates.
+  std::vector<std::int32_t> argmax_pred_, argmax_true_, labels_;
   std::vector<std::int64_t> row_matches_;
 
  private:

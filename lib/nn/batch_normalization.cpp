@@ -68,7 +68,7 @@ void BatchNormalization::apply_updates(device::Numerics& numerics) {
   const auto take = static_cast<float>(1.0 - opt_.momentum);
   for (const std::size_t i : {moving_mean_index(), moving_variance_index()}) {
     Variable& v = variables()[i];
-    numerics.axpby(take, v.grad.data<float>(), momentum, v.value.data<float>(), static_cast<std::size_t>(channels()));
+    numerics.axpby(take, v.grad.address<float>(), momentum, v.value.address<float>(), static_cast<std::size_t>(channels()));
   }
 }
 

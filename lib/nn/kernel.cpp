@@ -27,6 +27,45 @@ KernelFactory find(std::string_view backend, std::string_view kind) {
   return nullptr;
 }
 
+// Each call of a kernel is a call into its backend (device::Context::Call): the memory of a
+// checked context is open only while one runs. Where the backend does not check, the scope costs
+// two empty virtual calls.
+class CallScoped final : public LayerKernel {
+ public:
+  CallScoped(std::unique_ptr<LayerKernel> inner, device::Context& ctx) : inner_(std::move(inner)), ctx_(ctx) {}
+  device::LayoutPtr plan(std::int64_t batch, const device::LayoutPtr& src) override {
+    device::Context::Call call(ctx_);
+    return inner_->plan(batch, src);
+  }
+  void bind(std::int64_t batch, const LayerIO& io) override {
+    device::Context::Call call(ctx_);
+    inner_->bind(batch, io);
+  }
+  void forward(std::int64_t batch, const StepContext& step) override {
+    device::Context::Call call(ctx_);
+    inner_->forward(batch, step);
+  }
+  void backward(std::int64_t batch, const StepContext& step) override {
+    device::Context::Call call(ctx_);
+    inner_->backward(batch, step);
+  }
+  void forward_without_samples(const StepContext& step) override {
+    device::Context::Call call(ctx_);
+    inner_->forward_without_samples(step);
+  }
+  void backward_without_samples(const StepContext& step) override {
+    device::Context::Call call(ctx_);
+    inner_->backward_without_samples(step);
+  }
+  config::Activation output_activation() const override { return inner_->output_activation(); }
+  bool take_input_activation_backward(config::Activation a) override { return inner_->take_input_activation_backward(a); }
+  void skip_activation_backward() override { inner_->skip_activation_backward(); }
+
+ private:
+  std::unique_ptr<LayerKernel> inner_;
+  device::Context& ctx_;
+};
+
 }  // namespace
 
 void register_kernel(std::string_view backend, std::string_view layer_kind, KernelFactory factory) {
@@ -49,7 +88,7 @@ std::vector<std::unique_ptr<LayerKernel>> make_kernels(std::span<Layer* const> l
                                   ctx.device().to_string(), ctx.backend(), config::join(missing)));
   std::vector<std::unique_ptr<LayerKernel>> out;
   for (std::size_t i = 0; i < layers.size(); ++i)
-    out.push_back(find(ctx.backend(), layers[i]->kind())(*layers[i], ctx, compute[i]));
+    out.push_back(std::make_unique<CallScoped>(find(ctx.backend(), layers[i]->kind())(*layers[i], ctx, compute[i]), ctx));
   return out;
 }
 

@@ -75,14 +75,14 @@ std::size_t Layer::add_variable(const std::string& weight, Shape shape, Initiali
 double Layer::l2_penalty(device::Numerics& numerics, std::size_t index, double l2) const {
   if (l2 == 0.0) return 0.0;
   const Tensor& w = vars_[index].value;
-  return l2 * numerics.sum_of_squares(w.data<float>(), static_cast<std::size_t>(w.numel()));
+  return l2 * numerics.sum_of_squares(w.address<float>(), static_cast<std::size_t>(w.numel()));
 }
 
 void Layer::add_l2_gradient(device::Numerics& numerics, std::size_t index, double l2, float scale) {
   if (l2 == 0.0) return;
   Variable& v = vars_[index];
   // d(l2 * sum w^2)/dw = 2 l2 w
-  numerics.axpy(static_cast<float>(2.0 * l2) * scale, v.value.data<float>(), v.grad.data<float>(),
+  numerics.axpy(static_cast<float>(2.0 * l2) * scale, v.value.address<float>(), v.grad.address<float>(),
                 static_cast<std::size_t>(v.value.numel()));
 }
 

@@ -125,11 +125,16 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     }
   }
 
-  // One contiguous buffer for every gradient, each variable's grad a view into it.
+  // The variables move into the context's memory (they were initialized on the host, in the
+  // same order whatever the device). One contiguous buffer there for every gradient, each
+  // variable's grad a view into it.
   std::int64_t total = 0;
   for (auto& layer : layers_)
-    for (const Variable& v : layer->variables()) total += v.value.numel();
-  gradients_ = Tensor(Shape{total});
+    for (Variable& v : layer->variables()) {
+      v.value = ctx_.upload(v.value);
+      total += v.value.numel();
+    }
+  gradients_ = ctx_.tensor(Shape{total});
   std::int64_t at = 0;
   for (auto& layer : layers_) {
     first_variable_.push_back(variables_.size());
@@ -207,7 +212,7 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   p.input = ctx_.movable_memory(ctx_.canonical_layout(input_shape_.with_batch(batch), DType::f32));
   device::Memory input_diff;
   if (options_.input_gradient) {
-    p.input_grad = Tensor(input_shape_.with_batch(batch));
+    p.input_grad = ctx_.tensor(input_shape_.with_batch(batch));
     input_diff = device::Memory{p.input.layout, p.input_grad.raw()};
   }
 
@@ -219,8 +224,8 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   }
   // The last layer writes straight into the canonical output tensor when its layout is the
   // canonical one (the usual case for a final Dense); otherwise one copy at each end.
-  p.output = Tensor(output_shape_.with_batch(batch));
-  p.output_grad = Tensor(output_shape_.with_batch(batch));
+  p.output = ctx_.tensor(output_shape_.with_batch(batch));
+  p.output_grad = ctx_.tensor(output_shape_.with_batch(batch));
   const device::LayoutPtr out_canonical = ctx_.canonical_layout(output_shape_.with_batch(batch), DType::f32);
   for (std::size_t i = 0; i < kernels_.size(); ++i) {
     const bool last = i + 1 == kernels_.size();
@@ -253,6 +258,11 @@ const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
   for (std::size_t i = 0; fits && i < input_shape_.rank(); ++i) fits = x.shape()[i + 1] == input_shape_[i];
   DTRAIN_CHECK(fits, fmt::format("model input {} does not match the model's input shape {}", x.shape().to_string(),
                                  input_shape_.to_string()));
+  // The seam: a context whose memory the host cannot read runs on its own memory only (a batch
+  // is staged there with its copies first).
+  DTRAIN_CHECK(ctx_.host_accessible() || !x.host_accessible(),
+               fmt::format("model input {} is host memory, but {}'s kernels read their own memory: stage it with the "
+                           "context's copy_from_host()", x.shape().to_string(), ctx_.device().to_string()));
   const std::int64_t batch = x.shape()[0];
   Plan& p = plan_for(batch);
   // Kernels only read through the input; the const_cast does not write.
@@ -306,7 +316,7 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
 }
 
 void Sequential::step_without_samples(const StepContext& step) {
-  gradients_.zero();
+  ctx_.zero(gradients_);
   for (auto& kernel : kernels_) kernel->forward_without_samples(step);
   for (std::size_t i = kernels_.size(); i-- > 0;) kernels_[i]->backward_without_samples(step);
   ctx_.synchronize();

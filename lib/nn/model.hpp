@@ -98,14 +98,18 @@ class Sequential {
   // layer whose outputs take the most, at its place in the experiment with the option that sizes
   // them (filters, units).
   void check_batch_memory(std::int64_t batch, const config::BatchKey& batch_key) const;
-  // Every variable's grad, contiguous, in variables() order, and how many floats each takes.
-  std::span<float> gradient_arena() { return gradients_.span<float>(); }
+  // Every variable's grad, contiguous, in variables() order (memory of the model's context), and
+  // how many floats each takes.
+  Tensor& gradient_arena() { return gradients_; }
   std::span<const std::size_t> gradient_sizes() const { return gradient_sizes_; }
 
-  // x: (N, input_shape...) f32, canonical. Returns y: (N, output_shape...) f32, canonical, valid
-  // until the next forward.
+  // x: (N, input_shape...) f32, canonical, in the context's memory (staged there by the caller),
+  // kept alive and unchanged by the caller until backward() (kernels read it again there).
+  // Returns y: (N, output_shape...) f32, canonical, in the context's memory, valid until the next
+  // forward.
   const Tensor& forward(const Tensor& x, const StepContext& step);
-  // The buffer the caller fills with d(loss)/d(y) for the last forward's batch, then backward().
+  // The buffer (in the context's memory) the caller fills with d(loss)/d(y) for the last
+  // forward's batch, then backward().
   Tensor& output_gradient();
   // Overwrites every variable's grad (trainable: d(loss)/d(variable); not trainable: the step's
   // update contribution).

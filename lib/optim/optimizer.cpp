@@ -33,7 +33,8 @@ void Optimizer::build(std::span<Variable* const> vars) {
     DTRAIN_CHECK(v != nullptr && v->value.defined() && v->value.dtype() == DType::f32,
                  fmt::format("optimizer {}: variable {} must hold f32 values", name(), v ? v->name : "(null)"));
     tracked_.push_back({v->name, v->value.shape()});
-    for (std::size_t s = 0; s < slots_per_variable_; ++s) slots_.emplace_back(v->value.shape(), DType::f32);
+    for (std::size_t s = 0; s < slots_per_variable_; ++s)
+      slots_.push_back(slot_memory_ ? slot_memory_->tensor(v->value.shape()) : Tensor(v->value.shape()));
   }
   slot_pointers_.assign(slots_per_variable_, nullptr);
   built_ = true;
@@ -66,9 +67,9 @@ void Optimizer::apply_gradients(std::span<Variable* const> vars) {
   for (std::size_t i = 0; i < vars.size(); ++i) {
     Variable& v = *vars[i];
     for (std::size_t s = 0; s < slots_per_variable_; ++s) {
-      slot_pointers_[s] = slots_[i * slots_per_variable_ + s].data<float>();
+      slot_pointers_[s] = slots_[i * slots_per_variable_ + s].address<float>();
     }
-    update(v.value.data<float>(), v.grad.data<float>(), static_cast<std::size_t>(v.value.numel()),
+    update(v.value.address<float>(), v.grad.address<float>(), static_cast<std::size_t>(v.value.numel()),
            slot_pointers_.data());
   }
   ++iterations_;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "device/context.hpp"
 #include "device/numerics.hpp"
 #include "config/experiment.hpp"
 #include "core/tensor.hpp"
@@ -36,6 +37,9 @@ class Optimizer {
   // Names of the per-variable slots, in slot_index order (Keras' names).
   virtual std::vector<std::string> slot_names() const = 0;
 
+  // Where the slots are allocated: the memory of the context that holds the variables (before
+  // build()). Without it they are host memory (tests of the formulas on the CPU backend).
+  void place_slots(device::Context& ctx) { slot_memory_ = &ctx; }
   // Creates the slots for these variables; a no-op when already built for the same variables.
   void build(std::span<Variable* const> vars);
   bool built() const { return built_; }
@@ -67,6 +71,7 @@ class Optimizer {
 
   std::unique_ptr<LearningRateSchedule> schedule_;
   device::Numerics& numerics_;
+  device::Context* slot_memory_ = nullptr;
   std::int64_t iterations_ = 0;
   std::size_t slots_per_variable_ = 0;
   std::vector<Tracked> tracked_;

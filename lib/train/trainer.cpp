@@ -158,13 +158,16 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
     device::Numerics& numerics = rep.ctx->numerics();
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
+    rep.optimizer->place_slots(*rep.ctx);
     if (r == 0) strategy_->set_collectives_in_backward(rep.model->synchronizes_replicas());
-    strategy_->bind_gradients(r, rep.model->gradient_arena(), rep.model->gradient_sizes());
+    strategy_->bind_gradients(r, *rep.ctx, rep.model->gradient_arena(), rep.model->gradient_sizes());
     rep.gradients_ready = [this, rc = strategy_->replica_context(r)](std::size_t first, std::size_t count) {
       strategy_->gradients_ready(rc, first, count);
     };
     rep.cross_replica = std::make_unique<StrategyCrossReplica>(*strategy_, strategy_->replica_context(r));
-    if (lanes > 1) {
+    // Lanes share their replica's variables and sum into its gradients in place: CPU threads over
+    // memory the host reads. A replica on other memory (a GPU, the checked mode) is one lane.
+    if (lanes > 1 && rep.ctx->host_accessible()) {
       for (int l = 1; l < lanes; ++l) rep.more_lanes.push_back(make_lane(r));
       rep.lanes = std::make_unique<Lanes>(lanes);
       for (int l = 0; l < lanes; ++l) {
@@ -354,16 +357,21 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
   for (std::size_t r = 0; r < replicas_.size(); ++r) {
     Replica& rep = replicas_[r];
     if (static_cast<int>(r) == primary) continue;
+    // Between two replicas' contexts through the host: a restore happens once.
+    const auto copy_over = [&](const Tensor& from, Tensor& to) {
+      rep.ctx->copy_from_host(first.ctx->download(from).raw(), to);
+    };
+    auto& vars = rep.model->variables();
+    // A replica holding no copy of its own may still keep one it computes with (central storage
+    // on memory the host cannot share): it gets the values too.
+    for (std::size_t v = 0; v < vars.size(); ++v)
+      if (vars[v]->value.raw() != vars0[v]->value.raw()) copy_over(vars0[v]->value, vars[v]->value);
     if (strategy_->holds_variables(static_cast<int>(r))) {
-      auto& vars = rep.model->variables();
-      for (std::size_t v = 0; v < vars.size(); ++v)
-        std::copy_n(vars0[v]->value.data<float>(), vars0[v]->value.numel(), vars[v]->value.data<float>());
       const auto& trained = rep.model->trainable_variables();
       rep.optimizer->build(trained);
       for (std::size_t v = 0; v < trained.size(); ++v)
         for (std::size_t k = 0; k < rep.optimizer->slot_names().size(); ++k)
-          std::copy_n(first.optimizer->slot(v, k).data<float>(), trained[v]->value.numel(),
-                      rep.optimizer->slot(v, k).data<float>());
+          copy_over(first.optimizer->slot(v, k), rep.optimizer->slot(v, k));
     }
     rep.optimizer->set_iterations(first.optimizer->iterations());
   }
@@ -483,7 +491,7 @@ void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& re
     else
       lane.model->step_without_samples(step);  // still takes part in the lanes' sums
     // The replica's gradients: every lane's, summed into lane 0's in lane order.
-    rep.lanes->endpoint(l).reduce_sum_to(lane.model->gradient_arena(), 0, "lane gradients");
+    rep.lanes->endpoint(l).reduce_sum_to(lane.model->gradient_arena().span<float>(), 0, "lane gradients");
     phases.mark(Phase::backward);
   };
   rep.lanes->run(lane_step);
@@ -508,7 +516,8 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   if (batch.size > 0) {
     // Each replica adds 1/R of the regularization gradient: summed over replicas, it is added once.
     // The per-layer hand-over only when the strategy sums across workers while backward runs.
-    data_loss = compute_gradients(rep, batch.x, batch.y, step,
+    const auto [x, y] = stage(rep, batch);
+    data_loss = compute_gradients(rep, x, y, step,
                                   nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr}, phases);
   } else {
     // No samples for this replica on a short last batch: it still adds its share of the
@@ -519,6 +528,27 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
     phases.mark(Phase::backward);
   }
   finish_replica_step(rc, rep, data_loss, phases);
+}
+
+namespace {
+
+// `host` copied into `buffer` (memory of `ctx`, grown to the largest batch and then reused): a
+// view of it shaped like `host`.
+Tensor stage_into(device::Context& ctx, Tensor& buffer, const Tensor& host) {
+  if (!host.defined()) return {};
+  if (!buffer.defined() || buffer.dtype() != host.dtype() || buffer.numel() < host.numel())
+    buffer = ctx.tensor(Shape{std::max<std::int64_t>(1, host.numel())}, host.dtype());
+  Tensor view = buffer.view(0, host.shape());
+  DTRAIN_CHECK(host.host_accessible(), "a batch to stage that is not in host memory");
+  ctx.copy_from_host(host.raw(), view);
+  return view;
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> Trainer::stage(Lane& lane, const data::ReplicaBatch& batch) {
+  if (lane.ctx->host_accessible()) return {batch.x, batch.y};  // the kernels read the host's batch
+  return {stage_into(*lane.ctx, lane.staged_x, batch.x), stage_into(*lane.ctx, lane.staged_y, batch.y)};
 }
 
 void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
@@ -540,11 +570,12 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
     rep.lanes->run(lane_step);
     return;
   }
-  const Tensor& logits = rep.model->forward(batch.x, step_context(rc, nn::Mode::inference, batch));
+  const auto [x, y] = stage(rep, batch);
+  const Tensor& logits = rep.model->forward(x, step_context(rc, nn::Mode::inference, batch));
   rep.per_example.resize(static_cast<std::size_t>(batch.size));
-  rep.loss->per_example(logits, batch.y, rep.per_example);
+  rep.loss->per_example(logits, y, rep.per_example);
   rep.eval_loss_sum += std::accumulate(rep.per_example.begin(), rep.per_example.end(), 0.0);
-  for (auto& m : rep.eval_metrics) m->update(batch.y, logits);
+  for (auto& m : rep.eval_metrics) m->update(y, logits);
 }
 
 metrics::MetricState Trainer::local_metric_state(bool train, std::size_t index) const {
@@ -626,14 +657,17 @@ Predictions Trainer::predict_split(const std::string& name, std::int64_t batch) 
   p.labels = split.y.clone();
   p.logits = Tensor(model().output_shape().with_batch(n), DType::f32);
   const std::int64_t outputs = model().output_shape().numel();
+  Lane& lane = replicas_[0];
   nn::StepContext step;
   step.mode = nn::Mode::inference;
   step.seed = exp_.seed;
   for (std::int64_t begin = 0; begin < n; begin += batch) {
     const std::int64_t end = std::min(n, begin + batch);
     step.step_samples = end - begin;
-    const Tensor& y = model().forward(p.inputs.slice_rows(begin, end), step);
-    std::copy_n(y.data<float>(), (end - begin) * outputs, p.logits.data<float>() + begin * outputs);
+    data::ReplicaBatch rows;
+    rows.x = p.inputs.slice_rows(begin, end);
+    const Tensor& y = model().forward(stage(lane, rows).first, step);
+    lane.ctx->copy_to_host(y, p.logits.data<float>() + begin * outputs);
   }
   return p;
 }

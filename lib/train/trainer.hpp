@@ -153,6 +153,8 @@ class Trainer : private LoopHost {
     std::unique_ptr<nn::Sequential> model;
     std::vector<std::unique_ptr<metrics::Metric>> train_metrics, eval_metrics;
     std::vector<float> per_example;
+    // The step's batch in the lane's context memory where it is not the host's (see stage()).
+    Tensor staged_x, staged_y;
     double eval_loss_sum = 0.0;
     double data_loss = 0.0;  // this step's, from this lane's samples
     // The other lanes (batch statistics) and, for synchronized layers, every lane of every replica.
@@ -177,6 +179,9 @@ class Trainer : private LoopHost {
   // The first lane made (replica 0's own) first checks the whole run's memory from its model's
   // declared shapes (train/memory_estimate.hpp), before any variable is allocated.
   Lane make_lane(int replica, bool check_run_memory = false) const;
+  // The batch x, y where `lane`'s kernels read it: the host tensors themselves where its context
+  // reads host memory in place, else copies staged into the lane's buffers.
+  std::pair<Tensor, Tensor> stage(Lane& lane, const data::ReplicaBatch& batch);
   void replica_train_step(const distribute::ReplicaContext& rc);
   // The training step of a replica whose batch is split over its lanes.
   void lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch);

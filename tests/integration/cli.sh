@@ -345,10 +345,13 @@ EOF
     [ "$(wc -c <"$scratch/err")" -lt 400 ] || fail "the error repeats the long name"
     ;;
   gpu_refused)
-    # A gpu:N device is refused before any training, with what is missing: the CUDA backend's
-    # kernels when it was built, the backend itself otherwise; the YAML location comes first.
+    # A gpu:N device this machine lacks is refused before any training, saying how many GPUs it
+    # has (or that the build has no CUDA backend); the YAML location comes first.
+    if nvidia-smi -L 2>/dev/null | grep -q "^GPU 0"; then
+      echo "SKIP: this machine has a GPU"; exit 77
+    fi
     if "$dtrain" info | grep -q "^CUDA: built"; then
-      why="the CUDA backend of this build has no kernels yet: it lacks the layer kinds .*conv2d.*dense.*; use cpu:N devices"
+      why="this machine has 0 CUDA devices.*; use one of those or cpu:N devices"
     else
       why="this build of dtrain has no CUDA backend.*; use cpu:N devices"
     fi

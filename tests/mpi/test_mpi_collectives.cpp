@@ -210,7 +210,12 @@ TEST_CASE("multi_worker_mirrored with 2 local replicas per rank: gradients, in-r
     const std::vector<std::size_t> sizes = {288, 32, 5000, 64, 10};
     const std::size_t floats = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
     std::vector<std::vector<float>> arenas(2, std::vector<float>(floats));
-    for (int local = 0; local < 2; ++local) strategy->bind_gradients(local, arenas[static_cast<std::size_t>(local)], sizes);
+    const auto ctx = device::make_context(Device{});
+    for (int local = 0; local < 2; ++local)
+      strategy->bind_gradients(local, *ctx,
+                               Tensor::borrowed(arenas[static_cast<std::size_t>(local)].data(),
+                                                Shape{static_cast<std::int64_t>(floats)}),
+                               sizes);
     CHECK_FALSE(strategy->overlaps_backward());  // several local replicas sum among themselves first
     std::vector<std::vector<double>> in_replica(2);
     std::vector<int> global_ids(2);
@@ -251,7 +256,8 @@ TEST_CASE("collectives in backward turn the overlap off, and the header says so"
     auto strategy = distribute::make_strategy(sc, 1, w);
     std::vector<float> arena(120);
     strategy->set_collectives_in_backward(in_backward);
-    strategy->bind_gradients(0, arena, sizes);
+    const auto ctx = device::make_context(Device{});
+    strategy->bind_gradients(0, *ctx, Tensor::borrowed(arena.data(), Shape{120}), sizes);
     CHECK(strategy->overlaps_backward() == !in_backward);
     const std::string header = strategy->describe();
     CAPTURE(header);

@@ -375,6 +375,61 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
   check_case({"inference uses the moving statistics", Shape{4, 4, 3}, {batch_norm()}, 2, nn::Mode::inference});
 }
 
+TEST_CASE("conv with relu below max pooling, batch norm and dropout, with the input gradient (the GPU tests' CNN)") {
+  // Two input channels, SAME padding, a short batch: the CPU side of tests/gpu's whole-model
+  // comparison, which found non-finite weight gradients on a Sapphire Rapids.
+  for (const std::int64_t batch : {5, 4, 1}) {
+    CAPTURE(batch);
+    check_case({"conv, max pool, bn, dropout, flatten, dense", Shape{8, 8, 2},
+                {conv(4, 3, 1, Padding::same, Activation::relu), pool(2, 2, Padding::valid), batch_norm(),
+                 nn::DropoutOptions{0.25}, nn::FlattenOptions{}, dense(10, Activation::linear)},
+                batch});
+  }
+}
+
+TEST_CASE("the GPU tests' CNN on the CPU with their seeds: every gradient finite and as the reference") {
+  // tests/gpu's whole-model comparison step for step (its seeds, sample ids and draws), whose CPU
+  // side gave non-finite kernel gradients on a Sapphire Rapids where check_case's did not.
+  config::ModelConfig mc;
+  mc.input_shape = {8, 8, 2};
+  const std::vector<L> layers{conv(4, 3, 1, Padding::same, Activation::relu), pool(2, 2, Padding::valid), batch_norm(),
+                              nn::DropoutOptions{0.25}, nn::FlattenOptions{}, dense(10, Activation::linear)};
+  for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
+  nn::Sequential model(mc, 9, testing::cpu(), nn::ModelOptions{.input_gradient = true});
+  Rng init(31, RngStream::test);
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables()) {
+      const bool variance = v.name.ends_with("moving_variance");
+      for (float& value : v.value.span<float>()) value = init.uniform(variance ? 0.5f : -1.0f, variance ? 1.5f : 1.0f);
+    }
+  const std::vector<std::int64_t> ids{12, 0, 7, 33, 4};
+  nn::StepContext step = testing::step_of(nn::Mode::training, 5);
+  step.seed = 1234;
+  step.global_step = 17;
+  step.sample_ids = ids;
+  RefStack ref = RefStack::of(model, 5, step);
+  Rng rng(32, RngStream::test);
+  Tensor x(Shape{5, 8, 8, 2});
+  for (float& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  CHECK(rel_err(to_double(model.forward(x, step)), ref.forward(to_double(x))) < 1e-5);
+  Tensor& dy = model.output_gradient();
+  for (float& v : dy.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const Vec<double> dyd = to_double(dy);
+  model.backward(step);
+  std::vector<std::vector<Vec<double>>> dvars;
+  const Vec<double> dx_ref = ref.backward(dyd, dvars);
+  CHECK(rel_err(to_double(model.input_gradient()), dx_ref) < 1e-5);
+  for (std::size_t l = 0; l < model.num_layers(); ++l) {
+    auto vars = model.layer(l).variables();
+    for (std::size_t k = 0; k < vars.size(); ++k) {
+      CAPTURE(vars[k].name);
+      const auto g = vars[k].grad.span<float>();
+      CHECK(std::all_of(g.begin(), g.end(), [](float v) { return std::isfinite(v); }));
+      CHECK(rel_err(to_double(vars[k].grad), dvars[l][k]) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("a stack of every new layer agrees with the reference") {
   check_case({"conv, bn, relu, avg pool, dropout, global pool, dense",
               Shape{10, 10, 1},
@@ -468,7 +523,7 @@ TEST_CASE("the gradients of a model are one contiguous arena, in variables() ord
   nn::Sequential model(conv_flatten_dense({8, 8, 1}, 4, 3), 1, testing::cpu());
   const auto& vars = model.variables();
   REQUIRE(model.gradient_sizes().size() == vars.size());
-  std::span<float> arena = model.gradient_arena();
+  std::span<float> arena = model.gradient_arena().span<float>();
   CHECK(arena.size() == static_cast<std::size_t>(model.num_parameters()));
   std::size_t at = 0;
   for (std::size_t v = 0; v < vars.size(); ++v) {
@@ -614,7 +669,7 @@ TEST_CASE("mixed_bfloat16 really computes in bfloat16, with float32 variables an
   for (auto& v : bf16.output_gradient().span<float>()) v = 1.0f;
   bf16.backward(step);
   double sum = 0;
-  for (float g : bf16.gradient_arena()) sum += std::abs(g);
+  for (float g : bf16.gradient_arena().span<float>()) sum += std::abs(g);
   CHECK(std::isfinite(sum));
   CHECK(sum > 0);
 }

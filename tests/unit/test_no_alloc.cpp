@@ -191,7 +191,8 @@ TEST_CASE("a strategy's step allocates nothing after the first: run, gradient su
     std::vector<std::vector<float>> arenas(n, std::vector<float>(1330, 1.0f));
     std::vector<std::vector<double>> in_replica(n, std::vector<double>(3, 0.5));
     std::vector<double> losses(n, 0.25);
-    for (std::size_t r = 0; r < n; ++r) strategy->bind_gradients(static_cast<int>(r), arenas[r], sizes);
+    for (std::size_t r = 0; r < n; ++r)
+      strategy->bind_gradients(static_cast<int>(r), testing::cpu(), Tensor::borrowed(arenas[r].data(), Shape{1330}), sizes);
     const distribute::Strategy::ReplicaFn step = [&](const distribute::ReplicaContext& rc) {
       const auto r = static_cast<std::size_t>(rc.replica_id);
       strategy->sum_gradients(rc);

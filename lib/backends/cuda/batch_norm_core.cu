@@ -114,17 +114,43 @@ __global__ void mean_kernel(Workspace w, std::int64_t chunks, std::int64_t m, st
   DTRAIN_GRID_STRIDE(k, c) { w.channel_a[k] = m > 0 ? total(w.partial_a, chunks, c, k) / count : 0.0; }
 }
 
+// Channel k's statistics from its mean and biased variance in double: what `out` asks for.
+__device__ inline void write_statistics(const BatchNormStatistics& out, std::int64_t k, double mean, double variance,
+                                        double epsilon) {
+  if (out.mean) out.mean[k] = static_cast<float>(mean);
+  if (out.variance) out.variance[k] = static_cast<float>(variance);
+  if (out.inv_std) out.inv_std[k] = lm::batch_norm_inv_std(variance, epsilon);
+  if (out.mean_contribution) out.mean_contribution[k] = static_cast<float>(lm::mul(mean, out.weight));
+  if (out.variance_contribution) out.variance_contribution[k] = static_cast<float>(lm::mul(variance, out.weight));
+}
+
 __global__ void variance_kernel(Workspace w, std::int64_t chunks, std::int64_t m, std::int64_t c, double epsilon,
                                 BatchNormStatistics out) {
   const double count = static_cast<double>(m);
   DTRAIN_GRID_STRIDE(k, c) {
-    const double mean = w.channel_a[k];
-    const double variance = m > 0 ? total(w.partial_a, chunks, c, k) / count : 0.0;
-    if (out.mean) out.mean[k] = static_cast<float>(mean);
-    if (out.variance) out.variance[k] = static_cast<float>(variance);
-    if (out.inv_std) out.inv_std[k] = lm::batch_norm_inv_std(variance, epsilon);
-    if (out.mean_contribution) out.mean_contribution[k] = static_cast<float>(lm::mul(mean, out.weight));
-    if (out.variance_contribution) out.variance_contribution[k] = static_cast<float>(lm::mul(variance, out.weight));
+    write_statistics(out, k, w.channel_a[k], m > 0 ? total(w.partial_a, chunks, c, k) / count : 0.0, epsilon);
+  }
+}
+
+// The synchronized passes' statistics: mean and variance already summed over every replica.
+__global__ void finish_statistics_kernel(const double* __restrict__ mean, const double* __restrict__ variance,
+                                         std::int64_t c, double epsilon, BatchNormStatistics out) {
+  DTRAIN_GRID_STRIDE(k, c) { write_statistics(out, k, mean[k], variance[k], epsilon); }
+}
+
+// sums_a (c) = the ranges' totals of partial_a; with partial_b, sums_b (c) = those of partial_b,
+// and where asked the totals rounded to float (dbeta from a, dgamma from b).
+__global__ void totals_kernel(Workspace w, std::int64_t chunks, std::int64_t c, bool both, double* __restrict__ sums,
+                              float* __restrict__ a_as_float, float* __restrict__ b_as_float) {
+  DTRAIN_GRID_STRIDE(k, c) {
+    const double a = total(w.partial_a, chunks, c, k);
+    sums[k] = a;
+    if (a_as_float) a_as_float[k] = static_cast<float>(a);
+    if (both) {
+      const double b = total(w.partial_b, chunks, c, k);
+      sums[c + k] = b;
+      if (b_as_float) b_as_float[k] = static_cast<float>(b);
+    }
   }
 }
 
@@ -157,15 +183,17 @@ __global__ void forward_kernel(const float* __restrict__ x, std::int64_t m, std:
   }
 }
 
-__global__ void backward_training_kernel(Workspace w, const float* __restrict__ x, const float* __restrict__ dy,
-                                         std::int64_t m, std::int64_t c, const float* __restrict__ mean,
+// mean_dy, mean_dy_xhat (c): the means of dy and dy * xhat over the rows the statistics came from.
+__global__ void backward_training_kernel(const double* __restrict__ mean_dy, const double* __restrict__ mean_dy_xhat,
+                                         const float* __restrict__ x, const float* __restrict__ dy, std::int64_t m,
+                                         std::int64_t c, const float* __restrict__ mean,
                                          const float* __restrict__ inv_std, const float* __restrict__ gamma,
                                          float* __restrict__ dx) {
   DTRAIN_GRID_STRIDE(i, m * c) {
     const std::int64_t k = i % c;
     const float scale = lm::batch_norm_scale(inv_std[k], gamma ? gamma[k] : 1.0f);
-    dx[i] = lm::batch_norm_input_gradient(x[i], dy[i], mean[k], inv_std[k], scale, static_cast<float>(w.channel_a[k]),
-                                          static_cast<float>(w.channel_b[k]));
+    dx[i] = lm::batch_norm_input_gradient(x[i], dy[i], mean[k], inv_std[k], scale, static_cast<float>(mean_dy[k]),
+                                          static_cast<float>(mean_dy_xhat[k]));
   }
 }
 
@@ -242,12 +270,65 @@ void batch_norm_backward(CudaContext& ctx, bool training, const float* x, const 
   }
   if (!dx || m == 0) return;
   if (training) {
-    backward_training_kernel<<<elementwise_blocks(m * c), kThreads, 0, ctx.stream()>>>(w, x, dy, m, c, mean, inv_std, gamma, dx);
+    backward_training_kernel<<<elementwise_blocks(m * c), kThreads, 0, ctx.stream()>>>(w.channel_a, w.channel_b, x, dy,
+                                                                                         m, c, mean, inv_std, gamma, dx);
     check_launch("backward_training_kernel", ctx.device());
   } else {
     backward_inference_kernel<<<elementwise_blocks(m * c), kThreads, 0, ctx.stream()>>>(dy, m, c, inv_std, gamma, dx);
     check_launch("backward_inference_kernel", ctx.device());
   }
+}
+
+void batch_norm_sum(CudaContext& ctx, const float* x, std::int64_t m, std::int64_t c, double* sums,
+                    void* workspace) {
+  if (c == 0) return;
+  ctx.activate();
+  const std::int64_t chunks = chunks_of(m);
+  const Workspace w = carve(workspace, chunks, c);
+  channel_partials(ctx, SumX{x, c}, m, c, w);
+  totals_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, c, false, sums, nullptr, nullptr);
+  check_launch("totals_kernel", ctx.device());
+}
+
+void batch_norm_sum_squared_deviations(CudaContext& ctx, const float* x, std::int64_t m, std::int64_t c,
+                                       const double* mean, double* sums, void* workspace) {
+  if (c == 0) return;
+  ctx.activate();
+  const std::int64_t chunks = chunks_of(m);
+  const Workspace w = carve(workspace, chunks, c);
+  channel_partials(ctx, SumSquaredDeviation{x, mean, c}, m, c, w);
+  totals_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, c, false, sums, nullptr, nullptr);
+  check_launch("totals_kernel", ctx.device());
+}
+
+void batch_norm_finish_statistics(CudaContext& ctx, const double* mean, const double* variance, std::int64_t c,
+                                  double epsilon, const BatchNormStatistics& out) {
+  if (c == 0) return;
+  ctx.activate();
+  finish_statistics_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(mean, variance, c, epsilon, out);
+  check_launch("finish_statistics_kernel", ctx.device());
+}
+
+void batch_norm_gradient_sums(CudaContext& ctx, const float* x, const float* dy, std::int64_t m, std::int64_t c,
+                              const float* mean, const float* inv_std, double* sums, float* dgamma, float* dbeta,
+                              void* workspace) {
+  if (c == 0) return;
+  ctx.activate();
+  const std::int64_t chunks = chunks_of(m);
+  const Workspace w = carve(workspace, chunks, c);
+  channel_partials(ctx, SumGradient{x, dy, mean, inv_std, c}, m, c, w);
+  totals_kernel<<<elementwise_blocks(c), kThreads, 0, ctx.stream()>>>(w, chunks, c, true, sums, dbeta, dgamma);
+  check_launch("totals_kernel", ctx.device());
+}
+
+void batch_norm_backward_from_means(CudaContext& ctx, const float* x, const float* dy, std::int64_t m, std::int64_t c,
+                                    const float* mean, const float* inv_std, const float* gamma, const double* means,
+                                    float* dx) {
+  if (m * c == 0) return;
+  ctx.activate();
+  backward_training_kernel<<<elementwise_blocks(m * c), kThreads, 0, ctx.stream()>>>(means, means + c, x, dy, m, c,
+                                                                                     mean, inv_std, gamma, dx);
+  check_launch("backward_training_kernel", ctx.device());
 }
 
 void batch_norm_moving_average(CudaContext& ctx, float* moving, const float* statistic, std::int64_t c,

@@ -67,6 +67,14 @@ class CudaContext final : public Context {
   void set_address(const Memory& memory, void* data) override;
   std::unique_ptr<Copy> make_copy(const Memory& from, const Memory& to) override;
   void synchronize() override;
+  bool host_accessible() const override { return false; }
+  void copy_to_host(const void* src, void* host, std::size_t bytes) override;
+  void copy_from_host(const void* host, void* dst, std::size_t bytes) override;
+  void copy_on_device(const void* src, void* dst, std::size_t bytes) override;
+  void zero(void* dst, std::size_t bytes) override;
+  using Context::copy_from_host;
+  using Context::copy_to_host;
+  using Context::zero;
   Numerics& numerics() override { return *numerics_; }
   std::string describe() const override;
   std::string cannot_compute_in(DType compute) const override;

@@ -99,6 +99,30 @@ void batch_norm_forward(CudaContext& ctx, const float* x, std::int64_t m, std::i
 void batch_norm_backward(CudaContext& ctx, bool training, const float* x, const float* dy, std::int64_t m,
                          std::int64_t c, const float* mean, const float* inv_std, const float* gamma, float* dx,
                          float* dgamma, float* dbeta, void* workspace);
+
+// Synchronized batch normalization: the same passes, with the per-channel sums crossing the
+// replicas through the host between them (the layer kernel sums them with
+// StepContext::cross_replica, which sums host doubles). Each sum is in double, in the fixed order
+// of the passes above; workspace as batch_norm_workspace_bytes(m, c). m may be 0 (x unread).
+// sums (c, device) = per-channel sums of x.
+void batch_norm_sum(CudaContext& ctx, const float* x, std::int64_t m, std::int64_t c, double* sums, void* workspace);
+// sums (c, device) = per-channel sums of (x - mean)^2; mean (c, device): the mean over every replica.
+void batch_norm_sum_squared_deviations(CudaContext& ctx, const float* x, std::int64_t m, std::int64_t c,
+                                       const double* mean, double* sums, void* workspace);
+// What batch_norm_statistics writes into `out`, from the mean and biased variance (c each, device,
+// double) over every replica.
+void batch_norm_finish_statistics(CudaContext& ctx, const double* mean, const double* variance, std::int64_t c,
+                                  double epsilon, const BatchNormStatistics& out);
+// sums (2c, device) = per-channel sums of dy, then of dy * xhat (this replica's rows); dbeta and
+// dgamma (may be null) the same rounded to float, as batch_norm_backward writes them.
+void batch_norm_gradient_sums(CudaContext& ctx, const float* x, const float* dy, std::int64_t m, std::int64_t c,
+                              const float* mean, const float* inv_std, double* sums, float* dgamma, float* dbeta,
+                              void* workspace);
+// Training dx from means (2c, device): the means of dy, then of dy * xhat, over every replica.
+void batch_norm_backward_from_means(CudaContext& ctx, const float* x, const float* dy, std::int64_t m, std::int64_t c,
+                                    const float* mean, const float* inv_std, const float* gamma, const double* means,
+                                    float* dx);
+
 // moving = moving * momentum + statistic * (1 - momentum), 1 - momentum taken in double.
 void batch_norm_moving_average(CudaContext& ctx, float* moving, const float* statistic, std::int64_t c,
                                double momentum);

@@ -200,6 +200,8 @@ void CudaNumerics::row_matches(const float* pred, const void* targets, bool targ
   read_back(matches, bytes);
 }
 
+void CudaNumerics::to_host(const void* src, void* host, std::size_t bytes) { ctx_.copy_to_host(src, host, bytes); }
+
 double CudaNumerics::sum_of_squares(const float* x, std::size_t n) {
   if (n == 0) return 0.0;
   ctx_.activate();

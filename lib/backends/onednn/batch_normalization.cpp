@@ -134,8 +134,8 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
 
   static std::size_t idx(std::int64_t k) { return static_cast<std::size_t>(k); }
   std::int64_t rows_of(std::int64_t batch) const { return batch * (layer_.input_shape().numel() / channels_); }
-  float* value(std::size_t i) { return layer_.variables()[i].value.data<float>(); }
-  float* grad(std::size_t i) { return layer_.variables()[i].grad.data<float>(); }
+  float* value(std::size_t i) { return layer_.variables()[i].value.address<float>(); }
+  float* grad(std::size_t i) { return layer_.variables()[i].grad.address<float>(); }
   void store(float* out, const double* in) const {
     for (std::int64_t k = 0; k < channels_; ++k) out[k] = static_cast<float>(in[k]);
   }

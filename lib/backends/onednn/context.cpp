@@ -40,7 +40,10 @@ tag channels_last_tag(std::size_t rank) {
 class ReorderCopy final : public Copy {
  public:
   ReorderCopy(OnednnContext& ctx, const memory& from, const memory& to) : ctx_(ctx) { reorder_.bind(from, to); }
-  void run() override { reorder_.run(ctx_); }
+  void run() override {
+    Context::Call call(ctx_);
+    reorder_.run(ctx_);
+  }
 
  private:
   OnednnContext& ctx_;
@@ -116,6 +119,10 @@ LayoutPtr make_layout(const Shape& shape, DType dtype, const memory::desc& md) {
 
 OnednnContext::OnednnContext(Device device) : device_(device), numerics_(std::make_unique<CpuNumerics>()) {
   if (device.kind != Device::Kind::cpu) throw InternalError("the oneDNN backend runs cpu devices only");
+  if (CheckedMemory::requested()) {
+    checked_ = std::make_unique<CheckedMemory>();
+    checked_numerics_ = checked_numerics(*numerics_, *checked_, *this);
+  }
 }
 
 OnednnContext::~OnednnContext() = default;
@@ -131,12 +138,35 @@ LayoutPtr OnednnContext::canonical_layout(const Shape& shape, DType dtype) const
 }
 
 Buffer OnednnContext::allocate(std::size_t bytes) {
+  if (checked_) return checked_->allocate(bytes);
   // 64-byte alignment for AVX-512 loads; aligned_alloc wants a multiple of the alignment.
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw std::bad_alloc();
   std::memset(p, 0, rounded);
   return Buffer(p, [](void* q) { std::free(q); });
+}
+
+// The copies are memcpy: the CPU backend's stream runs each primitive to completion before
+// returning, so there is nothing queued to wait for.
+void OnednnContext::copy_to_host(const void* src, void* host, std::size_t bytes) {
+  Call call(*this);
+  if (bytes) std::memcpy(host, src, bytes);
+}
+
+void OnednnContext::copy_from_host(const void* host, void* dst, std::size_t bytes) {
+  Call call(*this);
+  if (bytes) std::memcpy(dst, host, bytes);
+}
+
+void OnednnContext::copy_on_device(const void* src, void* dst, std::size_t bytes) {
+  Call call(*this);
+  if (bytes) std::memmove(dst, src, bytes);
+}
+
+void OnednnContext::zero(void* dst, std::size_t bytes) {
+  Call call(*this);
+  if (bytes) std::memset(dst, 0, bytes);
 }
 
 Memory OnednnContext::movable_memory(const LayoutPtr& layout) {

@@ -18,6 +18,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "backends/onednn/checked_memory.hpp"
 #include "device/context.hpp"
 #include "core/tensor.hpp"
 
@@ -82,7 +83,22 @@ class OnednnContext final : public Context {
   void set_address(const Memory& memory, void* data) override;
   std::unique_ptr<Copy> make_copy(const Memory& from, const Memory& to) override;
   void synchronize() override { stream.wait(); }
-  Numerics& numerics() override { return *numerics_; }
+  // Host memory, readable in place, except in the checked mode (checked_memory.hpp).
+  bool host_accessible() const override { return checked_ == nullptr; }
+  void copy_to_host(const void* src, void* host, std::size_t bytes) override;
+  void copy_from_host(const void* host, void* dst, std::size_t bytes) override;
+  void copy_on_device(const void* src, void* dst, std::size_t bytes) override;
+  void zero(void* dst, std::size_t bytes) override;
+  using Context::copy_from_host;
+  using Context::copy_to_host;
+  using Context::zero;
+  void enter() override {
+    if (checked_) checked_->enter();
+  }
+  void leave() override {
+    if (checked_) checked_->leave();
+  }
+  Numerics& numerics() override { return checked_numerics_ ? *checked_numerics_ : *numerics_; }
   std::string describe() const override;
   std::string cannot_compute_in(DType compute) const override;
 
@@ -96,6 +112,8 @@ class OnednnContext final : public Context {
  private:
   Device device_;
   std::unique_ptr<Numerics> numerics_;
+  std::unique_ptr<CheckedMemory> checked_;            // the checked mode's memory, else null
+  std::unique_ptr<Numerics> checked_numerics_;        // numerics_ inside calls, checked
 };
 
 // A primitive with its arguments bound once. run() goes through oneDNN's C API with the argument

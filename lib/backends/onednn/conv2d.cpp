@@ -221,8 +221,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     }
     // The chunks' partial sums, added in chunk order, into the Keras-layout gradients.
     auto vars = layer_.variables();
-    float* dw = vars[nn::Conv2D::kKernel].grad.data<float>();
-    float* db = layer_.options().use_bias ? vars[nn::Conv2D::kBias].grad.data<float>() : nullptr;
+    float* dw = vars[nn::Conv2D::kKernel].grad.address<float>();
+    float* db = layer_.options().use_bias ? vars[nn::Conv2D::kBias].grad.address<float>() : nullptr;
     for (std::int64_t fc = 0; fc < g.filter_chunks; ++fc) {
       const std::int64_t lanes = std::min<std::int64_t>(g.lanes, g.filters - fc * g.lanes);
       for (std::int64_t t = 0; t <= taps; ++t) {

@@ -3,6 +3,7 @@
 #include "backends/onednn/numerics.hpp"
 
 #include <cmath>
+#include <cstring>
 
 #include "losses/loss_math.hpp"
 
@@ -143,6 +144,10 @@ void CpuNumerics::row_matches(const float* pred, const void* targets, bool targe
     }
     matches[i] = count;
   }
+}
+
+void CpuNumerics::to_host(const void* src, void* host, std::size_t bytes) {
+  if (bytes) std::memcpy(host, src, bytes);
 }
 
 double CpuNumerics::sum_of_squares(const float* x, std::size_t n) {

@@ -22,6 +22,7 @@ class CpuNumerics final : public Numerics {
   void argmax_rows(const float* values, std::int64_t rows, std::int64_t columns, std::int32_t* out) override;
   void row_matches(const float* pred, const void* targets, bool targets_are_i32, std::int64_t rows,
                    std::int64_t columns, const float* threshold, std::int64_t* matches) override;
+  void to_host(const void* src, void* host, std::size_t bytes) override;
   double sum_of_squares(const float* x, std::size_t n) override;
   void axpy(float a, const float* x, float* y, std::size_t n) override;
   void axpby(float a, const float* x, float b, float* y, std::size_t n) override;

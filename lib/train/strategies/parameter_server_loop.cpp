@@ -62,9 +62,14 @@ Layout layout_of(const std::vector<Variable*>& vars, const ParameterServerStrate
   return l;
 }
 
-// A shard's floats within its variable.
-float* slice(Tensor& t, const distribute::Shard& s) { return t.data<float>() + s.offset; }
-const float* slice(const Tensor& t, const distribute::Shard& s) { return t.data<float>() + s.offset; }
+// A shard's floats of a tensor in the memory of `ctx` (its variable, a gradient, a slot), to and
+// from host memory: what the transport sends and receives.
+void shard_to_host(device::Context& ctx, const Tensor& t, const distribute::Shard& s, float* host) {
+  ctx.copy_to_host(t.address<float>() + s.offset, host, static_cast<std::size_t>(s.size) * sizeof(float));
+}
+void shard_from_host(device::Context& ctx, const float* host, Tensor& t, const distribute::Shard& s) {
+  ctx.copy_from_host(host, t.address<float>() + s.offset, static_cast<std::size_t>(s.size) * sizeof(float));
+}
 
 // The result of a step, as a worker sends it: global step, loss, samples, staleness, then each
 // metric's counts and sums.
@@ -113,20 +118,23 @@ void ParameterServerLoop::serve(LoopHost& host) {
   const std::vector<std::size_t>& mine = layout.on_server[me];
 
   // This server's shards start from the model as this rank built or restored it (every rank built
-  // it from the same seed, or restored the same checkpoint), optimizer slots included.
+  // it from the same seed, or restored the same checkpoint), optimizer slots included. They live
+  // in the memory of this rank's replica context, whose numerics update them.
+  device::Context& ctx = host.replica_model().context();
   std::vector<Variable> parts(mine.size());
   std::vector<Variable*> trained;
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const distribute::Shard& s = layout.shards[mine[i]];
     const Variable& whole = *vars[s.variable];
     parts[i].name = fmt::format("{}/part_{}", whole.name, s.part);
-    parts[i].value = Tensor(s.shape);
-    parts[i].grad = Tensor(s.shape);
+    parts[i].value = ctx.tensor(s.shape);
+    parts[i].grad = ctx.tensor(s.shape);
     parts[i].trainable = whole.trainable;
-    std::copy_n(slice(whole.value, s), s.size, parts[i].value.data<float>());
+    ctx.copy_on_device(whole.value.address<float>() + s.offset, parts[i].value.raw(), parts[i].value.bytes());
     if (whole.trainable) trained.push_back(&parts[i]);
   }
   auto optimizer = optim::make_optimizer(host.experiment().optimizer, host.replica_numerics());
+  optimizer->place_slots(ctx);
   const std::size_t slots = optimizer->slot_names().size();
   if (!trained.empty()) optimizer->build(trained);
   if (built.built()) {
@@ -135,29 +143,34 @@ void ParameterServerLoop::serve(LoopHost& host) {
       const distribute::Shard& s = layout.shards[mine[i]];
       const int ti = layout.trainable_index[s.variable];
       if (ti < 0) continue;
-      for (std::size_t k = 0; k < slots; ++k)
-        std::copy_n(slice(built.slot(static_cast<std::size_t>(ti), k), s), s.size, optimizer->slot(j, k).data<float>());
+      for (std::size_t k = 0; k < slots; ++k) {
+        Tensor& slot = optimizer->slot(j, k);
+        ctx.copy_on_device(built.slot(static_cast<std::size_t>(ti), k).address<float>() + s.offset, slot.raw(),
+                           slot.bytes());
+      }
       ++j;
     }
   }
   optimizer->set_iterations(built.iterations());
 
+  // Appends `t` (memory of ctx) to host `out`.
+  const auto append = [&ctx](const Tensor& t, std::vector<float>& out) {
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(t.numel()));
+    ctx.copy_to_host(t, out.data() + at);
+  };
   distribute::ServerHandlers handlers;
   handlers.values = [&](std::vector<float>& out) {
     out.clear();
-    for (const Variable& p : parts) out.insert(out.end(), p.value.span<float>().begin(), p.value.span<float>().end());
+    for (const Variable& p : parts) append(p.value, out);
   };
   handlers.apply = [&](std::span<const float> pushed) {
     std::size_t at = 0;
     for (Variable& p : parts) {
       const auto n = static_cast<std::size_t>(p.value.numel());
-      if (p.trainable) {
-        std::copy_n(pushed.data() + at, n, p.grad.data<float>());
-      } else {
-        // Moving statistics: the worker's change to the value it read (assign_add on the server).
-        float* w = p.value.data<float>();
-        for (std::size_t e = 0; e < n; ++e) w[e] += pushed[at + e];
-      }
+      ctx.copy_from_host(pushed.data() + at, p.grad);
+      // Moving statistics: the worker's change to the value it read (assign_add on the server).
+      if (!p.trainable) host.replica_numerics().axpy(1.0f, p.grad.address<float>(), p.value.address<float>(), n);
       at += n;
     }
     if (trained.empty()) {
@@ -169,10 +182,7 @@ void ParameterServerLoop::serve(LoopHost& host) {
   handlers.state = [&](std::vector<float>& out) {
     handlers.values(out);
     for (std::size_t j = 0; j < trained.size(); ++j)
-      for (std::size_t k = 0; k < slots; ++k) {
-        const auto slot = optimizer->slot(j, k).span<float>();
-        out.insert(out.end(), slot.begin(), slot.end());
-      }
+      for (std::size_t k = 0; k < slots; ++k) append(optimizer->slot(j, k), out);
     return optimizer->iterations();
   };
   ps.transport().serve(handlers, layout.server_floats[me]);
@@ -184,6 +194,7 @@ void ParameterServerLoop::work(LoopHost& host) {
   ParameterServerStrategy& ps = ps_;
   distribute::PsTransport& transport = ps.transport();
   nn::Sequential& model = host.replica_model();
+  device::Context& ctx = model.context();
   const std::vector<Variable*>& vars = model.variables();
   const Layout layout = layout_of(vars, ps);
   const int servers = ps.plan().ps;
@@ -200,6 +211,7 @@ void ParameterServerLoop::work(LoopHost& host) {
   }
   std::vector<std::int64_t> versions(values.size());
   std::vector<std::vector<float>> read(vars.size());  // the non-trainable values as read
+  std::vector<float> now;                              // and after the step
   std::vector<double> result;
   double loss = 0.0;  // the last step's
   std::int64_t samples = 0;
@@ -212,12 +224,15 @@ void ParameterServerLoop::work(LoopHost& host) {
       std::size_t at = 0;
       for (std::size_t idx : layout.on_server[s]) {
         const distribute::Shard& sh = layout.shards[idx];
-        std::copy_n(values[s].data() + at, sh.size, slice(vars[sh.variable]->value, sh));
+        shard_from_host(ctx, values[s].data() + at, vars[sh.variable]->value, sh);
         at += static_cast<std::size_t>(sh.size);
       }
     }
     for (std::size_t v = 0; v < vars.size(); ++v)
-      if (!vars[v]->trainable) read[v].assign(vars[v]->value.span<float>().begin(), vars[v]->value.span<float>().end());
+      if (!vars[v]->trainable) {
+        read[v].resize(static_cast<std::size_t>(vars[v]->value.numel()));
+        ctx.copy_to_host(vars[v]->value, read[v].data());
+      }
 
     // One step on this worker's batch: the trainer's own replica step (the strategy applies nothing).
     samples = input->global_samples();
@@ -231,11 +246,12 @@ void ParameterServerLoop::work(LoopHost& host) {
         const Variable& v = *vars[sh.variable];
         float* out = pushed[s].data() + at;
         if (v.trainable) {
-          std::copy_n(slice(v.grad, sh), sh.size, out);
+          shard_to_host(ctx, v.grad, sh, out);
         } else {
-          const float* now = slice(v.value, sh);
+          now.resize(static_cast<std::size_t>(sh.size));
+          shard_to_host(ctx, v.value, sh, now.data());
           const float* before = read[sh.variable].data() + sh.offset;
-          for (std::int64_t e = 0; e < sh.size; ++e) out[e] = now[e] - before[e];
+          for (std::int64_t e = 0; e < sh.size; ++e) out[e] = now[static_cast<std::size_t>(e)] - before[e];
         }
         at += static_cast<std::size_t>(sh.size);
       }
@@ -288,6 +304,7 @@ namespace {
 // The servers' variables and optimizer state into the chief's model and optimizer (what
 // evaluation and checkpoints read).
 void gather(ParameterServerStrategy& ps, const Layout& layout, nn::Sequential& model, optim::Optimizer& optimizer) {
+  device::Context& ctx = model.context();
   const std::vector<Variable*>& vars = model.variables();
   optimizer.build(model.trainable_variables());
   const std::size_t slots = optimizer.slot_names().size();
@@ -298,7 +315,7 @@ void gather(ParameterServerStrategy& ps, const Layout& layout, nn::Sequential& m
     std::size_t at = 0;
     for (std::size_t idx : layout.on_server[s]) {
       const distribute::Shard& sh = layout.shards[idx];
-      std::copy_n(state.data() + at, sh.size, slice(vars[sh.variable]->value, sh));
+      shard_from_host(ctx, state.data() + at, vars[sh.variable]->value, sh);
       at += static_cast<std::size_t>(sh.size);
     }
     for (std::size_t idx : layout.on_server[s]) {
@@ -306,7 +323,7 @@ void gather(ParameterServerStrategy& ps, const Layout& layout, nn::Sequential& m
       const int ti = layout.trainable_index[sh.variable];
       if (ti < 0) continue;
       for (std::size_t k = 0; k < slots; ++k) {
-        std::copy_n(state.data() + at, sh.size, slice(optimizer.slot(static_cast<std::size_t>(ti), k), sh));
+        shard_from_host(ctx, state.data() + at, optimizer.slot(static_cast<std::size_t>(ti), k), sh);
         at += static_cast<std::size_t>(sh.size);
       }
     }
