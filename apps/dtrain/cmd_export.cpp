@@ -1,4 +1,3 @@
-#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -50,7 +49,7 @@ int export_command(const ExportArgs& args) {
     // What a run of the experiment starts its first step from.
     const std::vector<std::vector<float>> values = read_initial_weights(exp, *model);
     for (std::size_t v = 0; v < values.size(); ++v)
-      std::copy(values[v].begin(), values[v].end(), model->variables()[v]->value.data<float>());
+      model->context().copy_from_host(values[v].data(), model->variables()[v]->value);
     what = fmt::format("the initial model of {} ({})", args.experiment,
                        values.empty() ? fmt::format("seed {}", exp.seed) : exp.model.initial_weights);
     origin = what + ", untrained";

@@ -68,14 +68,15 @@ class ImageWriter {
     if (!group.valid()) fail(path);
   }
 
-  void floats(const std::string& path, const Variable& v) {
+  // `values`: the variable's values on the host (the context's copy where the host cannot read them).
+  void floats(const std::string& path, const Variable& v, const Tensor& values) {
     const std::vector<std::int64_t> dims = v.value.shape().to_vector();
     const std::vector<hsize_t> extent(dims.begin(), dims.end());
     H5Id space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr), H5Sclose);
     if (!space.valid()) fail(path);
     H5Id ds(H5Dcreate2(file_.get(), path.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
             H5Dclose);
-    if (!ds.valid() || H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.value.raw()) < 0)
+    if (!ds.valid() || H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data<float>()) < 0)
       fail(path);
   }
 
@@ -111,7 +112,8 @@ std::string keras_weights_image(const nn::Sequential& model, const std::string& 
     // Keras writes the group of a layer without weights too, with its name.
     w.named_group("/" + groups[i] + "/vars", layer.name());
     for (std::size_t k = 0; k < layer.variables().size(); ++k)
-      w.floats(fmt::format("/{}/vars/{}", groups[i], k), layer.variables()[k]);
+      w.floats(fmt::format("/{}/vars/{}", groups[i], k), layer.variables()[k],
+               model.context().on_host(layer.variables()[k].value));
   }
   w.named_group("/vars", model_name.empty() ? "sequential" : model_name);
   return w.image();
