@@ -117,8 +117,9 @@ def keras_layer(kind, o):
 
 def build_model(model_config):
     import keras
-    layers = [keras_layer(*next(iter(entry.items()))) if entry else None for entry in model_config["layers"]]
-    return keras.Sequential([keras.Input(tuple(model_config["input_shape"]))] + [layer for layer in layers])
+    # Each entry is one map {kind: options}, as dtrain reads it.
+    layers = [keras_layer(kind, options or {}) for entry in model_config["layers"] for kind, options in entry.items()]
+    return keras.Sequential([keras.Input(tuple(model_config["input_shape"]))] + layers)
 
 
 def make_optimizer(o):
@@ -203,6 +204,8 @@ class Loop:
             (batch_per_replica or self.data.get("batch_size_per_replica", 64)) * self.replicas
         self.x_train, self.y_train, self.x_test, self.y_test = load_data(self.data)
         loss = exp.get("loss", {})
+        if loss.get("kind", "sparse_categorical_crossentropy") != "sparse_categorical_crossentropy":
+            sys.exit(f"tf_ctl.py: loss {loss['kind']} is not translated here (sparse_categorical_crossentropy)")
         self.reduction = loss.get("reduction", "auto")
         with self.strategy.scope():
             self.model = build_model(exp["model"])
