@@ -55,9 +55,8 @@ std::unique_ptr<Strategy> make(const config::StrategyConfig& config, std::vector
     case CrossDeviceOpsKind::nccl:
       if (on_gpus(layout.devices))
         throw ConfigError(fmt::format(
-            "{}cross_device_ops nccl over {}: this build has no NCCL communicator for local GPUs yet, and its CUDA "
-            "backend no layer kernels, so GPU replicas cannot train; use cpu:N devices (with ring, "
-            "hierarchical_copy or reduction_to_one_device)",
+            "{}cross_device_ops nccl over {}: this build has no NCCL communicator for local GPUs yet; use ring, "
+            "hierarchical_copy or reduction_to_one_device (they sum GPU replicas through the host)",
             config::location_prefix(o.cross_device_ops_where, config.where), device_list(layout.devices)));
       throw ConfigError(fmt::format(
           "{}cross_device_ops nccl needs GPU devices (gpu:N), and these replicas are on {}; use ring, "

@@ -150,8 +150,8 @@ std::unique_ptr<Strategy> make(const config::StrategyConfig& config, std::vector
   const auto impl = o.communication.implementation;
   if (impl == CommunicationImplementation::nccl && on_gpus(devices))
     throw ConfigError(fmt::format(
-        "{}communication.implementation nccl over {}: this build has no NCCL communicator across workers yet, and "
-        "its CUDA backend no layer kernels, so GPU replicas cannot train; use cpu:N devices (with ring or mpi)",
+        "{}communication.implementation nccl over {}: this build has no NCCL communicator across workers yet; use "
+        "ring or mpi (they sum GPU replicas through the host)",
         config::location_prefix(o.communication.implementation_where, config.where), device_list(devices)));
   if (impl == CommunicationImplementation::nccl)
     throw ConfigError(fmt::format(

@@ -305,7 +305,10 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
     if (marks) marks->begin(i, t);
     kernels_[i]->backward(p.batch, marked ? *marked : step);
     if (!layer.variables().empty()) {
-      if (options.regularization_scale != 0.0f || options.gradients_ready) ctx_.synchronize();  // the grads are written
+      // No wait here: the regularization's numerics and whatever the hand-over queues (a staging
+      // copy, a collective on device memory) run on the context's stream after the kernel, and a
+      // host-memory sum reads the grads in place only where the context computes synchronously
+      // (the CPU backend).
       if (options.regularization_scale != 0.0f)
         layer.add_regularization_gradient(ctx_.numerics(), options.regularization_scale);
       if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());

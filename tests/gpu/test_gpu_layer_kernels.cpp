@@ -205,14 +205,7 @@ config::LayerConfig layer(Options o) {
 }
 
 config::LayerConfig conv(int filters, int k, int s, Padding p, Activation a, bool bias = true) {
-  nn::Conv2DOptions c;
-  c.filters = filters;
-  c.kernel_size = {k, k};
-  c.strides = {s, s};
-  c.padding = p;
-  c.activation = a;
-  c.use_bias = bias;
-  return layer(c);
+  return layer(testing::conv_options(filters, k, s, p, a, bias));
 }
 
 config::LayerConfig dense(int units, Activation a, bool bias = true) {

@@ -376,7 +376,7 @@ EOF
     # On GPUs: validate accepts it (any machine), run says what this build lacks, in one line.
     gpus=(--set "strategy={kind: mirrored, devices: [gpu:0, gpu:1], cross_device_ops: nccl}")
     "$dtrain" validate experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" >/dev/null || fail "validate refused nccl over gpu:0, gpu:1"
-    expect_error 2 "cross_device_ops nccl over gpu:0, gpu:1: this build has no NCCL communicator for local GPUs yet.*use cpu:N devices" -- \
+    expect_error 2 "cross_device_ops nccl over gpu:0, gpu:1: this build has no NCCL communicator for local GPUs yet; use ring, hierarchical_copy or reduction_to_one_device" -- \
       run experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" --run-dir "$scratch/gpus"
     ;;
   *)

@@ -164,14 +164,7 @@ void check_case(const Case& c) {
 }
 
 nn::Conv2DOptions conv(int filters, int k, int s, Padding p, Activation a, bool bias = true) {
-  nn::Conv2DOptions c;
-  c.filters = filters;
-  c.kernel_size = {k, k};
-  c.strides = {s, s};
-  c.padding = p;
-  c.activation = a;
-  c.use_bias = bias;
-  return c;
+  return testing::conv_options(filters, k, s, p, a, bias);
 }
 
 nn::DenseOptions dense(int units, Activation a, bool bias = true) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "device/context.hpp"
+#include "nn/conv2d.hpp"
 #include "nn/layer.hpp"
 #include "nn/step.hpp"
 
@@ -51,6 +52,19 @@ class IdentityLayer final : public nn::Layer {
  private:
   Shape build_layer(const Shape& input_shape) override { return input_shape; }
 };
+
+// Conv2D's options: `filters` square k x k filters at stride s (the layer tests' shorthand).
+inline nn::Conv2DOptions conv_options(int filters, int k, int s, config::Padding p, config::Activation a,
+                                      bool bias = true) {
+  nn::Conv2DOptions c;
+  c.filters = filters;
+  c.kernel_size = {k, k};
+  c.strides = {s, s};
+  c.padding = p;
+  c.activation = a;
+  c.use_bias = bias;
+  return c;
+}
 
 // A training (or inference) step of one replica alone.
 inline nn::StepContext step_of(nn::Mode mode, std::int64_t samples = 0) {
