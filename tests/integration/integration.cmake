@@ -53,7 +53,7 @@ function(dtrain_script_cases script)
 endfunction()
 # train.tensorboard's event files read back with Python's protobuf, and tools/to_hdf5 from
 # generated images, CSV and NumPy files to a dtrain run.
-dtrain_script_cases(tensorboard events_match_metrics resume chief_only)
+dtrain_script_cases(tensorboard events_match_metrics resume chief_only read_by_tensorboard)
 # Every strategy with the CPU backend's memory inaccessible outside its calls (the memory seam).
 dtrain_script_cases(checked_memory one_process multi_worker resume parameter_server)
 dtrain_script_cases(to_hdf5 convert_and_train bad_inputs png_16bit csv_class_names)

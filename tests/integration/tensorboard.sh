@@ -42,6 +42,25 @@ case "$case_name" in
     cat "$scratch/out"
     /usr/bin/python3 "$read_events" "$scratch/run" --files 1 --step-every 2 || fail "event files (one, the chief's)"
     ;;
+  read_by_tensorboard)
+    # TensorBoard's own reader (build/venv, made by tools/setup) over a 2-rank run and its resume.
+    python=${DTRAIN_VENV:-build/venv}/bin/python
+    "$python" -c "import tensorboard" 2>/dev/null ||
+      fail "no tensorboard in ${DTRAIN_VENV:-build/venv}: run tools/setup (it installs tools/requirements.txt there)"
+    since=$(date +%s.%N)
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 \
+      mpirun --oversubscribe -n 2 "$dtrain" run "$small" --set strategy.kind=multi_worker_mirrored \
+      --set data.batch_size_per_replica=32 --set data.validation_split=0.2 --set train.epochs=1 \
+      --set train.steps_per_epoch=4 --set train.tensorboard=true --set train.log_every_steps=2 \
+      --run-dir "$scratch/run" >"$scratch/out" || fail "mpirun failed"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 \
+      mpirun --oversubscribe -n 2 "$dtrain" resume "$scratch/run" --set train.epochs=3 >>"$scratch/out" ||
+      fail "the resume under mpirun failed"
+    until=$(date +%s.%N)
+    cat "$scratch/out"
+    "$python" tests/integration/tb_reader.py "$scratch/run" --since "$since" --until "$until" ||
+      fail "TensorBoard's reader disagrees with metrics.jsonl"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"
