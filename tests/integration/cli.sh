@@ -158,6 +158,29 @@ EOF
     expect_error 2 "home\.yaml:10:9: data.path: must be a path dtrain can open: it does not expand '~'" -- \
       validate "$scratch/home.yaml"
     ;;
+  bn_first_short_batch)
+    # Synchronized batch normalization as the first layer (no input gradient, so no backward
+    # collective) and a last batch of 2 over 3 replicas: the replica without samples must make
+    # the same collectives as the others (it made one more, and the ring refused the mismatch).
+    cat >"$scratch/bn_first.yaml" <<'YAML'
+name: bn_first
+seed: 3
+strategy: {kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}
+data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 37, shuffle_buffer: 0}
+model:
+  input_shape: [28, 28, 1]
+  layers:
+    - batch_normalization: {synchronized: true}
+    - flatten: {}
+    - dense: {units: 10}
+loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
+optimizer: {kind: sgd, learning_rate: 0.01}
+metrics: [accuracy]
+train: {epochs: 1}
+YAML
+    "$dtrain" run "$scratch/bn_first.yaml" --run-dir "$scratch/run" >"$scratch/out" 2>&1 || { cat "$scratch/out" >&2; fail "the run failed"; }
+    grep -q "^Epoch 1," "$scratch/out" || fail "no epoch line"
+    ;;
   limits)
     # Sizes, counts and thread numbers the machine or the types cannot hold are refused by validate
     # (exit 2, one line, file:line:column of the key), never a crash, an overflow or a hang.

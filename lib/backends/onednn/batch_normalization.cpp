@@ -41,6 +41,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     plans_.get(batch).bind(ctx_, batch, layer_.input_shape(), io);
+    input_gradient_ = static_cast<bool>(io.diff_src);
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
@@ -120,7 +121,8 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   }
   void backward_without_samples(const nn::StepContext& step) override {
     nn::CrossReplica* group = statistics_group(step);
-    if (!group) return;
+    // The replicas with samples make this collective only for an input gradient (backward()).
+    if (!group || !input_gradient_) return;
     std::fill(sums_.begin(), sums_.end(), 0.0);
     group->all_reduce_sum(sums_, "batch normalization gradient sums");
   }
@@ -206,6 +208,10 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   std::vector<float> mean_, inv_std_, scale_, shift_;
   std::vector<double> sums_, partials_, batch_mean_, batch_variance_;
   double count_ = 0.0;
+  // Whether backward computes the input gradient (and so makes its collective): what bind() was
+  // given; before any bind, whether a layer sits below (the first layer has none, unless a test
+  // asks the model for the input's gradient, which binds first).
+  bool input_gradient_ = layer_.position() > 0;
   nn::PlanCache<CanonicalIO> plans_;
 };
 
