@@ -28,9 +28,13 @@ namespace fs = std::filesystem;
 namespace {
 
 // The overrides a resumed run may take without leaving the path of the run it continues (the keys
-// check_belongs_to_run lets differ).
-bool keeps_results(const std::string& override_text) {
+// check_belongs_to_run lets differ). Under reproducibility: replica_invariant the layout (strategy,
+// threads) changes no bits either; a global batch that changes with it is warned of by the trainer.
+bool keeps_results(const std::string& override_text, bool replica_invariant) {
   const std::string key = override_text.substr(0, override_text.find('='));
+  if (replica_invariant && (key == "strategy" || key.starts_with("strategy.") || key == "train.threads" ||
+                            key == "train.parallelism"))
+    return true;
   return key == "train.epochs" || key == "train.progress" || key == "train.tensorboard" ||
          key == "train.log_every_steps" || key == "train.plot";
 }
@@ -161,9 +165,11 @@ int resume_command(const ResumeArgs& args) {
                                           if (run) check_belongs_to_run(path, stored.experiment_yaml, *run, args.run_dir);
                                         });
 
+  const bool invariant =
+      config::parse_experiment(stored.experiment_yaml, candidates[first] + ":/experiment", {}).reproducibility.invariant();
   std::vector<std::string> changing;
   for (const auto& o : args.overrides)
-    if (!keeps_results(o)) changing.push_back(o);
+    if (!keeps_results(o, invariant)) changing.push_back(o);
   if (!changing.empty()) {
     std::string list;
     for (const auto& o : changing) list += (list.empty() ? "" : ", ") + o;

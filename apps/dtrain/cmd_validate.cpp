@@ -6,6 +6,7 @@
 #include "device/context.hpp"
 #include "config/model_checks.hpp"
 #include "config/parse.hpp"
+#include "core/checked.hpp"
 #include "core/machine.hpp"
 #include "distribute/strategy.hpp"
 #include "nn/model.hpp"
@@ -36,6 +37,10 @@ int validate_command(const ValidateArgs& args) {
     copies.train_batch = exp.data.global_batch_size > 0
                              ? (exp.data.global_batch_size + copies.replicas - 1) / copies.replicas
                              : exp.data.batch_size_per_replica;
+    // reproducibility: replica_invariant: one lane per micro-batch of a replica's batch.
+    if (exp.reproducibility.invariant())
+      copies.lanes = static_cast<int>(
+          std::max<std::int64_t>(2, ceil_div(copies.train_batch, exp.reproducibility.micro_batch_size)));
     copies.eval_batch = exp.data.eval_batch_size > 0 ? exp.data.eval_batch_size : copies.train_batch;
     train::check_run_memory(declared, copies, usable_memory());
   };

@@ -251,6 +251,9 @@ std::string checkpoint_image(const std::string& path, const nn::Sequential& mode
   w.scalar_u64("/state/seed", state.seed);
   w.scalar_f64("/state/epoch_loss_sum", state.epoch_loss_sum);
   w.scalar_i64("/state/epoch_samples", state.epoch_samples);
+  w.scalar_i64("/state/replicas_in_sync", state.replicas_in_sync);
+  w.scalar_i64("/state/workers", state.workers);
+  w.scalar_i64("/state/global_batch", state.global_batch);
   w.group("/state/metrics");
   for (std::size_t m = 0; m < state.metric_counts.size(); ++m) {
     w.vector_i64(fmt::format("/state/metrics/{}/counts", m), state.metric_counts[m]);
@@ -674,6 +677,10 @@ Contents read_contents(const Reader& r) {
   s.seed = r.read("/state/seed", Element::u64, std::vector<std::int64_t>{}, "dataset").scalar<std::uint64_t>();
   s.epoch_loss_sum = r.read("/state/epoch_loss_sum", Element::f64, std::vector<std::int64_t>{}, "dataset").scalar<double>();
   s.epoch_samples = read_scalar_i64(r, "/state/epoch_samples");
+  // Optional: older checkpoints do not say which layout wrote them.
+  for (auto [name, value] : {std::pair{"/state/replicas_in_sync", &s.replicas_in_sync}, {"/state/workers", &s.workers},
+                             {"/state/global_batch", &s.global_batch}})
+    if (r.exists(name)) *value = std::max<std::int64_t>(0, read_scalar_i64(r, name));
   // Ranges any run can reach: an epoch counter of int range, a step count training can still add
   // to, a step within the steps done, finite running figures. Outside them the file is corrupt.
   const bool counters_ok = s.epoch >= 0 && s.epoch < kMaxEpochs && s.step_in_epoch >= 0 && s.global_step >= 0 &&

@@ -58,6 +58,12 @@ struct TrainingState {
   std::int64_t epoch_samples = 0;
   std::vector<std::vector<std::int64_t>> metric_counts;  // one entry per training metric: MetricState.counts
   std::vector<std::vector<double>> metric_sums;          // and MetricState.sums
+  // The layout that wrote it: replicas in sync over how many worker processes, and the global
+  // batch (so that a resume on another layout can say what that changes). 0 in checkpoints written
+  // before dtrain stored them.
+  std::int64_t replicas_in_sync = 0;
+  std::int64_t workers = 0;
+  std::int64_t global_batch = 0;
   bool operator==(const TrainingState&) const = default;
 };
 

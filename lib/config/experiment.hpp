@@ -266,6 +266,23 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
+// reproducibility (docs/reproducibility.md): what may change a run's bits.
+//   fast              the sums are taken in the order the replicas, lanes and ranks finish them
+//                     (deterministic for one configuration; another replica count or thread
+//                     count changes the last bits)
+//   replica_invariant the global batch is cut into micro-batches of micro_batch_size samples, each
+//                     computed whole by one thread, and combined by exact integer sums: the same
+//                     bits for any replica, lane, thread or rank count
+enum class ReproducibilityMode { fast, replica_invariant };
+
+struct ReproducibilityConfig {
+  ReproducibilityMode mode = ReproducibilityMode::fast;
+  std::int64_t micro_batch_size = 8;
+  SourceLocation where;  // reproducibility.mode (line 0 when left out)
+  bool invariant() const { return mode == ReproducibilityMode::replica_invariant; }
+  bool operator==(const ReproducibilityConfig& o) const { return mode == o.mode && micro_batch_size == o.micro_batch_size; }
+};
+
 // The longest `name`: it names the run directory runs/<name>, and runs/<name>-2, ... after it.
 inline constexpr std::size_t kMaxExperimentNameBytes = 200;
 
@@ -288,6 +305,7 @@ struct Experiment {
   std::vector<MetricKind> metrics;
   TrainConfig train;
   CheckpointConfig checkpoint;
+  ReproducibilityConfig reproducibility;
   std::string source_file;  // the YAML it was read from
   bool operator==(const Experiment&) const = default;
 };

@@ -68,6 +68,8 @@ constexpr Named<ProgressMode> progress_modes[] = {{"auto", ProgressMode::auto_de
 // tf.distribute strategies that later versions add; naming one gets "not available", not "unknown".
 constexpr std::string_view planned_strategies[] = {"tpu"};
 
+constexpr Named<ReproducibilityMode> reproducibility_modes[] = {
+    {"fast", ReproducibilityMode::fast}, {"replica_invariant", ReproducibilityMode::replica_invariant}};
 constexpr Named<Precision> precisions[] = {{"float32", Precision::float32},
                                            {"mixed_bfloat16", Precision::mixed_bfloat16}};
 
@@ -486,9 +488,25 @@ CheckpointConfig parse_checkpoint(const Node& node) {
   return out;
 }
 
+ReproducibilityConfig parse_reproducibility(const Node& node) {
+  static constexpr std::string_view keys[] = {"mode", "micro_batch_size"};
+  Section s(node, "reproducibility", keys);
+  ReproducibilityConfig out;
+  s.get_enum("mode", out.mode, "reproducibility mode", reproducibility_modes);
+  const Node* mode = s.find("mode");
+  out.where = (mode ? mode->origin : s.key_origin("mode")).location();
+  s.get_int("micro_batch_size", out.micro_batch_size, 1);
+  if (out.mode == ReproducibilityMode::fast && s.find("micro_batch_size"))
+    fail(s.find("micro_batch_size")->origin,
+         "reproducibility.micro_batch_size applies to mode replica_invariant only; set reproducibility.mode: "
+         "replica_invariant or leave the key out");
+  return out;
+}
+
 Experiment parse_tree(const Node& root, const std::string& file_name) {
-  static constexpr std::string_view keys[] = {"name", "seed",      "precision", "strategy", "data",      "model",
-                                              "loss", "optimizer", "metrics",   "train",    "checkpoint"};
+  static constexpr std::string_view keys[] = {"name",      "seed",    "precision", "strategy",
+                                              "data",      "model",   "loss",      "optimizer",
+                                              "metrics",   "train",   "checkpoint", "reproducibility"};
   Section s(root, "", keys);
   Experiment out;
   out.source_file = file_name;
@@ -527,6 +545,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
   out.metrics = parse_metrics(section("metrics"));
   out.train = parse_train(section("train"));
   out.checkpoint = parse_checkpoint(section("checkpoint"));
+  out.reproducibility = parse_reproducibility(section("reproducibility"));
 
   const Node* reduction = section("loss").find("reduction");
   check_reduction_under_strategy(out.strategy, out.loss, reduction != nullptr,
@@ -553,6 +572,7 @@ const char* name_of(MetricKind kind) { return name_in(metric_kinds, kind); }
 const char* name_of(ProgressMode mode) { return name_in(progress_modes, mode); }
 const char* name_of(Parallelism parallelism) { return name_in(parallelisms, parallelism); }
 const char* name_of(Precision precision) { return name_in(precisions, precision); }
+const char* name_of(ReproducibilityMode mode) { return name_in(reproducibility_modes, mode); }
 
 std::string location_prefix(const SourceLocation& given, const SourceLocation& fallback) {
   const SourceLocation& loc = given.line > 0 ? given : fallback;
@@ -627,6 +647,7 @@ std::vector<std::string_view> choices_of(std::string_view key_path) {
   if (key_path == "metrics") from(metric_kinds);
   if (key_path == "train.progress") from(progress_modes);
   if (key_path == "train.parallelism") from(parallelisms);
+  if (key_path == "reproducibility.mode") from(reproducibility_modes);
   return names;
 }
 

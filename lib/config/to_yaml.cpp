@@ -185,6 +185,14 @@ std::string to_yaml(const Experiment& e) {
   if (!e.checkpoint.dir.empty()) out << YAML::Key << "dir" << YAML::Value << e.checkpoint.dir;
   out << YAML::EndMap;
 
+  // Written only when not the default, so that the resolved experiments of fast runs read as before.
+  if (e.reproducibility.invariant()) {
+    out << YAML::Key << "reproducibility" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "mode" << YAML::Value << name_of(e.reproducibility.mode);
+    out << YAML::Key << "micro_batch_size" << YAML::Value << e.reproducibility.micro_batch_size;
+    out << YAML::EndMap;
+  }
+
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -127,7 +127,10 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
   if (mode_ == config::DistributeMode::split_global_batch) {
     const Batch* b = pipeline_->next();
     const std::int64_t size = b ? b->size : 0;
-    auto rows_before = [&](int r) { return part_offset(size, replicas_, r); };
+    // This worker's batch starts on a part boundary, so dividing it over its replicas as the whole
+    // batch is divided over every replica gives each the rows it has there (granule or not).
+    const std::int64_t granule = pipeline_->options().part_granule;
+    auto rows_before = [&](int r) { return part_offset(size, replicas_, r, granule); };
     for (int r = 0; r < replicas_; ++r) {
       ReplicaBatch& rb = out_[static_cast<std::size_t>(r)];
       const std::int64_t begin = rows_before(r), end = rows_before(r + 1);

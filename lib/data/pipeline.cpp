@@ -39,9 +39,10 @@ std::vector<std::int64_t> shuffle_order(std::int64_t size, std::int64_t buffer, 
   return order;
 }
 
-std::int64_t part_offset(std::int64_t size, int parts, int part) {
-  const std::int64_t base = size / parts, extra = size % parts;
-  return part * base + std::min<std::int64_t>(part, extra);
+std::int64_t part_offset(std::int64_t size, int parts, int part, std::int64_t granule) {
+  const std::int64_t units = ceil_div(size, granule);
+  const std::int64_t base = units / parts, extra = units % parts;
+  return std::min(size, (part * base + std::min<std::int64_t>(part, extra)) * granule);
 }
 
 Pipeline::Pipeline(const Dataset& dataset, PipelineOptions options) : dataset_(dataset), options_(options) {
@@ -163,8 +164,8 @@ void Pipeline::fill(Batch& batch, std::int64_t step) const {
   const std::int64_t begin = step * options_.batch_size;
   const std::int64_t whole = std::min(options_.batch_size, n - begin);
   // This pipeline's rows of the batch: all of them unless it keeps some replicas' parts.
-  const std::int64_t first = part_offset(whole, options_.parts, options_.part_begin);
-  const std::int64_t count = part_offset(whole, options_.parts, options_.part_end) - first;
+  const std::int64_t first = part_offset(whole, options_.parts, options_.part_begin, options_.part_granule);
+  const std::int64_t count = part_offset(whole, options_.parts, options_.part_end, options_.part_granule) - first;
   const std::int64_t row = dataset_.x.shape().tail().numel();
 
   batch.x.ensure(dataset_.x.shape().tail().with_batch(count), DType::f32);

@@ -45,11 +45,17 @@ struct PipelineOptions {
   int parts = 1;
   int part_begin = 0;
   int part_end = 1;
+  // The rows every part boundary falls on (reproducibility: replica_invariant's micro-batch size):
+  // the batch is divided in units of `part_granule` rows (the last one short when the batch is),
+  // each part taking whole units. 1 = row by row. It also divides the batches of the iterators
+  // (data/distributed.hpp) over their replicas.
+  std::int64_t part_granule = 1;
 };
 
 // The first row of part `part` when `size` rows are divided over `parts` as evenly as possible,
-// the first size % parts parts one row more (Mirrored's split of a global batch).
-std::int64_t part_offset(std::int64_t size, int parts, int part);
+// the first parts one more: in rows (granule 1, Mirrored's split of a global batch) or in whole
+// units of `granule` rows, the last unit short when size is not a multiple of it.
+std::int64_t part_offset(std::int64_t size, int parts, int part, std::int64_t granule = 1);
 
 struct Batch {
   Tensor x;

@@ -64,6 +64,12 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
                              what));
     ReplicatedStrategy::all_reduce_sum_in_replica(replica, values, what);
   }
+  void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<std::int64_t> values,
+                                 const char* what) override {
+    DTRAIN_CHECK(!reducer_ || !reducer_->in_flight(),
+                 fmt::format("{}: a collective while the gradient sums are in flight", what));
+    ReplicatedStrategy::all_reduce_sum_in_replica(replica, values, what);
+  }
 
   void sum_gradients(const ReplicaContext& replica) override {
     const bool several = num_local_replicas() > 1;

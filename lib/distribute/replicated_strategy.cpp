@@ -95,4 +95,16 @@ void ReplicatedStrategy::all_reduce_sum_in_replica(const ReplicaContext& replica
   here.broadcast(values, 0, what);
 }
 
+void ReplicatedStrategy::all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<std::int64_t> values,
+                                                   const char* what) {
+  Communicator& here = local(replica);
+  here.all_reduce_sum(values, what);
+  if (workers() == 1) return;
+  // Replica 0 sums across workers; the others then take its sum by adding zeros to it (exact for
+  // integers: the group has no integer broadcast, and needs none).
+  if (replica.replica_id == 0) workers_->all_reduce_sum(values, what);
+  else std::fill(values.begin(), values.end(), std::int64_t{0});
+  here.all_reduce_sum(values, what);
+}
+
 }  // namespace dtrain::distribute

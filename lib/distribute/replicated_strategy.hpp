@@ -61,6 +61,8 @@ class ReplicatedStrategy : public Strategy {
   void sum_gradients(const ReplicaContext& replica) override;
   bool update(const ReplicaContext& replica, const std::function<void()>& apply) override;
   void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values, const char* what) override;
+  void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<std::int64_t> values,
+                                 const char* what) override;
 
   double take_cross_worker_seconds() override { return 0.0; }
   double take_cross_worker_wait_seconds() override { return 0.0; }

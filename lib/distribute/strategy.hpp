@@ -117,6 +117,11 @@ class Strategy {
   // then across the workers, on every replica. During backward only after
   // set_collectives_in_backward(true): while gradient sums overlap backward it is an InternalError.
   virtual void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values, const char* what) = 0;
+  // The same over exact integers (reproducibility: replica_invariant's fixed-point gradients and
+  // exponent-binned losses): a sum in any order is the same sum, so the result is the same for
+  // every layout of replicas, lanes and ranks.
+  virtual void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<std::int64_t> values,
+                                         const char* what) = 0;
 
   // ---- reporting
   // Seconds since the last call inside the collectives summing gradients across workers, and

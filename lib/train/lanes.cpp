@@ -1,5 +1,6 @@
 #include "train/lanes.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "data/pipeline.hpp"
@@ -41,6 +42,19 @@ void LanesThenReplicas::all_reduce_sum(std::span<double> values, const char* wha
   lanes.all_reduce_sum(values, what);
   if (lane_ == 0) replicas_.all_reduce_sum(values, what);
   lanes.broadcast(values, 0, what);
+}
+
+void MicroBatchStatistics::all_reduce_sum(std::span<double> values, const char* what) {
+  const std::size_t n = values.size();
+  slots_.assign(n * static_cast<std::size_t>(micro_batches_), 0.0);
+  if (micro_batch_ >= 0)
+    std::copy(values.begin(), values.end(), slots_.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(micro_batch_)));
+  inner_.all_reduce_sum(slots_, what);
+  for (std::size_t j = 0; j < n; ++j) {
+    double sum = 0.0;
+    for (std::size_t k = 0; k < static_cast<std::size_t>(micro_batches_); ++k) sum += slots_[k * n + j];
+    values[j] = sum;
+  }
 }
 
 }  // namespace dtrain::train

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "distribute/replica_threads.hpp"
 #include "distribute/strategy.hpp"
@@ -81,6 +82,28 @@ class LanesThenReplicas final : public nn::CrossReplica {
   Lanes& lanes_;
   int lane_;
   nn::CrossReplica& replicas_;
+};
+
+// Synchronized layers under reproducibility: replica_invariant, where each lane computes one
+// micro-batch: the micro-batch's values go to its own slot of a vector with one slot per
+// micro-batch of the step, the vectors are summed over the lanes and replicas (`inner`, every slot
+// then holds one term plus zeros: exact in any order) and each lane adds the slots up in
+// micro-batch order. The sum is then the same whichever lane, replica or rank held which
+// micro-batch.
+class MicroBatchStatistics final : public nn::CrossReplica {
+ public:
+  explicit MicroBatchStatistics(nn::CrossReplica& inner) : inner_(inner) {}
+  // This step: the lane's micro-batch (-1 when it has none) among the step's `micro_batches`.
+  void set_step(std::int64_t micro_batch, std::int64_t micro_batches) {
+    micro_batch_ = micro_batch;
+    micro_batches_ = micro_batches;
+  }
+  void all_reduce_sum(std::span<double> values, const char* what) override;
+
+ private:
+  nn::CrossReplica& inner_;
+  std::int64_t micro_batch_ = -1, micro_batches_ = 0;
+  std::vector<double> slots_;
 };
 
 }  // namespace dtrain::train

@@ -19,6 +19,7 @@
 #include "core/compute_thread.hpp"
 #include "core/error.hpp"
 #include "core/machine.hpp"
+#include "data/pipeline.hpp"
 #include "dtrain/build_info.hpp"
 #include "train/memory_estimate.hpp"
 #include "checkpoint/run_dir.hpp"
@@ -151,7 +152,9 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   // train.parallelism: batch each of a replica's threads is a lane (train/lanes.hpp) with its own
   // model computing with the replica's variables.
   replicas_.resize(static_cast<std::size_t>(replicas));
-  const int lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
+  const bool invariant = exp_.reproducibility.invariant();
+  const int lanes = invariant ? invariant_lanes()
+                    : exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
   for (int r = 0; r < replicas; ++r) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
     static_cast<Lane&>(rep) = make_lane(r, r == 0);
@@ -167,12 +170,21 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     rep.cross_replica = std::make_unique<StrategyCrossReplica>(*strategy_, strategy_->replica_context(r));
     // Lanes share their replica's variables and sum into its gradients in place: CPU threads over
     // memory the host reads. A replica on other memory (a GPU, the checked mode) is one lane.
+    if (invariant && !rep.ctx->host_accessible())
+      throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant computes each micro-batch on a CPU "
+                                    "thread over memory the host reads, and {} is not such a device{}; use CPU "
+                                    "devices or mode fast",
+                                    config::location_prefix(exp_.reproducibility.where, {exp_.source_file, 0, 0}),
+                                    strategy_->replica_device(r).to_string(),
+                                    std::getenv("DTRAIN_CHECKED_MEMORY") ? " (DTRAIN_CHECKED_MEMORY is set)" : ""));
     if (lanes > 1 && rep.ctx->host_accessible()) {
       for (int l = 1; l < lanes; ++l) rep.more_lanes.push_back(make_lane(r));
       rep.lanes = std::make_unique<Lanes>(lanes);
       for (int l = 0; l < lanes; ++l) {
         rep.lane(l).lane_statistics = std::make_unique<LaneStatistics>(*rep.lanes, l);
         rep.lane(l).lanes_then_replicas = std::make_unique<LanesThenReplicas>(*rep.lanes, l, *rep.cross_replica);
+        if (invariant)
+          rep.lane(l).micro_statistics = std::make_unique<MicroBatchStatistics>(*rep.lane(l).lanes_then_replicas);
       }
     }
   }
@@ -231,6 +243,33 @@ void Trainer::check_stored_state(const std::string& path, const checkpoint::Trai
   check_metric_state(path, state, kept);
 }
 
+void Trainer::note_layout_change(const checkpoint::TrainingState& state) const {
+  const std::int64_t replicas = strategy_->num_replicas_in_sync(), workers = strategy_->workers();
+  if (state.global_batch > 0 && state.global_batch != global_batch_size()) {
+    fmt::print(stderr, "dtrain: warning: the checkpoint was trained with a global batch of {}, this run's is {}{}: the "
+                       "rest of this run will differ from a run that was never stopped; set data.global_batch_size: {} "
+                       "to keep it\n",
+               state.global_batch, global_batch_size(),
+               exp_.data.global_batch_size > 0 ? "" : " (data.batch_size_per_replica times the replicas in sync)",
+               state.global_batch);
+    return;
+  }
+  if (state.replicas_in_sync <= 0 || (state.replicas_in_sync == replicas && state.workers == workers)) return;
+  const auto count = [](std::int64_t replicas_in_sync, std::int64_t processes) {
+    return fmt::format("{} replica{} in {} process{}", replicas_in_sync, replicas_in_sync == 1 ? "" : "s", processes,
+                       processes == 1 ? "" : "es");
+  };
+  const std::string layout = fmt::format("the checkpoint was written by {}, this run has {}",
+                                         count(state.replicas_in_sync, state.workers), count(replicas, workers));
+  if (exp_.reproducibility.invariant())
+    fmt::print(stderr, "dtrain: {}; reproducibility: replica_invariant keeps the bits: the run goes on exactly as it "
+                       "would have on the layout that wrote the checkpoint\n", layout);
+  else
+    fmt::print(stderr, "dtrain: note: {}; sums are now taken in another order, so the rest of the run will differ in the "
+                       "last bits from one that was never stopped (reproducibility.mode: replica_invariant keeps them)\n",
+               layout);
+}
+
 Trainer::~Trainer() {
   if (null_out_) std::fclose(null_out_);
 }
@@ -257,7 +296,9 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
       const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
       RunCopies copies;
       copies.replicas = strategy_->num_local_replicas();
-      copies.lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
+      copies.lanes = exp_.reproducibility.invariant()                         ? invariant_lanes()
+                     : exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica()
+                                                                             : 1;
       copies.optimizer_slots = static_cast<int>(optim::make_optimizer(exp_.optimizer, numerics)->slot_names().size());
       const std::int64_t eval_samples =
           std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
@@ -290,13 +331,19 @@ std::string Trainer::header_line() const {
   std::string threads = replicas > 1 ? fmt::format("{} ({} per replica", threads_, strategy_->threads_per_replica())
                                      : fmt::format("{}", threads_);
   const int lanes = replicas_[0].lane_count();
-  if (lanes > 1) threads += fmt::format("{}batch split over {} lanes", replicas > 1 ? ", " : " (", lanes);
+  const bool invariant = exp_.reproducibility.invariant();
+  if (lanes > 1)
+    threads += fmt::format("{}{} over {} lanes", replicas > 1 ? ", " : " (",
+                           invariant ? "micro-batches" : "batch split", lanes);
   if (replicas > 1 || lanes > 1) threads += ")";
+  const std::string reproducibility =
+      invariant ? fmt::format(" | reproducibility replica_invariant, micro-batch {}", exp_.reproducibility.micro_batch_size)
+                : std::string();
   return fmt::format("dtrain {} | experiment {} | {} | global batch {} | learning rate {:g} | threads {} | {} | "
-                     "precision {}",
+                     "precision {}{}",
                      build_info::version, exp_.name, strategy_->describe(), global_batch_size(),
                      replicas_[0].optimizer->learning_rate(), threads, replicas_[0].ctx->describe(),
-                     config::name_of(exp_.precision));
+                     config::name_of(exp_.precision), reproducibility);
 }
 
 void Trainer::write_run_files() {
@@ -330,6 +377,9 @@ std::string Trainer::save_checkpoint(std::int64_t epoch, std::int64_t step_in_ep
   c.state.seed = exp_.seed;
   c.state.epoch_loss_sum = loss_sum;
   c.state.epoch_samples = samples;
+  c.state.replicas_in_sync = strategy_->num_replicas_in_sync();
+  c.state.workers = strategy_->workers();
+  c.state.global_batch = global_batch_size();
   // At an epoch boundary the next epoch starts its metrics afresh: nothing to carry over.
   for (const metrics::MetricState& st : states) {
     c.state.metric_counts.push_back(st.counts);
@@ -381,6 +431,7 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
   reset_train_metrics();
   for (std::size_t i = 0; strategy_->is_chief() && i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)
     replicas_[0].train_metrics[i]->merge(metrics::MetricState{c.state.metric_counts[i], c.state.metric_sums[i]});
+  if (strategy_->is_chief()) note_layout_change(c.state);
   if (c.state.seed != exp_.seed)
     fmt::print(stderr, "dtrain: warning: the checkpoint was trained with seed {}, the experiment says {}: the data order "
                        "from here on follows seed {}\n", c.state.seed, exp_.seed, exp_.seed);
@@ -392,6 +443,8 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
 std::unique_ptr<data::DistributedIterator> Trainer::make_iterator(const data::Dataset& split, bool training) const {
   data::PipelineOptions po;
   po.seed = training ? shards_.train_seed(exp_.seed) : exp_.seed;
+  // Replicas (and workers) then take whole micro-batches.
+  if (exp_.reproducibility.invariant()) po.part_granule = exp_.reproducibility.micro_batch_size;
   po.prefetch = exp_.data.prefetch;
   po.shard_count = training ? shards_.train_shard_count() : shards_.eval_shard_count();
   po.shard_index = po.shard_count > 1 ? shards_.shard_index() : 0;
@@ -507,6 +560,7 @@ void Trainer::lanes_train_step(const distribute::ReplicaContext& rc, Replica& re
 void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
+  if (exp_.reproducibility.invariant()) return invariant_train_step(rc, rep, batch);
   if (rep.lanes) return lanes_train_step(rc, rep, batch);
   const float replicas = static_cast<float>(rc.num_replicas_in_sync);
   const bool overlap = strategy_->overlaps_backward();
@@ -551,10 +605,169 @@ std::pair<Tensor, Tensor> Trainer::stage(Lane& lane, const data::ReplicaBatch& b
   return {stage_into(*lane.ctx, lane.staged_x, batch.x), stage_into(*lane.ctx, lane.staged_y, batch.y)};
 }
 
+int Trainer::invariant_lanes() const {
+  const config::ReproducibilityConfig& mode = exp_.reproducibility;
+  const std::string at = config::location_prefix(mode.where, {exp_.source_file, 0, 0});
+  if (strategy_->schedules_steps())
+    throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant does not cover strategy {}: its workers "
+                                  "apply their updates as they arrive, in an order no seed fixes; use mode fast, or "
+                                  "multi_worker_mirrored for synchronous training across processes",
+                                  at, exp_.strategy.kind));
+  if (exp_.data.distribute == config::DistributeMode::per_replica)
+    throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant cuts each global batch into micro-batches, "
+                                  "and data.distribute per_replica batches every replica's input on its own; set "
+                                  "data.distribute: split_global_batch",
+                                  at));
+  if (strategy_->workers() > 1 && shards_.policy != config::AutoShardPolicy::data)
+    throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant needs every worker to see the same "
+                                  "order of samples, so that a step's global batch does not depend on the workers; "
+                                  "data.auto_shard resolves to {} here: set data.auto_shard: data",
+                                  at, config::name_of(shards_.policy)));
+  // One lane (a thread) per micro-batch a replica holds in a full step: a synchronized layer meets
+  // every micro-batch of the step at once. Two at least: one lane would run on the replica's own
+  // thread, whose OpenMP team is not one thread.
+  constexpr std::int64_t kMostLanes = 256;
+  const std::int64_t lanes =
+      ceil_div(ceil_div(global_batch_size(), mode.micro_batch_size), strategy_->num_replicas_in_sync());
+  if (lanes > kMostLanes)
+    throw ConfigError(fmt::format("{}reproducibility.micro_batch_size {} cuts the global batch of {} into {} "
+                                  "micro-batches per replica, each computed by its own thread; at most {} are "
+                                  "allowed: raise micro_batch_size to at least {}",
+                                  at, mode.micro_batch_size, global_batch_size(), lanes, kMostLanes,
+                                  ceil_div(ceil_div(global_batch_size(), strategy_->num_replicas_in_sync()), kMostLanes)));
+  return static_cast<int>(std::max<std::int64_t>(2, lanes));
+}
+
+std::pair<std::int64_t, std::int64_t> Trainer::micro_batches_of(const distribute::ReplicaContext& rc,
+                                                                std::int64_t samples) const {
+  // The step's micro-batches are divided over the replicas in sync as data/pipeline.hpp's
+  // part_offset divides them (which is how the input gave each replica its rows).
+  const std::int64_t micro_batches = ceil_div(samples, exp_.reproducibility.micro_batch_size);
+  const std::int64_t first = data::part_offset(micro_batches, rc.num_replicas_in_sync, rc.global_replica_id);
+  return {first, data::part_offset(micro_batches, rc.num_replicas_in_sync, rc.global_replica_id + 1) - first};
+}
+
+void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
+  const std::int64_t m = exp_.reproducibility.micro_batch_size;
+  const std::int64_t micro_batches = ceil_div(step_samples_, m);
+  const auto [first, count] = micro_batches_of(rc, step_samples_);
+  DTRAIN_CHECK(count <= rep.lane_count() &&
+                   batch.size == (count == 0 ? 0 : std::min(step_samples_, (first + count) * m) - first * m),
+               fmt::format("replica {} holds {} samples, not its micro-batches [{}, {}) of {} samples",
+                           rc.global_replica_id, batch.size, first, first + count, m));
+  StepTimer* profile = rc.replica_id == 0 ? profile_ : nullptr;
+  auto lane_step = [&](int l) {
+    Lane& lane = rep.lane(l);
+    lane.has_micro_batch = l < count;
+    const Lanes::Rows rows = lane.has_micro_batch ? Lanes::Rows{l * m, std::min(batch.size, (l + 1) * m)} : Lanes::Rows{};
+    lane.micro_statistics->set_step(lane.has_micro_batch ? first + l : -1, micro_batches);
+    nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, rows);
+    step.lanes = nullptr;  // batch statistics per micro-batch (ghost batch normalization)
+    step.cross_replica = lane.micro_statistics.get();
+    PhaseClock phases(l == 0 ? profile : nullptr);  // lane 0's timeline is the replica's
+    lane.loss_bins.reset();
+    if (!lane.has_micro_batch) {
+      lane.model->step_without_samples(step);  // still takes part in synchronized layers' sums
+      return;
+    }
+    // The lane's own copy of its rows: the kernels read a micro-batch at the same alignment
+    // whichever replica's batch it came in.
+    const Tensor x = stage_into(*lane.ctx, lane.staged_x, batch.x.slice_rows(rows.begin, rows.end));
+    const Tensor y = stage_into(*lane.ctx, lane.staged_y, batch.y.slice_rows(rows.begin, rows.end));
+    compute_gradients(lane, x, y, step, nn::BackwardOptions{}, phases);
+    lane.loss_bins.add(lane.per_example);
+  };
+  rep.lanes->run(lane_step);
+  PhaseClock phases(profile);
+
+  // First exchange: each variable's largest exponent over this replica's micro-batches (in the
+  // replica's own slot) and the per-example losses' bins, summed exactly over every replica.
+  const std::span<const std::size_t> sizes = rep.model->gradient_sizes();
+  const std::size_t vars = sizes.size(), replicas = static_cast<std::size_t>(rc.num_replicas_in_sync);
+  constexpr std::int64_t kBias = 2 * fixed_point::kNonFinite;  // every exponent encoded above 0
+  rep.exchange.assign(replicas * vars + ExactSum::kBins, 0);
+  ExactSum losses;
+  for (int l = 0; l < count; ++l) losses.merge(rep.lane(l).loss_bins);
+  std::copy(losses.bins().begin(), losses.bins().end(), rep.exchange.begin() + static_cast<std::ptrdiff_t>(replicas * vars));
+  const auto lane_gradients = [&rep](int l, std::size_t offset, std::size_t size) {
+    return rep.lane(l).model->gradient_arena().span<float>().subspan(offset, size);
+  };
+  std::size_t offset = 0;
+  for (std::size_t v = 0; v < vars; offset += sizes[v++]) {
+    int e = fixed_point::kAllZero;
+    for (int l = 0; l < count; ++l) e = std::max(e, fixed_point::max_exponent(lane_gradients(l, offset, sizes[v])));
+    rep.exchange[static_cast<std::size_t>(rc.global_replica_id) * vars + v] = e + kBias;
+  }
+  strategy_->all_reduce_sum_in_replica(rc, std::span<std::int64_t>(rep.exchange), "micro-batch exponents and losses");
+  std::copy(rep.exchange.end() - static_cast<std::ptrdiff_t>(ExactSum::kBins), rep.exchange.end(), losses.bins().begin());
+
+  // Second: the gradients in fixed point, each variable at the scale of its largest term anywhere.
+  rep.scales.assign(vars, fixed_point::kAllZero);
+  for (std::size_t v = 0; v < vars; ++v)
+    for (std::size_t r = 0; r < replicas; ++r)
+      rep.scales[v] = std::max(rep.scales[v], static_cast<int>(rep.exchange[r * vars + v] - kBias));
+  const auto finite = [](int e) { return e != fixed_point::kAllZero && e != fixed_point::kNonFinite; };
+  rep.fixed_sums.assign(rep.model->gradient_arena().numel(), 0.0);
+  offset = 0;
+  for (std::size_t v = 0; v < vars; offset += sizes[v++]) {
+    if (!finite(rep.scales[v])) continue;
+    rep.scales[v] = fixed_point::scale_for(rep.scales[v], micro_batches);
+    for (int l = 0; l < count; ++l)
+      fixed_point::accumulate(lane_gradients(l, offset, sizes[v]), rep.scales[v],
+                              std::span<double>(rep.fixed_sums).subspan(offset, sizes[v]));
+  }
+  strategy_->all_reduce_sum_in_replica(rc, std::span<double>(rep.fixed_sums), "gradients (fixed point)");
+  const std::span<float> gradients = rep.model->gradient_arena().span<float>();
+  offset = 0;
+  for (std::size_t v = 0; v < vars; offset += sizes[v++]) {
+    const std::span<float> mine = gradients.subspan(offset, sizes[v]);
+    if (rep.scales[v] == fixed_point::kAllZero) std::fill(mine.begin(), mine.end(), 0.0f);
+    else if (rep.scales[v] == fixed_point::kNonFinite) std::fill(mine.begin(), mine.end(), std::nanf(""));
+    else fixed_point::to_float(std::span<const double>(rep.fixed_sums).subspan(offset, sizes[v]), rep.scales[v], mine);
+  }
+  // The whole regularization gradient, once, on the sum every replica now holds.
+  rep.model->add_regularization_gradient(1.0f);
+  phases.mark(Phase::reduction);
+  strategy_->update(rc, [&rep] {
+    rep.optimizer->apply_gradients(rep.model->trainable_variables());
+    rep.model->apply_updates();
+  });
+  phases.mark(Phase::optimizer);
+  // The step's loss is replica 0's figure (the others add zeros to it in reduce_sum).
+  const bool divide = exp_.loss.reduction != config::Reduction::sum;
+  const double data_loss = losses.value() / (divide ? static_cast<double>(step_samples_) : 1.0);
+  replica_losses_[static_cast<std::size_t>(rc.replica_id)] =
+      rc.global_replica_id == 0 ? data_loss + rep.model->regularization_loss() : 0.0;
+}
+
+void Trainer::invariant_eval_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
+  // Inference has no sums between micro-batches: each lane takes every lane_count()-th one.
+  const std::int64_t m = exp_.reproducibility.micro_batch_size;
+  const std::int64_t micro_batches = ceil_div(batch.size, m);
+  auto lane_step = [&](int l) {
+    Lane& lane = rep.lane(l);
+    for (std::int64_t k = l; k < micro_batches; k += rep.lane_count()) {
+      const Lanes::Rows rows{k * m, std::min(batch.size, (k + 1) * m)};
+      const Tensor x = stage_into(*lane.ctx, lane.staged_x, batch.x.slice_rows(rows.begin, rows.end));
+      const Tensor y = stage_into(*lane.ctx, lane.staged_y, batch.y.slice_rows(rows.begin, rows.end));
+      nn::StepContext step = lane_step_context(rc, nn::Mode::inference, batch, l, rows);
+      step.lanes = nullptr;
+      step.cross_replica = nullptr;
+      const Tensor& logits = lane.model->forward(x, step);
+      lane.per_example.resize(static_cast<std::size_t>(rows.size()));
+      lane.loss->per_example(logits, y, lane.per_example);
+      lane.eval_loss_bins.add(lane.per_example);
+      for (auto& metric : lane.eval_metrics) metric->update(y, logits);
+    }
+  };
+  rep.lanes->run(lane_step);
+}
+
 void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
   Replica& rep = replicas_[static_cast<std::size_t>(rc.replica_id)];
   const data::ReplicaBatch& batch = (*step_batches_)[static_cast<std::size_t>(rc.replica_id)];
   if (batch.size == 0) return;
+  if (exp_.reproducibility.invariant()) return invariant_eval_step(rc, rep, batch);
   if (rep.lanes) {
     auto lane_step = [&](int l) {
       Lane& lane = rep.lane(l);
@@ -620,6 +833,7 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
   for (Replica& rep : replicas_)
     for (int l = 0; l < rep.lane_count(); ++l) {
       rep.lane(l).eval_loss_sum = 0.0;
+      rep.lane(l).eval_loss_bins.reset();
       for (auto& m : rep.lane(l).eval_metrics) m->reset();
     }
   EvalResult r;
@@ -628,9 +842,18 @@ EvalResult Trainer::evaluate(const data::Dataset& split) {
     strategy_->run(eval_fn_);
   }
   double loss_sum = 0.0;
-  for (const Replica& rep : replicas_)
-    for (int l = 0; l < rep.lane_count(); ++l) loss_sum += rep.lane(l).eval_loss_sum;
-  strategy_->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
+  if (exp_.reproducibility.invariant()) {
+    // The per-example losses' bins: exact sums over lanes, replicas and workers.
+    ExactSum total;
+    for (const Replica& rep : replicas_)
+      for (int l = 0; l < rep.lane_count(); ++l) total.merge(rep.lane(l).eval_loss_bins);
+    strategy_->all_reduce_sum(total.bins(), "test loss bins");
+    loss_sum = total.value();
+  } else {
+    for (const Replica& rep : replicas_)
+      for (int l = 0; l < rep.lane_count(); ++l) loss_sum += rep.lane(l).eval_loss_sum;
+    strategy_->all_reduce_sum(std::span<double>(&loss_sum, 1), "test loss");
+  }
   r.loss = r.samples ? loss_sum / static_cast<double>(r.samples) : 0.0;
   if (!exp_.metrics.empty()) r.accuracy = combined_metric(false, 0);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

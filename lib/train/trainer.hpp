@@ -27,6 +27,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/manager.hpp"
 #include "config/experiment.hpp"
+#include "core/exact_sum.hpp"
 #include "data/dataset.hpp"
 #include "data/distributed.hpp"
 #include "data/sharding.hpp"
@@ -159,6 +160,11 @@ class Trainer : private LoopHost {
     double data_loss = 0.0;  // this step's, from this lane's samples
     // The other lanes (batch statistics) and, for synchronized layers, every lane of every replica.
     std::unique_ptr<nn::CrossReplica> lane_statistics, lanes_then_replicas;
+    // reproducibility: replica_invariant: synchronized statistics by micro-batch slots, and the
+    // per-example losses of this step (training) and of this evaluation, binned exactly.
+    std::unique_ptr<MicroBatchStatistics> micro_statistics;
+    ExactSum loss_bins, eval_loss_bins;
+    bool has_micro_batch = false;  // this step
   };
   // A replica is its lane 0, with the optimizer of its variables and what reaches the strategy.
   struct Replica : Lane {
@@ -171,6 +177,11 @@ class Trainer : private LoopHost {
     // the threads of all of them.
     std::vector<Lane> more_lanes;
     std::unique_ptr<Lanes> lanes;
+    // reproducibility: replica_invariant: the gradients' fixed-point sums and each variable's scale,
+    // and what is exchanged first (every replica's largest exponents, then the loss's bins).
+    std::vector<double> fixed_sums;
+    std::vector<int> scales;
+    std::vector<std::int64_t> exchange;
     int lane_count() const { return 1 + static_cast<int>(more_lanes.size()); }
     Lane& lane(int i) { return i == 0 ? *this : more_lanes[static_cast<std::size_t>(i - 1)]; }
     const Lane& lane(int i) const { return i == 0 ? *this : more_lanes[static_cast<std::size_t>(i - 1)]; }
@@ -193,6 +204,20 @@ class Trainer : private LoopHost {
   // update, and its step loss.
   void finish_replica_step(const distribute::ReplicaContext& rc, Replica& rep, double data_loss, PhaseClock& phases);
   void replica_eval_step(const distribute::ReplicaContext& rc);
+  // reproducibility: replica_invariant (docs/reproducibility.md): the replica's batch is whole
+  // micro-batches, one per lane; their gradients, losses and synchronized statistics are combined
+  // exactly, so that no sum depends on which replica, lane or rank computed what.
+  void invariant_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch);
+  void invariant_eval_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch);
+  // The first micro-batch of replica `rc` in a step of `samples`, and how many it has.
+  std::pair<std::int64_t, std::int64_t> micro_batches_of(const distribute::ReplicaContext& rc,
+                                                         std::int64_t samples) const;
+  // What the mode cannot cover under this experiment, refused at reproducibility.mode; the
+  // lanes each replica needs (one per micro-batch of a full step, at least 2).
+  int invariant_lanes() const;
+  // After a restore, on the chief: what resuming on another layout (replicas, processes, global
+  // batch) than the checkpoint's changes.
+  void note_layout_change(const checkpoint::TrainingState& state) const;
   // What replica `rc`'s layers know about the current step; with lanes, what lane `lane` of it
   // knows, computing the batch's rows `rows`.
   nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch) const;

@@ -262,6 +262,25 @@ TEST_CASE("config: precision is a Keras policy name, located for the errors that
                        ConfigError);
 }
 
+TEST_CASE("config: reproducibility's mode and micro-batch, written back only when not the default") {
+  const Experiment fast = parse_experiment(minimal, "r.yaml");
+  CHECK(!fast.reproducibility.invariant());
+  CHECK(!contains(to_yaml(fast), "reproducibility"));
+  const Experiment invariant =
+      parse_experiment("reproducibility: {mode: replica_invariant, micro_batch_size: 4}\n" + minimal, "r.yaml");
+  CHECK(invariant.reproducibility.invariant());
+  CHECK(invariant.reproducibility.micro_batch_size == 4);
+  CHECK(invariant.reproducibility.where == SourceLocation{"r.yaml", 1, 25});
+  CHECK(parse_experiment(to_yaml(invariant), "resolved.yaml").reproducibility == invariant.reproducibility);
+  CHECK(parse_experiment(minimal, "r.yaml", {"reproducibility.mode=replica_invariant"}).reproducibility.micro_batch_size == 8);
+  CHECK(error_of("reproducibility: {mode: exact}\n" + minimal) ==
+        "t.yaml:1:25: unknown reproducibility mode 'exact'; valid: fast, replica_invariant");
+  CHECK(contains(error_of("reproducibility: {micro_batch_size: 4}\n" + minimal),
+                 "micro_batch_size applies to mode replica_invariant only"));
+  CHECK(contains(error_of("reproducibility: {mode: replica_invariant, micro_batch_size: 0}\n" + minimal),
+                 "micro_batch_size: must be >= 1"));
+}
+
 TEST_CASE("config: defaults follow the structs and Keras") {
   const Experiment e = parse_experiment(minimal, "m.yaml");
   CHECK(e.name == "experiment");
@@ -1125,7 +1144,7 @@ TEST_CASE("config limits: YAML aliases expand within a budget, also from a check
   // A block reused a few times is fine.
   CHECK(error_of(minimal + "data: &d {source: synthetic, train_size: 8, test_size: 2}\n"
                  "x: [*d, *d, *d]\n") == "t.yaml:6:1: unknown key 'x' at top level; valid keys: name, seed, "
-                                         "precision, strategy, data, model, loss, optimizer, metrics, train, checkpoint");
+                                         "precision, strategy, data, model, loss, optimizer, metrics, train, checkpoint, reproducibility");
 }
 
 TEST_CASE("config limits: many keys are checked for duplicates in linear time") {

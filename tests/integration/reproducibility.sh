@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# reproducibility: replica_invariant (docs/reproducibility.md): the same bits whatever computed
+# them. One epoch of tests/integration/replica_invariant.yaml (batch normalization synchronized and
+# ghost, dropout, L2, a global batch of 50 in micro-batches of 8) under every layout below must end
+# on the same checkpoint, byte for byte (h5diff without tolerance: variables, optimizer slots, the
+# running figures), and print the same epoch line.
+#   reproducibility.sh CASE DTRAIN SCRATCH
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+exp=tests/integration/replica_invariant.yaml
+[ -f data/fashion_mnist_small.h5 ] || fail "data/fashion_mnist_small.h5 is missing (tools/setup makes it)"
+mwm() { echo "strategy={kind: multi_worker_mirrored, $1}"; }
+
+# run NAME LAUNCHER [--set ...]: one epoch into $scratch/NAME, its epoch line into NAME.epoch.
+run() {
+  local name=$1 launcher=$2; shift 2
+  $launcher "$dtrain" run "$exp" --run-dir "$scratch/$name" "$@" >"$scratch/$name.out" 2>&1 ||
+    fail "$name failed: $(tail -5 "$scratch/$name.out")"
+  grep '^Epoch' "$scratch/$name.out" >"$scratch/$name.epoch" || fail "$name printed no epoch line"
+}
+# same REFERENCE NAME: NAME's last checkpoint and epoch line are REFERENCE's.
+same() {
+  local a b
+  a=$(ls "$scratch/$1"/checkpoints/ckpt-*.h5 | sort -V | tail -1)
+  b=$(ls "$scratch/$2"/checkpoints/ckpt-*.h5 | sort -V | tail -1)
+  [ "$(basename "$a")" = "$(basename "$b")" ] || fail "$2 ended at $(basename "$b"), $1 at $(basename "$a")"
+  for group in /model /optimizer /state/metrics; do
+    h5diff -r "$a" "$b" "$group" "$group" >"$scratch/h5diff.out" 2>&1 ||
+      fail "$2: $group differs from $1: $(head -20 "$scratch/h5diff.out")"
+  done
+  for scalar in epoch step_in_epoch global_step epoch_loss_sum epoch_samples; do
+    h5diff "$a" "$b" "/state/$scalar" "/state/$scalar" >/dev/null || fail "$2: /state/$scalar differs from $1"
+  done
+  cmp -s "$scratch/$1.epoch" "$scratch/$2.epoch" ||
+    fail "$2's epoch line differs: $(cat "$scratch/$2.epoch") against $(cat "$scratch/$1.epoch")"
+  echo "ok: $2 = $1: $(cat "$scratch/$2.epoch")"
+}
+
+case "$case_name" in
+  one_process)
+    run one_thread "" --set train.threads=1
+    run two_threads "" --set train.threads=2
+    run operations "" --set train.threads=2 --set train.parallelism=operations
+    run one_device "" --set 'strategy={kind: one_device, device: cpu:0}'
+    for n in 2 3 4; do
+      devices=$(seq -s ', ' -f 'cpu:%g' 0 $((n - 1)))
+      run "mirrored$n" "" --set "strategy={kind: mirrored, devices: [$devices]}"
+    done
+    run mirrored_to_one "" --set 'strategy={kind: mirrored, devices: [cpu:0, cpu:1, cpu:2], cross_device_ops: reduction_to_one_device}'
+    run central_storage "" --set 'strategy={kind: central_storage, devices: [cpu:0, cpu:1, cpu:2], parameter_device: cpu:1}'
+    for name in two_threads operations one_device mirrored2 mirrored3 mirrored4 mirrored_to_one central_storage; do
+      same one_thread "$name"
+    done
+    # A held mode line in the header, so that a log says which mode made it.
+    grep -q "reproducibility replica_invariant, micro-batch 8" "$scratch/one_thread.out" || fail "header: $(head -1 "$scratch/one_thread.out")"
+    ;;
+  multi_worker)
+    run alone "" --set train.threads=1
+    for n in 2 3 4; do
+      run "ranks$n" "mpirun -n $n" --set train.threads=1 --set "$(mwm "communication: {overlap: false}")"
+      same alone "ranks$n"
+    done
+    run ranks2_overlap "mpirun -n 2" --set train.threads=1 \
+      --set "$(mwm "communication: {implementation: ring, bytes_per_pack: 4096, overlap: true}")"
+    run ranks3_mpi "mpirun -n 3" --set train.threads=1 --set "$(mwm "communication: {implementation: mpi}")"
+    run ranks2_local2 "mpirun -n 2" --set "$(mwm "devices: [cpu:0, cpu:1]")"
+    run ranks2_local3 "mpirun -n 2" --set "$(mwm "devices: [cpu:0, cpu:1, cpu:2]")"
+    for name in ranks2_overlap ranks3_mpi ranks2_local2 ranks2_local3; do same alone "$name"; done
+    ;;
+  elastic_resume)
+    # 4 ranks, 2 epochs of 40 steps, checkpoints every 10 steps; the reference runs uninterrupted.
+    common=(--set train.epochs=2 --set train.threads=1 --set checkpoint.every_steps=10 --set checkpoint.max_to_keep=20)
+    run ref "mpirun -n 4" "${common[@]}" --set "$(mwm "communication: {timeout_seconds: 60}")"
+    # The same run, killed mid-epoch: every rank holds after step 25, one dies there.
+    victim_run="$scratch/killed"
+    hold_env "$victim_run.hold" 25
+    env "${hold[@]}" timeout 300 mpirun -n 4 "$dtrain" run "$exp" "${common[@]}" \
+      --set "$(mwm "communication: {timeout_seconds: 60}")" --run-dir "$victim_run" >"$victim_run.out" 2>&1 &
+    launcher=$!
+    wait_held "$victim_run.hold" 4 "$launcher"
+    [ -e "$victim_run/checkpoints/ckpt-20.h5" ] || fail "checkpoint ckpt-20.h5 was never written"
+    victim=$(rank_pid "$victim_run" 2 || true)
+    [ -n "$victim" ] || fail "rank 2 not found"
+    kill -9 "$victim"
+    wait "$launcher" && fail "mpirun returned 0 after a rank was killed"
+    rm -f "$victim_run"/checkpoints/ckpt-2[1-9].h5  # what the others may have saved while dying: none is due
+    # Resumed from step 20 (epoch 1, step 20 of 40) on 2 ranks, and in one process on 3 replicas.
+    cp -r "$victim_run" "$scratch/on2" && cp -r "$victim_run" "$scratch/on3"
+    mpirun -n 2 "$dtrain" resume "$scratch/on2" >"$scratch/on2.out" 2>&1 || fail "resume on 2 ranks: $(tail -5 "$scratch/on2.out")"
+    "$dtrain" resume "$scratch/on3" --set 'strategy={kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}' \
+      >"$scratch/on3.out" 2>&1 || fail "resume on 3 replicas: $(tail -5 "$scratch/on3.out")"
+    for name in on2 on3; do
+      grep -q "Resuming from .*ckpt-20.h5" "$scratch/$name.out" || fail "$name did not resume from step 20: $(head -5 "$scratch/$name.out")"
+      grep -q "replica_invariant keeps the bits" "$scratch/$name.out" || fail "$name: no word of the layout change: $(head -5 "$scratch/$name.out")"
+      grep -q "change.* the results" "$scratch/$name.out" && fail "$name warns that the layout change changes the results"
+      grep '^Epoch' "$scratch/$name.out" >"$scratch/$name.epoch"
+      grep '^Epoch 2' "$scratch/ref.out" >"$scratch/ref.epoch"
+      grep '^Epoch 2' "$scratch/$name.out" >"$scratch/$name.epoch"
+      same ref "$name"
+    done
+    ;;
+  refusals)
+    # What the mode cannot cover says so at reproducibility.mode, with exit 2.
+    expect() {
+      local want=$1; shift
+      set +e; "$dtrain" "$@" >"$scratch/out" 2>&1; local rc=$?; set -e
+      [ "$rc" -eq 2 ] || fail "exit $rc, not 2: $*: $(cat "$scratch/out")"
+      grep -q "$want" "$scratch/out" || fail "'$want' not in: $(cat "$scratch/out")"
+    }
+    expect "replica_invariant.yaml:.*data.distribute: split_global_batch" run "$exp" --set data.distribute=per_replica \
+      --run-dir "$scratch/r1"
+    expect "micro_batch_size applies to mode replica_invariant only" validate experiments/fashion_mnist_small.yaml \
+      --set reproducibility.micro_batch_size=4
+    expect "raise micro_batch_size to at least" run "$exp" --set reproducibility.micro_batch_size=1 \
+      --set data.global_batch_size=1000 --run-dir "$scratch/r2"
+    ;;
+  *) fail "unknown case" ;;
+esac
