@@ -275,12 +275,20 @@ struct CheckpointConfig {
 //                     bits for any replica, lane, thread or rank count
 enum class ReproducibilityMode { fast, replica_invariant };
 
+// reproducibility.isa: the instruction set the CPU's kernels are capped to (oneDNN's maximum ISA),
+// so that machines with at least that set compute the same bits; native = whatever this CPU has.
+enum class IsaCap { native, avx2, avx512_core, avx512_core_bf16, avx512_core_amx };
+
 struct ReproducibilityConfig {
   ReproducibilityMode mode = ReproducibilityMode::fast;
   std::int64_t micro_batch_size = 8;
-  SourceLocation where;  // reproducibility.mode (line 0 when left out)
+  IsaCap isa = IsaCap::native;
+  SourceLocation where;      // reproducibility.mode (line 0 when left out)
+  SourceLocation isa_where;  // reproducibility.isa (line 0 when left out)
   bool invariant() const { return mode == ReproducibilityMode::replica_invariant; }
-  bool operator==(const ReproducibilityConfig& o) const { return mode == o.mode && micro_batch_size == o.micro_batch_size; }
+  bool operator==(const ReproducibilityConfig& o) const {
+    return mode == o.mode && micro_batch_size == o.micro_batch_size && isa == o.isa;
+  }
 };
 
 // The longest `name`: it names the run directory runs/<name>, and runs/<name>-2, ... after it.

@@ -70,6 +70,11 @@ constexpr std::string_view planned_strategies[] = {"tpu"};
 
 constexpr Named<ReproducibilityMode> reproducibility_modes[] = {
     {"fast", ReproducibilityMode::fast}, {"replica_invariant", ReproducibilityMode::replica_invariant}};
+constexpr Named<IsaCap> isa_caps[] = {{"native", IsaCap::native},
+                                      {"avx2", IsaCap::avx2},
+                                      {"avx512_core", IsaCap::avx512_core},
+                                      {"avx512_core_bf16", IsaCap::avx512_core_bf16},
+                                      {"avx512_core_amx", IsaCap::avx512_core_amx}};
 constexpr Named<Precision> precisions[] = {{"float32", Precision::float32},
                                            {"mixed_bfloat16", Precision::mixed_bfloat16}};
 
@@ -489,13 +494,17 @@ CheckpointConfig parse_checkpoint(const Node& node) {
 }
 
 ReproducibilityConfig parse_reproducibility(const Node& node) {
-  static constexpr std::string_view keys[] = {"mode", "micro_batch_size"};
+  static constexpr std::string_view keys[] = {"mode", "micro_batch_size", "isa"};
   Section s(node, "reproducibility", keys);
   ReproducibilityConfig out;
   s.get_enum("mode", out.mode, "reproducibility mode", reproducibility_modes);
   const Node* mode = s.find("mode");
   out.where = (mode ? mode->origin : s.key_origin("mode")).location();
   s.get_int("micro_batch_size", out.micro_batch_size, 1);
+  if (const Node* isa = s.find("isa")) {
+    out.isa = read_enum(*isa, s.path("isa"), "instruction set", isa_caps);
+    out.isa_where = isa->origin.location();
+  }
   if (out.mode == ReproducibilityMode::fast && s.find("micro_batch_size"))
     fail(s.find("micro_batch_size")->origin,
          "reproducibility.micro_batch_size applies to mode replica_invariant only; set reproducibility.mode: "
@@ -573,6 +582,7 @@ const char* name_of(ProgressMode mode) { return name_in(progress_modes, mode); }
 const char* name_of(Parallelism parallelism) { return name_in(parallelisms, parallelism); }
 const char* name_of(Precision precision) { return name_in(precisions, precision); }
 const char* name_of(ReproducibilityMode mode) { return name_in(reproducibility_modes, mode); }
+const char* name_of(IsaCap isa) { return name_in(isa_caps, isa); }
 
 std::string location_prefix(const SourceLocation& given, const SourceLocation& fallback) {
   const SourceLocation& loc = given.line > 0 ? given : fallback;
@@ -648,6 +658,7 @@ std::vector<std::string_view> choices_of(std::string_view key_path) {
   if (key_path == "train.progress") from(progress_modes);
   if (key_path == "train.parallelism") from(parallelisms);
   if (key_path == "reproducibility.mode") from(reproducibility_modes);
+  if (key_path == "reproducibility.isa") from(isa_caps);
   return names;
 }
 

@@ -49,6 +49,7 @@ const char* name_of(CommunicationImplementation implementation);
 const char* name_of(AutoShardPolicy policy);
 const char* name_of(SourceKind kind);
 const char* name_of(ReproducibilityMode mode);
+const char* name_of(IsaCap isa);
 const char* name_of(DistributeMode mode);
 const char* name_of(Activation activation);
 const char* name_of(Padding padding);

@@ -186,10 +186,12 @@ std::string to_yaml(const Experiment& e) {
   out << YAML::EndMap;
 
   // Written only when not the default, so that the resolved experiments of fast runs read as before.
-  if (e.reproducibility.invariant()) {
+  if (e.reproducibility.invariant() || e.reproducibility.isa != IsaCap::native) {
     out << YAML::Key << "reproducibility" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "mode" << YAML::Value << name_of(e.reproducibility.mode);
-    out << YAML::Key << "micro_batch_size" << YAML::Value << e.reproducibility.micro_batch_size;
+    if (e.reproducibility.invariant())
+      out << YAML::Key << "micro_batch_size" << YAML::Value << e.reproducibility.micro_batch_size;
+    out << YAML::Key << "isa" << YAML::Value << name_of(e.reproducibility.isa);
     out << YAML::EndMap;
   }
 

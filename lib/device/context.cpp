@@ -24,6 +24,17 @@ std::vector<Registered>& registry() {
   return backends;
 }
 
+struct RegisteredCap {
+  Device::Kind kind;
+  IsaCap cap;
+};
+
+// Filled before main as well.
+std::vector<RegisteredCap>& caps() {
+  static std::vector<RegisteredCap> registered;
+  return registered;
+}
+
 const Registered* find(Device::Kind kind) {
   for (const Registered& r : registry())
     if (r.kind == kind) return &r;
@@ -36,6 +47,16 @@ void register_backend(Device::Kind kind, std::string_view name, ContextFactory f
   DTRAIN_CHECK(find(kind) == nullptr, fmt::format("two backends registered for one device kind ({} and {})",
                                                   find(kind) ? find(kind)->name : "", name));
   registry().push_back({kind, name, factory, inventory});
+}
+
+void register_isa_cap(Device::Kind kind, IsaCap cap) { caps().push_back({kind, cap}); }
+
+void cap_instruction_set(Device::Kind kind, std::string_view isa) {
+  for (const RegisteredCap& r : caps())
+    if (r.kind == kind) return r.cap(isa);
+  throw ConfigError(fmt::format("the {} backend of this build cannot cap its instruction set to {}; leave "
+                                "reproducibility.isa out (native)",
+                                backend_for(kind).empty() ? "missing" : backend_for(kind), isa));
 }
 
 std::vector<std::string> device_inventory(Device::Kind kind) {

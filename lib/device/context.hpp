@@ -152,6 +152,13 @@ using ContextFactory = std::unique_ptr<Context> (*)(Device device);
 using DeviceInventory = std::vector<std::string> (*)();
 void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory,
                       DeviceInventory inventory = nullptr);
+// Caps the instruction set the backend of a device kind compiles its kernels for
+// (reproducibility.isa: "avx2", "avx512_core", ...), so that they are the same on every machine
+// that has at least that set. Called before the kind's first context exists; ConfigError when the
+// machine lacks the set or the backend cannot cap it (saying why). Registered by the backend.
+using IsaCap = void (*)(std::string_view isa);
+void register_isa_cap(Device::Kind kind, IsaCap cap);
+void cap_instruction_set(Device::Kind kind, std::string_view isa);
 // The backend registered for a device kind ("" when none).
 std::string_view backend_for(Device::Kind kind);
 // Its inventory (empty when it has none, or no backend is registered for the kind).

@@ -98,6 +98,14 @@ int resolve_threads(int configured) {
 Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
+  // Before any kernel exists: the instruction set the CPU's kernels may use.
+  if (exp_.reproducibility.isa != config::IsaCap::native) {
+    try {
+      device::cap_instruction_set(Device::Kind::cpu, config::name_of(exp_.reproducibility.isa));
+    } catch (const ConfigError& e) {
+      throw ConfigError(config::given_prefix(exp_.reproducibility.isa_where, {exp_.source_file, 0, 0}) + e.what());
+    }
+  }
   strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
   // The experiment against the job's worker count: every worker finds the same at the same point,
   // so the chief alone reports it (JobConfigError), at the key that decides it.
@@ -174,7 +182,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant computes each micro-batch on a CPU "
                                     "thread over memory the host reads, and {} is not such a device{}; use CPU "
                                     "devices or mode fast",
-                                    config::location_prefix(exp_.reproducibility.where, {exp_.source_file, 0, 0}),
+                                    config::given_prefix(exp_.reproducibility.where, {exp_.source_file, 0, 0}),
                                     strategy_->replica_device(r).to_string(),
                                     std::getenv("DTRAIN_CHECKED_MEMORY") ? " (DTRAIN_CHECKED_MEMORY is set)" : ""));
     if (lanes > 1 && rep.ctx->host_accessible()) {
@@ -607,7 +615,7 @@ std::pair<Tensor, Tensor> Trainer::stage(Lane& lane, const data::ReplicaBatch& b
 
 int Trainer::invariant_lanes() const {
   const config::ReproducibilityConfig& mode = exp_.reproducibility;
-  const std::string at = config::location_prefix(mode.where, {exp_.source_file, 0, 0});
+  const std::string at = config::given_prefix(mode.where, {exp_.source_file, 0, 0});
   if (strategy_->schedules_steps())
     throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant does not cover strategy {}: its workers "
                                   "apply their updates as they arrive, in an order no seed fixes; use mode fast, or "

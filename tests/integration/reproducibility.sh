@@ -99,6 +99,26 @@ case "$case_name" in
       same ref "$name"
     done
     ;;
+  pinned_isa)
+    # reproducibility.isa: avx2 caps oneDNN's kernels (the header says so) and keeps the mode's
+    # invariance; the run is then the same on every machine with AVX2 (docs/reproducibility.md).
+    grep -qw avx2 /proc/cpuinfo || { echo "skipped: this CPU has no AVX2"; exit 0; }
+    run pinned "" --set reproducibility.isa=avx2 --set train.threads=1
+    run pinned3 "" --set reproducibility.isa=avx2 --set 'strategy={kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}'
+    run pinned_ranks2 "mpirun -n 2" --set reproducibility.isa=avx2 --set "$(mwm "communication: {overlap: false}")"
+    same pinned pinned3
+    same pinned pinned_ranks2
+    grep -q "isa avx2 |" "$scratch/pinned.out" || fail "the header does not name the capped ISA: $(head -1 "$scratch/pinned.out")"
+    # A cap the CPU does not reach is refused at the key.
+    set +e; "$dtrain" run "$exp" --set reproducibility.isa=avx512_core_amx --run-dir "$scratch/r" >"$scratch/amx.out" 2>&1
+    rc=$?; set -e
+    if grep -q "does not have the avx512_core_amx" "$scratch/amx.out"; then
+      [ "$rc" -eq 2 ] || fail "exit $rc for a cap the CPU lacks"
+      grep -q "error: --set reproducibility.isa=avx512_core_amx: " "$scratch/amx.out" || fail "not located: $(cat "$scratch/amx.out")"
+    else
+      [ "$rc" -eq 0 ] || fail "an AMX machine refused the AMX cap: $(tail -3 "$scratch/amx.out")"
+    fi
+    ;;
   refusals)
     # What the mode cannot cover says so at reproducibility.mode, with exit 2.
     expect() {

@@ -279,6 +279,13 @@ TEST_CASE("config: reproducibility's mode and micro-batch, written back only whe
                  "micro_batch_size applies to mode replica_invariant only"));
   CHECK(contains(error_of("reproducibility: {mode: replica_invariant, micro_batch_size: 0}\n" + minimal),
                  "micro_batch_size: must be >= 1"));
+  // The instruction-set cap, in either mode, written back.
+  const Experiment capped = parse_experiment("reproducibility: {isa: avx2}\n" + minimal, "r.yaml");
+  CHECK(capped.reproducibility.isa == IsaCap::avx2);
+  CHECK(!capped.reproducibility.invariant());
+  CHECK(capped.reproducibility.isa_where == SourceLocation{"r.yaml", 1, 24});
+  CHECK(parse_experiment(to_yaml(capped), "resolved.yaml").reproducibility == capped.reproducibility);
+  CHECK(contains(error_of("reproducibility: {isa: avx3}\n" + minimal), "unknown instruction set 'avx3'"));
 }
 
 TEST_CASE("config: defaults follow the structs and Keras") {

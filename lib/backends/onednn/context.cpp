@@ -1,5 +1,7 @@
 #include "backends/onednn/context.hpp"
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -52,7 +54,32 @@ class ReorderCopy final : public Copy {
 
 std::unique_ptr<Context> make(Device device) { return std::make_unique<OnednnContext>(device); }
 
-const bool registered = (device::register_backend(Device::Kind::cpu, kName, &make), true);
+// reproducibility.isa: oneDNN's maximum ISA, which it lets a process set once, before its first
+// kernel. The cap made is remembered so that another trainer in the same process (a test, an
+// evaluation after training) may ask for the same one again.
+void cap_isa(std::string_view name) {
+  static const std::pair<std::string_view, dnnl::cpu_isa> isas[] = {
+      {"avx2", dnnl::cpu_isa::avx2},
+      {"avx512_core", dnnl::cpu_isa::avx512_core},
+      {"avx512_core_bf16", dnnl::cpu_isa::avx512_core_bf16},
+      {"avx512_core_amx", dnnl::cpu_isa::avx512_core_amx}};
+  const auto* chosen = std::find_if(std::begin(isas), std::end(isas), [&](const auto& i) { return i.first == name; });
+  DTRAIN_CHECK(chosen != std::end(isas), fmt::format("no oneDNN ISA named {}", name));
+  static std::string_view capped;  // what this process's oneDNN was capped to
+  if (capped == chosen->first) return;
+  if (!capped.empty() || dnnl::set_max_cpu_isa(chosen->second) != dnnl::status::success)
+    throw ConfigError(fmt::format("oneDNN's instruction set cannot be capped to {} any more in this process (it was "
+                                  "{}): it is fixed before the first kernel; run the experiment in a process of its own",
+                                  name, capped.empty() ? "fixed by an earlier kernel" : fmt::format("capped to {}", capped)));
+  capped = chosen->first;
+  const auto want = static_cast<unsigned>(chosen->second);
+  if ((static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) != want)
+    throw ConfigError(fmt::format("this CPU does not have the {} instructions (oneDNN finds {}); choose an instruction "
+                                  "set it has, or leave reproducibility.isa out",
+                                  name, effective_isa()));
+}
+
+const bool registered = (device::register_backend(Device::Kind::cpu, kName, &make), device::register_isa_cap(Device::Kind::cpu, &cap_isa), true);
 
 }  // namespace
 
