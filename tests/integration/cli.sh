@@ -396,11 +396,24 @@ YAML
     ;;
   nccl_on_cpu)
     expect_error 2 "nccl needs GPU devices.*ring, hierarchical_copy or reduction_to_one_device" -- run experiments/fashion_mnist_mirrored.yaml --set strategy.cross_device_ops=nccl --run-dir "$scratch/run"
-    # On GPUs: validate accepts it (any machine), run says what this build lacks, in one line.
+    # On GPUs: validate accepts it (any machine); run on a machine without them stops in one line
+    # at the YAML's place, naming the device and how many GPUs it found (or what the build lacks).
     gpus=(--set "strategy={kind: mirrored, devices: [gpu:0, gpu:1], cross_device_ops: nccl}")
     "$dtrain" validate experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" >/dev/null || fail "validate refused nccl over gpu:0, gpu:1"
-    expect_error 2 "cross_device_ops nccl over gpu:0, gpu:1: this build has no NCCL communicator for local GPUs yet; use ring, hierarchical_copy or reduction_to_one_device" -- \
+    if nvidia-smi -L 2>/dev/null | grep -q "^GPU 1"; then
+      echo "ok [$case_name] (this machine has two GPUs: the refusal is not checked)"; exit 0
+    fi
+    if "$dtrain" info | grep -q "^NCCL: NCCL"; then
+      why="device gpu:[01]: this machine has [01] CUDA devices?.*; use one of those or cpu:N devices"
+    else
+      why="cross_device_ops nccl over gpu:0, gpu:1: this build has no NCCL .*; rebuild where NCCL is installed, or use ring"
+    fi
+    expect_error 2 "fashion_mnist_mirrored.yaml:[0-9]+:[0-9]+: $why" -- \
       run experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" --run-dir "$scratch/gpus"
+    # Across workers too: one GPU per worker process, refused before any GPU is looked for.
+    expect_error 2 "communication.implementation nccl takes one GPU per worker process, and each worker here has gpu:0, gpu:1" -- \
+      run experiments/fashion_mnist_multi_worker.yaml --set "strategy.devices=[gpu:0, gpu:1]" \
+      --set strategy.communication.implementation=nccl --run-dir "$scratch/mwm"
     ;;
   *)
     fail "unknown case"
