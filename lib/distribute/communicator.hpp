@@ -1,6 +1,7 @@
 // Communicator: one participant of a group that makes collectives together — the replica
 // threads of one process (ThreadCommunicator), the worker processes of a job (MpiCommunicator),
-// or a group of one (SingleCommunicator).
+// a group of one (SingleCommunicator), or NCCL's GPUs (nccl_communicator.hpp), which also sum
+// device memory on a replica's stream (sums_device_memory).
 //
 // Every collective is called by every participant of the group, in the same order, each with its
 // own values of the same length; `what` names it for errors and the watchdog ("gradients pack 2",

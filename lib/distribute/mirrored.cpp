@@ -38,7 +38,7 @@ void write(const config::StrategyOptions& options, config::OptionsWriter& out) {
 std::vector<config::TemplateNote> template_notes() {
   std::vector<std::string_view> ops;
   for (const auto& entry : cross_device_ops_kinds) ops.push_back(entry.name);
-  return {{.key = "devices", .beside = std::string(config::devices_per_core_note)},
+  return {{.key = "devices", .beside = "auto: every visible GPU, else one CPU replica per core; or [cpu:0, cpu:1]"},
           {.key = "cross_device_ops", .beside = "how the replicas' gradients are summed; auto says what it chose",
            .choices = ops}};
 }

@@ -32,8 +32,8 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
   std::string describe() const override {
     return fmt::format("strategy {} | workers {} | replicas {} ({} per worker: {}) | communication {}{}{}{}", layout().kind,
                        workers(), num_replicas_in_sync(), num_local_replicas(), device_list(layout().devices),
-                       workers() == 1 ? "none" : nccl_ ? "nccl" : ring_ ? "ring" : "mpi",
-                       bytes_per_pack_ > 0 ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "",
+                       nccl_ ? "nccl" : workers() == 1 ? "none" : ring_ ? "ring" : "mpi",
+                       bytes_per_pack_ > 0 && !nccl_ ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "",  // NCCL: one sum
                        overlaps_backward() ? ", overlapping backward" : "",
                        overlap_requested_ && collectives_in_backward()
                            ? ", not overlapping backward (the model makes collectives during backward)"
@@ -146,7 +146,7 @@ std::vector<config::TemplateNote> template_notes() {
   std::vector<std::string_view> implementations;
   for (const auto& entry : config::communication_implementations) implementations.push_back(entry.name);
   const config::RolesConfig roles;
-  return {{.key = "devices", .beside = "auto: one CPU replica per rank, or [cpu:0, cpu:1]: replicas in each rank"},
+  return {{.key = "devices", .beside = "auto: one replica per rank (the GPU of its local rank, else a CPU), or [cpu:0, cpu:1]: replicas in each rank"},
           {.key = "communication",
            .above = fmt::format("implementation: {}; bytes_per_pack: gradients per all-reduce, 0 = one pack;\n"
                                 "overlap: start a pack's all-reduce while backward computes the earlier layers;\n"

@@ -66,15 +66,11 @@ void all_reduce_on_stream(ncclComm_t comm, device::Context& ctx, float* values, 
   DTRAIN_NCCL_CALL(where, ncclAllReduce(values, values, count, ncclFloat, ncclSum, comm, static_cast<cudaStream_t>(stream)));
 }
 
-// ---- the replica threads of one process, one GPU each
-
-class NcclLocalGroup;
-
-// Replica r's endpoint: its float sums of device memory go through NCCL, everything else through
-// the host-memory thread group beside it.
-class NcclEndpoint final : public Communicator {
+// What both NCCL communicators share: every host-memory collective goes to the communicator
+// beside them (the replica threads' or the workers'); only the sums of device memory are NCCL's.
+class NcclCommunicator : public Communicator {
  public:
-  NcclEndpoint(NcclLocalGroup& group, ThreadCommunicator& host) : group_(group), host_(host) {}
+  explicit NcclCommunicator(Communicator& host) : host_(host) {}
   const char* name() const override { return "nccl"; }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
@@ -87,17 +83,35 @@ class NcclEndpoint final : public Communicator {
   }
   void broadcast(std::span<float> values, int root, const char* what) override { host_.broadcast(values, root, what); }
   void broadcast(std::span<double> values, int root, const char* what) override { host_.broadcast(values, root, what); }
+  void set_step(std::int64_t step) override { host_.set_step(step); }
+  void set_timeout(double seconds) override { host_.set_timeout(seconds); }
   bool sums_device_memory() const override { return true; }
+
+ protected:
+  Communicator& host() { return host_; }
+
+ private:
+  // Nothing rings over an NCCL communicator (PackedAllReduce's ring is for host memory).
+  RingTransport& ring_transport() override {
+    throw InternalError("an NCCL communicator has no host ring; its float sums of device memory run on NCCL");
+  }
+
+  Communicator& host_;
+};
+
+// ---- the replica threads of one process, one GPU each
+
+class NcclLocalGroup;
+
+// Replica r's endpoint: its float sums of device memory go through NCCL, everything else through
+// the host-memory thread group beside it.
+class NcclEndpoint final : public NcclCommunicator {
+ public:
+  NcclEndpoint(NcclLocalGroup& group, ThreadCommunicator& host) : NcclCommunicator(host), group_(group) {}
   void all_reduce_sum_on_device(device::Context& ctx, float* values, std::size_t count, const char* what) override;
 
  private:
-  // Nothing rings over a local group's endpoint (the ring of PackedAllReduce runs across workers).
-  RingTransport& ring_transport() override {
-    throw InternalError("the nccl replica group has no host ring; its float sums run on NCCL");
-  }
-
   NcclLocalGroup& group_;
-  ThreadCommunicator& host_;
 };
 
 class NcclLocalGroup final : public ReplicaGroup {
@@ -172,27 +186,14 @@ void NcclEndpoint::all_reduce_sum_on_device(device::Context& ctx, float* values,
 
 // ---- one GPU per worker process
 
-class NcclWorkerCommunicator final : public Communicator {
+class NcclWorkerCommunicator final : public NcclCommunicator {
  public:
-  explicit NcclWorkerCommunicator(Communicator& workers) : workers_(workers) {}
+  explicit NcclWorkerCommunicator(Communicator& workers) : NcclCommunicator(workers) {}
   ~NcclWorkerCommunicator() override {
     if (comm_) (void)ncclCommDestroy(comm_);
   }
-  const char* name() const override { return "nccl"; }
-  int rank() const override { return workers_.rank(); }
-  int size() const override { return workers_.size(); }
-  void all_reduce_sum(std::span<float> values, const char* what) override { workers_.all_reduce_sum(values, what); }
-  void all_reduce_sum(std::span<double> values, const char* what) override { workers_.all_reduce_sum(values, what); }
-  void all_reduce_sum(std::span<std::int64_t> values, const char* what) override { workers_.all_reduce_sum(values, what); }
-  int all_reduce_max(int value, const char* what) override { return workers_.all_reduce_max(value, what); }
-  void reduce_sum_to(std::span<float> values, int root, const char* what) override {
-    workers_.reduce_sum_to(values, root, what);
-  }
-  void broadcast(std::span<float> values, int root, const char* what) override { workers_.broadcast(values, root, what); }
-  void broadcast(std::span<double> values, int root, const char* what) override { workers_.broadcast(values, root, what); }
-  void set_step(std::int64_t step) override { workers_.set_step(step); }
-  void set_timeout(double seconds) override { workers_.set_timeout(seconds); }
-  bool sums_device_memory() const override { return true; }
+  NcclWorkerCommunicator(const NcclWorkerCommunicator&) = delete;
+  NcclWorkerCommunicator& operator=(const NcclWorkerCommunicator&) = delete;
 
   void all_reduce_sum_on_device(device::Context& ctx, float* values, std::size_t count, const char* what) override {
     if (!comm_) join(ctx.device());
@@ -200,10 +201,6 @@ class NcclWorkerCommunicator final : public Communicator {
   }
 
  private:
-  RingTransport& ring_transport() override {
-    throw InternalError("the nccl worker communicator has no host ring; its float sums run on NCCL");
-  }
-
   // Every worker calls this at the same point (its first device sum): rank 0 makes NCCL's unique
   // id, the workers' own communicator carries it to the others, and each joins with its GPU.
   void join(Device device) {
@@ -214,13 +211,12 @@ class NcclWorkerCommunicator final : public Communicator {
     // every rank is the same kind of machine), so it rides on the collective the group has.
     std::array<double, (sizeof(ncclUniqueId) + sizeof(double) - 1) / sizeof(double)> words{};
     std::memcpy(words.data(), &id, sizeof id);
-    workers_.broadcast(std::span<double>(words), 0, "NCCL unique id");
+    host().broadcast(std::span<double>(words), 0, "NCCL unique id");
     std::memcpy(&id, words.data(), sizeof id);
     set_device(device);
     DTRAIN_NCCL_CALL(where_, ncclCommInitRank(&comm_, size(), id, rank()));
   }
 
-  Communicator& workers_;
   ncclComm_t comm_ = nullptr;
   std::string where_;
 };

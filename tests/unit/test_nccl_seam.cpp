@@ -88,7 +88,7 @@ TEST_CASE("multi_worker_mirrored with nccl: one GPU per worker, refused otherwis
     return;
   }
   CHECK(distribute::make_strategy(one, 1, alone)->describe() ==
-        "strategy multi_worker_mirrored | workers 1 | replicas 1 (1 per worker: gpu:0) | communication none");
+        "strategy multi_worker_mirrored | workers 1 | replicas 1 (1 per worker: gpu:0) | communication nccl");
 }
 
 TEST_CASE("devices: auto without a visible GPU is today's CPU layout") {
