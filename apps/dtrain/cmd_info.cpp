@@ -13,6 +13,7 @@
 #include "data/dataset.hpp"
 #include "dtrain/build_info.hpp"
 #include "device/context.hpp"
+#include "distribute/nccl_communicator.hpp"
 #include "nn/kernel.hpp"
 #include "train/trainer.hpp"
 
@@ -46,7 +47,13 @@ int info_command() {
   } else {
     fmt::print("CUDA: not built (CUDA was not found at build time)\n");
   }
-  fmt::print("NCCL: {}\n", build_info::have_nccl ? "found at build time (not used in this release)" : "not built");
+  if (const distribute::NcclFactories* nccl = distribute::nccl())
+    fmt::print("NCCL: {}: cross_device_ops nccl (mirrored over local GPUs) and communication.implementation nccl "
+               "(multi_worker_mirrored, one GPU per rank)\n",
+               nccl->version());
+  else
+    fmt::print("NCCL: not built ({})\n", build_info::have_cuda ? "CMake found no nccl.h and libnccl beside CUDA"
+                                                                  : "CUDA was not found at build time");
   const bool fmnist = std::filesystem::exists(std::filesystem::path(data::kDefaultFashionMnistDir) / "train-images-idx3-ubyte.gz");
   fmt::print("Fashion-MNIST: {}\n", fmnist ? data::kDefaultFashionMnistDir : "not installed (apt-get install dataset-fashion-mnist)");
   return kOk;

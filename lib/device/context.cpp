@@ -16,6 +16,7 @@ struct Registered {
   std::string_view name;
   ContextFactory factory;
   DeviceInventory inventory;
+  DeviceCount count;
 };
 
 // Filled by the backends' registrations before main, read-only afterwards.
@@ -43,10 +44,11 @@ const Registered* find(Device::Kind kind) {
 
 }  // namespace
 
-void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory, DeviceInventory inventory) {
+void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory, DeviceInventory inventory,
+                      DeviceCount count) {
   DTRAIN_CHECK(find(kind) == nullptr, fmt::format("two backends registered for one device kind ({} and {})",
                                                   find(kind) ? find(kind)->name : "", name));
-  registry().push_back({kind, name, factory, inventory});
+  registry().push_back({kind, name, factory, inventory, count});
 }
 
 void register_isa_cap(Device::Kind kind, IsaCap cap) { caps().push_back({kind, cap}); }
@@ -62,6 +64,11 @@ void cap_instruction_set(Device::Kind kind, std::string_view isa) {
 std::vector<std::string> device_inventory(Device::Kind kind) {
   const Registered* r = find(kind);
   return r && r->inventory ? r->inventory() : std::vector<std::string>{};
+}
+
+int device_count(Device::Kind kind) {
+  const Registered* r = find(kind);
+  return r && r->count ? r->count() : 0;
 }
 
 std::string_view backend_for(Device::Kind kind) {

@@ -88,6 +88,10 @@ class Context {
   virtual std::unique_ptr<Copy> make_copy(const Memory& from, const Memory& to) = 0;
   // Returns when everything submitted so far has finished (results readable, buffers reusable).
   virtual void synchronize() = 0;
+  // The ordered stream as the backend's own handle, for a library that queues work on it itself
+  // (NCCL's collectives take the cuda backend's cudaStream_t); null where the backend has none
+  // (the CPU's work runs when it is called).
+  virtual void* native_stream() { return nullptr; }
 
   // ---- memory and the host (see the top of the file)
   // Whether host code may read and write this context's memory in place.
@@ -150,8 +154,11 @@ using ContextFactory = std::unique_ptr<Context> (*)(Device device);
 // library versions it was built with and finds at run time: lines without a trailing newline.
 // It must not fail where the machine has no such device (it says so instead).
 using DeviceInventory = std::vector<std::string> (*)();
+// How many devices of its kind the machine lets it use (0 where it has none or no driver): what
+// `devices: auto` takes. Without one the kind counts 0.
+using DeviceCount = int (*)();
 void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory,
-                      DeviceInventory inventory = nullptr);
+                      DeviceInventory inventory = nullptr, DeviceCount count = nullptr);
 // Caps the instruction set the backend of a device kind compiles its kernels for
 // (reproducibility.isa: "avx2", "avx512_core", ...), so that they are the same on every machine
 // that has at least that set. Called before the kind's first context exists; ConfigError when the
@@ -163,5 +170,7 @@ void cap_instruction_set(Device::Kind kind, std::string_view isa);
 std::string_view backend_for(Device::Kind kind);
 // Its inventory (empty when it has none, or no backend is registered for the kind).
 std::vector<std::string> device_inventory(Device::Kind kind);
+// The usable devices of a kind (0 when no backend of this build runs it, or the machine has none).
+int device_count(Device::Kind kind);
 
 }  // namespace dtrain::device

@@ -1,6 +1,7 @@
 // Communicator: one participant of a group that makes collectives together — the replica
 // threads of one process (ThreadCommunicator), the worker processes of a job (MpiCommunicator),
-// or a group of one (SingleCommunicator).
+// a group of one (SingleCommunicator), or NCCL's GPUs (nccl_communicator.hpp), which also sum
+// device memory on a replica's stream (sums_device_memory).
 //
 // Every collective is called by every participant of the group, in the same order, each with its
 // own values of the same length; `what` names it for errors and the watchdog ("gradients pack 2",
@@ -9,8 +10,12 @@
 // A group of one leaves every value as it is.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+
+#include "core/error.hpp"
+#include "device/context.hpp"
 
 namespace dtrain::distribute {
 
@@ -41,6 +46,18 @@ class Communicator {
   // Every participant's values become root's (a root outside the group is an InternalError).
   virtual void broadcast(std::span<float> values, int root, const char* what) = 0;
   virtual void broadcast(std::span<double> values, int root, const char* what) = 0;
+  // Whether this group sums device memory itself (NCCL): a strategy then hands it a replica's
+  // gradient arena where backward wrote it, with no staging through the host. The host-memory
+  // collectives above stay available (metric counts, losses, agreeing on a stop).
+  virtual bool sums_device_memory() const { return false; }
+  // In place over `count` floats at `values`, memory of `ctx`: the sum is queued on ctx's stream
+  // after the work queued before it, and the work queued after it waits for it (the optimizer's
+  // update); returns once queued. Only where sums_device_memory(); elsewhere an InternalError.
+  virtual void all_reduce_sum_on_device(device::Context& ctx, float* values, std::size_t count, const char* what) {
+    (void)ctx, (void)values, (void)count;
+    throw InternalError(std::string(what) + ": the " + name() +
+                        " communicator sums host memory only; stage the values through the host (StagedGradients)");
+  }
   // The same sum as all_reduce_sum by the chunked ring of ring.hpp over this group's neighbours:
   // each participant sends and receives 2 (size - 1) / size of the data, and each chunk's terms
   // are added in an order fixed by the ring.

@@ -21,7 +21,7 @@ const char* name_of(CrossDeviceOpsKind kind);
 
 struct MirroredOptions {
   static constexpr std::string_view kind = "mirrored";
-  config::DeviceList devices;  // auto: one CPU replica per core
+  config::DeviceList devices;  // auto: every visible GPU, else one CPU replica per core
   CrossDeviceOpsKind cross_device_ops = CrossDeviceOpsKind::auto_select;
   config::SourceLocation cross_device_ops_where;  // the value (line 0 when left to its default)
   bool operator==(const MirroredOptions&) const = default;

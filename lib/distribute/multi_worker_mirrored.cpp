@@ -1,9 +1,14 @@
 #include "distribute/multi_worker_mirrored.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "core/error.hpp"
 #include "config/parse.hpp"
+#include "device/context.hpp"
+#include "distribute/nccl_communicator.hpp"
 #include "distribute/packed_all_reduce.hpp"
 #include "distribute/replicated_strategy.hpp"
 
@@ -13,10 +18,13 @@ namespace {
 
 class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
  public:
+  // nccl: the workers' NCCL communicator (one GPU each), which then sums the gradients.
   MultiWorkerMirroredStrategy(ReplicaLayout layout, int total_threads, Communicator& workers,
-                              const config::CommunicationConfig& communication, bool ring)
+                              const config::CommunicationConfig& communication, bool ring,
+                              std::unique_ptr<Communicator> nccl = nullptr)
       : ReplicatedStrategy(std::move(layout), total_threads, &workers),
         ring_(ring),
+        nccl_(std::move(nccl)),
         bytes_per_pack_(communication.bytes_per_pack),
         // Several local replicas first sum among themselves, after all of them finished backward.
         overlap_requested_(communication.overlap && num_local_replicas() == 1 && this->workers() > 1) {}
@@ -24,8 +32,8 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
   std::string describe() const override {
     return fmt::format("strategy {} | workers {} | replicas {} ({} per worker: {}) | communication {}{}{}{}", layout().kind,
                        workers(), num_replicas_in_sync(), num_local_replicas(), device_list(layout().devices),
-                       workers() == 1 ? "none" : ring_ ? "ring" : "mpi",
-                       bytes_per_pack_ > 0 ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "",
+                       nccl_ ? "nccl" : workers() == 1 ? "none" : ring_ ? "ring" : "mpi",
+                       bytes_per_pack_ > 0 && !nccl_ ? fmt::format(", packs of {} bytes", bytes_per_pack_) : "",  // NCCL: one sum
                        overlaps_backward() ? ", overlapping backward" : "",
                        overlap_requested_ && collectives_in_backward()
                            ? ", not overlapping backward (the model makes collectives during backward)"
@@ -41,7 +49,7 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
                       std::span<const std::size_t> sizes) override {
     ReplicatedStrategy::bind_gradients(replica, ctx, gradients, sizes);
     // Across workers, this process's replica 0 speaks for it, from its host-side gradients.
-    if (replica == 0 && workers() > 1)
+    if (replica == 0 && workers() > 1 && !nccl_)
       reducer_ = std::make_unique<PackedAllReduce>(worker_group(), this->gradients(0), sizes, bytes_per_pack_, ring_,
                                                    overlap_requested_ && !collectives_in_backward());
   }
@@ -72,6 +80,14 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
   }
 
   void sum_gradients(const ReplicaContext& replica) override {
+    if (nccl_) {
+      // One GPU per worker: NCCL sums the arena where backward wrote it, on the replica's stream;
+      // a job of one worker too, so that it runs the path a larger job runs.
+      StagedGradients& g = staged(replica.replica_id);
+      nccl_->all_reduce_sum_on_device(g.context(), g.arena().address<float>(),
+                                      static_cast<std::size_t>(g.arena().numel()), "gradients");
+      return;
+    }
     const bool several = num_local_replicas() > 1;
     if (!several && !reducer_) return;
     StagedGradients& g = staged(replica.replica_id);
@@ -92,6 +108,7 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
 
  private:
   bool ring_;
+  std::unique_ptr<Communicator> nccl_;
   std::int64_t bytes_per_pack_;
   bool overlap_requested_;
   std::unique_ptr<Reducer> reducer_;  // made with replica 0's gradients
@@ -129,7 +146,7 @@ std::vector<config::TemplateNote> template_notes() {
   std::vector<std::string_view> implementations;
   for (const auto& entry : config::communication_implementations) implementations.push_back(entry.name);
   const config::RolesConfig roles;
-  return {{.key = "devices", .beside = "auto: one CPU replica per rank, or [cpu:0, cpu:1]: replicas in each rank"},
+  return {{.key = "devices", .beside = "auto: one replica per rank (the GPU of its local rank, else a CPU), or [cpu:0, cpu:1]: replicas in each rank"},
           {.key = "communication",
            .above = fmt::format("implementation: {}; bytes_per_pack: gradients per all-reduce, 0 = one pack;\n"
                                 "overlap: start a pack's all-reduce while backward computes the earlier layers;\n"
@@ -141,8 +158,21 @@ std::vector<config::TemplateNote> template_notes() {
           {.key = "roles", .beside = std::string(config::roles_note)}};
 }
 
+// This process's index among the ranks of its node, as the MPI launchers say it (0 when started
+// otherwise): which GPU `devices: auto` gives it.
+int launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name); v && *v) return std::max(0, std::atoi(v));
+  return 0;
+}
+
 std::vector<Device> local_devices(const config::StrategyConfig& config, int) {
-  return devices_of(options_as<MultiWorkerMirroredOptions>(config).devices, 1);  // auto: one per worker process
+  const config::DeviceList& devices = options_as<MultiWorkerMirroredOptions>(config).devices;
+  // auto: one replica per worker process: its node's GPU of the same index as its local rank
+  // where GPUs are visible (two ranks on a node of two GPUs: gpu:0 and gpu:1), else the CPU.
+  if (const int gpus = device::device_count(Device::Kind::gpu); devices.automatic && gpus > 0)
+    return {Device{Device::Kind::gpu, launcher_local_rank() % gpus}};
+  return devices_of(devices, 1);
 }
 
 const config::RolesConfig* roles(const config::StrategyConfig& config) {
@@ -154,25 +184,39 @@ std::unique_ptr<Strategy> make(const config::StrategyConfig& config, std::vector
   const MultiWorkerMirroredOptions& o = options_as<MultiWorkerMirroredOptions>(config);
   using config::CommunicationImplementation;
   const auto impl = o.communication.implementation;
-  if (impl == CommunicationImplementation::nccl && on_gpus(devices))
-    throw ConfigError(fmt::format(
-        "{}communication.implementation nccl over {}: this build has no NCCL communicator across workers yet; use "
-        "ring or mpi (they sum GPU replicas through the host)",
-        config::location_prefix(o.communication.implementation_where, config.where), device_list(devices)));
-  if (impl == CommunicationImplementation::nccl)
+  const std::string where = config::location_prefix(o.communication.implementation_where, config.where);
+  const bool one_gpu = devices.size() == 1 && on_gpus(devices);
+  if (impl == CommunicationImplementation::nccl && !on_gpus(devices))
     throw ConfigError(fmt::format(
         "{}communication.implementation nccl needs GPU devices, and these workers' replicas are on {}; use ring or mpi "
         "(auto picks one)",
-        config::location_prefix(o.communication.implementation_where, config.where), device_list(devices)));
+        where, device_list(devices)));
+  if (impl == CommunicationImplementation::nccl && !one_gpu)
+    throw ConfigError(fmt::format(
+        "{}communication.implementation nccl takes one GPU per worker process, and each worker here has {}; start one "
+        "rank per GPU (devices: auto gives each rank the GPU of its local rank), or use ring or mpi",
+        where, device_list(devices)));
+  if (impl == CommunicationImplementation::nccl && !nccl())
+    throw ConfigError(fmt::format(
+        "{}communication.implementation nccl over {}: this build has no NCCL (CMake found no nccl.h and libnccl "
+        "beside CUDA); rebuild where NCCL is installed, or use ring or mpi (they sum GPU replicas through the host)",
+        where, device_list(devices)));
   workers.set_timeout(o.communication.timeout_seconds);
+  // auto on one GPU per worker: NCCL where this build has it, as TensorFlow's AUTO picks it for GPUs.
+  const bool use_nccl = impl == CommunicationImplementation::nccl ||
+                        (impl == CommunicationImplementation::auto_select && one_gpu && nccl() && workers.size() > 1);
   ReplicaLayout layout{MultiWorkerMirroredOptions::kind.data(), std::move(devices), CrossDeviceOp::ring};
-  if (impl == CommunicationImplementation::auto_select && workers.size() > 1)
+  if (impl == CommunicationImplementation::auto_select && use_nccl)
     layout.choice_note = fmt::format(
-        "communication: auto chose mpi: {} CPU workers, and the MPI library's own MPI_Allreduce picks its algorithm "
+        "communication: auto chose nccl: {} workers of one GPU each, summed by NCCL in device memory", workers.size());
+  else if (impl == CommunicationImplementation::auto_select && workers.size() > 1)
+    layout.choice_note = fmt::format(
+        "communication: auto chose mpi: {} {} workers, and the MPI library's own MPI_Allreduce picks its algorithm "
         "for the message size and process count",
-        workers.size());
+        workers.size(), on_gpus(layout.devices) ? "GPU" : "CPU");
   return std::make_unique<MultiWorkerMirroredStrategy>(std::move(layout), total_threads, workers, o.communication,
-                                                       impl == CommunicationImplementation::ring);
+                                                       impl == CommunicationImplementation::ring,
+                                                       use_nccl ? nccl()->across_workers(workers) : nullptr);
 }
 
 const StrategyRegistration registered({.kind = MultiWorkerMirroredOptions::kind,

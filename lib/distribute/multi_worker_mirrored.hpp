@@ -14,7 +14,8 @@ namespace dtrain::distribute {
 
 struct MultiWorkerMirroredOptions {
   static constexpr std::string_view kind = "multi_worker_mirrored";
-  // The devices of EACH worker process; auto: one CPU replica per process.
+  // The devices of EACH worker process; auto: one replica per process, the GPU of its local rank
+  // where GPUs are visible, else a CPU.
   config::DeviceList devices;
   config::CommunicationConfig communication;
   config::RolesConfig roles;  // chief, workers and evaluator (no parameter servers)

@@ -7,16 +7,21 @@
 
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
 
 #include "distribute/barrier.hpp"
 #include "distribute/communicator.hpp"
 
 namespace dtrain::distribute {
 
-enum class CrossDeviceOp { reduction_to_one_device, hierarchical_copy, ring };
+// The first three sum in host memory (ThreadGroup); nccl sums the GPUs' memory (NcclGroup,
+// nccl_communicator.hpp).
+enum class CrossDeviceOp { reduction_to_one_device, hierarchical_copy, ring, nccl };
 const char* name_of(CrossDeviceOp op);
-// "reduction_to_one_device", "hierarchical_copy" or "ring"; anything else is an InternalError (the
-// strategy resolves "auto" and refuses "nccl" on CPU before this).
+// "reduction_to_one_device", "hierarchical_copy", "ring" or "nccl"; anything else is an
+// InternalError (the strategy resolves "auto" before this).
 CrossDeviceOp cross_device_op_named(const std::string& name);
 
 
@@ -32,7 +37,10 @@ class ReplicaGroup {
   virtual Barrier& barrier() = 0;
 };
 
-// The group of `size` local replicas whose sums run on `op`.
+// The group of `size` local replicas whose sums run on `op`, one of the host-memory ops.
 std::unique_ptr<ReplicaGroup> make_replica_group(int size, CrossDeviceOp op);
+// The same for the replicas on `devices`: nccl (GPU devices, a build with NCCL: the strategy says
+// so to the user first, here it is an InternalError) or a host-memory op.
+std::unique_ptr<ReplicaGroup> make_replica_group(const std::vector<Device>& devices, CrossDeviceOp op);
 
 }  // namespace dtrain::distribute

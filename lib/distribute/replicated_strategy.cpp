@@ -23,7 +23,7 @@ ReplicatedStrategy::ReplicatedStrategy(ReplicaLayout layout, int total_threads, 
     : layout_(std::move(layout)),
       threads_per_replica_(std::max(1, std::max(1, total_threads) / std::max(1, static_cast<int>(layout_.devices.size())))),
       workers_(workers ? workers : &alone_),
-      group_(make_replica_group(static_cast<int>(layout_.devices.size()), layout_.op)),
+      group_(make_replica_group(layout_.devices, layout_.op)),
       gradients_(layout_.devices.size()),
       threads_(contexts(), threads_per_replica_, group_->barrier()) {}
 
@@ -74,8 +74,15 @@ void ReplicatedStrategy::bind_gradients(int replica, device::Context& ctx, const
 void ReplicatedStrategy::sum_gradients(const ReplicaContext& replica) {
   if (num_local_replicas() == 1) return;  // alone in this process: nothing to sum here
   StagedGradients& g = staged(replica.replica_id);
+  Communicator& here = local(replica);
+  if (here.sums_device_memory()) {
+    // NCCL: summed where backward wrote, queued on the replica's stream before its update.
+    here.all_reduce_sum_on_device(g.context(), g.arena().address<float>(), static_cast<std::size_t>(g.arena().numel()),
+                                  "gradients");
+    return;
+  }
   g.to_host();
-  local(replica).all_reduce_sum(g.host(), "gradients");
+  here.all_reduce_sum(g.host(), "gradients");
   g.from_host();
 }
 

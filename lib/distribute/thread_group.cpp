@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "distribute/nccl_communicator.hpp"
 
 namespace dtrain::distribute {
 
@@ -35,25 +36,50 @@ const char* name_of(CrossDeviceOp op) {
     case CrossDeviceOp::reduction_to_one_device: return "reduction_to_one_device";
     case CrossDeviceOp::hierarchical_copy: return "hierarchical_copy";
     case CrossDeviceOp::ring: return "ring";
+    case CrossDeviceOp::nccl: return "nccl";
   }
   return "?";
 }
 
 CrossDeviceOp cross_device_op_named(const std::string& name) {
-  for (CrossDeviceOp op : {CrossDeviceOp::reduction_to_one_device, CrossDeviceOp::hierarchical_copy, CrossDeviceOp::ring})
+  for (CrossDeviceOp op : {CrossDeviceOp::reduction_to_one_device, CrossDeviceOp::hierarchical_copy, CrossDeviceOp::ring,
+                           CrossDeviceOp::nccl})
     if (name == name_of(op)) return op;
   throw InternalError("unknown cross_device_ops '" + name +
-                      "'; expected reduction_to_one_device, hierarchical_copy or ring (the strategy must resolve 'auto' "
-                      "and reject 'nccl' on CPU before this)");
+                      "'; expected reduction_to_one_device, hierarchical_copy, ring or nccl (the strategy must resolve "
+                      "'auto' before this)");
 }
 
-// Every cross-device op of this release sums in host memory, shared by the replicas' threads.
+namespace {
+// Written once while the program starts (by nccl_communicator.cpp where it is built), read-only
+// afterwards.
+NcclFactories& nccl_registry() {
+  static NcclFactories factories;
+  return factories;
+}
+}  // namespace
+
+const NcclFactories* nccl() { return nccl_registry().local_gpus ? &nccl_registry() : nullptr; }
+
+bool register_nccl(const NcclFactories& factories) {
+  DTRAIN_CHECK(!nccl_registry().local_gpus, "the NCCL communicators were registered twice");
+  nccl_registry() = factories;
+  return true;
+}
+
 std::unique_ptr<ReplicaGroup> make_replica_group(int size, CrossDeviceOp op) {
   return std::make_unique<ThreadGroup>(size, op);
 }
 
+std::unique_ptr<ReplicaGroup> make_replica_group(const std::vector<Device>& devices, CrossDeviceOp op) {
+  if (op != CrossDeviceOp::nccl) return make_replica_group(static_cast<int>(devices.size()), op);
+  DTRAIN_CHECK(nccl() != nullptr, "cross_device_ops nccl in a build without NCCL (the strategy must refuse it first)");
+  return nccl()->local_gpus(devices);
+}
+
 ThreadGroup::ThreadGroup(int size, CrossDeviceOp op)
     : size_(checked_size(size)), op_(op), barrier_(size_) {
+  DTRAIN_CHECK(op_ != CrossDeviceOp::nccl, "a thread group sums host memory; nccl is NcclGroup's (nccl_communicator.hpp)");
   slots_.resize(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r) endpoints_.push_back(std::unique_ptr<ThreadCommunicator>(new ThreadCommunicator(*this, r)));
 }
@@ -148,6 +174,7 @@ void ThreadCommunicator::all_reduce_sum(std::span<float> values, const char* wha
     case CrossDeviceOp::reduction_to_one_device: group_.reduce_then_copy(replica_, values, what, kAdd); return;
     case CrossDeviceOp::hierarchical_copy: group_.hierarchical_copy(replica_, values, what); return;
     case CrossDeviceOp::ring: ring_all_reduce_sum(values, what); return;
+    case CrossDeviceOp::nccl: break;  // refused by the constructor
   }
 }
 

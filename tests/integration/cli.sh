@@ -17,6 +17,16 @@ expect_error() {
   grep -Eq -- "$regex" "$scratch/err" || fail "error does not match /$regex/: $(cat "$scratch/err")"
 }
 
+# What `dtrain run` of a gpu:N says where the machine lacks that GPU: the device and how many GPUs
+# the machine has where the build has what the run needs ($1, a line of `dtrain info`), else $2.
+refusal_without_gpu() {
+  if "$dtrain" info | grep -q "$1"; then
+    echo "device gpu:[0-9]+: this machine has [0-9]+ CUDA devices?.*; use one of those or cpu:N devices"
+  else
+    echo "$2"
+  fi
+}
+
 # A tiny MNIST-style IDX directory: 10 images of 28x28 and labels 0..9, uncompressed.
 make_idx_dir() {
   local dir=$1
@@ -373,12 +383,8 @@ YAML
     if nvidia-smi -L 2>/dev/null | grep -q "^GPU 0"; then
       echo "SKIP: this machine has a GPU"; exit 77
     fi
-    if "$dtrain" info | grep -q "^CUDA: built"; then
-      why="this machine has 0 CUDA devices.*; use one of those or cpu:N devices"
-    else
-      why="this build of dtrain has no CUDA backend.*; use cpu:N devices"
-    fi
-    expect_error 2 "experiments/fashion_mnist_one_device.yaml:[0-9]+:[0-9]+: device gpu:0: $why" -- \
+    why=$(refusal_without_gpu "^CUDA: built" "device gpu:0: this build of dtrain has no CUDA backend.*; use cpu:N devices")
+    expect_error 2 "experiments/fashion_mnist_one_device.yaml:[0-9]+:[0-9]+: $why" -- \
       run experiments/fashion_mnist_one_device.yaml --set strategy.device=gpu:0 --run-dir "$scratch/run"
     [ ! -e "$scratch/run/metrics.jsonl" ] || fail "a refused device still started training"
     ;;
@@ -396,11 +402,22 @@ YAML
     ;;
   nccl_on_cpu)
     expect_error 2 "nccl needs GPU devices.*ring, hierarchical_copy or reduction_to_one_device" -- run experiments/fashion_mnist_mirrored.yaml --set strategy.cross_device_ops=nccl --run-dir "$scratch/run"
-    # On GPUs: validate accepts it (any machine), run says what this build lacks, in one line.
+    # On GPUs: validate accepts it (any machine); run on a machine without them stops in one line
+    # at the YAML's place, naming the device and how many GPUs it found (or what the build lacks).
     gpus=(--set "strategy={kind: mirrored, devices: [gpu:0, gpu:1], cross_device_ops: nccl}")
     "$dtrain" validate experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" >/dev/null || fail "validate refused nccl over gpu:0, gpu:1"
-    expect_error 2 "cross_device_ops nccl over gpu:0, gpu:1: this build has no NCCL communicator for local GPUs yet; use ring, hierarchical_copy or reduction_to_one_device" -- \
+    if nvidia-smi -L 2>/dev/null | grep -q "^GPU 1"; then
+      echo "ok [$case_name] (this machine has two GPUs: the refusal is not checked)"; exit 0
+    fi
+    why=$(refusal_without_gpu "^NCCL: NCCL" \
+      "cross_device_ops nccl over gpu:0, gpu:1: this build has no NCCL .*; rebuild where NCCL is installed, or use ring")
+    # The devices come from --set here, so the location is that option.
+    expect_error 2 "^dtrain: error: --set strategy=\\{.*\\}: $why" -- \
       run experiments/fashion_mnist_mirrored.yaml "${gpus[@]}" --run-dir "$scratch/gpus"
+    # Across workers too: one GPU per worker process, refused before any GPU is looked for.
+    expect_error 2 "communication.implementation nccl takes one GPU per worker process, and each worker here has gpu:0, gpu:1" -- \
+      run experiments/fashion_mnist_multi_worker.yaml --set "strategy.devices=[gpu:0, gpu:1]" \
+      --set strategy.communication.implementation=nccl --run-dir "$scratch/mwm"
     ;;
   *)
     fail "unknown case"

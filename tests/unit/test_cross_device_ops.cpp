@@ -246,7 +246,9 @@ TEST_CASE("a thread group knows the three algorithms and refuses the rest") {
     CHECK(group.barrier().participants() == 3);
   }
   CHECK_THROWS_AS(cross_device_op_named("auto"), InternalError);
-  CHECK_THROWS_AS(cross_device_op_named("nccl"), InternalError);
+  // nccl names a group over GPUs (nccl_communicator.hpp), never a thread group.
+  CHECK(cross_device_op_named("nccl") == CrossDeviceOp::nccl);
+  CHECK_THROWS_AS(ThreadGroup(2, CrossDeviceOp::nccl), InternalError);
   CHECK_THROWS_AS(cross_device_op_named(""), InternalError);
   CHECK_THROWS_AS(ThreadGroup(0, CrossDeviceOp::ring), InternalError);
 }

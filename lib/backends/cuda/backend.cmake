@@ -64,6 +64,8 @@ if(NOT DTRAIN_CUDA STREQUAL "OFF")
       set(DTRAIN_HAVE_NCCL ON)
       target_include_directories(dtrain_lib SYSTEM PUBLIC ${NCCL_INCLUDE_DIR})
       target_link_libraries(dtrain_lib PUBLIC ${NCCL_LIBRARY})
+      # The NCCL communicators (cross_device_ops / communication.implementation: nccl).
+      target_sources(dtrain_lib PRIVATE ${PROJECT_SOURCE_DIR}/lib/distribute/nccl_communicator.cpp)
     endif()
   endif()
 endif()

@@ -85,7 +85,18 @@ std::vector<std::string> inventory() {
   return lines;
 }
 
-const bool registered = (device::register_backend(Device::Kind::gpu, kName, &make, &inventory), true);
+// What `devices: auto` takes: every GPU the runtime shows (CUDA_VISIBLE_DEVICES applies); none
+// where the machine has no GPU or no driver.
+int count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return n;
+}
+
+const bool registered = (device::register_backend(Device::Kind::gpu, kName, &make, &inventory, &count), true);
 
 }  // namespace
 

@@ -67,6 +67,7 @@ class CudaContext final : public Context {
   void set_address(const Memory& memory, void* data) override;
   std::unique_ptr<Copy> make_copy(const Memory& from, const Memory& to) override;
   void synchronize() override;
+  void* native_stream() override { return stream_; }
   bool host_accessible() const override { return false; }
   void copy_to_host(const void* src, void* host, std::size_t bytes) override;
   void copy_from_host(const void* host, void* dst, std::size_t bytes) override;

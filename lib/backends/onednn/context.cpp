@@ -79,7 +79,8 @@ void cap_isa(std::string_view name) {
                                   name, effective_isa()));
 }
 
-const bool registered = (device::register_backend(Device::Kind::cpu, kName, &make), device::register_isa_cap(Device::Kind::cpu, &cap_isa), true);
+const bool registered = (device::register_backend(Device::Kind::cpu, kName, &make),
+                          device::register_isa_cap(Device::Kind::cpu, &cap_isa), true);
 
 }  // namespace
 
