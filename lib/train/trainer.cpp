@@ -161,12 +161,13 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   // model computing with the replica's variables.
   replicas_.resize(static_cast<std::size_t>(replicas));
   const bool invariant = exp_.reproducibility.invariant();
-  const int lanes = invariant ? invariant_lanes()
-                    : exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
+  if (invariant) invariant_lanes(false);  // what the mode refuses, before anything is built
+  int lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
   for (int r = 0; r < replicas; ++r) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
     static_cast<Lane&>(rep) = make_lane(r, r == 0);
     if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
+    if (r == 0 && invariant) lanes = invariant_lanes(rep.model->synchronizes_replicas());
     device::Numerics& numerics = rep.ctx->numerics();
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
     rep.optimizer->place_slots(*rep.ctx);
@@ -194,6 +195,9 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
         if (invariant)
           rep.lane(l).micro_statistics = std::make_unique<MicroBatchStatistics>(*rep.lane(l).lanes_then_replicas);
       }
+    } else if (invariant) {
+      // One lane: the replica's own thread, whose OpenMP team is one thread (invariant_lanes).
+      rep.micro_statistics = std::make_unique<MicroBatchStatistics>(*rep.cross_replica);
     }
   }
   std::vector<std::vector<Variable*>> variables;
@@ -304,7 +308,7 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
       const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
       RunCopies copies;
       copies.replicas = strategy_->num_local_replicas();
-      copies.lanes = exp_.reproducibility.invariant()                         ? invariant_lanes()
+      copies.lanes = exp_.reproducibility.invariant() ? invariant_lanes(declared.synchronizes_replicas())
                      : exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica()
                                                                              : 1;
       copies.optimizer_slots = static_cast<int>(optim::make_optimizer(exp_.optimizer, numerics)->slot_names().size());
@@ -613,7 +617,18 @@ std::pair<Tensor, Tensor> Trainer::stage(Lane& lane, const data::ReplicaBatch& b
   return {stage_into(*lane.ctx, lane.staged_x, batch.x), stage_into(*lane.ctx, lane.staged_y, batch.y)};
 }
 
-int Trainer::invariant_lanes() const {
+namespace {
+
+// fn(lane) on every lane of `rep`: on its lanes' threads, or on this thread when it has one.
+template <class Replica, class Fn>
+void run_lanes(Replica& rep, Fn& fn) {
+  if (rep.lanes) rep.lanes->run(fn);
+  else fn(0);
+}
+
+}  // namespace
+
+int Trainer::invariant_lanes(bool synchronizes) const {
   const config::ReproducibilityConfig& mode = exp_.reproducibility;
   const std::string at = config::given_prefix(mode.where, {exp_.source_file, 0, 0});
   if (strategy_->schedules_steps())
@@ -631,16 +646,22 @@ int Trainer::invariant_lanes() const {
                                   "order of samples, so that a step's global batch does not depend on the workers; "
                                   "data.auto_shard resolves to {} here: set data.auto_shard: data",
                                   at, config::name_of(shards_.policy)));
-  // One lane (a thread) per micro-batch a replica holds in a full step: a synchronized layer meets
-  // every micro-batch of the step at once. Two at least: one lane would run on the replica's own
-  // thread, whose OpenMP team is not one thread.
+  // A model with synchronized layers needs one lane (a thread) per micro-batch a replica holds in a
+  // full step: such a layer meets every micro-batch of the step at once: two lanes at least, since
+  // one would run on the replica's own thread, whose OpenMP team may be more than one thread.
+  // Otherwise each of the replica's threads is a lane computing its micro-batches in turn.
   constexpr std::int64_t kMostLanes = 256;
-  const std::int64_t lanes =
+  const std::int64_t micro_batches =
       ceil_div(ceil_div(global_batch_size(), mode.micro_batch_size), strategy_->num_replicas_in_sync());
+  // A replica with one thread computes them all on its own thread, whose OpenMP team is then one
+  // thread too.
+  if (!synchronizes)
+    return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(micro_batches, strategy_->threads_per_replica())));
+  const std::int64_t lanes = micro_batches;
   if (lanes > kMostLanes)
     throw ConfigError(fmt::format("{}reproducibility.micro_batch_size {} cuts the global batch of {} into {} "
-                                  "micro-batches per replica, each computed by its own thread; at most {} are "
-                                  "allowed: raise micro_batch_size to at least {}",
+                                  "micro-batches per replica, each computed by its own thread (the model has "
+                                  "synchronized layers); at most {} are allowed: raise micro_batch_size to at least {}",
                                   at, mode.micro_batch_size, global_batch_size(), lanes, kMostLanes,
                                   ceil_div(ceil_div(global_batch_size(), strategy_->num_replicas_in_sync()), kMostLanes)));
   return static_cast<int>(std::max<std::int64_t>(2, lanes));
@@ -659,51 +680,72 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
   const std::int64_t m = exp_.reproducibility.micro_batch_size;
   const std::int64_t micro_batches = ceil_div(step_samples_, m);
   const auto [first, count] = micro_batches_of(rc, step_samples_);
-  DTRAIN_CHECK(count <= rep.lane_count() &&
-                   batch.size == (count == 0 ? 0 : std::min(step_samples_, (first + count) * m) - first * m),
+  DTRAIN_CHECK(batch.size == (count == 0 ? 0 : std::min(step_samples_, (first + count) * m) - first * m),
                fmt::format("replica {} holds {} samples, not its micro-batches [{}, {}) of {} samples",
                            rc.global_replica_id, batch.size, first, first + count, m));
   StepTimer* profile = rc.replica_id == 0 ? profile_ : nullptr;
+  const std::span<const std::size_t> sizes = rep.model->gradient_sizes();
+  const std::size_t vars = sizes.size(), replicas = static_cast<std::size_t>(rc.num_replicas_in_sync);
+  // Lane l computes micro-batches l, l + lanes, ... of the replica's; with several, it keeps each
+  // one's gradients (its model's arena holds only the last).
+  const int lanes = rep.lane_count();
+  const std::size_t floats = static_cast<std::size_t>(rep.model->gradient_arena().numel());
   auto lane_step = [&](int l) {
     Lane& lane = rep.lane(l);
-    lane.has_micro_batch = l < count;
-    const Lanes::Rows rows = lane.has_micro_batch ? Lanes::Rows{l * m, std::min(batch.size, (l + 1) * m)} : Lanes::Rows{};
-    lane.micro_statistics->set_step(lane.has_micro_batch ? first + l : -1, micro_batches);
-    nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, rows);
-    step.lanes = nullptr;  // batch statistics per micro-batch (ghost batch normalization)
-    step.cross_replica = lane.micro_statistics.get();
-    PhaseClock phases(l == 0 ? profile : nullptr);  // lane 0's timeline is the replica's
+    lane.micro_batches.clear();
     lane.loss_bins.reset();
-    if (!lane.has_micro_batch) {
+    PhaseClock phases(l == 0 ? profile : nullptr);  // lane 0's timeline is the replica's
+    if (l >= count) {
+      lane.micro_statistics->set_step(-1, micro_batches);
+      Lanes::Rows none;
+      nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, none);
+      step.lanes = nullptr;
+      step.cross_replica = lane.micro_statistics.get();
       lane.model->step_without_samples(step);  // still takes part in synchronized layers' sums
       return;
     }
-    // The lane's own copy of its rows: the kernels read a micro-batch at the same alignment
-    // whichever replica's batch it came in.
-    const Tensor x = stage_into(*lane.ctx, lane.staged_x, batch.x.slice_rows(rows.begin, rows.end));
-    const Tensor y = stage_into(*lane.ctx, lane.staged_y, batch.y.slice_rows(rows.begin, rows.end));
-    compute_gradients(lane, x, y, step, nn::BackwardOptions{}, phases);
-    lane.loss_bins.add(lane.per_example);
+    const std::size_t mine = static_cast<std::size_t>(ceil_div(count - l, lanes));
+    if (mine > 1 && lane.micro_gradients.size() < mine * floats) lane.micro_gradients.resize(mine * floats);
+    for (std::int64_t k = l; k < count; k += lanes) {
+      const Lanes::Rows rows{k * m, std::min(batch.size, (k + 1) * m)};
+      lane.micro_statistics->set_step(first + k, micro_batches);
+      nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, rows);
+      step.lanes = nullptr;  // batch statistics per micro-batch (ghost batch normalization)
+      step.cross_replica = lane.micro_statistics.get();
+      // The lane's own copy of its rows: the kernels read a micro-batch at the same alignment
+      // whichever replica's batch it came in.
+      const Tensor x = stage_into(*lane.ctx, lane.staged_x, batch.x.slice_rows(rows.begin, rows.end));
+      const Tensor y = stage_into(*lane.ctx, lane.staged_y, batch.y.slice_rows(rows.begin, rows.end));
+      compute_gradients(lane, x, y, step, nn::BackwardOptions{}, phases);
+      lane.loss_bins.add(lane.per_example);
+      const std::span<const float> gradients = lane.model->gradient_arena().span<float>();
+      std::span<const float> kept = gradients;
+      if (mine > 1) {
+        float* slot = lane.micro_gradients.data() + lane.micro_batches.size() * floats;
+        std::copy(gradients.begin(), gradients.end(), slot);
+        kept = std::span<const float>(slot, floats);
+      }
+      lane.micro_batches.push_back(kept);
+      // Each lane finds its own micro-batches' largest exponents, on its own thread.
+      std::size_t at = 0;
+      for (std::size_t v = 0; v < vars; at += sizes[v++])
+        lane.exponents[v] = std::max(lane.exponents[v], fixed_point::max_exponent(kept.subspan(at, sizes[v])));
+    }
   };
-  rep.lanes->run(lane_step);
+  for (int l = 0; l < rep.lane_count(); ++l) rep.lane(l).exponents.assign(vars, fixed_point::kAllZero);
+  run_lanes(rep, lane_step);
   PhaseClock phases(profile);
 
   // First exchange: each variable's largest exponent over this replica's micro-batches (in the
   // replica's own slot) and the per-example losses' bins, summed exactly over every replica.
-  const std::span<const std::size_t> sizes = rep.model->gradient_sizes();
-  const std::size_t vars = sizes.size(), replicas = static_cast<std::size_t>(rc.num_replicas_in_sync);
   constexpr std::int64_t kBias = 2 * fixed_point::kNonFinite;  // every exponent encoded above 0
   rep.exchange.assign(replicas * vars + ExactSum::kBins, 0);
   ExactSum losses;
-  for (int l = 0; l < count; ++l) losses.merge(rep.lane(l).loss_bins);
+  for (int l = 0; l < lanes; ++l) losses.merge(rep.lane(l).loss_bins);
   std::copy(losses.bins().begin(), losses.bins().end(), rep.exchange.begin() + static_cast<std::ptrdiff_t>(replicas * vars));
-  const auto lane_gradients = [&rep](int l, std::size_t offset, std::size_t size) {
-    return rep.lane(l).model->gradient_arena().span<float>().subspan(offset, size);
-  };
-  std::size_t offset = 0;
-  for (std::size_t v = 0; v < vars; offset += sizes[v++]) {
+  for (std::size_t v = 0; v < vars; ++v) {
     int e = fixed_point::kAllZero;
-    for (int l = 0; l < count; ++l) e = std::max(e, fixed_point::max_exponent(lane_gradients(l, offset, sizes[v])));
+    for (int l = 0; l < lanes; ++l) e = std::max(e, rep.lane(l).exponents[v]);
     rep.exchange[static_cast<std::size_t>(rc.global_replica_id) * vars + v] = e + kBias;
   }
   strategy_->all_reduce_sum_in_replica(rc, std::span<std::int64_t>(rep.exchange), "micro-batch exponents and losses");
@@ -711,22 +753,35 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
 
   // Second: the gradients in fixed point, each variable at the scale of its largest term anywhere.
   rep.scales.assign(vars, fixed_point::kAllZero);
-  for (std::size_t v = 0; v < vars; ++v)
+  for (std::size_t v = 0; v < vars; ++v) {
     for (std::size_t r = 0; r < replicas; ++r)
       rep.scales[v] = std::max(rep.scales[v], static_cast<int>(rep.exchange[r * vars + v] - kBias));
-  const auto finite = [](int e) { return e != fixed_point::kAllZero && e != fixed_point::kNonFinite; };
-  rep.fixed_sums.assign(rep.model->gradient_arena().numel(), 0.0);
-  offset = 0;
-  for (std::size_t v = 0; v < vars; offset += sizes[v++]) {
-    if (!finite(rep.scales[v])) continue;
-    rep.scales[v] = fixed_point::scale_for(rep.scales[v], micro_batches);
-    for (int l = 0; l < count; ++l)
-      fixed_point::accumulate(lane_gradients(l, offset, sizes[v]), rep.scales[v],
-                              std::span<double>(rep.fixed_sums).subspan(offset, sizes[v]));
+    if (rep.scales[v] != fixed_point::kAllZero && rep.scales[v] != fixed_point::kNonFinite)
+      rep.scales[v] = fixed_point::scale_for(rep.scales[v], micro_batches);
   }
+  // The lanes share the work by element: each sums every micro-batch's terms of its own range,
+  // so an element's sum is still one exact integer sum.
+  rep.fixed_sums.resize(static_cast<std::size_t>(rep.model->gradient_arena().numel()));
+  auto accumulate_range = [&](int l) {
+    const auto total = static_cast<std::int64_t>(rep.fixed_sums.size());
+    const auto begin = static_cast<std::size_t>(data::part_offset(total, rep.lane_count(), l));
+    const auto end = static_cast<std::size_t>(data::part_offset(total, rep.lane_count(), l + 1));
+    std::fill(rep.fixed_sums.begin() + static_cast<std::ptrdiff_t>(begin),
+              rep.fixed_sums.begin() + static_cast<std::ptrdiff_t>(end), 0.0);
+    std::size_t at = 0;
+    for (std::size_t v = 0; v < vars; at += sizes[v++]) {
+      const std::size_t first = std::max(at, begin), last = std::min(at + sizes[v], end);
+      if (first >= last || rep.scales[v] == fixed_point::kAllZero || rep.scales[v] == fixed_point::kNonFinite) continue;
+      for (int k = 0; k < lanes; ++k)
+        for (const std::span<const float> micro_batch : rep.lane(k).micro_batches)
+          fixed_point::accumulate(micro_batch.subspan(first, last - first), rep.scales[v],
+                                  std::span<double>(rep.fixed_sums).subspan(first, last - first));
+    }
+  };
+  run_lanes(rep, accumulate_range);
   strategy_->all_reduce_sum_in_replica(rc, std::span<double>(rep.fixed_sums), "gradients (fixed point)");
   const std::span<float> gradients = rep.model->gradient_arena().span<float>();
-  offset = 0;
+  std::size_t offset = 0;
   for (std::size_t v = 0; v < vars; offset += sizes[v++]) {
     const std::span<float> mine = gradients.subspan(offset, sizes[v]);
     if (rep.scales[v] == fixed_point::kAllZero) std::fill(mine.begin(), mine.end(), 0.0f);
@@ -768,7 +823,7 @@ void Trainer::invariant_eval_step(const distribute::ReplicaContext& rc, Replica&
       for (auto& metric : lane.eval_metrics) metric->update(y, logits);
     }
   };
-  rep.lanes->run(lane_step);
+  run_lanes(rep, lane_step);
 }
 
 void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
@@ -788,7 +843,7 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
       lane.eval_loss_sum += std::accumulate(lane.per_example.begin(), lane.per_example.end(), 0.0);
       for (auto& m : lane.eval_metrics) m->update(y, logits);
     };
-    rep.lanes->run(lane_step);
+    run_lanes(rep, lane_step);
     return;
   }
   const auto [x, y] = stage(rep, batch);

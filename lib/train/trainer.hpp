@@ -164,7 +164,11 @@ class Trainer : private LoopHost {
     // per-example losses of this step (training) and of this evaluation, binned exactly.
     std::unique_ptr<MicroBatchStatistics> micro_statistics;
     ExactSum loss_bins, eval_loss_bins;
-    bool has_micro_batch = false;  // this step
+    std::vector<int> exponents;  // this step's largest exponent of each variable's gradient
+    // This step's micro-batches' gradients: the model's arena for one, copies in micro_gradients
+    // for several.
+    std::vector<std::span<const float>> micro_batches;
+    std::vector<float> micro_gradients;
   };
   // A replica is its lane 0, with the optimizer of its variables and what reaches the strategy.
   struct Replica : Lane {
@@ -214,7 +218,8 @@ class Trainer : private LoopHost {
                                                          std::int64_t samples) const;
   // What the mode cannot cover under this experiment, refused at reproducibility.mode; the
   // lanes each replica needs (one per micro-batch of a full step, at least 2).
-  int invariant_lanes() const;
+  // `synchronizes`: whether the model has synchronized layers (then one lane per micro-batch).
+  int invariant_lanes(bool synchronizes) const;
   // After a restore, on the chief: what resuming on another layout (replicas, processes, global
   // batch) than the checkpoint's changes.
   void note_layout_change(const checkpoint::TrainingState& state) const;

@@ -51,6 +51,14 @@ case "$case_name" in
     for name in two_threads operations one_device mirrored2 mirrored3 mirrored4 mirrored_to_one central_storage; do
       same one_thread "$name"
     done
+    # Without a synchronized layer each lane computes several micro-batches in turn (a lane per
+    # thread, not per micro-batch): the same bits again, on 1 and 2 threads and 3 replicas.
+    ghost=(--set model.layers.1.batch_normalization.synchronized=false)
+    run ghost_one_thread "" "${ghost[@]}" --set train.threads=1
+    run ghost_two_threads "" "${ghost[@]}" --set train.threads=2
+    run ghost_mirrored3 "" "${ghost[@]}" --set 'strategy={kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}'
+    same ghost_one_thread ghost_two_threads
+    same ghost_one_thread ghost_mirrored3
     # A held mode line in the header, so that a log says which mode made it.
     grep -q "reproducibility replica_invariant, micro-batch 8" "$scratch/one_thread.out" || fail "header: $(head -1 "$scratch/one_thread.out")"
     ;;
@@ -66,6 +74,10 @@ case "$case_name" in
     run ranks2_local2 "mpirun -n 2" --set "$(mwm "devices: [cpu:0, cpu:1]")"
     run ranks2_local3 "mpirun -n 2" --set "$(mwm "devices: [cpu:0, cpu:1, cpu:2]")"
     for name in ranks2_overlap ranks3_mpi ranks2_local2 ranks2_local3; do same alone "$name"; done
+    ghost=(--set model.layers.1.batch_normalization.synchronized=false)
+    run ghost_alone "" "${ghost[@]}" --set train.threads=2
+    run ghost_ranks3 "mpirun -n 3" "${ghost[@]}" --set train.threads=1 --set "$(mwm "communication: {overlap: true}")"
+    same ghost_alone ghost_ranks3
     ;;
   elastic_resume)
     # 4 ranks, 2 epochs of 40 steps, checkpoints every 10 steps; the reference runs uninterrupted.
@@ -109,6 +121,13 @@ case "$case_name" in
     same pinned pinned3
     same pinned pinned_ranks2
     grep -q "isa avx2 |" "$scratch/pinned.out" || fail "the header does not name the capped ISA: $(head -1 "$scratch/pinned.out")"
+    # Across machines: the variables and slots of this capped run, as h5dump prints them, were
+    # these bytes on a 2-core AMD EPYC with AVX-512 and on a 16-core Intel Xeon (Sapphire Rapids,
+    # AMX) on 2026-11-26. A machine that differs breaks the claim of docs/reproducibility.md.
+    digest=$(h5dump -m '%.9g' -g /model -g /optimizer "$scratch/pinned/checkpoints/ckpt-40.h5" | tail -n +2 |
+             sha256sum | cut -c1-16)
+    [ "$digest" = b0c7eb6ef4ed23b9 ] ||
+      fail "capped to AVX2, this CPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)) computes other bits ($digest) than the AMD EPYC and the Intel Xeon did (b0c7eb6ef4ed23b9)"
     # A cap the CPU does not reach is refused at the key.
     set +e; "$dtrain" run "$exp" --set reproducibility.isa=avx512_core_amx --run-dir "$scratch/r" >"$scratch/amx.out" 2>&1
     rc=$?; set -e

@@ -120,3 +120,48 @@ metrics: [sparse_categorical_accuracy]
   CHECK(losses[1] == doctest::Approx(reference_losses[1]).epsilon(1e-5));
   CHECK(rel_diff(weights(*t), weights(*reference)) < 1e-5);
 }
+
+TEST_CASE("reproducibility: replica_invariant gives the same bits on any lanes, threads and replicas") {
+  // 70 samples in global batches of 29 (the third step short): micro-batches of 6 leave a short
+  // one in every step; batch normalization synchronized (a lane per micro-batch) or not (each
+  // thread's lane takes its micro-batches in turn).
+  for (const bool synchronized : {false, true}) {
+    CAPTURE(synchronized);
+    const std::string common = fmt::format(R"(
+seed: 5
+strategy: {{kind: default}}
+data: {{source: synthetic, shape: [6, 6, 1], classes: 4, train_size: 70, test_size: 9, global_batch_size: 29, shuffle_buffer: 70, prefetch: false}}
+model:
+  input_shape: [6, 6, 1]
+  layers:
+    - conv2d: {{filters: 3, kernel_size: 3, use_bias: false, kernel_regularizer: {{l2: 1.0e-3}}}}
+    - batch_normalization: {{synchronized: {}}}
+    - activation: {{activation: relu}}
+    - flatten: {{}}
+    - dropout: {{rate: 0.2}}
+    - dense: {{units: 4}}
+loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}
+optimizer: {{kind: adam, learning_rate: 0.01}}
+metrics: [sparse_categorical_accuracy]
+reproducibility: {{mode: replica_invariant, micro_batch_size: 6}}
+)",
+                                           synchronized);
+    auto reference = make_trainer("name: one" + common + "train: {epochs: 1, threads: 1, progress: none}\n");
+    const auto reference_losses = reference->train_steps(0, 3);
+    const auto reference_test = reference->evaluate_split("test");
+    for (const std::string& layout : {std::string("train: {epochs: 1, threads: 2, progress: none}\n"),
+                                     std::string("train: {epochs: 1, threads: 3, progress: none}\n"),
+                                     std::string("strategy: {kind: mirrored, devices: [cpu:0, cpu:1]}\n"
+                                                 "train: {epochs: 1, threads: 2, progress: none}\n")}) {
+      CAPTURE(layout);
+      std::string yaml = "name: other" + common + layout;
+      if (layout.starts_with("strategy")) yaml.replace(yaml.find("strategy: {kind: default}\n"), 26, "");
+      auto t = make_trainer(yaml);
+      CHECK(t->train_steps(0, 3) == reference_losses);
+      CHECK(weights(*t) == weights(*reference));
+      const auto test = t->evaluate_split("test");
+      CHECK(test.loss == reference_test.loss);
+      CHECK(test.accuracy == reference_test.accuracy);
+    }
+  }
+}
