@@ -17,23 +17,13 @@ struct Registered {
   ContextFactory factory;
   DeviceInventory inventory;
   DeviceCount count;
+  IsaCap cap = nullptr;  // register_isa_cap's, when the backend has one
 };
 
 // Filled by the backends' registrations before main, read-only afterwards.
 std::vector<Registered>& registry() {
   static std::vector<Registered> backends;
   return backends;
-}
-
-struct RegisteredCap {
-  Device::Kind kind;
-  IsaCap cap;
-};
-
-// Filled before main as well.
-std::vector<RegisteredCap>& caps() {
-  static std::vector<RegisteredCap> registered;
-  return registered;
 }
 
 const Registered* find(Device::Kind kind) {
@@ -48,14 +38,17 @@ void register_backend(Device::Kind kind, std::string_view name, ContextFactory f
                       DeviceCount count) {
   DTRAIN_CHECK(find(kind) == nullptr, fmt::format("two backends registered for one device kind ({} and {})",
                                                   find(kind) ? find(kind)->name : "", name));
-  registry().push_back({kind, name, factory, inventory, count});
+  registry().push_back({kind, name, factory, inventory, count, nullptr});
 }
 
-void register_isa_cap(Device::Kind kind, IsaCap cap) { caps().push_back({kind, cap}); }
+void register_isa_cap(Device::Kind kind, IsaCap cap) {
+  DTRAIN_CHECK(find(kind) != nullptr, "an instruction-set cap registered before its backend");
+  for (Registered& r : registry())
+    if (r.kind == kind) r.cap = cap;
+}
 
 void cap_instruction_set(Device::Kind kind, std::string_view isa) {
-  for (const RegisteredCap& r : caps())
-    if (r.kind == kind) return r.cap(isa);
+  if (const Registered* r = find(kind); r && r->cap) return r->cap(isa);
   throw ConfigError(fmt::format("the {} backend of this build cannot cap its instruction set to {}; leave "
                                 "reproducibility.isa out (native)",
                                 backend_for(kind).empty() ? "missing" : backend_for(kind), isa));
