@@ -55,6 +55,8 @@ inline constexpr int kNonFinite = 100000;
 // The smallest e with |x| < 2^e for every term (frexp's exponent of the largest magnitude);
 // kAllZero for an empty or all-zero array, kNonFinite if a term is NaN or infinite.
 int max_exponent(std::span<const float> x);
+// Whether max_exponent `e` leaves anything to scale (neither all zeros nor a non-finite term).
+inline bool has_scale(int e) { return e != kAllZero && e != kNonFinite; }
 // The scale for `terms` arrays whose largest magnitude over all of them has max_exponent `e`
 // (not kAllZero or kNonFinite): every term times 2^scale is below 2^51 / terms (rounded to a power
 // of two), so their sum in any order stays exact.

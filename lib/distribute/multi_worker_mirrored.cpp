@@ -65,17 +65,12 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
   bool overlaps_backward() const override { return reducer_ && reducer_->overlaps(); }
 
   void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<double> values, const char* what) override {
-    // The communication thread may be inside MPI now, and MPI is serialized.
-    DTRAIN_CHECK(!reducer_ || !reducer_->in_flight(),
-                 fmt::format("{}: a collective during backward while the gradient sums overlap it; the model must call "
-                             "set_collectives_in_backward(true) before its gradients are bound",
-                             what));
+    check_no_sum_in_flight(what);
     ReplicatedStrategy::all_reduce_sum_in_replica(replica, values, what);
   }
   void all_reduce_sum_in_replica(const ReplicaContext& replica, std::span<std::int64_t> values,
                                  const char* what) override {
-    DTRAIN_CHECK(!reducer_ || !reducer_->in_flight(),
-                 fmt::format("{}: a collective while the gradient sums are in flight", what));
+    check_no_sum_in_flight(what);
     ReplicatedStrategy::all_reduce_sum_in_replica(replica, values, what);
   }
 
@@ -107,6 +102,14 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
   double take_cross_worker_wait_seconds() override { return reducer_ ? reducer_->take_wait_seconds() : 0.0; }
 
  private:
+  // The communication thread may be inside MPI now, and MPI is serialized.
+  void check_no_sum_in_flight(const char* what) const {
+    DTRAIN_CHECK(!reducer_ || !reducer_->in_flight(),
+                 fmt::format("{}: a collective during backward while the gradient sums overlap it; the model must call "
+                             "set_collectives_in_backward(true) before its gradients are bound",
+                             what));
+  }
+
   bool ring_;
   std::unique_ptr<Communicator> nccl_;
   std::int64_t bytes_per_pack_;

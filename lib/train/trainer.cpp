@@ -509,6 +509,14 @@ nn::StepContext Trainer::lane_step_context(const distribute::ReplicaContext& rc,
   return step;
 }
 
+nn::StepContext Trainer::micro_batch_context(const distribute::ReplicaContext& rc, nn::Mode mode,
+                                             const data::ReplicaBatch& batch, int lane, Lanes::Rows rows) const {
+  nn::StepContext step = lane_step_context(rc, mode, batch, lane, rows);
+  step.lanes = nullptr;  // batch statistics per micro-batch (ghost batch normalization)
+  step.cross_replica = replicas_[static_cast<std::size_t>(rc.replica_id)].lane(lane).micro_statistics.get();
+  return step;
+}
+
 double Trainer::compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, const nn::StepContext& step,
                                   const nn::BackwardOptions& backward, PhaseClock& phases) {
   const Tensor& logits = lane.model->forward(x, step);
@@ -697,11 +705,8 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
     PhaseClock phases(l == 0 ? profile : nullptr);  // lane 0's timeline is the replica's
     if (l >= count) {
       lane.micro_statistics->set_step(-1, micro_batches);
-      Lanes::Rows none;
-      nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, none);
-      step.lanes = nullptr;
-      step.cross_replica = lane.micro_statistics.get();
-      lane.model->step_without_samples(step);  // still takes part in synchronized layers' sums
+      // Still takes part in synchronized layers' sums.
+      lane.model->step_without_samples(micro_batch_context(rc, nn::Mode::training, batch, l, Lanes::Rows{}));
       return;
     }
     const std::size_t mine = static_cast<std::size_t>(ceil_div(count - l, lanes));
@@ -709,9 +714,7 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
     for (std::int64_t k = l; k < count; k += lanes) {
       const Lanes::Rows rows{k * m, std::min(batch.size, (k + 1) * m)};
       lane.micro_statistics->set_step(first + k, micro_batches);
-      nn::StepContext step = lane_step_context(rc, nn::Mode::training, batch, l, rows);
-      step.lanes = nullptr;  // batch statistics per micro-batch (ghost batch normalization)
-      step.cross_replica = lane.micro_statistics.get();
+      const nn::StepContext step = micro_batch_context(rc, nn::Mode::training, batch, l, rows);
       // The lane's own copy of its rows: the kernels read a micro-batch at the same alignment
       // whichever replica's batch it came in.
       const Tensor x = stage_into(*lane.ctx, lane.staged_x, batch.x.slice_rows(rows.begin, rows.end));
@@ -756,8 +759,7 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
   for (std::size_t v = 0; v < vars; ++v) {
     for (std::size_t r = 0; r < replicas; ++r)
       rep.scales[v] = std::max(rep.scales[v], static_cast<int>(rep.exchange[r * vars + v] - kBias));
-    if (rep.scales[v] != fixed_point::kAllZero && rep.scales[v] != fixed_point::kNonFinite)
-      rep.scales[v] = fixed_point::scale_for(rep.scales[v], micro_batches);
+    if (fixed_point::has_scale(rep.scales[v])) rep.scales[v] = fixed_point::scale_for(rep.scales[v], micro_batches);
   }
   // The lanes share the work by element: each sums every micro-batch's terms of its own range,
   // so an element's sum is still one exact integer sum.
@@ -771,7 +773,7 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
     std::size_t at = 0;
     for (std::size_t v = 0; v < vars; at += sizes[v++]) {
       const std::size_t first = std::max(at, begin), last = std::min(at + sizes[v], end);
-      if (first >= last || rep.scales[v] == fixed_point::kAllZero || rep.scales[v] == fixed_point::kNonFinite) continue;
+      if (first >= last || !fixed_point::has_scale(rep.scales[v])) continue;
       for (int k = 0; k < lanes; ++k)
         for (const std::span<const float> micro_batch : rep.lane(k).micro_batches)
           fixed_point::accumulate(micro_batch.subspan(first, last - first), rep.scales[v],
@@ -813,10 +815,7 @@ void Trainer::invariant_eval_step(const distribute::ReplicaContext& rc, Replica&
       const Lanes::Rows rows{k * m, std::min(batch.size, (k + 1) * m)};
       const Tensor x = stage_into(*lane.ctx, lane.staged_x, batch.x.slice_rows(rows.begin, rows.end));
       const Tensor y = stage_into(*lane.ctx, lane.staged_y, batch.y.slice_rows(rows.begin, rows.end));
-      nn::StepContext step = lane_step_context(rc, nn::Mode::inference, batch, l, rows);
-      step.lanes = nullptr;
-      step.cross_replica = nullptr;
-      const Tensor& logits = lane.model->forward(x, step);
+      const Tensor& logits = lane.model->forward(x, micro_batch_context(rc, nn::Mode::inference, batch, l, rows));
       lane.per_example.resize(static_cast<std::size_t>(rows.size()));
       lane.loss->per_example(logits, y, lane.per_example);
       lane.eval_loss_bins.add(lane.per_example);

@@ -228,6 +228,10 @@ class Trainer : private LoopHost {
   nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch) const;
   nn::StepContext lane_step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch,
                                     int lane, Lanes::Rows rows) const;
+  // reproducibility: replica_invariant: lane `lane`'s micro-batch `rows`, its batch statistics its
+  // own and its synchronized sums through the micro-batch slots.
+  nn::StepContext micro_batch_context(const distribute::ReplicaContext& rc, nn::Mode mode,
+                                      const data::ReplicaBatch& batch, int lane, Lanes::Rows rows) const;
   // The state of metric `index` (train or eval) merged over this process's replicas and lanes.
   metrics::MetricState local_metric_state(bool train, std::size_t index) const;
   // That state summed across workers: exact, and every worker must call it at the same point.
