@@ -46,7 +46,13 @@ int validate_command(const ValidateArgs& args) {
   };
   nn::Sequential model(exp.model, exp.seed, *ctx, options);
   config::check_loss_fits_model(exp, model.output_shape().dims());
+  // model.initial_weights is read whole, as `run` reads it, so a file that is missing, not Keras
+  // weights, or of another model's shapes is refused here and not after the launch.
+  const std::size_t initial_variables = read_initial_weights(exp, model).size();
   fmt::print("# {}: valid\n{}", args.experiment, config::to_yaml(exp));
+  if (initial_variables > 0)
+    fmt::print("# initial weights: {} holds the {} variables of the model, of their shapes\n",
+               exp.model.initial_weights, initial_variables);
   fmt::print("# model\n");
   std::string summary = model.summary();
   std::string::size_type start = 0;

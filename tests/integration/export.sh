@@ -178,6 +178,15 @@ PY
     "$dtrain" export --experiment "$scratch/layers_a.yaml" --format keras -o "$scratch/a.weights.h5" >/dev/null \
       || fail "exporting layers_a's initial model failed"
     refused "$scratch/a.weights.h5" "/layers/conv2d/vars/0 has shape (3, 5, 1, 8), but conv2d/kernel of the experiment's layer"
+    # dtrain validate reads the file as run does: the same refusal before any launch, and its
+    # count of variables when the file fits.
+    "$dtrain" validate "$scratch/from.yaml" --set "model.initial_weights=$scratch/a.weights.h5" >"$scratch/out" 2>&1
+    rc=$?
+    [ "$rc" = 2 ] && grep -qF "/layers/conv2d/vars/0 has shape (3, 5, 1, 8), but conv2d/kernel" "$scratch/out" \
+      || fail "validate of mismatched initial weights: exit $rc, $(cat "$scratch/out")"
+    "$dtrain" validate "$scratch/from.yaml" >"$scratch/out" 2>&1 || fail "validate failed: $(cat "$scratch/out")"
+    grep -qE "^# initial weights: $scratch/b.weights.h5 holds the [0-9]+ variables of the model" "$scratch/out" \
+      || fail "validate printed $(cat "$scratch/out")"
     # In the file itself: the key's line and column.
     sed "s#initial_weights: .*#initial_weights: $scratch/none.weights.h5#" "$scratch/from.yaml" >"$scratch/bad.yaml"
     "$dtrain" run "$scratch/bad.yaml" "${common[@]}" --run-dir "$scratch/bad" >"$scratch/out" 2>&1
