@@ -9,7 +9,10 @@
 #   (tools/tf_reference/tf_ctl.py) from dtrain's initial weights on the same batches, under the
 #   same strategy: 2 mirrored replicas on 2 logical CPU devices, or 2 workers (dtrain under mpirun,
 #   TensorFlow as 2 processes with TF_CONFIG). tests/anchors/tf_step_for_step.py compares them
-#   step for step (TensorFlow set to dtrain's state before each step) and free running.
+#   step for step (TensorFlow set to dtrain's state before each step) and free running, and holds
+#   dtrain's free run to TensorFlow's own distance from the same run in float64.
+# seed_default, seed_mirrored, seed_multi_worker: the same with the seed CNN itself
+#   (experiments/fashion_mnist.yaml: Adam, batch 64) for 20 steps of that file.
 # keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
 #   (load_weights, evaluate: dtrain eval's Test Loss and Accuracy), and weights Keras saved starting a dtrain
 #   run (model.initial_weights) that TensorFlow follows step for step.
@@ -58,16 +61,29 @@ checkpoint: {every_steps: 1, max_to_keep: 100}
 YAML
 per_replica=(--set data.batch_size_per_replica=48)
 
+# The seed CNN itself (experiments/fashion_mnist.yaml, Adam, batch 64) on the same file in file
+# order, 20 steps: the seed_* cases.
+seed_cnn() {
+  experiment=experiments/fashion_mnist.yaml
+  steps=20
+  per_replica=(--set data.batch_size_per_replica=32)
+  common=(--set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 --set data.shuffle_buffer=0
+          --set train.epochs=1 --set train.threads=1 --set train.progress=none --set train.steps_per_epoch=20
+          --set checkpoint.every_steps=1 --set checkpoint.max_to_keep=100)
+}
+experiment=$scratch/anchors.yaml
+common=()
+
 # train NAME STRATEGY [--set ...]: dtrain runs the experiment into $scratch/NAME.
 train() {
   local name=$1 kind=$2
   shift 2
   case $kind in
-    default) "$dtrain" run "$scratch/anchors.yaml" --run-dir "$scratch/$name" "$@" ;;
-    mirrored) "$dtrain" run "$scratch/anchors.yaml" --run-dir "$scratch/$name" "${per_replica[@]}" \
+    default) "$dtrain" run "$experiment" --run-dir "$scratch/$name" "${common[@]}" "$@" ;;
+    mirrored) "$dtrain" run "$experiment" --run-dir "$scratch/$name" "${common[@]}" "${per_replica[@]}" \
                 --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" "$@" ;;
-    multi_worker) timeout 300 mpirun -n 2 --oversubscribe "$dtrain" run "$scratch/anchors.yaml" --run-dir "$scratch/$name" \
-                    "${per_replica[@]}" --set "strategy={kind: multi_worker_mirrored}" "$@" ;;
+    multi_worker) timeout 300 mpirun -n 2 --oversubscribe "$dtrain" run "$experiment" --run-dir "$scratch/$name" \
+                    "${common[@]}" "${per_replica[@]}" --set "strategy={kind: multi_worker_mirrored}" "$@" ;;
   esac >"$scratch/$name.out" 2>&1 || fail "dtrain ($kind) failed: $(tail -5 "$scratch/$name.out")"
 }
 
@@ -81,11 +97,13 @@ follow() {
 }
 
 case "$case_name" in
-  default | mirrored | multi_worker)
-    train "$case_name" "$case_name"
-    "$dtrain" export --experiment "$scratch/anchors.yaml" --format keras -o "$scratch/initial.weights.h5" >/dev/null \
-      || fail "exporting the initial model failed"
-    follow "$case_name" "$case_name" "$scratch/initial.weights.h5"
+  default | mirrored | multi_worker | seed_default | seed_mirrored | seed_multi_worker)
+    kind=${case_name#seed_}
+    [ "$kind" != "$case_name" ] && seed_cnn
+    train "$kind" "$kind"
+    "$dtrain" export --experiment "$scratch/$kind/config.yaml" --format keras -o "$scratch/initial.weights.h5" \
+      >/dev/null || fail "exporting the initial model failed"
+    follow "$kind" "$kind" "$scratch/initial.weights.h5"
     ;;
   keras_weights)
     # dtrain -> Keras: a trained checkpoint, exported, evaluates in Keras as dtrain evaluates it.

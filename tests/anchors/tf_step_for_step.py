@@ -2,33 +2,42 @@
 """TensorFlow beside a dtrain run, step for step (tests/anchors/anchors.sh).
 
   tf_step_for_step.py --run RUN_DIR --initial-weights INIT.weights.h5 --steps N
-      [--strategy default|mirrored|multi_worker] [--typical 1e-6] [--worst 1e-4] [--variable 1e-2] [--free 1e-2]
+      [--strategy default|mirrored|multi_worker] [--typical 1e-6] [--most 1e-5 --few 0.1]
+      [--worst 1e-4] [--variable 1e-2] [--free 1e-2] [--free-factor 2 --nudged 3]
 
 RUN_DIR is a dtrain run of its config.yaml (data.shuffle_buffer: 0, so step k takes the k-th global
 batch of the file) that saved a checkpoint after every step (checkpoint.every_steps: 1):
 checkpoints/ckpt-1.h5 ... ckpt-N.h5, N steps within one epoch. INIT is the model dtrain started
 from (dtrain export --experiment EXP --format keras, or Keras' own file it was given). The same
-custom training loop in TensorFlow (tools/tf_reference/tf_ctl.py) then runs twice:
+custom training loop in TensorFlow (tools/tf_reference/tf_ctl.py) then runs:
 
 - step for step: before step k, every variable, Adam's slots and its iteration count are set to
   dtrain's after step k-1 (INIT and fresh slots for the first); TensorFlow takes batch k, and its
   variables are compared with dtrain's after step k: ||tf - dtrain|| / ||dtrain|| over every
   variable together (batch normalization's moving statistics included) and for each variable;
-- free running: from INIT for N steps with nothing set in between, against ckpt-N.
+- free running: from INIT for N steps with nothing set in between, against ckpt-N;
+- exact arithmetic: the same free run in float64, and TensorFlow's float32 free run again from
+  INIT with every variable nudged by one rounding (one ulp, up or down at random), --nudged times.
 
 Two float32 implementations that sum in different orders agree to rounding on a typical step
 (1e-8 to 1e-7 here), but now and then a relu or max-pooling decision is taken on a value within
 rounding of its threshold and goes the other way; Adam then moves the weights whose gradients are
-smallest by a visibly different step (up to 2e-5 over the variables, 2e-3 for a bias). Such steps
-add up when the runs go on apart, so the free run drifts by 1e-4 or so in 20 steps. The bounds:
-the median step within --typical, every step within --worst, any one variable within --variable,
-the free run within --free. Under a strategy with several replicas, the moving statistics of
-batch normalization that is not synchronized are reported apart (per_replica_moving_statistics).
+smallest by a visibly different step (up to 2e-5 over the variables, 2e-3 for a bias). Free
+running, such steps compound: this training is chaotic at float32's resolution, and TensorFlow's
+own float32 run, or the same run nudged by one rounding, ends 1e-5 to 2e-3 away from the float64
+run after 20 steps (docs/testing.md has the figures). A fixed bound on the free run would test
+chance, so dtrain's free run is held to TensorFlow's own spread instead. The bounds: the median
+step within --typical; all steps but --few of them within --most; every step within --worst; any
+one variable within --variable; the free run within --free of TensorFlow's, and dtrain's distance
+from the float64 run within --free-factor times the largest of TensorFlow's float32 runs'. Under a
+strategy with several replicas, the moving statistics of batch normalization that is not
+synchronized are reported apart (per_replica_moving_statistics).
 
 Prints one line per step and a RESULT {json} line (the chief); exit 1 when a bound is exceeded.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -98,6 +107,36 @@ def differences(loop, names, checkpoint, apart):
     return ({k: v for k, v in out.items() if k not in apart}, overall(*sums[False]), overall(*sums[True]))
 
 
+def distance(a, b, names, apart):
+    """||a - b|| / ||b|| over the variables of two loops' models but those `apart`."""
+    import numpy as np
+    d = n = 0.0
+    for la, lb, name in zip(a.model.layers, b.model.layers, names):
+        for va, vb in zip(la.weights, lb.weights):
+            if f"{name}/{va.name}" in apart:
+                continue
+            x, y = np.asarray(va.numpy(), np.float64), np.asarray(vb.numpy(), np.float64)
+            d += float(np.sum((x - y) ** 2))
+            n += float(np.sum(y ** 2))
+    return (d / n) ** 0.5 if n > 0 else d ** 0.5
+
+
+def free_run(loop, names, initial, steps, nudge_seed=None):
+    """`steps` steps from `initial` with nothing set in between; with `nudge_seed`, every variable
+    first moved by one float32 step (ulp) up or down at random: a perturbation the size of one
+    rounding."""
+    import numpy as np
+    set_state(loop, names, initial=initial)
+    if nudge_seed is not None:
+        rng = np.random.default_rng(nudge_seed)
+        for v in loop.model.weights:
+            x = np.asarray(v.numpy(), np.float32)
+            v.assign(np.nextafter(x, np.where(rng.random(x.shape) < 0.5, -np.inf, np.inf).astype(np.float32)))
+    batches = iter(loop.batches())
+    for k in range(steps):
+        loop.train_step(next(batches), loop.samples_at(k))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True)
@@ -112,7 +151,15 @@ def main():
     ap.add_argument("--typical", type=float, default=1e-6, help="bound of the median step, over the variables")
     ap.add_argument("--worst", type=float, default=1e-4, help="bound of every step, over the variables")
     ap.add_argument("--variable", type=float, default=1e-2, help="bound of any one variable at any step")
+    ap.add_argument("--most", type=float, default=1e-5, help="bound of all steps but a few, over the variables")
+    ap.add_argument("--few", type=float, default=0.1,
+                    help="the share of steps (rounded up) that may exceed --most: steps where a decision flipped")
     ap.add_argument("--free", type=float, default=1e-2, help="bound of the free run, over the variables")
+    ap.add_argument("--free-factor", type=float, default=2.0,
+                    help="bound of the free run's distance from TensorFlow in float64, as a multiple of the largest "
+                         "distance of TensorFlow's float32 runs from it (plus --typical)")
+    ap.add_argument("--nudged", type=int, default=3,
+                    help="TensorFlow float32 runs from the initial variables nudged by one rounding, for the spread")
     ap.add_argument("--worker-process", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.strategy == "multi_worker" and not args.worker_process:
@@ -148,25 +195,45 @@ def main():
         worst_variable = max(worst_variable, (name, largest), key=lambda item: item[1])
         worst_apart = max(worst_apart, moving)
 
-    set_state(loop, names, initial=args.initial_weights)
-    batches = iter(loop.batches())
-    for k in range(args.steps):
-        loop.train_step(next(batches), loop.samples_at(k))
+    free_run(loop, names, args.initial_weights, args.steps)
     per_variable, free, _ = differences(loop, names, checkpoint(args.steps), apart)
     say(f"free running, {args.steps} steps: ||tf - dtrain|| / ||dtrain|| {free:.2e} over the variables, largest "
         f"{max(per_variable.values()):.2e} ({max(per_variable, key=per_variable.get)})")
+    # How far float32 rounding alone carries this training from exact arithmetic in N steps: the
+    # same free run in float64 under the same strategy, against TensorFlow's float32 run and the
+    # same run from variables each nudged by one rounding (--nudged runs). Training is chaotic
+    # enough here that one relu or pooling decision taken the other way moves a run by 1e-4 or
+    # more; whether it happens is chance, so the bound is the spread of TensorFlow's own float32
+    # runs, and dtrain's free run is held to it.
+    exact = tf_ctl.Loop(exp, args.strategy, threads=1, workers=args.workers, strategy=loop.strategy, floatx="float64")
+    free_run(exact, names, args.initial_weights, args.steps)
+    _, dtrain_from_exact, _ = differences(exact, names, checkpoint(args.steps), apart)
+    tf_from_exact = [distance(loop, exact, names, apart)]
+    for seed in range(args.nudged):
+        free_run(loop, names, args.initial_weights, args.steps, nudge_seed=seed)
+        tf_from_exact.append(distance(loop, exact, names, apart))
+    spread = max(tf_from_exact)
+    say(f"free running from exact arithmetic (TensorFlow in float64), {args.steps} steps, ||run - float64|| / "
+        f"||float64||: dtrain {dtrain_from_exact:.2e}; TensorFlow float32 {tf_from_exact[0]:.2e}, nudged by one "
+        f"rounding {', '.join(f'{d:.2e}' for d in tf_from_exact[1:])}")
     median = sorted(overall_by_step)[len(overall_by_step) // 2]
     worst = max(overall_by_step)
+    above_most = sum(1 for d in overall_by_step if d > args.most)
+    allowed_above = math.ceil(args.few * len(overall_by_step))
     say("RESULT " + json.dumps({"strategy": args.strategy, "steps": args.steps, "step_for_step_median": median,
-                                "step_for_step_worst": worst, "worst_variable": worst_variable[1],
+                                "step_for_step_worst": worst, "steps_above_1e-5": above_most, "worst_variable": worst_variable[1],
                                 "worst_variable_name": worst_variable[0],
                                 "per_replica_moving_statistics": worst_apart if apart else None,
-                                "free_running": free}), flush=True)
-    failed = [f"{what} {value:.2e} > {bound:.0e}" for what, value, bound in
+                                "free_running": free, "free_running_dtrain_from_float64": dtrain_from_exact,
+                                "free_running_tf_from_float64": tf_from_exact}), flush=True)
+    failed = [f"{what} {value:.3g} > {bound:.3g}" for what, value, bound in
               [("step for step, the median step", median, args.typical),
                ("step for step, the worst step", worst, args.worst),
+               (f"step for step, steps above {args.most:.0e}", above_most, allowed_above),
                ("step for step, one variable", worst_variable[1], args.variable),
-               ("free running", free, args.free)] if value > bound]
+               ("free running", free, args.free),
+               ("free running, dtrain from float64 against TensorFlow float32's spread", dtrain_from_exact,
+                args.free_factor * spread + args.typical)] if value > bound]
     if failed:
         say("FAIL: " + "; ".join(failed), file=sys.stderr)
     sys.exit(1 if failed else 0)

@@ -23,6 +23,7 @@ global_batch_size = that count), so a short last batch is weighted like a full o
 constant GLOBAL_BATCH_SIZE would shrink that step's gradient (docs/strategies.md).
 """
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -188,17 +189,35 @@ def is_chief():
 
 # ---------------------------------------------------------------- the loop
 
+@contextlib.contextmanager
+def keras_floats(floatx):
+    """Keras' float type and dtype policy set to `floatx` (float32, float64) for the block. Both:
+    the global policy, once a layer read it, no longer follows floatx."""
+    import keras
+    floats, policy = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx(floatx)
+    keras.config.set_dtype_policy(floatx)
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(floats)
+        keras.config.set_dtype_policy(policy)
+
+
 class Loop:
     """The tutorial's custom training loop on an experiment: the strategy, the model, optimizer,
     loss and metrics made in its scope, and the distributed train and test steps."""
 
-    def __init__(self, exp, strategy_kind, threads=0, workers=2, batch_per_replica=0):
+    def __init__(self, exp, strategy_kind, threads=0, workers=2, batch_per_replica=0, strategy=None, floatx="float32"):
+        """`strategy`: one made before (by another Loop: a process makes its strategy once);
+        `floatx`: the variables' and computations' float type (float64: the exact-arithmetic
+        reference that tests/anchors measures float32 runs against)."""
         import tensorflow as tf
         self.tf = tf
         self.exp = exp
         self.data = exp.get("data", {})
         processes = workers if strategy_kind == "multi_worker" else 1
-        self.strategy = make_strategy(strategy_kind, threads or max(1, (os.cpu_count() or 1) // processes))
+        self.strategy = strategy or make_strategy(strategy_kind, threads or max(1, (os.cpu_count() or 1) // processes))
         self.replicas = self.strategy.num_replicas_in_sync
         self.global_batch = self.data.get("global_batch_size") or \
             (batch_per_replica or self.data.get("batch_size_per_replica", 64)) * self.replicas
@@ -207,17 +226,26 @@ class Loop:
         if loss.get("kind", "sparse_categorical_crossentropy") != "sparse_categorical_crossentropy":
             sys.exit(f"tf_ctl.py: loss {loss['kind']} is not translated here (sparse_categorical_crossentropy)")
         self.reduction = loss.get("reduction", "auto")
-        with self.strategy.scope():
-            self.model = build_model(exp["model"])
-            self.optimizer = make_optimizer(exp.get("optimizer", {}))
-            self.optimizer.build(self.model.trainable_variables)
-            self.per_example = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=loss.get("from_logits", False),
-                                                                             reduction=None)
-            self.train_accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
-            self.test_accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
-            self.test_loss = tf.keras.metrics.Sum()
-        self.train_step = tf.function(self._distributed_train_step)
-        self.test_step = tf.function(self._distributed_test_step)
+        # Read as the layers, the optimizer, the loss (which casts its inputs to it) and the metrics are made.
+        with keras_floats(floatx):
+            with self.strategy.scope():
+                self.model = build_model(exp["model"])
+                self.optimizer = make_optimizer(exp.get("optimizer", {}))
+                self.optimizer.build(self.model.trainable_variables)
+                self.per_example = tf.keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=loss.get("from_logits", False), reduction=None)
+                self.train_accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
+                self.test_accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
+                self.test_loss = tf.keras.metrics.Sum()
+        self.floatx = floatx
+        self.train_step = tf.function(lambda *args: self._traced_in_floatx(self._distributed_train_step, *args))
+        self.test_step = tf.function(lambda *args: self._traced_in_floatx(self._distributed_test_step, *args))
+
+    def _traced_in_floatx(self, step, *args):
+        """`step` traced with Keras' float type set to the loop's: what Keras computes in floatx
+        then has the variables' type."""
+        with keras_floats(self.floatx):
+            return step(*args)
 
     def _replica_train_step(self, x, y, samples):
         tf = self.tf
