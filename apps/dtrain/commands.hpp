@@ -73,6 +73,14 @@ struct ExportArgs {
 };
 int export_command(const ExportArgs& args);
 
+struct OrderArgs {
+  std::string experiment;
+  std::vector<std::string> overrides;
+  std::string output;      // a .npy file, replaced atomically
+  long long epochs = 0;    // 0 = the experiment's train.epochs
+};
+int order_command(const OrderArgs& args);
+
 struct ResumeArgs {
   std::string run_dir;     // continue from its newest valid checkpoint
   std::string checkpoint;  // or from this one

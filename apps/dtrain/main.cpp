@@ -26,6 +26,7 @@ Examples:
   dtrain eval --checkpoint runs/fashion_mnist/checkpoints/ckpt-9380.h5
   dtrain export runs/fashion_mnist/checkpoints/ckpt-9380.h5 -o fashion_mnist.onnx
   dtrain export runs/fashion_mnist/checkpoints/ckpt-9380.h5 --format keras -o fashion_mnist.weights.h5
+  dtrain order experiments/fashion_mnist.yaml -o order.npy
   dtrain resume runs/fashion_mnist
   dtrain resume runs/fashion_mnist --set train.epochs=15
   dtrain info
@@ -122,6 +123,17 @@ int main(int argc, char** argv) {
   export_cmd->add_flag("--softmax", export_args.softmax,
                        "onnx: append a Softmax over the last axis: the output 'probabilities' instead of 'logits'");
 
+  dtrain::app::OrderArgs order_args;
+  auto* order = app.add_subcommand(
+      "order", "Write the order in which a run of the experiment takes its training samples, epoch by epoch (.npy)");
+  order->add_option("experiment", order_args.experiment, "Experiment YAML")->required();
+  order->add_option("-o,--output", order_args.output,
+                    "The .npy file to write (replaced if it exists): int64, one row of sample indices per epoch")
+      ->required();
+  order->add_option("--epochs", order_args.epochs, "How many epochs (default: the experiment's train.epochs)")
+      ->check(CLI::Range(1LL, 1000000LL));
+  order->add_option("--set", order_args.overrides, "Override a setting (repeatable)");
+
   dtrain::app::ResumeArgs resume_args;
   auto* resume = app.add_subcommand("resume", "Continue a run exactly from its newest valid checkpoint");
   resume->add_option("run_dir", resume_args.run_dir, "Run directory (runs/<name>)");
@@ -172,6 +184,7 @@ int main(int argc, char** argv) {
     if (*validate) return dtrain::app::validate_command(validate_args);
     if (*eval) return dtrain::app::eval_command(eval_args);
     if (*export_cmd) return dtrain::app::export_command(export_args);
+    if (*order) return dtrain::app::order_command(order_args);
     if (*resume) return dtrain::app::resume_command(resume_args);
     if (*info) return dtrain::app::info_command();
     if (*init) return dtrain::app::init_command(init_args);

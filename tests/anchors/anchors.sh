@@ -12,7 +12,8 @@
 #   step for step (TensorFlow set to dtrain's state before each step) and free running, and holds
 #   dtrain's free run to TensorFlow's own distance from the same run in float64.
 # seed_default, seed_mirrored, seed_multi_worker: the same with the seed CNN itself
-#   (experiments/fashion_mnist.yaml: Adam, batch 64) for 20 steps of that file.
+#   (experiments/fashion_mnist.yaml: Adam, batch 64) for 20 steps of that file, shuffled as the
+#   experiment shuffles: TensorFlow takes dtrain's order (dtrain order).
 # keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
 #   (load_weights, evaluate: dtrain eval's Test Loss and Accuracy), and weights Keras saved starting a dtrain
 #   run (model.initial_weights) that TensorFlow follows step for step.
@@ -61,18 +62,21 @@ checkpoint: {every_steps: 1, max_to_keep: 100}
 YAML
 per_replica=(--set data.batch_size_per_replica=48)
 
-# The seed CNN itself (experiments/fashion_mnist.yaml, Adam, batch 64) on the same file in file
-# order, 20 steps: the seed_* cases.
+# The seed CNN itself (experiments/fashion_mnist.yaml, Adam, batch 64) on the same file, shuffled
+# as the experiment shuffles (a full shuffle), 20 steps: the seed_* cases. TensorFlow takes
+# dtrain's order from `dtrain order`.
 seed_cnn() {
   experiment=experiments/fashion_mnist.yaml
   steps=20
   per_replica=(--set data.batch_size_per_replica=32)
-  common=(--set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 --set data.shuffle_buffer=0
+  common=(--set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5
           --set train.epochs=1 --set train.threads=1 --set train.progress=none --set train.steps_per_epoch=20
           --set checkpoint.every_steps=1 --set checkpoint.max_to_keep=100)
+  order=(--order "$scratch/order.npy")
 }
 experiment=$scratch/anchors.yaml
 common=()
+order=()
 
 # train NAME STRATEGY [--set ...]: dtrain runs the experiment into $scratch/NAME.
 train() {
@@ -90,7 +94,7 @@ train() {
 # follow NAME STRATEGY INITIAL: TensorFlow beside the run in $scratch/NAME, from INITIAL.
 follow() {
   timeout 300 "$python" tests/anchors/tf_step_for_step.py --run "$scratch/$1" --initial-weights "$3" --steps "$steps" \
-    --strategy "$2" >"$scratch/$1.tf" 2>&1
+    --strategy "$2" "${order[@]}" >"$scratch/$1.tf" 2>&1
   local rc=$?
   cat "$scratch/$1.tf"
   [ "$rc" = 0 ] || fail "TensorFlow differs from dtrain ($2)"
@@ -103,6 +107,10 @@ case "$case_name" in
     train "$kind" "$kind"
     "$dtrain" export --experiment "$scratch/$kind/config.yaml" --format keras -o "$scratch/initial.weights.h5" \
       >/dev/null || fail "exporting the initial model failed"
+    if [ ${#order[@]} -gt 0 ]; then
+      "$dtrain" order "$scratch/$kind/config.yaml" --epochs 1 -o "$scratch/order.npy" >/dev/null \
+        || fail "dtrain order failed"
+    fi
     follow "$kind" "$kind" "$scratch/initial.weights.h5"
     ;;
   keras_weights)

@@ -6,8 +6,8 @@
       [--worst 1e-4] [--variable 1e-2] [--free 1e-2] [--free-factor 2 --nudged 3]
 
 RUN_DIR is a dtrain run of its config.yaml (data.shuffle_buffer: 0, so step k takes the k-th global
-batch of the file) that saved a checkpoint after every step (checkpoint.every_steps: 1):
-checkpoints/ckpt-1.h5 ... ckpt-N.h5, N steps within one epoch. INIT is the model dtrain started
+batch of the file; or any shuffle, with --order ORDER.npy written by `dtrain order RUN/config.yaml`)
+that saved a checkpoint after every step (checkpoint.every_steps: 1): checkpoints/ckpt-1.h5 ... ckpt-N.h5, N steps within one epoch. INIT is the model dtrain started
 from (dtrain export --experiment EXP --format keras, or Keras' own file it was given). The same
 custom training loop in TensorFlow (tools/tf_reference/tf_ctl.py) then runs:
 
@@ -144,6 +144,7 @@ def main():
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--strategy", choices=["default", "mirrored", "multi_worker"], default="default")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--order", help="dtrain's training order (dtrain order), for a run that shuffles")
     ap.add_argument("--list", type=int, default=0, help="also list the N variables that differ most at each step")
     # The bounds (docs/testing.md, "The anchors"): a typical step agrees to float32 rounding; a step
     # where a relu or max-pooling decision on a value within rounding of its threshold went the
@@ -169,7 +170,8 @@ def main():
     exp = tf_ctl.load_experiment(os.path.join(args.run, "config.yaml"))
     names = dtrain_names(exp)
     # One op thread per process: the two workers share the machine's cores.
-    loop = tf_ctl.Loop(exp, args.strategy, threads=1, workers=args.workers)
+    order = tf_ctl.read_order(args.order)
+    loop = tf_ctl.Loop(exp, args.strategy, threads=1, workers=args.workers, order=order)
     say = print if tf_ctl.is_chief() else (lambda *a, **k: None)
     say(loop.header(args.strategy), flush=True)
     checkpoint = lambda k: os.path.join(args.run, "checkpoints", f"ckpt-{k}.h5")
@@ -205,7 +207,8 @@ def main():
     # enough here that one relu or pooling decision taken the other way moves a run by 1e-4 or
     # more; whether it happens is chance, so the bound is the spread of TensorFlow's own float32
     # runs, and dtrain's free run is held to it.
-    exact = tf_ctl.Loop(exp, args.strategy, threads=1, workers=args.workers, strategy=loop.strategy, floatx="float64")
+    exact = tf_ctl.Loop(exp, args.strategy, threads=1, workers=args.workers, strategy=loop.strategy, floatx="float64",
+                        order=order)
     free_run(exact, names, args.initial_weights, args.steps)
     _, dtrain_from_exact, _ = differences(exact, names, checkpoint(args.steps), apart)
     tf_from_exact = [distance(loop, exact, names, apart)]

@@ -109,6 +109,26 @@ case "$case_name" in
     "$dtrain" run "$small" --set train.epochs=1 --set train.threads=2 --set seed=7 --run-dir "$scratch/run3" | grep '^Epoch' >"$scratch/epochs3"
     ! diff -q <(head -1 "$scratch/epochs1") "$scratch/epochs3" >/dev/null || fail "another seed printed the same numbers"
     ;;
+  order)
+    # dtrain order: the training order per epoch as .npy, read by numpy (TensorFlow follows it in
+    # tests/anchors, step for step); file order without a shuffle; the held-out split left out.
+    "$dtrain" order "$small" --epochs 3 -o "$scratch/order.npy" >"$scratch/out" || fail "dtrain order failed: $(cat "$scratch/out")"
+    grep -q "^Wrote the training order of $small to $scratch/order.npy: 3 epochs x 2000 samples" "$scratch/out" \
+      || fail "order printed $(cat "$scratch/out")"
+    "$dtrain" order "$small" --epochs 1 --set data.shuffle_buffer=0 --set data.validation_split=0.25 \
+      -o "$scratch/plain.npy" >/dev/null || fail "dtrain order without a shuffle failed"
+    /usr/bin/python3 - "$scratch/order.npy" "$scratch/plain.npy" <<'PY' || fail "the order files are not what they should be"
+import sys, numpy as np
+order, plain = np.load(sys.argv[1]), np.load(sys.argv[2])
+assert order.dtype == np.int64 and order.shape == (3, 2000), (order.dtype, order.shape)
+assert all(np.array_equal(np.sort(row), np.arange(2000)) for row in order), "an epoch is not a permutation"
+assert not np.array_equal(order[0], order[1]) and not np.array_equal(order[0], np.arange(2000)), "no shuffle"
+assert plain.shape == (1, 1500) and np.array_equal(plain[0], np.arange(1500)), plain[0][:10]
+print("3 shuffled epochs of 2000 and file order of 1500")
+PY
+    expect_error 3 "order.npy" -- order "$small" -o /proc/order.npy
+    expect_error 2 "epochs" -- order "$small" --epochs 0 -o "$scratch/x.npy"
+    ;;
   regression_toy)
     "$dtrain" run experiments/regression_toy.yaml --run-dir "$scratch/run" >"$scratch/out" || fail "run failed"
     cat "$scratch/out"

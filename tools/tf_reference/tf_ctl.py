@@ -12,6 +12,7 @@ pinned in tools/requirements-anchors.txt):
   ... tf_ctl.py --limit-steps 300 --warmup 20        # time 300 steps: a RESULT {json} line (tools/bench)
   ... tf_ctl.py --experiment RUN/config.yaml --initial-weights init.weights.h5 --steps 21 \\
         --save-weights tf.weights.h5                 # step for step beside dtrain (tests/anchors)
+  ... tf_ctl.py --order order.npy ...                # the batches dtrain takes: `dtrain order EXP -o order.npy`
 
 The experiment (default experiments/fashion_mnist.yaml) is read as dtrain reads it: data
 (fashion_mnist IDX files or an hdf5 file; uint8 images times float32(1/255), as dtrain scales
@@ -77,6 +78,14 @@ def load_data(data):
     # dtrain scales bytes by multiplying with float32(1/255), not by dividing: the same floats.
     scale = lambda x: x.astype(np.float32) * np.float32(1.0 / 255.0) if x.dtype == np.uint8 else x.astype(np.float32)
     return scale(xs[0]), ys[0].astype(np.int32), scale(xs[1]), ys[1].astype(np.int32)
+
+
+def read_order(path):
+    """`dtrain order`'s file (int64, epochs x training samples), or None without one."""
+    if not path:
+        return None
+    import numpy as np
+    return np.load(path)
 
 
 # ---------------------------------------------------------------- the model
@@ -208,10 +217,13 @@ class Loop:
     """The tutorial's custom training loop on an experiment: the strategy, the model, optimizer,
     loss and metrics made in its scope, and the distributed train and test steps."""
 
-    def __init__(self, exp, strategy_kind, threads=0, workers=2, batch_per_replica=0, strategy=None, floatx="float32"):
+    def __init__(self, exp, strategy_kind, threads=0, workers=2, batch_per_replica=0, strategy=None, floatx="float32",
+                 order=None):
         """`strategy`: one made before (by another Loop: a process makes its strategy once);
         `floatx`: the variables' and computations' float type (float64: the exact-arithmetic
-        reference that tests/anchors measures float32 runs against)."""
+        reference that tests/anchors measures float32 runs against); `order`: the training order
+        of `dtrain order` (epochs x samples), taken in place of tf.data's shuffle."""
+        self.order = order
         import tensorflow as tf
         self.tf = tf
         self.exp = exp
@@ -280,8 +292,14 @@ class Loop:
         says, 0: in file order) or of the test split (in order)."""
         tf = self.tf
         x, y = (self.x_train, self.y_train) if training else (self.x_test, self.y_test)
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
         shuffle = int(self.data.get("shuffle_buffer", 60000)) if training else 0
+        if training and self.order is not None:
+            # dtrain's own order of this epoch (dtrain order), so both take the same batches.
+            if epoch >= len(self.order) or len(self.order[epoch]) != len(x):
+                sys.exit(f"tf_ctl.py: the order file has {len(self.order)} epochs of {len(self.order[0])} samples; "
+                         f"epoch {epoch + 1} of {len(x)} samples is not in it")
+            x, y, shuffle = x[self.order[epoch]], y[self.order[epoch]], 0
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
         if shuffle:
             ds = ds.shuffle(shuffle, seed=self.exp.get("seed", 42) + epoch)
         if repeat:
@@ -318,6 +336,7 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="train this many steps from the data's first sample")
     ap.add_argument("--initial-weights", help="a Keras .weights.h5 file to start from (dtrain export --format keras)")
     ap.add_argument("--save-weights", help="write the variables after training here (the chief)")
+    ap.add_argument("--order", help="take the training samples in dtrain's order: the .npy file of `dtrain order`")
     ap.add_argument("--worker-process", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.strategy == "multi_worker" and not args.worker_process:
@@ -326,7 +345,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     exp = load_experiment(args.experiment)
-    loop = Loop(exp, args.strategy, args.threads, args.workers, args.batch)
+    loop = Loop(exp, args.strategy, args.threads, args.workers, args.batch, order=read_order(args.order))
     if args.initial_weights:
         loop.model.load_weights(args.initial_weights)
     say = print if is_chief() else (lambda *a, **k: None)
