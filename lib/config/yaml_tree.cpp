@@ -164,6 +164,10 @@ void apply_override(Node& root, const std::string& assignment) {
   }
 
   Node value = load(assignment.substr(equals + 1), where.source, false);
+  // key=null (or ~, or nothing) takes the key out, as if the file never had it: its default
+  // applies, or the other spelling of the same setting can be given (batch_size_per_replica
+  // against global_batch_size). A list item so removed leaves the items after it one index lower.
+  const bool remove = value.is_null();
 
   Node* current = &root;
   std::string walked;  // the path so far, for messages
@@ -175,6 +179,16 @@ void apply_override(Node& root, const std::string& assignment) {
       current->origin = where;
     }
     Node* next = nullptr;
+    if (remove && last) {
+      if (current->is_map())
+        std::erase_if(current->entries, [&](const Entry& entry) { return entry.key == part; });
+      else if (current->is_sequence() && is_index(part) && std::stoul(part) < current->items.size())
+        current->items.erase(current->items.begin() + static_cast<std::ptrdiff_t>(std::stoul(part)));
+      else if (current->is_sequence())
+        fail(where, fmt::format("'{}' has {} items; there is no item '{}' to remove", walked, current->items.size(),
+                                part));
+      return;
+    }
     if (current->is_map()) {
       for (Entry& entry : current->entries)
         if (entry.key == part) next = &entry.value;

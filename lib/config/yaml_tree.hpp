@@ -50,7 +50,8 @@ struct Entry {
 // Parses YAML text; syntax errors become ConfigError at file:line:col.
 Node load_tree(const std::string& yaml_text, const std::string& file_name);
 
-// Applies one "--set a.b.c=value" assignment (value parsed as YAML) to the tree.
+// Applies one "--set a.b.c=value" assignment (value parsed as YAML) to the tree; a null value
+// (null, ~ or nothing after '=') removes the key, or the list item, instead.
 void apply_override(Node& root, const std::string& assignment);
 
 }  // namespace dtrain::config::detail

@@ -788,6 +788,25 @@ TEST_CASE("config: YAML syntax errors and duplicate keys carry file:line:col") {
   CHECK(contains(error_of("a: &x [*x]\n"), "t.yaml:1:4: YAML nested deeper than 64 levels"));
 }
 
+TEST_CASE("config: --set KEY=null takes the key out") {
+  const std::string path = source_dir + "/experiments/fashion_mnist.yaml";
+  // The other spelling of the batch, which the file's own key would contradict.
+  const Experiment global = load_experiment(path, {"data.batch_size_per_replica=null", "data.global_batch_size=128"});
+  CHECK(global.data.global_batch_size == 128);
+  // ~ and nothing are YAML's null too; a removed key falls back to its default.
+  CHECK(load_experiment(path, {"data.shuffle_buffer=~"}).data.shuffle_buffer == Experiment{}.data.shuffle_buffer);
+  CHECK(load_experiment(path, {"train.epochs="}).train.epochs == Experiment{}.train.epochs);
+  // A key the file does not have: nothing to remove, nothing changes.
+  CHECK(without_locations(load_experiment(path, {"train.steps_per_epoch=null"})) ==
+        without_locations(load_experiment(path)));
+  // A list item: the ones after it move up (the seed CNN without its first max pooling).
+  const Experiment fewer = load_experiment(path, {"model.layers.1=null"});
+  REQUIRE(fewer.model.layers.size() == load_experiment(path).model.layers.size() - 1);
+  CHECK(fewer.model.layers[1].kind == "conv2d");
+  CHECK_THROWS_WITH_AS(load_experiment(path, {"model.layers.9=null"}),
+                       doctest::Contains("'model.layers' has 7 items; there is no item '9' to remove"), ConfigError);
+}
+
 TEST_CASE("config: --set overrides") {
   const std::string path = source_dir + "/experiments/fashion_mnist.yaml";
   const Experiment e = load_experiment(path, {"optimizer.learning_rate=0.01", "model.input_shape=[32, 32, 3]",
