@@ -35,6 +35,19 @@ __global__ void transpose_filter_kernel(const float* __restrict__ from, float* _
   }
 }
 
+__global__ void columns_kernel(const float* __restrict__ x, float* __restrict__ columns, std::int64_t total,
+                               ColumnShape s) {
+  DTRAIN_GRID_STRIDE(i, total) {
+    const std::int64_t from = column_source(i, s);
+    columns[i] = from < 0 ? 0.0f : x[from];
+  }
+}
+
+__global__ void columns_gradient_kernel(const float* __restrict__ dcolumns, float* __restrict__ dx,
+                                        std::int64_t total, ColumnShape s) {
+  DTRAIN_GRID_STRIDE(i, total) dx[i] = column_gradient_sum(i, dcolumns, s);
+}
+
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, std::int64_t total,
                                 std::int64_t cols) {
   DTRAIN_GRID_STRIDE(i, total) y[i] += bias[i % cols];
@@ -45,6 +58,15 @@ __global__ void add_bias_to_bf16_kernel(const float* __restrict__ acc, const flo
   DTRAIN_GRID_STRIDE(i, total) {
     const float v = bias ? acc[i] + bias[i % cols] : acc[i];
     y[i] = math::bf16_from_f32_bits(__float_as_uint(v));
+  }
+}
+
+__global__ void sum_slices_kernel(const float* __restrict__ partials, std::int64_t slices, std::int64_t n,
+                                  float* __restrict__ out) {
+  DTRAIN_GRID_STRIDE(i, n) {
+    float sum = partials[i];
+    for (std::int64_t s = 1; s < slices; ++s) sum += partials[s * n + i];
+    out[i] = sum;
   }
 }
 
@@ -80,6 +102,20 @@ void ohwi_to_hwio(const Conv2dGeometry& g, const float* ohwi, float* hwio, cudaS
   check_launch("transpose_filter_kernel", device);
 }
 
+void conv_columns(const Conv2dGeometry& g, const float* x, float* columns, cudaStream_t stream, Device device) {
+  const ColumnShape s = column_shape(g);
+  const std::int64_t total = g.n * s.oh * s.ow * s.taps();
+  columns_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(x, columns, total, s);
+  check_launch("columns_kernel", device);
+}
+
+void conv_columns_gradient(const Conv2dGeometry& g, const float* dcolumns, float* dx, cudaStream_t stream,
+                           Device device) {
+  const std::int64_t total = g.x_elements();
+  columns_gradient_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(dcolumns, dx, total, column_shape(g));
+  check_launch("columns_gradient_kernel", device);
+}
+
 void add_bias_rows(float* y, const float* bias, std::int64_t rows, std::int64_t cols, cudaStream_t stream,
                    Device device) {
   const std::int64_t total = rows * cols;
@@ -94,6 +130,12 @@ void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std
   if (total == 0) return;
   add_bias_to_bf16_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(acc, bias, y, total, cols);
   check_launch("add_bias_to_bf16_kernel", device);
+}
+
+void sum_slices(const float* partials, std::int64_t slices, std::int64_t n, float* out, cudaStream_t stream,
+                Device device) {
+  sum_slices_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(partials, slices, n, out);
+  check_launch("sum_slices_kernel", device);
 }
 
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream, Device device) {
