@@ -253,9 +253,11 @@ TEST_CASE("CUDA conv geometry: the GEMM path's columns give Keras' forward, kern
     const auto k = random_values(static_cast<std::size_t>(g.kernel_elements()), seed++);
     const auto dy = random_values(static_cast<std::size_t>(g.y_elements()), seed++);
     const ConvDims keras = keras_dims(g);
-    std::vector<double> y_ref(static_cast<std::size_t>(g.y_elements())), dx_ref(x.size()), dk_ref(k.size());
+    std::vector<double> y_ref(static_cast<std::size_t>(g.y_elements())), dx_ref(x.size()), dk_ref(k.size()),
+        db_ref(static_cast<std::size_t>(g.f));
     nn::reference::conv2d_forward<double>(x.data(), k.data(), nullptr, y_ref.data(), keras);
-    nn::reference::conv2d_backward<double>(x.data(), k.data(), dy.data(), dx_ref.data(), dk_ref.data(), nullptr, keras);
+    nn::reference::conv2d_backward<double>(x.data(), k.data(), dy.data(), dx_ref.data(), dk_ref.data(), db_ref.data(),
+                                           keras);
 
     const cuda::ColumnShape s = cuda::column_shape(g);
     const std::int64_t M = g.n * g.oh() * g.ow(), R = s.taps(), F = g.f;
@@ -287,5 +289,14 @@ TEST_CASE("CUDA conv geometry: the GEMM path's columns give Keras' forward, kern
     CHECK(close(y, y_ref));
     CHECK(close(dk, dk_ref));
     CHECK(close(dx, dx_ref));
+    // db: the column sums of dy over each slice of whole samples, the slices added in order.
+    for (const std::int64_t slices : {std::int64_t{1}, g.n}) {
+      const std::int64_t rows = M / slices;
+      std::vector<double> db(static_cast<std::size_t>(F), 0.0);
+      for (std::int64_t sl = 0; sl < slices; ++sl)
+        for (std::int64_t f = 0; f < F; ++f)
+          db[static_cast<std::size_t>(f)] += cuda::column_sum(dy.data(), sl * rows, (sl + 1) * rows, F, f);
+      CHECK(close(db, db_ref));
+    }
   }
 }

@@ -93,19 +93,18 @@ Conv2dCore::Conv2dCore(CudaContext& ctx, const Conv2dGeometry& geometry, bool bi
     columns_ = ctx_.allocate(static_cast<std::size_t>(rows * taps) * sizeof(float));
     columns_gradient_ = ctx_.allocate(static_cast<std::size_t>(rows * taps) * sizeof(float));
     fwd_algo_ = bwd_data_algo_ = bwd_filter_algo_ = -1;
-    // Slices of whole samples (equal ones: the most that divide the batch, up to 16) where dk is
-    // small; each adds a partial dk of scratch.
-    constexpr std::int64_t kMostSlices = 16, kSmallKernel = std::int64_t{1} << 16;
+    // Slices of whole samples for the kernel gradient where it is small: the most that divide
+    // the batch (up to 64) with at least 256 rows each. Each slice's partial dk, and db after it,
+    // takes (taps + 1) * F floats of scratch.
+    constexpr std::int64_t kMostSlices = 64, kLeastRows = 256, kSmallKernel = std::int64_t{1} << 16;
     if (taps * g_.f <= kSmallKernel)
       for (std::int64_t s = std::min(kMostSlices, g_.n); s > 1; --s)
-        if (g_.n % s == 0) {
+        if (g_.n % s == 0 && rows / s >= kLeastRows) {
           slices_ = s;
           break;
         }
-    if (slices_ > 1) {
-      partials_ = ctx_.allocate(static_cast<std::size_t>(slices_ * taps * g_.f) * sizeof(float));
-      if (bias_) ones_ = device_ones(ctx_, rows);
-    }
+    if (slices_ > 1)
+      partials_ = ctx_.allocate(static_cast<std::size_t>(slices_ * partial_stride()) * sizeof(float));
     return;
   }
   (void)ctx_.cudnn();  // made on first use
@@ -282,10 +281,14 @@ void Conv2dCore::backward_filter(const float* x, const float* dy, float* dk, flo
     DTRAIN_CHECK(!bias_ || db != nullptr, "conv2d on CUDA: a layer with a bias needs db");
     // dk (R, F) is Keras' HWIO kernel gradient as it stands.
     if (slices_ == 1) return gemm_->backward_weights(columns_of(x), dy, dk, db);
-    const std::int64_t rows = g_.n * g_.oh() * g_.ow();
-    sliced_weight_gradient(ctx_, columns_of(x), dy, slices_, rows / slices_, g_.kh * g_.kw * g_.c, g_.f,
-                           static_cast<float*>(partials_.get()), dk);
-    if (bias_) column_sums(ctx_, dy, static_cast<const float*>(ones_.get()), rows, g_.f, db);
+    // Each slice's dk and db side by side, then both summed over the slices in one pass.
+    const std::int64_t rows = g_.n * g_.oh() * g_.ow() / slices_, taps = g_.kh * g_.kw * g_.c;
+    auto* partials = static_cast<float*>(partials_.get());
+    sliced_weight_gradient(ctx_, columns_of(x), dy, slices_, rows, taps, g_.f, partials, partial_stride());
+    if (bias_) slice_column_sums(dy, slices_, rows, g_.f, partials + taps * g_.f, partial_stride(), ctx_.stream(),
+                                 ctx_.device());
+    sum_slices(partials, slices_, partial_stride(), dk, taps * g_.f, db, bias_ ? g_.f : 0, ctx_.stream(),
+               ctx_.device());
     return;
   }
   const float one = 1.0f, zero = 0.0f;

@@ -1,13 +1,15 @@
 // The compute core of Conv2D on the GPU (nn/conv2d.hpp has the semantics), on device pointers and
-// the context's stream, for one shape made once: cuDNN's descriptors (NHWC tensors, the filter in
-// cuDNN's NHWC filter layout KRSC), the algorithms of the three passes chosen once, the scratch
-// memory allocated once (after the constructor, a step allocates nothing).
+// the context's stream, for one shape made once: the method (below), its scratch memory allocated
+// once (after the constructor, a step allocates nothing) and, for cuDNN, its descriptors (NHWC
+// tensors, the filter in cuDNN's NHWC filter layout KRSC) and the three passes' algorithms.
 //
-//   set_kernel        k (KH, KW, C, F) Keras HWIO -> cuDNN's (F, KH, KW, C), once per step,
-//                     after the optimizer has updated k (forward and backward_data read it)
+//   set_kernel        k (KH, KW, C, F) Keras HWIO, once per step, after the optimizer has updated
+//                     k (forward and backward_data read it): kept as it is for the GEMM path,
+//                     transposed into cuDNN's (F, KH, KW, C) for cuDNN
 //   forward           y (N, OH, OW, F) = conv(x, k) + b
 //   backward_data     dx (N, H, W, C) from dy (N, OH, OW, F)
-//   backward_filter   dk (KH, KW, C, F) Keras HWIO, db (F) = sums of dy over N, OH, OW
+//   backward_filter   dk (KH, KW, C, F) Keras HWIO, db (F) = sums of dy over N, OH, OW; x is the
+//                     forward's (the GEMM path reuses its columns when x is the same pointer)
 // Every output is overwritten. conv2d_geometry.hpp says how TensorFlow's asymmetric SAME padding
 // is given to cuDNN (which pads symmetrically) and why the filter is transposed.
 //
@@ -21,12 +23,12 @@
 // GEMM (the default wherever its columns fit the workspace limit): x's columns (conv2d_geometry.hpp:
 // one row per output position, one column per kernel tap, TensorFlow's padding as zeros) and the
 // dense core's cuBLAS SGEMMs on them, Keras' HWIO kernel read in place as a (KH*KW*C, F) matrix:
-// y = columns k + b, dk = columns^T dy and db in HWIO as they stand (no filter transposition, no
-// padded copy; dk summed over slices of the batch, see sliced_weight_gradient), dx = dy k^T summed
-// back onto x in a fixed order. cuBLAS's SGEMMs are deterministic
-// and, at the small shapes of a CNN like the seed's, several times faster on an H100 than cuDNN's
-// deterministic float32 NHWC algorithms (conv1's filter gradient, one input channel, took 0.3 ms
-// of a 0.8 ms step there).
+// y = columns k + b; dk = columns^T dy and db in HWIO as they stand (no filter transposition, no
+// padded copy), summed over slices of the batch where dk is small (sliced_weight_gradient); dx =
+// dy k^T summed back onto x in a fixed order. cuBLAS's SGEMMs are deterministic and, at the small
+// shapes of a CNN like the seed's, several times faster on an H100 than cuDNN's deterministic
+// float32 NHWC algorithms (conv1's filter gradient, one input channel, took 0.3 ms of a 0.8 ms
+// step there).
 //
 // cuDNN (where the columns would not fit): the algorithms from cuDNN's heuristics
 // (cudnnGet*Algorithm_v7, no benchmarking), the first one that cuDNN says is deterministic, that
@@ -110,10 +112,12 @@ class Conv2dCore {
   // set_kernel() gave (Keras HWIO, read in place) and the input whose columns are made.
   std::unique_ptr<DenseCore> gemm_;
   Buffer columns_, columns_gradient_;
-  // dk over `slices_` slices of the batch's samples, each slice's product summed in order
-  // (sliced_weight_gradient): a small dk over a long batch runs on many thread blocks.
+  // dk (and db) over `slices_` slices of the batch's samples, each slice's part summed in order
+  // (sliced_weight_gradient, slice_column_sums, sum_slices): a small dk over a long batch runs on
+  // many thread blocks. A slice's partial dk, then its db, every partial_stride() floats.
   std::int64_t slices_ = 1;
   Buffer partials_;
+  std::int64_t partial_stride() const { return (g_.kh * g_.kw * g_.c + (bias_ ? 1 : 0)) * g_.f; }
   const float* kernel_ = nullptr;
   const float* columns_input_ = nullptr;
 };

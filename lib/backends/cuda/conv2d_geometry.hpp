@@ -184,4 +184,13 @@ DTRAIN_HD inline T column_gradient_sum(std::int64_t i, const T* dcolumns, const 
   return sum;
 }
 
+// The GEMM path's bias gradient over one slice of the batch: column `f` of dy (rows, cols) summed
+// over rows [begin, end) in row order (the slices' sums are then added in slice order).
+template <class T>
+DTRAIN_HD inline T column_sum(const T* dy, std::int64_t begin, std::int64_t end, std::int64_t cols, std::int64_t f) {
+  T sum = 0;
+  for (std::int64_t m = begin; m < end; ++m) sum += dy[m * cols + f];
+  return sum;
+}
+
 }  // namespace dtrain::backends::cuda

@@ -61,12 +61,22 @@ __global__ void add_bias_to_bf16_kernel(const float* __restrict__ acc, const flo
   }
 }
 
-__global__ void sum_slices_kernel(const float* __restrict__ partials, std::int64_t slices, std::int64_t n,
-                                  float* __restrict__ out) {
-  DTRAIN_GRID_STRIDE(i, n) {
+__global__ void sum_slices_kernel(const float* __restrict__ partials, std::int64_t slices, std::int64_t stride,
+                                  float* __restrict__ first, std::int64_t first_n, float* __restrict__ second,
+                                  std::int64_t second_n) {
+  DTRAIN_GRID_STRIDE(i, first_n + second_n) {
     float sum = partials[i];
-    for (std::int64_t s = 1; s < slices; ++s) sum += partials[s * n + i];
-    out[i] = sum;
+    for (std::int64_t s = 1; s < slices; ++s) sum += partials[s * stride + i];
+    if (i < first_n) first[i] = sum;
+    else second[i - first_n] = sum;
+  }
+}
+
+__global__ void slice_column_sums_kernel(const float* __restrict__ dy, std::int64_t slices, std::int64_t rows,
+                                         std::int64_t cols, float* __restrict__ partials, std::int64_t stride) {
+  DTRAIN_GRID_STRIDE(i, slices * cols) {
+    const std::int64_t s = i / cols, f = i % cols;
+    partials[s * stride + f] = column_sum(dy, s * rows, (s + 1) * rows, cols, f);
   }
 }
 
@@ -132,10 +142,18 @@ void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std
   check_launch("add_bias_to_bf16_kernel", device);
 }
 
-void sum_slices(const float* partials, std::int64_t slices, std::int64_t n, float* out, cudaStream_t stream,
-                Device device) {
-  sum_slices_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(partials, slices, n, out);
+void sum_slices(const float* partials, std::int64_t slices, std::int64_t stride, float* first, std::int64_t first_n,
+                float* second, std::int64_t second_n, cudaStream_t stream, Device device) {
+  sum_slices_kernel<<<elementwise_blocks(first_n + second_n), kThreads, 0, stream>>>(partials, slices, stride, first,
+                                                                                    first_n, second, second_n);
   check_launch("sum_slices_kernel", device);
+}
+
+void slice_column_sums(const float* dy, std::int64_t slices, std::int64_t rows, std::int64_t cols, float* partials,
+                       std::int64_t stride, cudaStream_t stream, Device device) {
+  slice_column_sums_kernel<<<elementwise_blocks(slices * cols), kThreads, 0, stream>>>(dy, slices, rows, cols,
+                                                                                      partials, stride);
+  check_launch("slice_column_sums_kernel", device);
 }
 
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream, Device device) {

@@ -37,9 +37,14 @@ void add_bias_rows(float* y, const float* bias, std::int64_t rows, std::int64_t 
 // as the CPU backend's reorders round (math::bf16_from_f32_bits).
 void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std::int64_t rows, std::int64_t cols,
                       cudaStream_t stream, Device device);
-// out[i] = partials[i] + partials[n + i] + ... over `slices` slices of n, added in slice order.
-void sum_slices(const float* partials, std::int64_t slices, std::int64_t n, float* out, cudaStream_t stream,
-                Device device);
+// The sum over `slices` partial results, slice s at partials + s * stride, added in slice order:
+// its first `first_n` elements into `first`, the `second_n` after them into `second` (a kernel
+// gradient and its bias's, from one partial layout).
+void sum_slices(const float* partials, std::int64_t slices, std::int64_t stride, float* first, std::int64_t first_n,
+                float* second, std::int64_t second_n, cudaStream_t stream, Device device);
+// partials[s * stride + f] = column f of dy (slices * rows, cols) summed over slice s's rows.
+void slice_column_sums(const float* dy, std::int64_t slices, std::int64_t rows, std::int64_t cols, float* partials,
+                       std::int64_t stride, cudaStream_t stream, Device device);
 // p[0, n) = value.
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream, Device device);
 

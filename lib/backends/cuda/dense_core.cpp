@@ -50,7 +50,7 @@ Buffer device_ones(CudaContext& ctx, std::int64_t n) {
 }
 
 void sliced_weight_gradient(CudaContext& ctx, const float* x, const float* dy, std::int64_t slices, std::int64_t rows,
-                            std::int64_t in, std::int64_t out, float* partials, float* dk) {
+                            std::int64_t in, std::int64_t out, float* partials, std::int64_t stride) {
   cublasHandle_t h = prepared_cublas(ctx);
   const float one = 1.0f, zero = 0.0f;
   const int i = blas_int(in, "in"), o = blas_int(out, "out"), n = blas_int(rows, "rows per slice");
@@ -58,9 +58,8 @@ void sliced_weight_gradient(CudaContext& ctx, const float* x, const float* dy, s
   DTRAIN_CUBLAS_CALL(ctx.device(), cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, o, i, n, &one, dy, o,
                                                              static_cast<long long>(rows) * out, x, i,
                                                              static_cast<long long>(rows) * in, &zero, partials, o,
-                                                             static_cast<long long>(in) * out,
+                                                             static_cast<long long>(stride),
                                                              blas_int(slices, "slices")));
-  sum_slices(partials, slices, in * out, dk, ctx.stream(), ctx.device());
 }
 
 DenseCore::DenseCore(CudaContext& ctx, std::int64_t batch, std::int64_t in, std::int64_t out, bool bias)
