@@ -527,8 +527,8 @@ double Trainer::compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, 
   // The per-example losses and the gradient in one pass; deferred, the losses reach the host by
   // settle_step(), when the rest of the step is queued, and the host never waits for the forward
   // pass in the middle of the step.
-  lane.loss->per_example_and_gradient(logits, y, lane.per_example, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
-                                      lane.model->output_gradient(), deferred);
+  const float scale = divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f;
+  lane.loss->per_example_and_gradient(logits, y, lane.per_example, scale, lane.model->output_gradient(), deferred);
   // The metrics compare the logits before backward, which leaves them as they are: deferred, the
   // device's comparisons are queued before backward, so what settle_step() waits for is done early.
   for (auto& m : lane.train_metrics) {
