@@ -282,6 +282,24 @@ void Loss::gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const 
   numerics_.loss(b);
 }
 
+void Loss::per_example_and_gradient(const Tensor& y_pred, const Tensor& y_true, std::span<float> out, float scale,
+                                    Tensor& d_pred, bool deferred) const {
+  const auto [N, C] = validate(y_pred, y_true);
+  DTRAIN_CHECK(static_cast<std::int64_t>(out.size()) == N,
+               fmt::format("per-example output has {} entries for a batch of {}", out.size(), N));
+  if (d_pred.host_accessible() && !(d_pred.defined() && d_pred.shape() == y_pred.shape()))
+    d_pred.ensure(y_pred.shape(), DType::f32);
+  DTRAIN_CHECK(d_pred.shape() == y_pred.shape() && d_pred.dtype() == DType::f32,
+               fmt::format("loss gradient buffer {} for predictions {}", d_pred.shape().to_string(),
+                           y_pred.shape().to_string()));
+  device::LossBatch b = batch_of(y_pred, y_true);
+  b.per_example = out.data();
+  b.scale = scale;
+  b.grad = d_pred.address<float>();
+  b.deferred = deferred;
+  numerics_.loss(b);
+}
+
 std::unique_ptr<Loss> make_loss(const config::LossConfig& config, device::Numerics& numerics) {
   return std::make_unique<Loss>(config, numerics);
 }

@@ -41,6 +41,13 @@ class Loss {
   void gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const float> weights, float scale,
                 Tensor& d_pred) const;
 
+  // Both in one pass (a training step): out as per_example() gives it, d_pred as gradient()
+  // without weights gives it (the same values: each row's loss does not depend on its gradient).
+  // With `deferred`, out may be written as late as the numerics' next complete_reads(), and must
+  // stay valid until then: a backend with a stream then need not wait for the forward pass here.
+  void per_example_and_gradient(const Tensor& y_pred, const Tensor& y_true, std::span<float> out, float scale,
+                                Tensor& d_pred, bool deferred) const;
+
  private:
   // The backend's view of a validated batch (no weights, no outputs yet).
   device::LossBatch batch_of(const Tensor& y_pred, const Tensor& y_true) const;

@@ -140,8 +140,8 @@ void CountingMetric::count_matches(const Tensor& y_true, const Tensor& y_pred, s
 
 // ---------------------------------------------------------------- accuracies
 
-void SparseCategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pred,
-                                       std::span<const float> sample_weight) {
+std::pair<std::int64_t, std::int64_t> SparseCategoricalAccuracy::check(const Tensor& y_true, const Tensor& y_pred,
+                                                                       std::span<const float> sample_weight) const {
   const char* metric = kName;
   const Batch b = check_predictions(metric, y_pred, sample_weight);
   if (!y_true.defined() || !is_label_tensor(y_true, b.N)) {
@@ -150,6 +150,37 @@ void SparseCategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pre
                                  metric, b.N, y_true.defined() ? dtype_name(y_true.dtype()) : "undefined",
                                  y_true.shape().to_string()));
   }
+  return {b.N, b.C};
+}
+
+void SparseCategoricalAccuracy::update_deferred(const Tensor& y_true, const Tensor& y_pred) {
+  if (y_true.host_accessible()) return update(y_true, y_pred);
+  DTRAIN_CHECK(!pending_, "metric sparse_categorical_accuracy: a deferred update before the last one was settled");
+  const auto [N, C] = check(y_true, y_pred, {});
+  hits_.resize(static_cast<std::size_t>(N));
+  classes_ = C;
+  numerics_.label_hits(y_pred.address<float>(), y_true.address<std::int32_t>(), N, C, hits_.data(), true);
+  pending_ = true;
+}
+
+void SparseCategoricalAccuracy::settle() {
+  if (!pending_) return;
+  pending_ = false;
+  for (std::size_t i = 0; i < hits_.size(); ++i) {
+    if (hits_[i] < 0)
+      throw InputError(fmt::format("metric {}: the label of example {} is out of range [0, {}); check the number of "
+                                   "classes in the data and the model's last layer",
+                                   kName, i, classes_));
+    count_example(hits_[i], 1, nullptr);
+  }
+}
+
+void SparseCategoricalAccuracy::update(const Tensor& y_true, const Tensor& y_pred,
+                                       std::span<const float> sample_weight) {
+  const char* metric = kName;
+  DTRAIN_CHECK(!pending_, "metric sparse_categorical_accuracy: an update before the deferred one was settled");
+  const auto [N, C] = check(y_true, y_pred, sample_weight);
+  const Batch b{N, C};
   argmax_pred_.resize(static_cast<std::size_t>(b.N));
   numerics_.argmax_rows(y_pred.address<float>(), b.N, b.C, argmax_pred_.data());
   const std::int32_t* labels = on_host<std::int32_t>(y_true, labels_);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ class Metric {
   virtual ~Metric() = default;
   virtual std::string name() const = 0;
   virtual void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) = 0;
+  // An unweighted update whose device results may land later (a training step's): counted by
+  // settle(), which the caller calls after the numerics' complete_reads() and before reading the
+  // metric or updating it again. By default it updates at once, and settle() has nothing to do.
+  virtual void update_deferred(const Tensor& y_true, const Tensor& y_pred) { update(y_true, y_pred); }
+  virtual void settle() {}
   virtual double result() const = 0;  // 0 when nothing was counted
   virtual void reset() = 0;
   virtual MetricState state() const = 0;
@@ -107,6 +113,18 @@ class SparseCategoricalAccuracy : public CountingMetric {
   static constexpr const char* kName = "sparse_categorical_accuracy";
   std::string name() const override { return kName; }
   void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
+  // Labels the host cannot read in place (staged to a GPU) are compared where they are, and only
+  // each row's hit comes back, deferred; labels the host reads update at once.
+  void update_deferred(const Tensor& y_true, const Tensor& y_pred) override;
+  void settle() override;
+
+ private:
+  // Checks predictions and labels; returns (N, C).
+  std::pair<std::int64_t, std::int64_t> check(const Tensor& y_true, const Tensor& y_pred,
+                                              std::span<const float> sample_weight) const;
+  std::vector<std::int32_t> hits_;  // a deferred update's rows: 1 hit, 0 miss, -1 label out of range
+  std::int64_t classes_ = 0;        // its predictions' columns
+  bool pending_ = false;
 };
 
 // argmax(y_true[i, :]) == argmax(y_pred[i, :]); i32 labels (N,) are accepted as class ids.

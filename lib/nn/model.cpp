@@ -277,7 +277,7 @@ const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
     for (auto& kernel : kernels_) kernel->forward(batch, step);
   }
   if (p.output_out) p.output_out->run();
-  ctx_.synchronize();
+  wait_for_host();
   current_ = &p;
   return p.output;
 }
@@ -315,14 +315,23 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
     }
     if (times_) t = lap(ctx_, times_->backward[i], t);
   }
-  ctx_.synchronize();
+  wait_for_host();
 }
 
 void Sequential::step_without_samples(const StepContext& step) {
   ctx_.zero(gradients_);
   for (auto& kernel : kernels_) kernel->forward_without_samples(step);
   for (std::size_t i = kernels_.size(); i-- > 0;) kernels_[i]->backward_without_samples(step);
-  ctx_.synchronize();
+  wait_for_host();
+}
+
+void Sequential::wait_for_host() {
+  // Where the host reads the model's memory in place (the CPU backend), the work must be done
+  // when a pass returns. Elsewhere the host reads it only through the context's copies, which
+  // wait for the stream themselves, and what comes next on this memory (the loss, backward, the
+  // update, a collective) is queued behind the pass on the same stream: a wait here would only
+  // stall the host between launches (a GPU step waited twice for its stream here).
+  if (ctx_.host_accessible()) ctx_.synchronize();
 }
 
 const Tensor& Sequential::input_gradient() const {

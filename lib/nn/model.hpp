@@ -106,7 +106,8 @@ class Sequential {
   // x: (N, input_shape...) f32, canonical, in the context's memory (staged there by the caller),
   // kept alive and unchanged by the caller until backward() (kernels read it again there).
   // Returns y: (N, output_shape...) f32, canonical, in the context's memory, valid until the next
-  // forward.
+  // forward. The pass may still be running where the host cannot read the context's memory in
+  // place: the context's copies (and whatever is queued on it next) come after it.
   const Tensor& forward(const Tensor& x, const StepContext& step);
   // The buffer (in the context's memory) the caller fills with d(loss)/d(y) for the last
   // forward's batch, then backward().
@@ -150,6 +151,8 @@ class Sequential {
     std::unique_ptr<device::Copy> output_out, grad_in;
   };
   Plan& plan_for(std::int64_t batch);
+  // The end of a pass: waits for the context only where the host reads its memory in place.
+  void wait_for_host();
 
   device::Context& ctx_;
   ModelOptions options_;

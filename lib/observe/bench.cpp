@@ -74,6 +74,11 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   StepProfile profile;
   trainer.set_profile(&profile);
   run_steps(trainer, epoch, options.steps, &profile);
+  // Then whole steps alone: a GPU's step is mostly launches, and timing each layer waits for the
+  // device between them (the layers' figures above include those waits).
+  StepProfile whole_steps;
+  trainer.set_profile(&whole_steps, false);
+  run_steps(trainer, epoch, options.steps, &whole_steps);
   trainer.set_profile(nullptr);
 
   // Every worker measures its cores' GEMM peak at the same time, as they trained together.
@@ -96,6 +101,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.backward_weights[i] / steps);
   for (std::size_t i = 0; i < layers; ++i)
     mine.push_back(1e3 * (profile.layers.backward[i] - profile.layers.backward_weights[i]) / steps);
+  mine.push_back(1e3 * whole_steps.step_seconds / static_cast<double>(whole_steps.steps));
   mine.push_back(r.peak.available ? r.peak.gflops : 0.0);
   const std::size_t k = mine.size();
   const auto workers = static_cast<std::size_t>(strategy.workers());
@@ -146,6 +152,8 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     r.layers.push_back(std::move(l));
   }
   r.samples_per_s = static_cast<double>(r.global_batch) / (r.step_ms.mean * 1e-3);
+  r.untimed_step_ms = figure(k - 2);
+  r.untimed_samples_per_s = static_cast<double>(r.global_batch) / (r.untimed_step_ms.mean * 1e-3);
   r.gflops = r.flops_per_sample * r.samples_per_s * 1e-9;
   r.peak_gflops = figure(k - 1);
   if (r.peak.available) {
@@ -202,6 +210,8 @@ std::string bench_table(const BenchReport& r) {
 
   out += fmt::format("\nthroughput: {:.1f} samples/s x {:.3f} MFLOP/sample = {:.2f} GFLOP/s\n", r.samples_per_s,
                      r.flops_per_sample * 1e-6, r.gflops);
+  out += fmt::format("untimed layers: {} ms/step, {:.1f} samples/s ({} more steps timed whole, as training runs)\n",
+                     ms(r.untimed_step_ms), r.untimed_samples_per_s, r.steps);
   if (!r.peak.available) {
     out += fmt::format("GEMM peak ({}): not available: {}\n", r.compute_dtype, r.peak.why_not);
   } else {
@@ -239,6 +249,8 @@ std::string bench_json(const BenchReport& r) {
   }
   out += fmt::format("], \"samples_per_s\": {}, \"flops_per_sample\": {}, \"gflops\": {}", num(r.samples_per_s),
                      num(r.flops_per_sample), num(r.gflops));
+  out += fmt::format(", \"untimed_step_ms\": {}, \"untimed_samples_per_s\": {}", json_spread(r.untimed_step_ms),
+                     num(r.untimed_samples_per_s));
   out += fmt::format(", \"gemm_peak\": {{\"dtype\": {}, \"available\": {}", json_string(r.compute_dtype),
                      r.peak.available ? "true" : "false");
   if (r.peak.available)

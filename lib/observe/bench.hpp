@@ -46,6 +46,10 @@ struct BenchReport {
   int workers = 1, replicas_in_sync = 1, threads = 1;
   std::int64_t global_batch = 0, replica_batch = 0, warmup_steps = 0, steps = 0, steps_left_out = 0;
   Spread step_ms;
+  // The same number of steps again with only whole steps timed: timing the layers waits for the
+  // device after each of them, which on a GPU is much of a small step. What training runs at.
+  Spread untimed_step_ms;
+  double untimed_samples_per_s = 0.0;
   std::array<Spread, train::kPhases> phase_ms;
   Spread phase_sum_ms;
   std::vector<LayerBench> layers;
@@ -58,7 +62,8 @@ struct BenchReport {
   double peak_fraction = -1.0;    // gflops / peak_gflops_total; < 0 without a peak
 };
 
-// Runs the warm-up and the timed steps and measures the GEMM peak. Every worker calls it.
+// Runs the warm-up, the timed steps (layers and phases), the same number again timed as whole
+// steps only, and measures the GEMM peak. Every worker calls it.
 BenchReport run_bench(train::Trainer& trainer, const BenchOptions& options);
 
 // The human table (docs/performance.md, "Benchmarking"); the header line is not in it.

@@ -64,6 +64,10 @@ void Optimizer::apply_gradients(std::span<Variable* const> vars) {
                              v->value.shape().to_string()));
   }
   begin_step((*schedule_)(iterations_), iterations_);
+  if (update_all(vars)) {
+    ++iterations_;
+    return;
+  }
   for (std::size_t i = 0; i < vars.size(); ++i) {
     Variable& v = *vars[i];
     for (std::size_t s = 0; s < slots_per_variable_; ++s) {
@@ -128,6 +132,17 @@ void Adam::begin_step(double learning_rate, std::int64_t iteration) {
 
 void Adam::update(float* w, const float* g, std::size_t n, float* const* slots) {
   numerics().adam_update(step_, w, g, slots[0], slots[1], n);
+}
+
+bool Adam::update_all(std::span<Variable* const> vars) {
+  all_.resize(vars.size());
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    Variable& v = *vars[i];
+    all_[i] = {v.value.address<float>(), v.grad.address<float>(), slot_address(i, 0), slot_address(i, 1),
+               static_cast<std::size_t>(v.value.numel())};
+  }
+  numerics().adam_update_all(step_, all_);
+  return true;
 }
 
 // ---------------------------------------------------------------- RMSprop

@@ -61,6 +61,13 @@ class Optimizer {
   virtual void begin_step(double learning_rate, std::int64_t iteration) = 0;
   // w, g and every slots[s] hold n floats.
   virtual void update(float* w, const float* g, std::size_t n, float* const* slots) = 0;
+  // Every variable's update at once, where the optimizer has a way (one launch on a GPU instead
+  // of one per variable): false leaves it to update(), variable by variable.
+  virtual bool update_all(std::span<Variable* const>) { return false; }
+  // Variable i's slot s: where update_all() finds them.
+  float* slot_address(std::size_t variable_index, std::size_t slot_index) {
+    return slots_[variable_index * slots_per_variable_ + slot_index].address<float>();
+  }
 
  private:
   struct Tracked {
@@ -107,11 +114,13 @@ class Adam : public Optimizer {
  protected:
   void begin_step(double learning_rate, std::int64_t iteration) override;
   void update(float* w, const float* g, std::size_t n, float* const* slots) override;
+  bool update_all(std::span<Variable* const> vars) override;
 
  private:
   double beta_1_;
   double beta_2_;
   device::AdamStep step_;
+  std::vector<device::AdamVariable> all_;  // update_all()'s, reused every step
 };
 
 // Keras 3 RMSprop: v = rho v + (1 - rho) g^2; centered: a = rho a + (1 - rho) g, denom = v - a^2 + eps,

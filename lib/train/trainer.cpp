@@ -518,26 +518,43 @@ nn::StepContext Trainer::micro_batch_context(const distribute::ReplicaContext& r
 }
 
 double Trainer::compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, const nn::StepContext& step,
-                                  const nn::BackwardOptions& backward, PhaseClock& phases) {
+                                  const nn::BackwardOptions& backward, PhaseClock& phases, bool deferred) {
   const Tensor& logits = lane.model->forward(x, step);
   phases.mark(Phase::forward);
   lane.per_example.resize(static_cast<std::size_t>(x.shape()[0]));
-  lane.loss->per_example(logits, y, lane.per_example);
   // Divide by the samples of the whole step (all replicas and lanes), never by this one's share.
   const bool divide = exp_.loss.reduction != config::Reduction::sum;
-  const double data_loss = divide ? losses::compute_average_loss(lane.per_example, step_samples_)
-                                  : losses::reduce_loss(lane.per_example, config::Reduction::sum);
-  lane.loss->gradient(logits, y, {}, divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f,
-                      lane.model->output_gradient());
+  // The per-example losses and the gradient in one pass; deferred, the losses reach the host by
+  // settle_step(), when the rest of the step is queued, and the host never waits for the forward
+  // pass in the middle of the step.
+  const float scale = divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f;
+  lane.loss->per_example_and_gradient(logits, y, lane.per_example, scale, lane.model->output_gradient(), deferred);
+  // The metrics compare the logits before backward, which leaves them as they are: deferred, the
+  // device's comparisons are queued before backward, so what settle_step() waits for is done early.
+  for (auto& m : lane.train_metrics) {
+    if (deferred) m->update_deferred(y, logits);
+    else m->update(y, logits);
+  }
   phases.mark(Phase::loss);
   lane.model->backward(step, backward);
   phases.mark(Phase::backward);
-  for (auto& m : lane.train_metrics) m->update(y, logits);
-  return data_loss;
+  return deferred ? 0.0 : data_loss_of(lane.per_example);
+}
+
+double Trainer::data_loss_of(std::span<const float> per_example) const {
+  const bool divide = exp_.loss.reduction != config::Reduction::sum;
+  return divide ? losses::compute_average_loss(per_example, step_samples_)
+                : losses::reduce_loss(per_example, config::Reduction::sum);
+}
+
+double Trainer::settle_step(Lane& lane) {
+  lane.ctx->numerics().complete_reads();
+  for (auto& m : lane.train_metrics) m->settle();
+  return data_loss_of(lane.per_example);
 }
 
 void Trainer::finish_replica_step(const distribute::ReplicaContext& rc, Replica& rep, double data_loss,
-                                  PhaseClock& phases) {
+                                  PhaseClock& phases, bool deferred) {
   const double reg = losses::scale_regularization_loss(rep.model->regularization_loss(), rc.num_replicas_in_sync);
   phases.mark(Phase::loss);  // the metrics' updates and the regularization loss
   strategy_->sum_gradients(rc);
@@ -547,6 +564,12 @@ void Trainer::finish_replica_step(const distribute::ReplicaContext& rc, Replica&
     rep.model->apply_updates();
   });
   phases.mark(Phase::optimizer);
+  // The whole step is queued: only now does the host wait for its losses and metric rows (on a
+  // GPU, for the forward pass and the loss; backward and the update go on meanwhile).
+  if (deferred) {
+    data_loss = settle_step(rep);
+    phases.mark(Phase::loss);
+  }
   replica_losses_[static_cast<std::size_t>(rc.replica_id)] = data_loss + reg;
 }
 
@@ -591,8 +614,8 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
     // Each replica adds 1/R of the regularization gradient: summed over replicas, it is added once.
     // The per-layer hand-over only when the strategy sums across workers while backward runs.
     const auto [x, y] = stage(rep, batch);
-    data_loss = compute_gradients(rep, x, y, step,
-                                  nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr}, phases);
+    compute_gradients(rep, x, y, step, nn::BackwardOptions{1.0f / replicas, overlap ? &rep.gradients_ready : nullptr},
+                      phases, true);
   } else {
     // No samples for this replica on a short last batch: it still adds its share of the
     // regularization gradient and takes part in the collectives.
@@ -601,7 +624,7 @@ void Trainer::replica_train_step(const distribute::ReplicaContext& rc) {
     if (overlap) rep.gradients_ready(0, rep.model->variables().size());
     phases.mark(Phase::backward);
   }
-  finish_replica_step(rc, rep, data_loss, phases);
+  finish_replica_step(rc, rep, data_loss, phases, batch.size > 0);
 }
 
 namespace {
@@ -1040,9 +1063,9 @@ double Trainer::train_step(data::DistributedIterator& input) {
   return loss;
 }
 
-void Trainer::set_profile(StepTimer* profile) {
+void Trainer::set_profile(StepTimer* profile, bool layers) {
   profile_ = profile;
-  replicas_[0].model->time_layers(profile ? &profile->step_layers() : nullptr);
+  replicas_[0].model->time_layers(profile && layers ? &profile->step_layers() : nullptr);
 }
 
 std::vector<double> Trainer::train_steps(std::int64_t epoch, std::int64_t steps) {

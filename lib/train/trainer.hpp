@@ -21,6 +21,7 @@
 #include <optional>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -108,8 +109,9 @@ class Trainer : private LoopHost {
   Predictions predict_split(const std::string& name, std::int64_t batch);
 
   // Attaches a timer that the training steps report their times to from now on (dtrain bench:
-  // observe::StepProfile), or detaches it (null). Steps without one read no clock.
-  void set_profile(StepTimer* profile);
+  // observe::StepProfile), or detaches it (null). Steps without one read no clock. With
+  // `layers`, replica 0's model times its layers too, waiting for the device after each.
+  void set_profile(StepTimer* profile, bool layers = true);
 
   distribute::Strategy& strategy() override { return *strategy_; }
   // Replica r's model; with mirrored variables every replica holds the same values.
@@ -202,11 +204,19 @@ class Trainer : private LoopHost {
   void lanes_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch);
   // Forward, loss and backward of `lane` on its rows x, y of the step; its metrics updated.
   // Returns the lane's share of the step's data loss.
+  // `deferred`: the losses and the metrics' device results are read by settle_step() instead
+  // (then it returns 0).
   double compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, const nn::StepContext& step,
-                           const nn::BackwardOptions& backward, PhaseClock& phases);
+                           const nn::BackwardOptions& backward, PhaseClock& phases, bool deferred = false);
+  // The step's data loss from a lane's per-example losses.
+  double data_loss_of(std::span<const float> per_example) const;
+  // After a deferred compute_gradients(): waits for the lane's results, settles its metrics and
+  // returns its data loss.
+  double settle_step(Lane& lane);
   // After the replica's gradients are complete: its regularization loss, the strategy's sum and
-  // update, and its step loss.
-  void finish_replica_step(const distribute::ReplicaContext& rc, Replica& rep, double data_loss, PhaseClock& phases);
+  // update, and its step loss (`data_loss`, or, `deferred`, settle_step()'s once all is queued).
+  void finish_replica_step(const distribute::ReplicaContext& rc, Replica& rep, double data_loss, PhaseClock& phases,
+                           bool deferred = false);
   void replica_eval_step(const distribute::ReplicaContext& rc);
   // reproducibility: replica_invariant (docs/reproducibility.md): the replica's batch is whole
   // micro-batches, one per lane; their gradients, losses and synchronized statistics are combined

@@ -95,7 +95,8 @@ struct ConvCase {
 
 }  // namespace
 
-TEST_CASE("conv2d core on the GPU: forward, dx, dk and db against the reference, and a second step allocates nothing") {
+TEST_CASE("conv2d core on the GPU, cuDNN and GEMM: forward, dx, dk and db against the reference, and a second step "
+          "allocates nothing") {
   const ConvCase cases[] = {
       {1, 7, 9, 3, 4, 3, 3, 1, 1, Padding::valid, true},    // valid, batch 1
       {5, 7, 9, 3, 4, 3, 3, 1, 1, Padding::same, true},     // same, symmetric padding
@@ -105,71 +106,77 @@ TEST_CASE("conv2d core on the GPU: forward, dx, dk and db against the reference,
       {1, 7, 9, 4, 6, 4, 4, 2, 2, Padding::valid, false},   // valid, stride 2, unused last row and column
       {3, 6, 6, 8, 16, 1, 1, 2, 2, Padding::same, true},    // 1x1 kernel, stride 2: no padding
       {5, 16, 16, 16, 32, 3, 3, 1, 1, Padding::same, true}, // enough channels for cuDNN's real algorithms
+      {4, 28, 28, 1, 32, 3, 3, 1, 1, Padding::valid, true}, // the seed CNN's first layer: one input channel
   };
   auto& ctx = gpu();
-  std::uint32_t seed = 100;
-  for (const ConvCase& t : cases) {
-    CAPTURE(t.n);
-    CAPTURE(t.h);
-    CAPTURE(t.w);
-    CAPTURE(t.c);
-    CAPTURE(t.f);
-    CAPTURE(t.kh);
-    CAPTURE(t.kw);
-    CAPTURE(t.sh);
-    CAPTURE(t.sw);
-    CAPTURE(t.padding == Padding::same);
-    CAPTURE(t.bias);
-    const cuda::Conv2dGeometry g =
-        cuda::conv2d_geometry(t.n, t.h, t.w, t.c, t.f, t.kh, t.kw, t.sh, t.sw, t.padding);
-    const auto nx = static_cast<std::size_t>(g.x_elements()), nk = static_cast<std::size_t>(g.kernel_elements()),
-               ny = static_cast<std::size_t>(g.y_elements()), nb = static_cast<std::size_t>(g.f);
-    const auto x = uniform(nx, -1, 1, seed++), k = uniform(nk, -1, 1, seed++), b = uniform(nb, -1, 1, seed++),
-               dy = uniform(ny, -1, 1, seed++);
+  using Method = cuda::Conv2dCore::Method;
+  for (const Method method : {Method::cudnn, Method::gemm, Method::automatic}) {
+    std::uint32_t seed = 100;
+    for (const ConvCase& t : cases) {
+      CAPTURE(static_cast<int>(method));
+      CAPTURE(t.n);
+      CAPTURE(t.h);
+      CAPTURE(t.w);
+      CAPTURE(t.c);
+      CAPTURE(t.f);
+      CAPTURE(t.kh);
+      CAPTURE(t.kw);
+      CAPTURE(t.sh);
+      CAPTURE(t.sw);
+      CAPTURE(t.padding == Padding::same);
+      CAPTURE(t.bias);
+      const cuda::Conv2dGeometry g =
+          cuda::conv2d_geometry(t.n, t.h, t.w, t.c, t.f, t.kh, t.kw, t.sh, t.sw, t.padding);
+      const auto nx = static_cast<std::size_t>(g.x_elements()), nk = static_cast<std::size_t>(g.kernel_elements()),
+                 ny = static_cast<std::size_t>(g.y_elements()), nb = static_cast<std::size_t>(g.f);
+      const auto x = uniform(nx, -1, 1, seed++), k = uniform(nk, -1, 1, seed++), b = uniform(nb, -1, 1, seed++),
+                 dy = uniform(ny, -1, 1, seed++);
 
-    // The oracle, in double.
-    const nn::reference::ConvDims d{g.n, g.h,     g.w,     g.c,            g.f,           g.kh, g.kw,
-                                    g.sh, g.sw,   g.oh(), g.ow(),         g.pad_h.before, g.pad_w.before};
-    const auto xd = widen(x), kd = widen(k), bd = widen(b), dyd = widen(dy);
-    std::vector<double> y_ref(ny), dx_ref(nx), dk_ref(nk), db_ref(nb);
-    nn::reference::conv2d_forward(xd.data(), kd.data(), t.bias ? bd.data() : nullptr, y_ref.data(), d);
-    nn::reference::conv2d_backward(xd.data(), kd.data(), dyd.data(), dx_ref.data(), dk_ref.data(),
-                                   t.bias ? db_ref.data() : nullptr, d);
+      // The oracle, in double.
+      const nn::reference::ConvDims d{g.n, g.h,     g.w,     g.c,            g.f,           g.kh, g.kw,
+                                      g.sh, g.sw,   g.oh(), g.ow(),         g.pad_h.before, g.pad_w.before};
+      const auto xd = widen(x), kd = widen(k), bd = widen(b), dyd = widen(dy);
+      std::vector<double> y_ref(ny), dx_ref(nx), dk_ref(nk), db_ref(nb);
+      nn::reference::conv2d_forward(xd.data(), kd.data(), t.bias ? bd.data() : nullptr, y_ref.data(), d);
+      nn::reference::conv2d_backward(xd.data(), kd.data(), dyd.data(), dx_ref.data(), dk_ref.data(),
+                                     t.bias ? db_ref.data() : nullptr, d);
 
-    cuda::Conv2dCore core(ctx, g, t.bias);
-    MESSAGE("conv2d core: " << core.describe());
-    // Preferred, not promised: cuDNN may offer no deterministic algorithm for a pass.
-    WARN(core.deterministic());
-    device::Buffer d_x = upload(x), d_k = upload(k), d_b = upload(b), d_dy = upload(dy);
-    device::Buffer d_y = ctx.allocate(ny * sizeof(float)), d_dx = ctx.allocate(nx * sizeof(float)),
-                   d_dk = ctx.allocate(nk * sizeof(float)), d_db = ctx.allocate(nb * sizeof(float));
-    auto step = [&] {
-      core.set_kernel(ptr<float>(d_k));
-      core.forward(ptr<float>(d_x), t.bias ? ptr<float>(d_b) : nullptr, ptr<float>(d_y));
-      core.backward_data(ptr<float>(d_dy), ptr<float>(d_dx));
-      core.backward_filter(ptr<float>(d_x), ptr<float>(d_dy), ptr<float>(d_dk), t.bias ? ptr<float>(d_db) : nullptr);
-      ctx.synchronize();
-    };
-    step();
-    const auto y1 = download<float>(d_y, ny), dx1 = download<float>(d_dx, nx), dk1 = download<float>(d_dk, nk),
-               db1 = download<float>(d_db, nb);
-    compare_to_reference("conv2d y", y1, y_ref, g.kh * g.kw * g.c + 1);
-    compare_to_reference("conv2d dx", dx1, dx_ref, g.kh * g.kw * g.f);
-    compare_to_reference("conv2d dk", dk1, dk_ref, g.n * g.oh() * g.ow());
-    if (t.bias) compare_to_reference("conv2d db", db1, db_ref, g.n * g.oh() * g.ow());
+      cuda::Conv2dCore core(ctx, g, t.bias, cuda::Conv2dCore::kDefaultWorkspaceLimit, method);
+      MESSAGE("conv2d core: " << core.describe());
+      CHECK(core.gemm() == (method != Method::cudnn));  // these shapes' columns fit
+      // Preferred, not promised: cuDNN may offer no deterministic algorithm for a pass.
+      WARN(core.deterministic());
+      device::Buffer d_x = upload(x), d_k = upload(k), d_b = upload(b), d_dy = upload(dy);
+      device::Buffer d_y = ctx.allocate(ny * sizeof(float)), d_dx = ctx.allocate(nx * sizeof(float)),
+                     d_dk = ctx.allocate(nk * sizeof(float)), d_db = ctx.allocate(nb * sizeof(float));
+      auto step = [&] {
+        core.set_kernel(ptr<float>(d_k));
+        core.forward(ptr<float>(d_x), t.bias ? ptr<float>(d_b) : nullptr, ptr<float>(d_y));
+        core.backward_data(ptr<float>(d_dy), ptr<float>(d_dx));
+        core.backward_filter(ptr<float>(d_x), ptr<float>(d_dy), ptr<float>(d_dk), t.bias ? ptr<float>(d_db) : nullptr);
+        ctx.synchronize();
+      };
+      step();
+      const auto y1 = download<float>(d_y, ny), dx1 = download<float>(d_dx, nx), dk1 = download<float>(d_dk, nk),
+                 db1 = download<float>(d_db, nb);
+      compare_to_reference("conv2d y", y1, y_ref, g.kh * g.kw * g.c + 1);
+      compare_to_reference("conv2d dx", dx1, dx_ref, g.kh * g.kw * g.f);
+      compare_to_reference("conv2d dk", dk1, dk_ref, g.n * g.oh() * g.ow());
+      if (t.bias) compare_to_reference("conv2d db", db1, db_ref, g.n * g.oh() * g.ow());
 
-    // The second identical step: no allocation at all, and (deterministic algorithms) the same bits.
-    const cuda::AllocatorStats before = ctx.allocator_stats();
-    step();
-    const cuda::AllocatorStats after = ctx.allocator_stats();
-    CHECK(after.device_mallocs == before.device_mallocs);
-    CHECK(after.cache_hits == before.cache_hits);
-    CHECK(after.bytes_in_use == before.bytes_in_use);
-    if (core.deterministic()) {
-      CHECK(same_bits(download<float>(d_y, ny), y1));
-      CHECK(same_bits(download<float>(d_dx, nx), dx1));
-      CHECK(same_bits(download<float>(d_dk, nk), dk1));
-      if (t.bias) CHECK(same_bits(download<float>(d_db, nb), db1));
+      // The second identical step: no allocation at all, and (deterministic algorithms) the same bits.
+      const cuda::AllocatorStats before = ctx.allocator_stats();
+      step();
+      const cuda::AllocatorStats after = ctx.allocator_stats();
+      CHECK(after.device_mallocs == before.device_mallocs);
+      CHECK(after.cache_hits == before.cache_hits);
+      CHECK(after.bytes_in_use == before.bytes_in_use);
+      if (core.deterministic()) {
+        CHECK(same_bits(download<float>(d_y, ny), y1));
+        CHECK(same_bits(download<float>(d_dx, nx), dx1));
+        CHECK(same_bits(download<float>(d_dk, nk), dk1));
+        if (t.bias) CHECK(same_bits(download<float>(d_db, nb), db1));
+      }
     }
   }
 }

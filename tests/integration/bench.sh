@@ -25,6 +25,7 @@ check_table() {
   grep -Eq "^sum of phases +[0-9.]+" "$out" || fail "no phase sum"
   grep -Eq "^step \(wall\) +[0-9.]+" "$out" || fail "no step time"
   grep -Eq "^throughput: [0-9.]+ samples/s x 14\.910 MFLOP/sample = [0-9.]+ GFLOP/s$" "$out" || fail "no throughput line"
+  grep -Eq "^untimed layers: [0-9./]+ ms/step, [0-9.]+ samples/s \([0-9]+ more steps timed whole" "$out" || fail "no untimed line"
   grep -Eq "^GEMM peak: oneDNN matmul f32 x f32 -> f32 at [0-9]+\^3 .*training reaches [0-9.]+ % of it$" "$out" \
     || fail "no GEMM peak line"
   if [ "$workers" -gt 1 ]; then
@@ -66,6 +67,9 @@ assert sum(l["forward_ms"]["mean"] for l in r["layers"]) <= r["phases_ms"]["forw
 # The seed CNN by hand: 3 x 2 x 2,528,000 multiply-adds, less conv1's input gradient, plus biases, relus, pools.
 assert r["flops_per_sample"] == 14909812, r["flops_per_sample"]
 assert r["samples_per_s"] > 0 and r["gflops"] > 0
+# The same steps again, timed whole (the layers not timed).
+assert 0 < r["untimed_step_ms"]["mean"] <= r["untimed_step_ms"]["max"], r["untimed_step_ms"]
+assert abs(r["untimed_samples_per_s"] - r["global_batch"] / (r["untimed_step_ms"]["mean"] * 1e-3)) < 1e-6 * r["untimed_samples_per_s"]
 peak = r["gemm_peak"]
 assert peak["dtype"] == "f32" and peak["available"] is True, peak
 assert peak["size"] in (512, 1024, 2048) and peak["gflops"] > 0, peak

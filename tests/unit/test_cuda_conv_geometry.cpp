@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -223,5 +224,79 @@ TEST_CASE("CUDA conv geometry: padding, cuDNN's convolution and the crop give Ke
     for (std::int64_t i = 0; i < g.kernel_elements(); ++i)
       back[static_cast<std::size_t>(cuda::hwio_index(i, g.kh, g.kw, g.c, g.f))] = dk_krsc[static_cast<std::size_t>(i)];
     CHECK(back == dk);
+  }
+}
+
+TEST_CASE("CUDA conv geometry: the GEMM path's columns give Keras' forward, kernel gradient and input gradient") {
+  struct Case {
+    std::int64_t n, h, w, c, f, kh, kw, sh, sw;
+    Padding padding;
+  };
+  const Case cases[] = {
+      {1, 7, 9, 3, 4, 3, 3, 1, 1, Padding::valid}, {2, 7, 9, 3, 4, 3, 3, 1, 1, Padding::same},
+      {2, 7, 9, 3, 4, 4, 4, 1, 1, Padding::same},  {2, 8, 9, 3, 4, 3, 3, 2, 2, Padding::same},
+      {2, 7, 9, 2, 3, 4, 3, 2, 1, Padding::same},  {1, 7, 9, 2, 3, 4, 4, 2, 2, Padding::valid},
+      {1, 6, 6, 2, 2, 1, 1, 2, 2, Padding::same},  {1, 5, 4, 2, 3, 2, 5, 3, 1, Padding::same},
+      {2, 10, 10, 1, 5, 3, 3, 1, 1, Padding::valid},
+  };
+  std::uint32_t seed = 500;
+  for (const Case& t : cases) {
+    const cuda::Conv2dGeometry g =
+        cuda::conv2d_geometry(t.n, t.h, t.w, t.c, t.f, t.kh, t.kw, t.sh, t.sw, t.padding);
+    CAPTURE(t.h);
+    CAPTURE(t.w);
+    CAPTURE(t.kh);
+    CAPTURE(t.kw);
+    CAPTURE(t.sh);
+    CAPTURE(t.sw);
+    const auto x = random_values(static_cast<std::size_t>(g.x_elements()), seed++);
+    const auto k = random_values(static_cast<std::size_t>(g.kernel_elements()), seed++);
+    const auto dy = random_values(static_cast<std::size_t>(g.y_elements()), seed++);
+    const ConvDims keras = keras_dims(g);
+    std::vector<double> y_ref(static_cast<std::size_t>(g.y_elements())), dx_ref(x.size()), dk_ref(k.size()),
+        db_ref(static_cast<std::size_t>(g.f));
+    nn::reference::conv2d_forward<double>(x.data(), k.data(), nullptr, y_ref.data(), keras);
+    nn::reference::conv2d_backward<double>(x.data(), k.data(), dy.data(), dx_ref.data(), dk_ref.data(), db_ref.data(),
+                                           keras);
+
+    const cuda::ColumnShape s = cuda::column_shape(g);
+    const std::int64_t M = g.n * g.oh() * g.ow(), R = s.taps(), F = g.f;
+    std::vector<double> columns(static_cast<std::size_t>(M * R));
+    for (std::int64_t i = 0; i < M * R; ++i) {
+      const std::int64_t from = cuda::column_source(i, s);
+      columns[static_cast<std::size_t>(i)] = from < 0 ? 0.0 : x[static_cast<std::size_t>(from)];
+    }
+    // y = columns k, dk = columns^T dy, dcolumns = dy k^T: the dense core's three GEMMs, in double.
+    std::vector<double> y(static_cast<std::size_t>(M * F), 0.0), dk(k.size(), 0.0), dcolumns(columns.size(), 0.0);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t r = 0; r < R; ++r)
+        for (std::int64_t f = 0; f < F; ++f) {
+          const auto mr = static_cast<std::size_t>(m * R + r), rf = static_cast<std::size_t>(r * F + f),
+                     mf = static_cast<std::size_t>(m * F + f);
+          y[mf] += columns[mr] * k[rf];
+          dk[rf] += columns[mr] * dy[mf];
+          dcolumns[mr] += dy[mf] * k[rf];
+        }
+    std::vector<double> dx(x.size());
+    for (std::int64_t i = 0; i < g.x_elements(); ++i)
+      dx[static_cast<std::size_t>(i)] = cuda::column_gradient_sum(i, dcolumns.data(), s);
+    auto close = [](const std::vector<double>& a, const std::vector<double>& b) {
+      if (a.size() != b.size()) return false;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::abs(a[i] - b[i]) > 1e-12 * (1.0 + std::abs(b[i]))) return false;
+      return true;
+    };
+    CHECK(close(y, y_ref));
+    CHECK(close(dk, dk_ref));
+    CHECK(close(dx, dx_ref));
+    // db: the column sums of dy over each slice of whole samples, the slices added in order.
+    for (const std::int64_t slices : {std::int64_t{1}, g.n}) {
+      const std::int64_t rows = M / slices;
+      std::vector<double> db(static_cast<std::size_t>(F), 0.0);
+      for (std::int64_t sl = 0; sl < slices; ++sl)
+        for (std::int64_t f = 0; f < F; ++f)
+          db[static_cast<std::size_t>(f)] += cuda::column_sum(dy.data(), sl * rows, (sl + 1) * rows, F, f);
+      CHECK(close(db, db_ref));
+    }
   }
 }

@@ -214,3 +214,51 @@ TEST_CASE("CUDA math: f32 <-> bf16 rounds as the CPU backend's copies (oneDNN re
   for (std::size_t k = 0; k < bits.size(); ++k)
     REQUIRE(std::bit_cast<std::uint32_t>(back[k]) == math::f32_bits_from_bf16(bf16[k]));
 }
+
+TEST_CASE("CUDA math: label hits as the accuracy counts them, and the numerics' default label_hits") {
+  device::Numerics& cpu = testing::cpu_numerics();
+  const std::int64_t N = 40, C = 7;
+  std::vector<float> pred = uniform(N * C, -1, 1, 31);
+  for (std::int64_t j = 0; j < C; ++j) pred[j] = 0.25f;  // a tie: the first maximum wins
+  std::vector<std::int32_t> labels(N), argmax(N);
+  for (std::int64_t i = 0; i < N; ++i) labels[i] = static_cast<std::int32_t>((i * 5) % C);
+  labels[3] = -1;  // out of range, both sides
+  labels[4] = static_cast<std::int32_t>(C);
+  cpu.argmax_rows(pred.data(), N, C, argmax.data());
+  labels[5] = argmax[5];  // at least one hit
+  std::vector<std::int32_t> hits(N);
+  cpu.label_hits(pred.data(), labels.data(), N, C, hits.data(), true);  // deferred: the CPU writes at once
+  cpu.complete_reads();
+  for (std::int64_t i = 0; i < N; ++i) {
+    const std::int32_t expected = labels[i] < 0 || labels[i] >= C ? -1 : argmax[i] == labels[i] ? 1 : 0;
+    CHECK(math::label_hit(pred.data() + i * C, C, labels[i]) == expected);
+    CHECK(hits[i] == expected);
+  }
+  CHECK(hits[0] == (labels[0] == 0 ? 1 : 0));
+  CHECK(hits[5] == 1);
+}
+
+TEST_CASE("Numerics: adam_update_all gives each variable's adam_update bits") {
+  device::Numerics& cpu = testing::cpu_numerics();
+  const device::AdamStep step{0.001f, 0.1f, 0.001f, 1e-7f};
+  const std::vector<std::size_t> sizes = {kN, 0, 17, 1};
+  std::vector<std::vector<float>> w, g, m, v;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    w.push_back(uniform(sizes[i], -1, 1, 40 + static_cast<unsigned>(i)));
+    g.push_back(uniform(sizes[i], -2, 2, 50 + static_cast<unsigned>(i)));
+    m.push_back(uniform(sizes[i], -0.5f, 0.5f, 60 + static_cast<unsigned>(i)));
+    v.push_back(uniform(sizes[i], 0.1f, 0.5f, 70 + static_cast<unsigned>(i)));
+  }
+  auto w1 = w, m1 = m, v1 = v;
+  std::vector<device::AdamVariable> all;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    cpu.adam_update(step, w1[i].data(), g[i].data(), m1[i].data(), v1[i].data(), sizes[i]);
+    all.push_back({w[i].data(), g[i].data(), m[i].data(), v[i].data(), sizes[i]});
+  }
+  cpu.adam_update_all(step, all);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    CHECK(same_bits(w[i], w1[i]));
+    CHECK(same_bits(m[i], m1[i]));
+    CHECK(same_bits(v[i], v1[i]));
+  }
+}

@@ -2,6 +2,8 @@
 // this folder; a kind added without one is refused by nn::make_kernels, naming it).
 #include "backends/cuda/context.hpp"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "backends/cuda/check.hpp"
@@ -144,6 +146,10 @@ CudaContext::~CudaContext() {
   (void)cudaSetDevice(device_.index);
   (void)cudaStreamSynchronize(stream_);
   numerics_.reset();
+  for (Staging& s : staging_) {
+    if (s.pinned) (void)cudaFreeHost(s.pinned);
+    if (s.copied) (void)cudaEventDestroy(s.copied);
+  }
   if (cudnn_) cudnnDestroy(cudnn_);
   if (cublas_) cublasDestroy(cublas_);
   (void)cudaStreamDestroy(stream_);
@@ -224,13 +230,41 @@ void CudaContext::copy_to_host(const void* src, void* host, std::size_t bytes) {
   DTRAIN_CUDA_CALL(device_, cudaStreamSynchronize(stream_));
 }
 
+CudaContext::Staging& CudaContext::staging_for(std::size_t bytes) {
+  Staging& s = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % kStagingBuffers;
+  if (s.copied) DTRAIN_CUDA_CALL(device_, cudaEventSynchronize(s.copied));
+  else DTRAIN_CUDA_CALL(device_, cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+  if (s.bytes < bytes) {
+    if (s.pinned) DTRAIN_CUDA_CALL(device_, cudaFreeHost(s.pinned));
+    s.pinned = nullptr;
+    s.bytes = 0;
+    // Rounded up to a power of two from 64 KiB, so that a batch that grows a little (or the
+    // steps' different copies taking turns) does not reallocate each time.
+    std::size_t size = std::size_t{64} << 10;
+    while (size < bytes) size *= 2;
+    DTRAIN_CUDA_CALL(device_, cudaMallocHost(&s.pinned, size));
+    s.bytes = size;
+  }
+  return s;
+}
+
 void CudaContext::copy_from_host(const void* host, void* dst, std::size_t bytes) {
   if (bytes == 0) return;
   activate();
-  DTRAIN_CUDA_CALL(device_, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
-  // From pageable memory the runtime may still read `host` after returning; the caller may reuse
-  // it as soon as this returns.
-  DTRAIN_CUDA_CALL(device_, cudaStreamSynchronize(stream_));
+  if (bytes > kMostStagedBytes) {
+    DTRAIN_CUDA_CALL(device_, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+    // From pageable memory the runtime may still read `host` after returning; the caller may
+    // reuse it as soon as this returns.
+    DTRAIN_CUDA_CALL(device_, cudaStreamSynchronize(stream_));
+    return;
+  }
+  // The caller may reuse `host` at once: the bytes are in pinned memory before the transfer is
+  // queued, and nothing waits for the stream.
+  Staging& s = staging_for(bytes);
+  std::memcpy(s.pinned, host, bytes);
+  DTRAIN_CUDA_CALL(device_, cudaMemcpyAsync(dst, s.pinned, bytes, cudaMemcpyHostToDevice, stream_));
+  DTRAIN_CUDA_CALL(device_, cudaEventRecord(s.copied, stream_));
 }
 
 void CudaContext::copy_on_device(const void* src, void* dst, std::size_t bytes) {

@@ -6,6 +6,7 @@
 // Only files of backends/cuda/ and the GPU tests (tests/gpu/) include this header.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -93,8 +94,26 @@ class CudaContext final : public Context {
   static void* address(const Memory& m);
 
  private:
+  // copy_from_host() copies the caller's pageable bytes into one of these pinned buffers, in
+  // turn, and queues the transfer from there: it returns without waiting for the stream (a
+  // training step's batch, labels and dropout's sample ids would otherwise each wait for
+  // everything queued before them). A buffer is reused once its event says its transfer is done.
+  struct Staging {
+    void* pinned = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  static constexpr std::size_t kStagingBuffers = 8;
+  // Larger copies (a restore, an upload of a big variable) wait for the stream as before: the
+  // pinned memory kept stays small.
+  static constexpr std::size_t kMostStagedBytes = std::size_t{64} << 20;
+  // The next staging buffer, holding at least `bytes`, once its last transfer is done.
+  Staging& staging_for(std::size_t bytes);
+
   Device device_;
   cudaDeviceProp properties_{};
+  std::array<Staging, kStagingBuffers> staging_{};
+  std::size_t next_staging_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;

@@ -1,13 +1,14 @@
 // Conv2D on the GPU (nn/conv2d.hpp has the semantics): the cuDNN core (conv2d_core.hpp), one per
 // batch size, and the fused activation in place on the output.
 //   x (N, H, W, C)          f32, canonical (a bfloat16 input is converted: KernelInput)
-//   kernel (KH, KW, C, F)   the variable, Keras HWIO f32; the core transposes it into cuDNN's
-//                           (F, KH, KW, C) every forward, after the optimizer's update
+//   kernel (KH, KW, C, F)   the variable, Keras HWIO f32: read in place as a (KH*KW*C, F) matrix
+//                           by the core's GEMM path, or transposed into cuDNN's (F, KH, KW, C)
+//                           every forward (after the optimizer's update) where the core uses cuDNN
 //   bias (F)                f32, when use_bias
 //   y (N, OH, OW, F)        f32, canonical: act(conv(x, kernel) + bias)
 //   dk, db                  written whole into the variables' grads (Keras HWIO, (F))
-// Float32 under every precision policy: the core has no bfloat16 path yet (cuDNN's FMA math, no
-// TF32). This differs from the CPU backend, whose oneDNN convolution computes in bfloat16 under
+// Float32 under every precision policy: the core has no bfloat16 path yet (cuBLAS's and cuDNN's
+// FMA math, no TF32). This differs from the CPU backend, whose oneDNN convolution computes in bfloat16 under
 // mixed_bfloat16; a bfloat16 Dense below or above converts at the boundary (KernelInput).
 #include <memory>
 

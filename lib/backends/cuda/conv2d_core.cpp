@@ -74,10 +74,39 @@ Perf choose_algorithm(const char* pass, const std::vector<Perf>& candidates, std
 
 }  // namespace
 
-Conv2dCore::Conv2dCore(CudaContext& ctx, const Conv2dGeometry& geometry, bool bias, std::size_t workspace_limit)
+Conv2dCore::Conv2dCore(CudaContext& ctx, const Conv2dGeometry& geometry, bool bias, std::size_t workspace_limit,
+                       Method method)
     : ctx_(ctx), g_(geometry), bias_(bias) {
   ctx_.activate();
   const Device dev = ctx_.device();
+  // The GEMM path: x's columns and their gradient, (M, R) floats each, within the limit, and
+  // sizes cuBLAS's int takes (the dense core checks M * R, M * F and R * F).
+  const std::int64_t rows = g_.n * g_.oh() * g_.ow(), taps = g_.kh * g_.kw * g_.c;
+  const double column_bytes = 2.0 * static_cast<double>(rows) * static_cast<double>(taps) * sizeof(float);
+  const bool fits = column_bytes <= static_cast<double>(workspace_limit) &&
+                    static_cast<double>(rows) * static_cast<double>(std::max(taps, g_.f)) < 2147483647.0;
+  if (method == Method::gemm && !fits)
+    throw InternalError(fmt::format("conv2d on CUDA: the GEMM path's columns take {} bytes, more than the limit of {}",
+                                    column_bytes, workspace_limit));
+  if (method != Method::cudnn && fits) {
+    gemm_ = std::make_unique<DenseCore>(ctx_, rows, taps, g_.f, bias_);
+    columns_ = ctx_.allocate(static_cast<std::size_t>(rows * taps) * sizeof(float));
+    columns_gradient_ = ctx_.allocate(static_cast<std::size_t>(rows * taps) * sizeof(float));
+    fwd_algo_ = bwd_data_algo_ = bwd_filter_algo_ = -1;
+    // Slices of whole samples for the kernel gradient where it is small: the most that divide
+    // the batch (up to 64) with at least 256 rows each. Each slice's partial dk, and db after it,
+    // takes (taps + 1) * F floats of scratch.
+    constexpr std::int64_t kMostSlices = 64, kLeastRows = 256, kSmallKernel = std::int64_t{1} << 16;
+    if (taps * g_.f <= kSmallKernel)
+      for (std::int64_t s = std::min(kMostSlices, g_.n); s > 1; --s)
+        if (g_.n % s == 0 && rows / s >= kLeastRows) {
+          slices_ = s;
+          break;
+        }
+    if (slices_ > 1)
+      partials_ = ctx_.allocate(static_cast<std::size_t>(slices_ * partial_stride()) * sizeof(float));
+    return;
+  }
   (void)ctx_.cudnn();  // made on first use
   try {
     DTRAIN_CUDNN_CALL(dev, cudnnCreateTensorDescriptor(&x_desc_));
@@ -190,13 +219,32 @@ const float* Conv2dCore::cudnn_input(const float* x) {
   return padded;
 }
 
+const float* Conv2dCore::columns_of(const float* x) {
+  auto* columns = static_cast<float*>(columns_.get());
+  if (x != columns_input_) {
+    conv_columns(g_, x, columns, ctx_.stream(), ctx_.device());
+    columns_input_ = x;
+  }
+  return columns;
+}
+
 void Conv2dCore::set_kernel(const float* k) {
   ctx_.activate();
-  hwio_to_ohwi(g_, k, static_cast<float*>(filter_.get()), ctx_.stream(), ctx_.device());
+  // The GEMM path reads Keras' HWIO kernel as it is (the variable keeps its values until the
+  // optimizer's update, after backward).
+  if (gemm_) kernel_ = k;
+  else hwio_to_ohwi(g_, k, static_cast<float*>(filter_.get()), ctx_.stream(), ctx_.device());
 }
 
 void Conv2dCore::forward(const float* x, const float* b, float* y) {
   ctx_.activate();
+  if (gemm_) {
+    DTRAIN_CHECK(kernel_ != nullptr, "conv2d on CUDA: forward before set_kernel");
+    DTRAIN_CHECK(!bias_ || b != nullptr, "conv2d on CUDA: a layer with a bias needs b");
+    columns_input_ = nullptr;  // a new step's x, whatever its address
+    gemm_->forward(columns_of(x), kernel_, b, y);
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   const float* input = cudnn_input(x);
   DTRAIN_CUDNN_CALL(ctx_.device(),
@@ -211,6 +259,13 @@ void Conv2dCore::forward(const float* x, const float* b, float* y) {
 
 void Conv2dCore::backward_data(const float* dy, float* dx) {
   ctx_.activate();
+  if (gemm_) {
+    DTRAIN_CHECK(kernel_ != nullptr, "conv2d on CUDA: backward before set_kernel");
+    auto* dcolumns = static_cast<float*>(columns_gradient_.get());
+    gemm_->backward_data(dy, kernel_, dcolumns);
+    conv_columns_gradient(g_, dcolumns, dx, ctx_.stream(), ctx_.device());
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   float* grad = g_.pads_input() ? static_cast<float*>(padded_x_.get()) : dx;
   DTRAIN_CUDNN_CALL(ctx_.device(),
@@ -222,6 +277,20 @@ void Conv2dCore::backward_data(const float* dy, float* dx) {
 
 void Conv2dCore::backward_filter(const float* x, const float* dy, float* dk, float* db) {
   ctx_.activate();
+  if (gemm_) {
+    DTRAIN_CHECK(!bias_ || db != nullptr, "conv2d on CUDA: a layer with a bias needs db");
+    // dk (R, F) is Keras' HWIO kernel gradient as it stands.
+    if (slices_ == 1) return gemm_->backward_weights(columns_of(x), dy, dk, db);
+    // Each slice's dk and db side by side, then both summed over the slices in one pass.
+    const std::int64_t rows = g_.n * g_.oh() * g_.ow() / slices_, taps = g_.kh * g_.kw * g_.c;
+    auto* partials = static_cast<float*>(partials_.get());
+    sliced_weight_gradient(ctx_, columns_of(x), dy, slices_, rows, taps, g_.f, partials, partial_stride());
+    if (bias_) slice_column_sums(dy, slices_, rows, g_.f, partials + taps * g_.f, partial_stride(), ctx_.stream(),
+                                 ctx_.device());
+    sum_slices(partials, slices_, partial_stride(), dk, taps * g_.f, db, bias_ ? g_.f : 0, ctx_.stream(),
+               ctx_.device());
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   const float* input = cudnn_input(x);
   auto* grad = static_cast<float*>(filter_grad_.get());
@@ -237,6 +306,12 @@ void Conv2dCore::backward_filter(const float* x, const float* dy, float* dk, flo
 }
 
 std::string Conv2dCore::describe() const {
+  if (gemm_)
+    return fmt::format("gemm: columns {}x{} and cuBLAS SGEMMs (deterministic), {} bytes of columns, kernel "
+                       "gradient over {} slice(s) of the batch",
+                       g_.n * g_.oh() * g_.ow(), g_.kh * g_.kw * g_.c,
+                       2 * g_.n * g_.oh() * g_.ow() * g_.kh * g_.kw * g_.c * static_cast<std::int64_t>(sizeof(float)),
+                       slices_);
   std::string s = fmt::format("fwd {}, bwd data {}, bwd filter {} ({}), workspace {} bytes", fwd_algo_,
                               bwd_data_algo_, bwd_filter_algo_, deterministic_ ? "deterministic" : "NOT deterministic",
                               workspace_bytes_);

@@ -124,4 +124,73 @@ DTRAIN_HD inline std::int64_t hwio_index(std::int64_t i, std::int64_t kh, std::i
   return ((y * kw + x) * c + ch) * f + o;
 }
 
+// ---- the GEMM path of the conv core (conv2d_core.hpp): the columns of x, a row-major (M, R)
+// matrix with a row per output position, M = N * OH * OW in (n, oy, ox) order, and a column per
+// kernel tap, R = KH * KW * C in (ky, kx, c) order: Keras' HWIO kernel read as a row-major (R, F)
+// matrix then gives y (M, F) = columns k, dk (R, F) = columns^T dy in HWIO as it stands, and the
+// columns' gradient dy k^T, summed back onto x.
+
+// What the columns' index arithmetic needs of a geometry, passed to the kernels by value.
+struct ColumnShape {
+  std::int64_t h = 0, w = 0, c = 0, kh = 0, kw = 0, sh = 1, sw = 1;
+  std::int64_t top = 0, left = 0;  // TensorFlow's padding before (the odd one is after, implicit)
+  std::int64_t oh = 0, ow = 0;
+  DTRAIN_HD std::int64_t taps() const { return kh * kw * c; }  // R
+};
+
+inline ColumnShape column_shape(const Conv2dGeometry& g) {
+  return {g.h, g.w, g.c, g.kh, g.kw, g.sh, g.sw, g.pad_h.before, g.pad_w.before, g.oh(), g.ow()};
+}
+
+// The element of x (N, H, W, C) that the columns hold at flat index `i`, or -1 for a zero of the
+// padding (before, or after: every row or column past the input).
+DTRAIN_HD inline std::int64_t column_source(std::int64_t i, const ColumnShape& s) {
+  const std::int64_t r = i % s.taps();
+  const std::int64_t m = i / s.taps();
+  const std::int64_t ch = r % s.c;
+  std::int64_t t = r / s.c;
+  const std::int64_t kx = t % s.kw;
+  const std::int64_t ky = t / s.kw;
+  const std::int64_t ox = m % s.ow;
+  t = m / s.ow;
+  const std::int64_t oy = t % s.oh;
+  const std::int64_t b = t / s.oh;
+  const std::int64_t iy = oy * s.sh + ky - s.top, ix = ox * s.sw + kx - s.left;
+  if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) return -1;
+  return ((b * s.h + iy) * s.w + ix) * s.c + ch;
+}
+
+// dx's element `i` (N, H, W, C): the sum of the columns' gradients (M, R) at every place that
+// holds it, in (ky, kx) order: a fixed order, so the same bits every run.
+template <class T>
+DTRAIN_HD inline T column_gradient_sum(std::int64_t i, const T* dcolumns, const ColumnShape& s) {
+  const std::int64_t ch = i % s.c;
+  std::int64_t t = i / s.c;
+  const std::int64_t ix = t % s.w;
+  t /= s.w;
+  const std::int64_t iy = t % s.h;
+  const std::int64_t b = t / s.h;
+  T sum = 0;
+  for (std::int64_t ky = 0; ky < s.kh; ++ky) {
+    const std::int64_t y = iy + s.top - ky;  // oy * sh
+    if (y < 0 || y % s.sh != 0 || y / s.sh >= s.oh) continue;
+    for (std::int64_t kx = 0; kx < s.kw; ++kx) {
+      const std::int64_t x = ix + s.left - kx;  // ox * sw
+      if (x < 0 || x % s.sw != 0 || x / s.sw >= s.ow) continue;
+      const std::int64_t m = (b * s.oh + y / s.sh) * s.ow + x / s.sw;
+      sum += dcolumns[m * s.taps() + (ky * s.kw + kx) * s.c + ch];
+    }
+  }
+  return sum;
+}
+
+// The GEMM path's bias gradient over one slice of the batch: column `f` of dy (rows, cols) summed
+// over rows [begin, end) in row order (the slices' sums are then added in slice order).
+template <class T>
+DTRAIN_HD inline T column_sum(const T* dy, std::int64_t begin, std::int64_t end, std::int64_t cols, std::int64_t f) {
+  T sum = 0;
+  for (std::int64_t m = begin; m < end; ++m) sum += dy[m * cols + f];
+  return sum;
+}
+
 }  // namespace dtrain::backends::cuda

@@ -35,6 +35,19 @@ __global__ void transpose_filter_kernel(const float* __restrict__ from, float* _
   }
 }
 
+__global__ void columns_kernel(const float* __restrict__ x, float* __restrict__ columns, std::int64_t total,
+                               ColumnShape s) {
+  DTRAIN_GRID_STRIDE(i, total) {
+    const std::int64_t from = column_source(i, s);
+    columns[i] = from < 0 ? 0.0f : x[from];
+  }
+}
+
+__global__ void columns_gradient_kernel(const float* __restrict__ dcolumns, float* __restrict__ dx,
+                                        std::int64_t total, ColumnShape s) {
+  DTRAIN_GRID_STRIDE(i, total) dx[i] = column_gradient_sum(i, dcolumns, s);
+}
+
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, std::int64_t total,
                                 std::int64_t cols) {
   DTRAIN_GRID_STRIDE(i, total) y[i] += bias[i % cols];
@@ -45,6 +58,25 @@ __global__ void add_bias_to_bf16_kernel(const float* __restrict__ acc, const flo
   DTRAIN_GRID_STRIDE(i, total) {
     const float v = bias ? acc[i] + bias[i % cols] : acc[i];
     y[i] = math::bf16_from_f32_bits(__float_as_uint(v));
+  }
+}
+
+__global__ void sum_slices_kernel(const float* __restrict__ partials, std::int64_t slices, std::int64_t stride,
+                                  float* __restrict__ first, std::int64_t first_n, float* __restrict__ second,
+                                  std::int64_t second_n) {
+  DTRAIN_GRID_STRIDE(i, first_n + second_n) {
+    float sum = partials[i];
+    for (std::int64_t s = 1; s < slices; ++s) sum += partials[s * stride + i];
+    if (i < first_n) first[i] = sum;
+    else second[i - first_n] = sum;
+  }
+}
+
+__global__ void slice_column_sums_kernel(const float* __restrict__ dy, std::int64_t slices, std::int64_t rows,
+                                         std::int64_t cols, float* __restrict__ partials, std::int64_t stride) {
+  DTRAIN_GRID_STRIDE(i, slices * cols) {
+    const std::int64_t s = i / cols, f = i % cols;
+    partials[s * stride + f] = column_sum(dy, s * rows, (s + 1) * rows, cols, f);
   }
 }
 
@@ -80,6 +112,20 @@ void ohwi_to_hwio(const Conv2dGeometry& g, const float* ohwi, float* hwio, cudaS
   check_launch("transpose_filter_kernel", device);
 }
 
+void conv_columns(const Conv2dGeometry& g, const float* x, float* columns, cudaStream_t stream, Device device) {
+  const ColumnShape s = column_shape(g);
+  const std::int64_t total = g.n * s.oh * s.ow * s.taps();
+  columns_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(x, columns, total, s);
+  check_launch("columns_kernel", device);
+}
+
+void conv_columns_gradient(const Conv2dGeometry& g, const float* dcolumns, float* dx, cudaStream_t stream,
+                           Device device) {
+  const std::int64_t total = g.x_elements();
+  columns_gradient_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(dcolumns, dx, total, column_shape(g));
+  check_launch("columns_gradient_kernel", device);
+}
+
 void add_bias_rows(float* y, const float* bias, std::int64_t rows, std::int64_t cols, cudaStream_t stream,
                    Device device) {
   const std::int64_t total = rows * cols;
@@ -94,6 +140,20 @@ void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std
   if (total == 0) return;
   add_bias_to_bf16_kernel<<<elementwise_blocks(total), kThreads, 0, stream>>>(acc, bias, y, total, cols);
   check_launch("add_bias_to_bf16_kernel", device);
+}
+
+void sum_slices(const float* partials, std::int64_t slices, std::int64_t stride, float* first, std::int64_t first_n,
+                float* second, std::int64_t second_n, cudaStream_t stream, Device device) {
+  sum_slices_kernel<<<elementwise_blocks(first_n + second_n), kThreads, 0, stream>>>(partials, slices, stride, first,
+                                                                                    first_n, second, second_n);
+  check_launch("sum_slices_kernel", device);
+}
+
+void slice_column_sums(const float* dy, std::int64_t slices, std::int64_t rows, std::int64_t cols, float* partials,
+                       std::int64_t stride, cudaStream_t stream, Device device) {
+  slice_column_sums_kernel<<<elementwise_blocks(slices * cols), kThreads, 0, stream>>>(dy, slices, rows, cols,
+                                                                                      partials, stride);
+  check_launch("slice_column_sums_kernel", device);
 }
 
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream, Device device) {

@@ -49,6 +49,19 @@ Buffer device_ones(CudaContext& ctx, std::int64_t n) {
   return b;
 }
 
+void sliced_weight_gradient(CudaContext& ctx, const float* x, const float* dy, std::int64_t slices, std::int64_t rows,
+                            std::int64_t in, std::int64_t out, float* partials, std::int64_t stride) {
+  cublasHandle_t h = prepared_cublas(ctx);
+  const float one = 1.0f, zero = 0.0f;
+  const int i = blas_int(in, "in"), o = blas_int(out, "out"), n = blas_int(rows, "rows per slice");
+  // As DenseCore::backward_weights, per slice: partial_s^T (O, I) = dy_s^T (O, n) x_s (n, I).
+  DTRAIN_CUBLAS_CALL(ctx.device(), cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, o, i, n, &one, dy, o,
+                                                             static_cast<long long>(rows) * out, x, i,
+                                                             static_cast<long long>(rows) * in, &zero, partials, o,
+                                                             static_cast<long long>(stride),
+                                                             blas_int(slices, "slices")));
+}
+
 DenseCore::DenseCore(CudaContext& ctx, std::int64_t batch, std::int64_t in, std::int64_t out, bool bias)
     : ctx_(ctx), batch_(batch), in_(in), out_(out), bias_(bias) {
   if (batch <= 0 || in <= 0 || out <= 0)

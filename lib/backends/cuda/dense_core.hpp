@@ -25,6 +25,13 @@ void column_sums(CudaContext& ctx, const float* dy, const float* ones, std::int6
                  float* db);
 // A device vector of n ones (for column_sums), filled on the context's stream.
 Buffer device_ones(CudaContext& ctx, std::int64_t n);
+// The partial products x_s^T dy_s (in, out) of x (slices * rows, in) and dy (slices * rows, out)
+// over `slices` consecutive slices of `rows` rows, by one strided-batched SGEMM, slice s's at
+// partials + s * stride (stride >= in * out): summed in slice order (sum_slices), they are x^T dy,
+// computed on many thread blocks where dk is small and the batch long (a convolution's kernel
+// gradient over its columns), and deterministic (no atomics).
+void sliced_weight_gradient(CudaContext& ctx, const float* x, const float* dy, std::int64_t slices, std::int64_t rows,
+                            std::int64_t in, std::int64_t out, float* partials, std::int64_t stride);
 
 class DenseCore {
  public:

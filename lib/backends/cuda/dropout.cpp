@@ -33,13 +33,9 @@ class DropoutKernel final : public Float32Kernel<nn::Dropout, DropoutPlan> {
     if (step.training() && layer_.rate() > 0.0 && !step.sample_ids.empty()) {
       DTRAIN_CHECK(static_cast<std::int64_t>(step.sample_ids.size()) == batch,
                    "dropout on CUDA: a step's sample ids do not match its batch");
-      // sample_ids is host memory of the step. From pageable memory the runtime stages the bytes
-      // before this call returns or, at worst, orders the copy before anything queued later; the
-      // span outlives the step, which ends with the model synchronizing its context.
-      ctx_.activate();
-      DTRAIN_CUDA_CALL(ctx_.device(), cudaMemcpyAsync(p.sample_ids.get(), step.sample_ids.data(),
-                                                      step.sample_ids.size_bytes(), cudaMemcpyHostToDevice,
-                                                      ctx_.stream()));
+      // sample_ids is host memory of the step: the context stages it in pinned memory and queues
+      // the transfer without waiting for the stream (the step no longer waits between layers).
+      ctx_.copy_from_host(step.sample_ids.data(), p.sample_ids.get(), step.sample_ids.size_bytes());
       ids = static_cast<const std::int64_t*>(p.sample_ids.get());
     }
     dropout_forward(ctx_, key(step), step.training(), ids, batch, elements(), x, p.y<float>(),

@@ -223,6 +223,13 @@ DTRAIN_HD inline std::int32_t argmax_row(const float* row, std::int64_t C) {
   return static_cast<std::int32_t>(best);
 }
 
+// Sparse categorical accuracy of one row: 1 when its first maximum is at `label`, 0 when not,
+// -1 for a label outside [0, C) (the host raises the metric's error for it).
+DTRAIN_HD inline std::int32_t label_hit(const float* row, std::int64_t C, std::int32_t label) {
+  if (label < 0 || label >= C) return -1;
+  return argmax_row(row, C) == label ? 1 : 0;
+}
+
 // How many of the row's C columns equal the target, compared in double as the CPU does.
 DTRAIN_HD inline std::int64_t row_match_count(const float* pred, const void* targets, bool targets_are_i32,
                                               std::int64_t row, std::int64_t C, bool thresholded, float threshold) {

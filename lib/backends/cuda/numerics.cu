@@ -8,6 +8,8 @@
 // element-wise updates round as the CPU's do.
 #include "backends/cuda/numerics.hpp"
 
+#include <algorithm>
+#include <cstring>
 
 #include "backends/cuda/check.hpp"
 #include "backends/cuda/context.hpp"
@@ -36,6 +38,26 @@ __global__ void sgd_kernel(float lr, float w_momentum, bool nesterov, float* __r
 __global__ void adam_kernel(device::AdamStep step, float* __restrict__ w, const float* __restrict__ g,
                             float* __restrict__ m, float* __restrict__ v, std::size_t n) {
   DTRAIN_GRID_STRIDE(i, n) { math::adam_element(step, w[i], g[i], m[i], v[i]); }
+}
+
+// Up to kAdamBatch variables of one step, passed by value: blockIdx.y picks the variable, and
+// each block strides over it as adam_kernel does. One launch for a model's every variable.
+constexpr int kAdamBatch = 16;
+struct AdamBatch {
+  float* w[kAdamBatch];
+  const float* g[kAdamBatch];
+  float* m[kAdamBatch];
+  float* v[kAdamBatch];
+  std::size_t n[kAdamBatch];
+};
+
+__global__ void adam_all_kernel(device::AdamStep step, AdamBatch b) {
+  const unsigned t = blockIdx.y;
+  float* __restrict__ w = b.w[t];
+  const float* __restrict__ g = b.g[t];
+  float* __restrict__ m = b.m[t];
+  float* __restrict__ v = b.v[t];
+  DTRAIN_GRID_STRIDE(i, b.n[t]) { math::adam_element(step, w[i], g[i], m[i], v[i]); }
 }
 
 __global__ void rmsprop_kernel(device::RmspropStep step, float one_minus_rho, float* __restrict__ w,
@@ -75,6 +97,12 @@ __global__ void argmax_kernel(const float* __restrict__ values, std::int64_t row
                               std::int32_t* __restrict__ out) {
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (i < rows) out[i] = math::argmax_row(values + i * C, C);
+}
+
+__global__ void label_hits_kernel(const float* __restrict__ pred, const std::int32_t* __restrict__ labels,
+                                  std::int64_t rows, std::int64_t C, std::int32_t* __restrict__ hits) {
+  const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (i < rows) hits[i] = math::label_hit(pred + i * C, C, labels[i]);
 }
 
 __global__ void matches_kernel(const float* __restrict__ pred, const void* __restrict__ targets, bool targets_are_i32,
@@ -131,10 +159,51 @@ void* CudaNumerics::scratch(std::size_t bytes) {
   return scratch_.get();
 }
 
+CudaNumerics::~CudaNumerics() {
+  // The context waited for its stream before destroying its numerics; errors are ignored (a
+  // destructor must not throw).
+  if (pinned_) (void)cudaFreeHost(pinned_);
+  if (reads_queued_) (void)cudaEventDestroy(reads_queued_);
+}
+
 void CudaNumerics::read_back(void* host, std::size_t bytes) {
   DTRAIN_CUDA_CALL(ctx_.device(),
                    cudaMemcpyAsync(host, scratch_.get(), bytes, cudaMemcpyDeviceToHost, ctx_.stream()));
   DTRAIN_CUDA_CALL(ctx_.device(), cudaStreamSynchronize(ctx_.stream()));
+}
+
+void CudaNumerics::read_scratch(void* host, std::size_t bytes, bool deferred) {
+  if (!deferred) return read_back(host, bytes);
+  // 256-byte slots keep every result aligned for any element type.
+  const std::size_t slot = (bytes + 255) / 256 * 256;
+  if (pinned_used_ + slot > pinned_bytes_) {
+    // Full: what is pending lands first, then a larger buffer (a step's first calls only).
+    complete_reads();
+    if (slot > pinned_bytes_) {
+      if (pinned_) DTRAIN_CUDA_CALL(ctx_.device(), cudaFreeHost(pinned_));
+      pinned_ = nullptr;
+      pinned_bytes_ = 0;
+      const std::size_t size = std::max<std::size_t>(std::size_t{64} << 10, 4 * slot);
+      DTRAIN_CUDA_CALL(ctx_.device(), cudaMallocHost(&pinned_, size));
+      pinned_bytes_ = size;
+    }
+  }
+  if (!reads_queued_) DTRAIN_CUDA_CALL(ctx_.device(), cudaEventCreateWithFlags(&reads_queued_, cudaEventDisableTiming));
+  char* into = static_cast<char*>(pinned_) + pinned_used_;
+  DTRAIN_CUDA_CALL(ctx_.device(), cudaMemcpyAsync(into, scratch_.get(), bytes, cudaMemcpyDeviceToHost, ctx_.stream()));
+  DTRAIN_CUDA_CALL(ctx_.device(), cudaEventRecord(reads_queued_, ctx_.stream()));
+  pending_.push_back(PendingRead{pinned_used_, bytes, host});
+  pinned_used_ += slot;
+}
+
+void CudaNumerics::complete_reads() {
+  if (pending_.empty()) return;
+  ctx_.activate();
+  // Only as far as the last deferred copy: the work queued after it goes on.
+  DTRAIN_CUDA_CALL(ctx_.device(), cudaEventSynchronize(reads_queued_));
+  for (const PendingRead& r : pending_) std::memcpy(r.host, static_cast<const char*>(pinned_) + r.offset, r.bytes);
+  pending_.clear();
+  pinned_used_ = 0;
 }
 
 void CudaNumerics::sgd_update(const device::SgdStep& step, float* w, const float* g, float* momentum, std::size_t n) {
@@ -153,6 +222,31 @@ void CudaNumerics::adam_update(const device::AdamStep& step, float* w, const flo
   ctx_.activate();
   adam_kernel<<<elementwise_blocks(static_cast<std::int64_t>(n)), kThreads, 0, ctx_.stream()>>>(step, w, g, m, v, n);
   check_launch("adam_kernel", ctx_.device());
+}
+
+void CudaNumerics::adam_update_all(const device::AdamStep& step, std::span<const device::AdamVariable> variables) {
+  ctx_.activate();
+  AdamBatch b{};
+  unsigned count = 0;
+  std::size_t largest = 0;
+  const auto launch = [&] {
+    const dim3 grid(elementwise_blocks(static_cast<std::int64_t>(largest)), count);
+    adam_all_kernel<<<grid, kThreads, 0, ctx_.stream()>>>(step, b);
+    check_launch("adam_all_kernel", ctx_.device());
+    count = 0;
+    largest = 0;
+  };
+  for (const device::AdamVariable& var : variables) {
+    if (var.n == 0) continue;
+    b.w[count] = var.w;
+    b.g[count] = var.g;
+    b.m[count] = var.m;
+    b.v[count] = var.v;
+    b.n[count] = var.n;
+    largest = std::max(largest, var.n);
+    if (++count == kAdamBatch) launch();
+  }
+  if (count > 0) launch();
 }
 
 void CudaNumerics::rmsprop_update(const device::RmspropStep& step, float* w, const float* g, float* velocity,
@@ -174,7 +268,18 @@ void CudaNumerics::loss(const device::LossBatch& b) {
                                                                     b.pred, b.dense_targets, b.labels, b.weights,
                                                                     b.scale, per_example, b.grad);
   check_launch("loss_kernel", ctx_.device());
-  if (b.per_example) read_back(b.per_example, per_example_bytes);
+  if (b.per_example) read_scratch(b.per_example, per_example_bytes, b.deferred);
+}
+
+void CudaNumerics::label_hits(const float* pred, const std::int32_t* labels, std::int64_t rows, std::int64_t columns,
+                              std::int32_t* hits, bool deferred) {
+  if (rows == 0) return;
+  ctx_.activate();
+  const std::size_t bytes = static_cast<std::size_t>(rows) * sizeof(std::int32_t);
+  auto* staged = static_cast<std::int32_t*>(scratch(bytes));
+  label_hits_kernel<<<row_blocks(rows), kRowThreads, 0, ctx_.stream()>>>(pred, labels, rows, columns, staged);
+  check_launch("label_hits_kernel", ctx_.device());
+  read_scratch(hits, bytes, deferred);
 }
 
 void CudaNumerics::argmax_rows(const float* values, std::int64_t rows, std::int64_t columns, std::int32_t* out) {
