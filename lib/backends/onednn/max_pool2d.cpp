@@ -19,8 +19,8 @@
 // lanes through target_clones whatever the level, and GCC 12 turned its 4x conversions of the
 // window position bytes, and every 16-lane comparison in the AVX2 build, into lane-by-lane code:
 // the seed CNN's first pooling backward moved 11-20 GB/s on AVX-512 (perf: scalar vcomiss/seta
-// and byte inserts in the v4 clone); with native lanes and conversions by steps of 2x it runs at
-// the speed of a copy on every level.
+// and byte inserts in the v4 clone); with native lanes and conversions by steps of 2x
+// (widen_mask, narrow_to_bytes) it runs at the speed of a copy on every level.
 #include <bit>
 #include <cstring>
 #include <limits>
@@ -126,21 +126,27 @@ void forward_plane(const Geometry& g, const Windows& win, const T* __restrict sr
 // only positions outside every window need zeroing. T's bits are copied, never computed on.
 // Relu: the input is a relu's output whose derivative this backward applies (nn/kernel.hpp): the
 // gradient goes through only where the max, which is that relu's output, is above zero.
-// The window positions are compared as bytes and the byte masks widened to T's width.
+// Where each lane's max came from: bf16's 16-bit lanes compare the positions widened once per
+// window (bytes to 16 bits, a 2x conversion); f32's compare them as bytes and widen the byte mask
+// in two steps (comparing 32-bit lanes widened from bytes, GCC 12 went lane by lane on AVX-512).
 template <class T, int L, bool Relu>
 void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict dst,
                              const T* __restrict diff_dst, const std::uint8_t* __restrict ws, T* __restrict diff_src) {
   using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int16_t>;
   using B = Vec<Bits, L>;
   zero_positions(g, diff_src, g.uncovered_rows, g.uncovered_cols);
+  // In registers for the whole plane (the stores below could otherwise be any memory).
+  const std::int64_t* const offset = win.offset.data();
+  const std::uint8_t* const position = win.position.data();
   for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
     B dy = load<B>(diff_dst + at + c0);
     if constexpr (Relu) dy &= __builtin_convertvector(load_widened<L>(dst + at + c0) > 0.0f, B);
     const auto which = load<Vec<std::uint8_t, L>>(ws + at + c0);
-    for (std::int64_t k = first; k < last; ++k) {
-      const B here = widen_mask<B, L>(which == win.position[static_cast<std::size_t>(k)]);
-      store(diff_src + win.offset[static_cast<std::size_t>(k)] + c0, B(here & dy));
-    }
+    const auto here = [&](std::uint8_t p) -> B {
+      if constexpr (sizeof(Bits) == 2) return __builtin_convertvector(which, B) == static_cast<Bits>(p);
+      else return widen_mask<B, L>(which == p);
+    };
+    for (std::int64_t k = first; k < last; ++k) store(diff_src + offset[k] + c0, B(here(position[k]) & dy));
   });
 }
 
