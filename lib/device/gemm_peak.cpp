@@ -16,6 +16,10 @@ std::vector<std::pair<std::string_view, GemmPeakProbe>>& probes() {
   static std::vector<std::pair<std::string_view, GemmPeakProbe>> registered;
   return registered;
 }
+std::vector<std::pair<std::string_view, CopyBandwidthProbe>>& bandwidth_probes() {
+  static std::vector<std::pair<std::string_view, CopyBandwidthProbe>> registered;
+  return registered;
+}
 
 }  // namespace
 
@@ -33,6 +37,20 @@ GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads) {
   for (const auto& [name, probe] : probes())
     if (name == ctx.backend()) return probe(ctx, dtype, threads);
   none.why_not = fmt::format("the {} backend cannot measure its GEMM peak", ctx.backend());
+  return none;
+}
+
+void register_copy_bandwidth(std::string_view backend, CopyBandwidthProbe probe) {
+  for (const auto& [name, _] : bandwidth_probes())
+    DTRAIN_CHECK(name != backend, fmt::format("two copy bandwidth probes registered for the {} backend", backend));
+  bandwidth_probes().emplace_back(backend, probe);
+}
+
+CopyBandwidth measure_copy_bandwidth(Context& ctx, int threads) {
+  for (const auto& [name, probe] : bandwidth_probes())
+    if (name == ctx.backend()) return probe(ctx, threads);
+  CopyBandwidth none;
+  none.why_not = fmt::format("the {} backend cannot measure its copy bandwidth", ctx.backend());
   return none;
 }
 

@@ -1,6 +1,8 @@
-// The rate a backend's matrix multiply reaches on its device: what `dtrain bench` compares the
-// FLOP rate training achieves with. Each backend registers how it measures it (a matmul in the
-// compute dtype of the precision policy), in its own folder, as it registers its context.
+// The rates a backend's device reaches: its matrix multiply (the GEMM peak), what `dtrain bench`
+// compares the FLOP rate training achieves with, and its memory copy (the copy bandwidth), what it
+// compares the layers that only move memory with. Each backend registers how it measures them (a
+// matmul in the compute dtype of the precision policy; a copy of buffers larger than the caches),
+// in its own folder, as it registers its context.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,26 @@ GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads);
 
 struct GemmPeakRegistration {
   GemmPeakRegistration(std::string_view backend, GemmPeakProbe probe) { register_gemm_peak(backend, probe); }
+};
+
+struct CopyBandwidth {
+  bool available = false;
+  std::string why_not;         // when not available, for the user
+  double gb_per_s = 0.0;       // bytes read plus bytes written per second, 1e9 bytes a GB
+  std::int64_t bytes = 0;      // the size of the buffer copied
+  std::string what;            // "memcpy of 256 MiB, 2 threads"
+};
+
+// Measures on `ctx`'s device with `threads` threads, for a fraction of a second.
+using CopyBandwidthProbe = CopyBandwidth (*)(Context& ctx, int threads);
+void register_copy_bandwidth(std::string_view backend, CopyBandwidthProbe probe);
+// The bandwidth of `ctx`'s backend; not available (saying so) when it registered no probe.
+CopyBandwidth measure_copy_bandwidth(Context& ctx, int threads);
+
+struct CopyBandwidthRegistration {
+  CopyBandwidthRegistration(std::string_view backend, CopyBandwidthProbe probe) {
+    register_copy_bandwidth(backend, probe);
+  }
 };
 
 }  // namespace dtrain::device

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -42,6 +44,19 @@ Spread spread(std::span<const double> per_worker) {
 
 double gflops_of(double flops_per_sample, double samples, double milliseconds) {
   return milliseconds > 0.0 ? flops_per_sample * samples / (milliseconds * 1e-3) * 1e-9 : 0.0;
+}
+
+// The bytes one sample makes a layer move, each once (see bench.hpp): forward reads the input and
+// writes the output, backward reads the output's gradient and, where it computes it, writes the
+// input's, in the compute dtype. Its variables are read once forward and read, and their
+// gradients written, once backward: once per step, so a share of `batch` per sample.
+std::pair<double, double> layer_bytes(const nn::Layer& layer, bool backward_data, std::size_t activation_bytes,
+                                      double batch) {
+  const double in = static_cast<double>(layer.input_shape().numel() * static_cast<std::int64_t>(activation_bytes));
+  const double out = static_cast<double>(layer.output_shape().numel() * static_cast<std::int64_t>(activation_bytes));
+  double variables = 0.0;
+  for (const Variable& v : layer.variables()) variables += static_cast<double>(v.value.bytes());
+  return {in + out + variables / batch, out + (backward_data ? in : 0.0) + 2.0 * variables / batch};
 }
 
 // JSON numbers: finite, or null.
@@ -88,6 +103,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   r.compute_dtype = dtype_name(dtype);
   strategy.all_reduce_max(0, "bench: start of the GEMM peak");
   r.peak = device::measure_gemm_peak(trainer.model(0).context(), dtype, r.threads);
+  r.bandwidth = device::measure_copy_bandwidth(trainer.model(0).context(), r.threads);
 
   // This worker's figures (per step, in ms), then every worker's.
   nn::Sequential& model = trainer.model(0);
@@ -102,6 +118,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   for (std::size_t i = 0; i < layers; ++i)
     mine.push_back(1e3 * (profile.layers.backward[i] - profile.layers.backward_weights[i]) / steps);
   mine.push_back(1e3 * whole_steps.step_seconds / static_cast<double>(whole_steps.steps));
+  mine.push_back(r.bandwidth.available ? r.bandwidth.gb_per_s : 0.0);
   mine.push_back(r.peak.available ? r.peak.gflops : 0.0);
   const std::size_t k = mine.size();
   const auto workers = static_cast<std::size_t>(strategy.workers());
@@ -131,6 +148,20 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   r.phase_sum_ms = spread(sums);
   // Per replica: the layers of replica 0 computed its share of the global batch.
   const double replica_samples = static_cast<double>(r.global_batch) / r.replicas_in_sync;
+  // While replica 0 ran a layer, the worker's cores (what the peak and the bandwidth measured) ran
+  // it for each of the worker's replicas.
+  const double worker_samples = replica_samples * r.replicas_in_sync / r.workers;
+  r.peak_gflops = figure(k - 1);
+  r.bandwidth_gb_per_s = figure(k - 2);
+  const double peak_gflops = r.peak.available ? r.peak_gflops.mean : 0.0;
+  const double bandwidth = r.bandwidth.available ? r.bandwidth_gb_per_s.mean : 0.0;
+  // ms per step at the peak and at the bandwidth; the longer is the bound.
+  const auto bound = [&](double flops, double bytes, bool& memory_bound) {
+    const double compute = peak_gflops > 0.0 ? flops * worker_samples / (peak_gflops * 1e6) : 0.0;
+    const double moving = bandwidth > 0.0 ? bytes * worker_samples / (bandwidth * 1e6) : 0.0;
+    memory_bound = moving > compute;
+    return std::max(compute, moving);
+  };
   for (std::size_t i = 0; i < layers; ++i) {
     const nn::Layer& layer = model.layer(i);
     LayerBench l;
@@ -148,14 +179,17 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
     l.forward_gflops = gflops_of(l.flops.forward, replica_samples, l.forward_ms.mean);
     l.backward_gflops = gflops_of(backward, replica_samples, l.backward_ms.mean);
+    std::tie(l.forward_bytes, l.backward_bytes) =
+        layer_bytes(layer, l.backward_data, dtype_size(dtype), static_cast<double>(r.replica_batch));
+    l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
+    l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     r.flops_per_sample += l.flops.forward + backward;
     r.layers.push_back(std::move(l));
   }
   r.samples_per_s = static_cast<double>(r.global_batch) / (r.step_ms.mean * 1e-3);
-  r.untimed_step_ms = figure(k - 2);
+  r.untimed_step_ms = figure(k - 3);
   r.untimed_samples_per_s = static_cast<double>(r.global_batch) / (r.untimed_step_ms.mean * 1e-3);
   r.gflops = r.flops_per_sample * r.samples_per_s * 1e-9;
-  r.peak_gflops = figure(k - 1);
   if (r.peak.available) {
     r.peak_gflops_total = r.peak_gflops.mean * r.workers;
     r.peak_fraction = r.gflops / r.peak_gflops_total;
@@ -223,6 +257,35 @@ std::string bench_table(const BenchReport& r) {
                        r.peak.what, r.peak.size, r.threads, r.threads == 1 ? "" : "s", per_worker,
                        100.0 * r.peak_fraction);
   }
+  if (!r.bandwidth.available) {
+    out += fmt::format("copy bandwidth: not available: {}\n", r.bandwidth.why_not);
+  } else {
+    out += fmt::format("copy bandwidth: {} on {} thread{} per worker: {} GB/s (bytes read + written)\n",
+                       r.bandwidth.what, r.threads, r.threads == 1 ? "" : "s",
+                       many ? fmt::format("{:.1f} (max {:.1f})", r.bandwidth_gb_per_s.mean, r.bandwidth_gb_per_s.max)
+                            : fmt::format("{:.1f}", r.bandwidth_gb_per_s.mean));
+  }
+  if (!r.peak.available && !r.bandwidth.available) return out;
+
+  // Each layer against its bound (bench.hpp): how far from what the machine allows it is.
+  out += "\nlayers against their bounds: the longer of the FLOPs at the GEMM peak and the bytes at the copy\n"
+         "bandwidth (x bound = the time over it; below 1 where the data stayed in the caches)\n";
+  out += fmt::format("{:<{}}{:>14}{:>8}{:>9}{:>14}{:>8}{:>9}{:>12}{:>12}\n", "layer", name_width, "fwd bound ms",
+                     "by", "x bound", "bwd bound ms", "by", "x bound", "fwd KB", "bwd KB");
+  const auto times = [](double ms, double bound) { return bound > 0.0 ? fmt::format("{:.1f}", ms / bound) : "-"; };
+  const auto by = [](bool memory) { return memory ? "memory" : "GEMM"; };
+  double fwd_bound = 0.0, bwd_bound = 0.0;
+  for (const LayerBench& l : r.layers) {
+    out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}{:>12.1f}{:>12.1f}\n", l.name, name_width,
+                       l.forward_bound_ms, by(l.forward_memory_bound), times(l.forward_ms.mean, l.forward_bound_ms),
+                       l.backward_bound_ms, by(l.backward_memory_bound), times(l.backward_ms.mean, l.backward_bound_ms),
+                       l.forward_bytes * 1e-3, l.backward_bytes * 1e-3);
+    fwd_bound += l.forward_bound_ms;
+    bwd_bound += l.backward_bound_ms;
+  }
+  out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}\n", "all layers", name_width, fwd_bound, "",
+                     times(fwd_total.mean, fwd_bound), bwd_bound, "", times(bwd_total.mean, bwd_bound));
+  out += "(KB: the bytes per sample each direction must move: input and output, their gradients, the variables)\n";
   return out;
 }
 
@@ -241,11 +304,15 @@ std::string bench_json(const BenchReport& r) {
     out += fmt::format(
         "{}{{\"name\": {}, \"kind\": {}, \"forward_ms\": {}, \"backward_ms\": {}, \"backward_weights_ms\": {}, "
         "\"backward_data_ms\": {}, \"flops_per_sample\": {{\"forward\": {}, \"backward_data\": {}, \"backward_weights\": {}}}, "
-        "\"backward_computes_data\": {}, \"forward_gflops\": {}, \"backward_gflops\": {}}}",
+        "\"backward_computes_data\": {}, \"forward_gflops\": {}, \"backward_gflops\": {}, "
+        "\"bytes_per_sample\": {{\"forward\": {}, \"backward\": {}}}, "
+        "\"bound_ms\": {{\"forward\": {}, \"backward\": {}}}, \"bound_by\": {{\"forward\": \"{}\", \"backward\": \"{}\"}}}}",
         i ? ", " : "", json_string(l.name), json_string(l.kind), json_spread(l.forward_ms), json_spread(l.backward_ms),
         l.split ? json_spread(l.backward_weights_ms) : "null", l.split ? json_spread(l.backward_data_ms) : "null",
         num(l.flops.forward), num(l.flops.backward_data), num(l.flops.backward_weights), l.backward_data ? "true" : "false",
-        num(l.forward_gflops), num(l.backward_gflops));
+        num(l.forward_gflops), num(l.backward_gflops), num(l.forward_bytes), num(l.backward_bytes),
+        num(l.forward_bound_ms), num(l.backward_bound_ms), l.forward_memory_bound ? "memory" : "gemm",
+        l.backward_memory_bound ? "memory" : "gemm");
   }
   out += fmt::format("], \"samples_per_s\": {}, \"flops_per_sample\": {}, \"gflops\": {}", num(r.samples_per_s),
                      num(r.flops_per_sample), num(r.gflops));
@@ -259,6 +326,12 @@ std::string bench_json(const BenchReport& r) {
                        num(r.peak_fraction));
   else
     out += fmt::format(", \"why_not\": {}", json_string(r.peak.why_not));
+  out += fmt::format("}}, \"copy_bandwidth\": {{\"available\": {}", r.bandwidth.available ? "true" : "false");
+  if (r.bandwidth.available)
+    out += fmt::format(", \"what\": {}, \"bytes\": {}, \"gb_per_s_per_worker\": {}", json_string(r.bandwidth.what),
+                       r.bandwidth.bytes, json_spread(r.bandwidth_gb_per_s));
+  else
+    out += fmt::format(", \"why_not\": {}", json_string(r.bandwidth.why_not));
   return out + "}}\n";
 }
 

@@ -1,8 +1,15 @@
 // `dtrain bench` (like `caffe time`): an experiment's training steps, timed. The trainer is built
 // exactly as `dtrain run` builds it (model, strategy, input pipeline); warm-up steps create the
 // primitives and fill the caches, then the timed steps run with a StepProfile attached. Each
-// worker measures its own steps, layers and GEMM peak (all at the same time); every worker then
-// holds every worker's figures, as mean and max.
+// worker measures its own steps, layers, GEMM peak and copy bandwidth (all at the same time);
+// every worker then holds every worker's figures, as mean and max.
+//
+// Each layer's bound is the longer of the time its FLOPs take at the GEMM peak and the time its
+// bytes take at the copy bandwidth (a roofline): the bytes a layer must move are its input and
+// output once forward, its output's and input's gradients once backward, in the compute dtype, and
+// its variables once each way (layer_bytes in bench.cpp). A lower bound: a kernel may also read
+// what its forward kept (an argmax, a relu's output, a mask), and activations that stay in the
+// caches move faster than a copy through memory, so a layer may run below 1x its bound.
 #pragma once
 
 #include <array>
@@ -38,6 +45,11 @@ struct LayerBench {
   // Whether backward computes the gradient with respect to the input (every layer but the first).
   bool backward_data = true;
   double forward_gflops = 0.0, backward_gflops = 0.0;  // from the mean times
+  double forward_bytes = 0.0, backward_bytes = 0.0;    // per sample, what it must move
+  // The bound of each direction in ms per step (0 with neither a peak nor a bandwidth), and
+  // whether the bytes set it (else the FLOPs).
+  double forward_bound_ms = 0.0, backward_bound_ms = 0.0;
+  bool forward_memory_bound = false, backward_memory_bound = false;
 };
 
 struct BenchReport {
@@ -60,6 +72,8 @@ struct BenchReport {
   Spread peak_gflops;             // per worker
   double peak_gflops_total = 0.0; // summed over the workers: what the job's cores reach
   double peak_fraction = -1.0;    // gflops / peak_gflops_total; < 0 without a peak
+  device::CopyBandwidth bandwidth;  // the chief's (what, bytes; available or why not)
+  Spread bandwidth_gb_per_s;        // per worker
 };
 
 // Runs the warm-up, the timed steps (layers and phases), the same number again timed as whole

@@ -1,7 +1,8 @@
 // dtrain bench's pieces: the step profile the trainer fills only while attached, the report and
-// its figures, and the GEMM peak in each compute dtype.
+// its figures, the GEMM peak in each compute dtype, the copy bandwidth and the layers' bounds.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -131,12 +132,46 @@ TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases w
   REQUIRE(r.peak.available);
   CHECK(r.peak.gflops > 0.0);
   CHECK(r.peak_fraction == doctest::Approx(r.gflops / r.peak_gflops_total));
+  // The bytes each direction must move per sample (f32; variables once per step of 4 samples):
+  // conv2d 8x8x1 in, 6x6x4 out, 40 weights, no input gradient; the pooling 6x6x4 in, 3x3x4 out.
+  CHECK(r.layers[0].forward_bytes == doctest::Approx((64 + 144) * 4 + 40 * 4 / 4.0));
+  CHECK(r.layers[0].backward_bytes == doctest::Approx(144 * 4 + 2 * 40 * 4 / 4.0));
+  CHECK(r.layers[1].forward_bytes == doctest::Approx((144 + 36) * 4));
+  CHECK(r.layers[1].backward_bytes == doctest::Approx((36 + 144) * 4));
+  // Each bound is the longer of the FLOPs at the peak and the bytes at the bandwidth, for the
+  // 4 samples of the step; a pooling's few compares make it memory-bound.
+  REQUIRE(r.bandwidth.available);
+  CHECK(r.bandwidth_gb_per_s.mean > 0.0);
+  for (const auto& l : r.layers) {
+    const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+    const auto bound = [&](double flops, double bytes) {
+      return std::max(flops * 4 / (r.peak_gflops.mean * 1e6), bytes * 4 / (r.bandwidth_gb_per_s.mean * 1e6));
+    };
+    CHECK(l.forward_bound_ms == doctest::Approx(bound(l.flops.forward, l.forward_bytes)));
+    CHECK(l.backward_bound_ms == doctest::Approx(bound(backward, l.backward_bytes)));
+  }
+  CHECK(r.layers[1].forward_memory_bound);
+  CHECK(r.layers[1].backward_memory_bound);
   const std::string json = observe::bench_json(r);
   CHECK(json.starts_with("{\"schema\": \"dtrain.bench/1\""));
   CHECK(json.find("\"reduction\": {\"mean\": ") != std::string::npos);
+  CHECK(json.find("\"bound_by\": {\"forward\": \"memory\", \"backward\": \"memory\"}") != std::string::npos);
+  CHECK(json.find("\"copy_bandwidth\": {\"available\": true, \"what\": \"memcpy of ") != std::string::npos);
+  CHECK(json.ends_with("}}\n"));
   const std::string table = observe::bench_table(r);
   CHECK(table.find("sum of phases") != std::string::npos);
   CHECK(table.find("GEMM peak: oneDNN matmul f32 x f32 -> f32") != std::string::npos);
+  CHECK(table.find("copy bandwidth: memcpy of ") != std::string::npos);
+  CHECK(table.find("layers against their bounds") != std::string::npos);
+  CHECK(table.find("x bound") != std::string::npos);
+}
+
+TEST_CASE("the copy bandwidth: a copy larger than the caches, bytes read and written") {
+  const device::CopyBandwidth b = device::measure_copy_bandwidth(testing::cpu(), 1);
+  REQUIRE(b.available);
+  CHECK(b.gb_per_s > 0.0);
+  CHECK(b.bytes >= std::int64_t{128} << 20);
+  CHECK(b.what.starts_with("memcpy of "));
 }
 
 TEST_CASE("the GEMM peak in each compute dtype, or why there is none") {

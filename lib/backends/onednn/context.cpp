@@ -145,7 +145,8 @@ LayoutPtr make_layout(const Shape& shape, DType dtype, const memory::desc& md) {
   return std::make_shared<OnednnLayout>(shape, dtype, md);
 }
 
-OnednnContext::OnednnContext(Device device) : device_(device), numerics_(std::make_unique<CpuNumerics>()) {
+OnednnContext::OnednnContext(Device device)
+    : device_(device), numerics_(std::make_unique<CpuNumerics>()) {
   if (device.kind != Device::Kind::cpu) throw InternalError("the oneDNN backend runs cpu devices only");
   if (CheckedMemory::requested()) {
     checked_ = std::make_unique<CheckedMemory>();
@@ -214,6 +215,14 @@ std::unique_ptr<Copy> OnednnContext::make_copy(const Memory& from, const Memory&
   return std::make_unique<ReorderCopy>(*this, wrap(from), wrap(to));
 }
 
+void OnednnContext::set_loop_isa(LoopIsa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(widest_loop_isa()))
+    throw ConfigError(fmt::format("the CPU backend's loops cannot run as {} here: the widest this CPU (oneDNN isa {}) "
+                                  "runs is {}",
+                                  name_of(isa), effective_isa(), name_of(widest_loop_isa())));
+  loop_isa_ = isa;
+}
+
 std::string OnednnContext::describe() const { return fmt::format("oneDNN {} isa {}", dnnl_version(), effective_isa()); }
 
 memory OnednnContext::wrap(const Memory& m) const {
@@ -273,6 +282,24 @@ std::string effective_isa() {
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
     default: return "unknown";
   }
+}
+
+std::string_view name_of(LoopIsa isa) {
+  switch (isa) {
+    case LoopIsa::x86_64: return "x86-64";
+    case LoopIsa::x86_64_v3: return "x86-64-v3";
+    case LoopIsa::x86_64_v4: return "x86-64-v4";
+  }
+  return "unknown";
+}
+
+LoopIsa widest_loop_isa() {
+  // cpu_isa values are bit sets: an ISA includes every bit of the ones it extends.
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto has = [isa](dnnl::cpu_isa want) { return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want); };
+  if (__builtin_cpu_supports("x86-64-v4") && has(dnnl::cpu_isa::avx512_core)) return LoopIsa::x86_64_v4;
+  if (__builtin_cpu_supports("x86-64-v3") && has(dnnl::cpu_isa::avx2)) return LoopIsa::x86_64_v3;
+  return LoopIsa::x86_64;
 }
 
 bool cpu_has_bf16() {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -34,6 +35,14 @@ using device::Memory;
 using device::Numerics;
 
 inline constexpr std::string_view kName = "onednn";
+
+// The x86-64 levels the backend's own loops (lanes.hpp) are compiled for, narrowest first: plain
+// x86-64 (SSE2), v3 (AVX2 with FMA), v4 (AVX-512 F, BW, DQ, VL).
+enum class LoopIsa { x86_64, x86_64_v3, x86_64_v4 };
+std::string_view name_of(LoopIsa isa);
+// The widest level this CPU runs, capped by oneDNN's effective ISA (ONEDNN_MAX_CPU_ISA, or
+// reproducibility.isa), so a cap to avx2 also moves dtrain's own loops to their AVX2 build.
+LoopIsa widest_loop_isa();
 
 dnnl::memory::data_type to_dnnl(DType dtype);
 
@@ -102,6 +111,12 @@ class OnednnContext final : public Context {
   std::string describe() const override;
   std::string cannot_compute_in(DType compute) const override;
 
+  // The level this context's kernels build their own loops for: widest_loop_isa(), unless a test
+  // chose a narrower one (before making the kernels) to run each build on one machine. Asked when a
+  // kernel is made, not before: oneDNN's ISA may be capped until its first kernel.
+  LoopIsa loop_isa() const { return loop_isa_ ? *loop_isa_ : widest_loop_isa(); }
+  void set_loop_isa(LoopIsa isa);
+
   // A oneDNN memory over `m` (no copy).
   dnnl::memory wrap(const Memory& m) const;
   dnnl::memory wrap(const dnnl::memory::desc& md, void* data) const;
@@ -111,6 +126,7 @@ class OnednnContext final : public Context {
 
  private:
   Device device_;
+  std::optional<LoopIsa> loop_isa_;  // set_loop_isa's choice
   std::unique_ptr<Numerics> numerics_;
   std::unique_ptr<CheckedMemory> checked_;            // the checked mode's memory, else null
   std::unique_ptr<Numerics> checked_numerics_;        // numerics_ inside calls, checked

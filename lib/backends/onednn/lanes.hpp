@@ -2,10 +2,13 @@
 // gradients): how a oneDNN memory lays out its channels, and vectors of L channel lanes.
 //
 // The loops are written with GCC's vector extensions, so each step is one vector operation on
-// every target the clones are built for (plain scalar loops with a select did not vectorize), and
-// compiled for AVX-512, AVX2 and plain x86-64 with the loader picking the version this CPU runs
-// (target_clones, as in numerics.cpp). Files using them are built with -Wno-psabi: the vector
-// values cross only inline helpers of one file, never an ABI boundary.
+// every target they are built for (plain scalar loops with a select did not vectorize), and
+// compiled for AVX-512, AVX2 and plain x86-64. Files using them are built with -Wno-psabi: the
+// vector values cross only inline helpers of one file, never an ABI boundary.
+//
+// Two ways to pick the build: target_clones (the loader picks the version this CPU runs, as in
+// numerics.cpp), or run_for (below: the kernel picks, by its context's loop_isa(), so a test can
+// run every build on one machine, and the lane count follows the build's registers).
 #pragma once
 
 #include <bit>
@@ -14,6 +17,8 @@
 #include <optional>
 
 #include <oneapi/dnnl/dnnl.hpp>
+
+#include "backends/onednn/context.hpp"
 
 namespace dtrain::backends::onednn {
 
@@ -25,6 +30,53 @@ namespace dtrain::backends::onednn {
 #else
 #define DTRAIN_LANE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
+
+// Floats in one vector register of each level: what a loop built for it takes per step. A loop with
+// wider GCC vectors than its target's registers is not split into register-wide halves where it
+// compares or converts: GCC 12 computes those lane by lane (a max pooling backward with 16 lanes
+// on AVX2, or with any byte-to-float conversion, ran 4-10 times slower than with native lanes).
+constexpr int float_lanes(LoopIsa isa) {
+  return isa == LoopIsa::x86_64_v4 ? 16 : isa == LoopIsa::x86_64_v3 ? 8 : 4;
+}
+
+// run_for(isa, loop) calls loop.template operator()<isa>() inside a function built for `isa` that
+// inlines everything it calls (flatten), so the loop's vector code is generated for that level.
+// Nothing is inlined out of these functions into code built for a narrower level.
+template <class Loop>
+[[gnu::target("arch=x86-64-v4"), gnu::flatten]] void run_on_x86_64_v4(const Loop& loop) {
+  loop.template operator()<LoopIsa::x86_64_v4>();
+}
+template <class Loop>
+[[gnu::target("arch=x86-64-v3"), gnu::flatten]] void run_on_x86_64_v3(const Loop& loop) {
+  loop.template operator()<LoopIsa::x86_64_v3>();
+}
+template <class Loop>
+[[gnu::flatten]] void run_on_x86_64(const Loop& loop) {
+  loop.template operator()<LoopIsa::x86_64>();
+}
+template <class Loop>
+void run_for(LoopIsa isa, const Loop& loop) {
+  switch (isa) {
+    case LoopIsa::x86_64_v4: return run_on_x86_64_v4(loop);
+    case LoopIsa::x86_64_v3: return run_on_x86_64_v3(loop);
+    case LoopIsa::x86_64: return run_on_x86_64(loop);
+  }
+}
+
+// body.template operator()<L>() built for `isa`, with L the widest of 16, 8, 4, 1 lanes that fits
+// the level's registers (float_lanes) and divides a group's channel `lanes`.
+template <class Body>
+void run_with_lanes(LoopIsa isa, std::int64_t lanes, const Body& body) {
+  run_for(isa, [&]<LoopIsa I>() {
+    constexpr int widest = float_lanes(I);
+    if constexpr (widest >= 16)
+      if (lanes % 16 == 0) return body.template operator()<16>();
+    if constexpr (widest >= 8)
+      if (lanes % 8 == 0) return body.template operator()<8>();
+    if (lanes % 4 == 0) return body.template operator()<4>();
+    body.template operator()<1>();
+  });
+}
 
 // Where element (n, c, h, w) lives: n * n + (c / lanes) * group + h * row + w * col + c % lanes.
 // With nhwc the channels form one group of `lanes` = C.
@@ -122,6 +174,21 @@ inline void store_narrowed(float* p, const Vec<float, L>& v) {
 template <int L>
 inline void store_narrowed(std::uint16_t* p, const Vec<float, L>& v) {
   store(p, __builtin_convertvector(std::bit_cast<Vec<std::uint32_t, L>>(v) >> 16, Vec<std::uint16_t, L>));
+}
+
+// Conversions between bytes and 32-bit lanes in two steps through 16 bits: GCC 12 vectorizes each
+// step that doubles or halves the width, but computes a 4x conversion lane by lane.
+// A byte mask (each lane 0 or -1, as a comparison of bytes gives) as lanes of B (16 or 32 bits).
+template <class B, int L>
+inline B widen_mask(const Vec<std::int8_t, L>& m) {
+  return __builtin_convertvector(__builtin_convertvector(m, Vec<std::int16_t, L>), B);
+}
+// Lanes holding 0..255, as bytes. 16 lanes run only in the AVX-512 build, which truncates them in
+// one instruction (vpmovdb; its 2-step form took 4), so they convert at once.
+template <int L>
+inline Vec<std::uint8_t, L> narrow_to_bytes(const Vec<std::int32_t, L>& v) {
+  if constexpr (L == 16) return __builtin_convertvector(v, Vec<std::uint8_t, L>);
+  return __builtin_convertvector(__builtin_convertvector(v, Vec<std::int16_t, L>), Vec<std::uint8_t, L>);
 }
 
 }  // namespace dtrain::backends::onednn

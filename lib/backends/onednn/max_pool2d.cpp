@@ -13,6 +13,15 @@
 // the channel lanes (vectorized for AVX-512, AVX2 and plain x86-64, picked at load time) run near
 // memory speed. Layouts and geometries these loops do not cover (channels not innermost, windows
 // of more than 255 positions, overlapping windows in bf16) keep oneDNN's kernel.
+//
+// Each plane runs in the build of the loops for the context's loop_isa() (lanes.hpp's run_for),
+// with as many lanes per step as that level's registers hold. The AVX-512 build used to take 16
+// lanes through target_clones whatever the level, and GCC 12 turned its 4x conversions of the
+// window position bytes, and every 16-lane comparison in the AVX2 build, into lane-by-lane code:
+// the seed CNN's first pooling backward moved 11-20 GB/s on AVX-512 (perf: scalar vcomiss/seta
+// and byte inserts in the v4 clone); with native lanes and conversions by steps of 2x
+// (widen_mask, narrow_to_bytes) it runs at the speed of a copy on every level.
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -93,8 +102,8 @@ void zero_positions(const Geometry& g, T* diff_src, const std::vector<std::int64
 // L channel lanes at a time (lanes.hpp), the argmax kept in 32-bit lanes beside the float maxima
 // and narrowed when stored.
 template <class T, int L>
-DTRAIN_LANE_CLONES void forward_plane(const Geometry& g, const Windows& win, const T* __restrict src,
-                                      T* __restrict dst, std::uint8_t* __restrict ws) {
+void forward_plane(const Geometry& g, const Windows& win, const T* __restrict src, T* __restrict dst,
+                   std::uint8_t* __restrict ws) {
   using F = Vec<float, L>;
   using I = Vec<std::int32_t, L>;
   for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
@@ -108,7 +117,7 @@ DTRAIN_LANE_CLONES void forward_plane(const Geometry& g, const Windows& win, con
       which = more ? I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]) : which;
     }
     store_narrowed<L>(dst + at + c0, best);
-    store(ws + at + c0, __builtin_convertvector(which, Vec<std::uint8_t, L>));
+    store(ws + at + c0, narrow_to_bytes<L>(which));
   });
 }
 
@@ -117,41 +126,48 @@ DTRAIN_LANE_CLONES void forward_plane(const Geometry& g, const Windows& win, con
 // only positions outside every window need zeroing. T's bits are copied, never computed on.
 // Relu: the input is a relu's output whose derivative this backward applies (nn/kernel.hpp): the
 // gradient goes through only where the max, which is that relu's output, is above zero.
+// Where each lane's max came from: bf16's 16-bit lanes compare the positions widened once per
+// window (bytes to 16 bits, a 2x conversion); f32's compare them as bytes and widen the byte mask
+// in two steps (comparing 32-bit lanes widened from bytes, GCC 12 went lane by lane on AVX-512).
 template <class T, int L, bool Relu>
-DTRAIN_LANE_CLONES void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict dst,
-                                                const T* __restrict diff_dst, const std::uint8_t* __restrict ws,
-                                                T* __restrict diff_src) {
+void backward_plane_disjoint(const Geometry& g, const Windows& win, const T* __restrict dst,
+                             const T* __restrict diff_dst, const std::uint8_t* __restrict ws, T* __restrict diff_src) {
   using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int16_t>;
   using B = Vec<Bits, L>;
   zero_positions(g, diff_src, g.uncovered_rows, g.uncovered_cols);
+  // In registers for the whole plane (the stores below could otherwise be any memory).
+  const std::int64_t* const offset = win.offset.data();
+  const std::uint8_t* const position = win.position.data();
   for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
     B dy = load<B>(diff_dst + at + c0);
     if constexpr (Relu) dy &= __builtin_convertvector(load_widened<L>(dst + at + c0) > 0.0f, B);
-    const B which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), B);
-    for (std::int64_t k = first; k < last; ++k) {
-      const B here = which == static_cast<Bits>(win.position[static_cast<std::size_t>(k)]);
-      store(diff_src + win.offset[static_cast<std::size_t>(k)] + c0, B(here & dy));
-    }
+    const auto which = load<Vec<std::uint8_t, L>>(ws + at + c0);
+    const auto here = [&](std::uint8_t p) -> B {
+      if constexpr (sizeof(Bits) == 2) return __builtin_convertvector(which, B) == static_cast<Bits>(p);
+      else return widen_mask<B, L>(which == p);
+    };
+    for (std::int64_t k = first; k < last; ++k) store(diff_src + offset[k] + c0, B(here(position[k]) & dy));
   });
 }
 
 // Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
 // window's gradient at its max.
 template <int L, bool Relu>
-DTRAIN_LANE_CLONES void backward_plane_overlapping(const Geometry& g, const Windows& win, const float* __restrict dst,
-                                                   const float* __restrict diff_dst, const std::uint8_t* __restrict ws,
-                                                   float* __restrict diff_src) {
+void backward_plane_overlapping(const Geometry& g, const Windows& win, const float* __restrict dst,
+                                const float* __restrict diff_dst, const std::uint8_t* __restrict ws,
+                                float* __restrict diff_src) {
   using F = Vec<float, L>;
   using I = Vec<std::int32_t, L>;
   zero_positions(g, diff_src, g.all_rows, {});
   for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
-    F dy = load<F>(diff_dst + at + c0);
-    if constexpr (Relu) dy = load<F>(dst + at + c0) > 0.0f ? dy : F{};
-    const I which = __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at + c0), I);
+    // Masks as bit operations: GCC 12 computes a 16-lane float select (?:) lane by lane on AVX-512.
+    I dy = load<I>(diff_dst + at + c0);
+    if constexpr (Relu) dy &= load<F>(dst + at + c0) > 0.0f;
+    const auto which = load<Vec<std::uint8_t, L>>(ws + at + c0);
     for (std::int64_t k = first; k < last; ++k) {
       float* dx = diff_src + win.offset[static_cast<std::size_t>(k)] + c0;
-      const I here = which == static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]);
-      store(dx, F(load<F>(dx) + (here ? dy : F{})));
+      const I here = widen_mask<I, L>(which == win.position[static_cast<std::size_t>(k)]);
+      store(dx, F(load<F>(dx) + std::bit_cast<F>(I(here & dy))));  // + 0.0f where the max is not here
     }
   });
 }
@@ -159,7 +175,7 @@ DTRAIN_LANE_CLONES void backward_plane_overlapping(const Geometry& g, const Wind
 class MaxPool2DKernel final : public nn::LayerKernel {
  public:
   MaxPool2DKernel(nn::MaxPool2D& layer, OnednnContext& ctx)
-      : layer_(layer), ctx_(ctx), onednn_(layer, ctx, dnnl::algorithm::pooling_max) {}
+      : layer_(layer), ctx_(ctx), isa_(ctx.loop_isa()), onednn_(layer, ctx, dnnl::algorithm::pooling_max) {}
 
   LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override {
     const memory::desc& src_md = md_of(src);
@@ -199,8 +215,8 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   void forward(std::int64_t batch, const nn::StepContext& step) override {
     Plan* p = own_plan(batch);
     if (!p) return onednn_.forward(batch, step);
-    if (p->dtype == DType::bf16) return dispatch<std::uint16_t>(*p, true);
-    dispatch<float>(*p, true);
+    if (p->dtype == DType::bf16) return run_forward<std::uint16_t>(*p);
+    run_forward<float>(*p);
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
@@ -214,8 +230,8 @@ class MaxPool2DKernel final : public nn::LayerKernel {
       return;
     }
     if (!p->diff_src) return;  // the first layer: nothing below wants the gradient
-    if (p->dtype == DType::bf16) return dispatch<std::uint16_t>(*p, false);
-    dispatch<float>(*p, false);
+    if (p->dtype == DType::bf16) return run_backward<std::uint16_t>(*p);
+    run_backward<float>(*p);
   }
 
  private:
@@ -272,60 +288,59 @@ class MaxPool2DKernel final : public nn::LayerKernel {
     return nullptr;
   }
 
-  // The planes (n, group) are independent; the replica's OpenMP team shares them.
-  template <class T, int L>
+  // The planes (n, group) are independent; the replica's OpenMP team shares them. Each plane's loop
+  // is a call into the build for isa_ (the OpenMP region itself is built for plain x86-64).
+  template <class T>
   void run_forward(Plan& p) {
     const Geometry& g = p.geometry;
+    const Windows& win = *p.windows;
     const T* src = static_cast<const T*>(p.src.get_data_handle());
     T* dst = static_cast<T*>(p.dst.get_data_handle());
     std::uint8_t* ws = p.workspace.data();
     const std::int64_t planes = p.batch * g.src.groups;
+    const LoopIsa isa = isa_;
 #pragma omp parallel for schedule(static)
     for (std::int64_t q = 0; q < planes; ++q) {
       const std::int64_t n = q / g.src.groups, group = q % g.src.groups;
       const std::int64_t out = n * g.dst.n + group * g.dst.group;
-      forward_plane<T, L>(g, *p.windows, src + n * g.src.n + group * g.src.group, dst + out, ws + out);
+      const T* x = src + n * g.src.n + group * g.src.group;
+      run_with_lanes(isa, g.lanes, [&]<int L>() { forward_plane<T, L>(g, win, x, dst + out, ws + out); });
     }
   }
 
-  template <class T, int L>
+  template <class T>
   void run_backward(Plan& p) {
     const Geometry& g = p.geometry;
+    const Windows& win = *p.windows;
     const T* dst = static_cast<const T*>(p.dst.get_data_handle());
     const T* diff_dst = static_cast<const T*>(p.diff_dst.get_data_handle());
     T* diff_src = static_cast<T*>(p.diff_src.get_data_handle());
     const std::uint8_t* ws = p.workspace.data();
     const std::int64_t planes = p.batch * g.src.groups;
+    const LoopIsa isa = isa_;
+    const bool relu = relu_below_;
 #pragma omp parallel for schedule(static)
     for (std::int64_t q = 0; q < planes; ++q) {
       const std::int64_t n = q / g.src.groups, group = q % g.src.groups;
       const std::int64_t out = n * g.dst.n + group * g.dst.group;
       T* dx = diff_src + n * g.src.n + group * g.src.group;
-      if constexpr (std::is_same_v<T, float>) {
-        if (g.overlapping) {
-          if (relu_below_) backward_plane_overlapping<L, true>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
-          else backward_plane_overlapping<L, false>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
-          continue;
+      run_with_lanes(isa, g.lanes, [&]<int L>() {
+        if constexpr (std::is_same_v<T, float>) {
+          if (g.overlapping) {
+            if (relu) backward_plane_overlapping<L, true>(g, win, dst + out, diff_dst + out, ws + out, dx);
+            else backward_plane_overlapping<L, false>(g, win, dst + out, diff_dst + out, ws + out, dx);
+            return;
+          }
         }
-      }
-      if (relu_below_) backward_plane_disjoint<T, L, true>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
-      else backward_plane_disjoint<T, L, false>(g, *p.windows, dst + out, diff_dst + out, ws + out, dx);
+        if (relu) backward_plane_disjoint<T, L, true>(g, win, dst + out, diff_dst + out, ws + out, dx);
+        else backward_plane_disjoint<T, L, false>(g, win, dst + out, diff_dst + out, ws + out, dx);
+      });
     }
-  }
-
-  // The widest lane count that divides the channel lanes: 16, 8, 4 or 1.
-  template <class T>
-  void dispatch(Plan& p, bool forward) {
-    const std::int64_t lanes = p.geometry.lanes;
-    const auto run = [&]<int L>() { forward ? run_forward<T, L>(p) : run_backward<T, L>(p); };
-    if (lanes % 16 == 0) run.template operator()<16>();
-    else if (lanes % 8 == 0) run.template operator()<8>();
-    else if (lanes % 4 == 0) run.template operator()<4>();
-    else run.template operator()<1>();
   }
 
   nn::MaxPool2D& layer_;
   OnednnContext& ctx_;
+  LoopIsa isa_;               // the build of the loops this kernel runs
   Pool2DKernel onednn_;       // for what the loops above do not cover
   std::vector<Plan> plans_;   // one per batch size planned here (few: the batch and a last one)
   bool relu_below_ = false;   // this backward applies the derivative of the relu below
