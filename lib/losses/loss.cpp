@@ -262,6 +262,20 @@ void Loss::per_example(const Tensor& y_pred, const Tensor& y_true, std::span<flo
   numerics_.loss(b);
 }
 
+namespace {
+
+// The loss gradient's buffer for `y_pred`: a host buffer is sized here; a device one (a model's
+// output gradient) already fits.
+void fit_gradient_buffer(const Tensor& y_pred, Tensor& d_pred) {
+  if (d_pred.host_accessible() && !(d_pred.defined() && d_pred.shape() == y_pred.shape()))
+    d_pred.ensure(y_pred.shape(), DType::f32);
+  DTRAIN_CHECK(d_pred.shape() == y_pred.shape() && d_pred.dtype() == DType::f32,
+               fmt::format("loss gradient buffer {} for predictions {}", d_pred.shape().to_string(),
+                           y_pred.shape().to_string()));
+}
+
+}  // namespace
+
 void Loss::gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const float> weights, float scale,
                     Tensor& d_pred) const {
   const auto [N, C] = validate(y_pred, y_true);
@@ -269,12 +283,7 @@ void Loss::gradient(const Tensor& y_pred, const Tensor& y_true, std::span<const 
     throw InputError(fmt::format("loss {}: {} sample weights for a batch of {} examples; give one weight per example",
                                  loss_name(config_.kind), weights.size(), N));
   }
-  // A host buffer is sized here; a device one (a model's output gradient) already fits.
-  if (d_pred.host_accessible() && !(d_pred.defined() && d_pred.shape() == y_pred.shape()))
-    d_pred.ensure(y_pred.shape(), DType::f32);
-  DTRAIN_CHECK(d_pred.shape() == y_pred.shape() && d_pred.dtype() == DType::f32,
-               fmt::format("loss gradient buffer {} for predictions {}", d_pred.shape().to_string(),
-                           y_pred.shape().to_string()));
+  fit_gradient_buffer(y_pred, d_pred);
   device::LossBatch b = batch_of(y_pred, y_true);
   b.weights = weights.empty() ? nullptr : weights.data();
   b.scale = scale;
@@ -287,11 +296,7 @@ void Loss::per_example_and_gradient(const Tensor& y_pred, const Tensor& y_true, 
   const auto [N, C] = validate(y_pred, y_true);
   DTRAIN_CHECK(static_cast<std::int64_t>(out.size()) == N,
                fmt::format("per-example output has {} entries for a batch of {}", out.size(), N));
-  if (d_pred.host_accessible() && !(d_pred.defined() && d_pred.shape() == y_pred.shape()))
-    d_pred.ensure(y_pred.shape(), DType::f32);
-  DTRAIN_CHECK(d_pred.shape() == y_pred.shape() && d_pred.dtype() == DType::f32,
-               fmt::format("loss gradient buffer {} for predictions {}", d_pred.shape().to_string(),
-                           y_pred.shape().to_string()));
+  fit_gradient_buffer(y_pred, d_pred);
   device::LossBatch b = batch_of(y_pred, y_true);
   b.per_example = out.data();
   b.scale = scale;
