@@ -46,7 +46,7 @@ std::vector<float> with_ties(std::size_t n, std::uint32_t seed) {
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 PoolDims pool_dims(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t p, std::int64_t s,
