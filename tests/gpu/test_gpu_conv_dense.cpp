@@ -93,6 +93,17 @@ struct ConvCase {
   bool bias;
 };
 
+// `step` once more: it must neither allocate device memory nor take a block from the cache.
+template <class Context, class Step>
+void step_allocates_nothing(Context& ctx, Step& step) {
+  const cuda::AllocatorStats before = ctx.allocator_stats();
+  step();
+  const cuda::AllocatorStats after = ctx.allocator_stats();
+  CHECK(after.device_mallocs == before.device_mallocs);
+  CHECK(after.cache_hits == before.cache_hits);
+  CHECK(after.bytes_in_use == before.bytes_in_use);
+}
+
 }  // namespace
 
 TEST_CASE("conv2d core on the GPU, cuDNN and GEMM: forward, dx, dk and db against the reference, and a second step "
@@ -165,12 +176,7 @@ TEST_CASE("conv2d core on the GPU, cuDNN and GEMM: forward, dx, dk and db agains
       if (t.bias) compare_to_reference("conv2d db", db1, db_ref, g.n * g.oh() * g.ow());
 
       // The second identical step: no allocation at all, and (deterministic algorithms) the same bits.
-      const cuda::AllocatorStats before = ctx.allocator_stats();
-      step();
-      const cuda::AllocatorStats after = ctx.allocator_stats();
-      CHECK(after.device_mallocs == before.device_mallocs);
-      CHECK(after.cache_hits == before.cache_hits);
-      CHECK(after.bytes_in_use == before.bytes_in_use);
+      step_allocates_nothing(ctx, step);
       if (core.deterministic()) {
         CHECK(same_bits(download<float>(d_y, ny), y1));
         CHECK(same_bits(download<float>(d_dx, nx), dx1));
@@ -213,12 +219,7 @@ TEST_CASE("dense core on the GPU: forward, dx, dk and db against the reference, 
     compare_to_reference("dense dk", dk1, ref.dk, t.batch);
     if (t.bias) compare_to_reference("dense db", db1, ref.db, t.batch);
 
-    const cuda::AllocatorStats before = ctx.allocator_stats();
-    step();
-    const cuda::AllocatorStats after = ctx.allocator_stats();
-    CHECK(after.device_mallocs == before.device_mallocs);
-    CHECK(after.cache_hits == before.cache_hits);
-    CHECK(after.bytes_in_use == before.bytes_in_use);
+    step_allocates_nothing(ctx, step);
     CHECK(same_bits(download<float>(d_y, ny), y1));
     CHECK(same_bits(download<float>(d_dx, nx), dx1));
     CHECK(same_bits(download<float>(d_dk, nk), dk1));

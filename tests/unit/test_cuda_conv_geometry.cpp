@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <iterator>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/conv2d_geometry.hpp"
@@ -30,6 +32,38 @@ std::vector<double> random_values(std::size_t n, std::uint32_t seed) {
   std::vector<double> v(n);
   for (double& x : v) x = d(rng);
   return v;
+}
+
+// Convolutions over odd and even sizes, strides, kernel shapes and both paddings.
+struct GeometryCase {
+  std::int64_t n, h, w, c, f, kh, kw, sh, sw;
+  Padding padding;
+};
+constexpr GeometryCase kGeometries[] = {
+    {1, 7, 9, 3, 4, 3, 3, 1, 1, Padding::valid}, {2, 7, 9, 3, 4, 3, 3, 1, 1, Padding::same},
+    {2, 7, 9, 3, 4, 4, 4, 1, 1, Padding::same},  {2, 8, 9, 3, 4, 3, 3, 2, 2, Padding::same},
+    {2, 7, 9, 2, 3, 4, 3, 2, 1, Padding::same},  {1, 7, 9, 2, 3, 4, 4, 2, 2, Padding::valid},
+    {1, 6, 6, 2, 2, 1, 1, 2, 2, Padding::same},  {1, 5, 4, 2, 3, 2, 5, 3, 1, Padding::same},
+};
+
+std::string describe(const GeometryCase& t) {
+  return "n " + std::to_string(t.n) + " h " + std::to_string(t.h) + " w " + std::to_string(t.w) + " c " +
+         std::to_string(t.c) + " f " + std::to_string(t.f) + " kernel " + std::to_string(t.kh) + "x" +
+         std::to_string(t.kw) + " strides " + std::to_string(t.sh) + "x" + std::to_string(t.sw) +
+         (t.padding == Padding::same ? " same" : " valid");
+}
+
+// A case's geometry and random x, kernel and dy, each from its own seed (`seed` moves on by 3).
+struct CaseData {
+  cuda::Conv2dGeometry g;
+  std::vector<double> x, k, dy;
+};
+CaseData case_data(const GeometryCase& t, std::uint32_t& seed) {
+  CaseData d{cuda::conv2d_geometry(t.n, t.h, t.w, t.c, t.f, t.kh, t.kw, t.sh, t.sw, t.padding), {}, {}, {}};
+  d.x = random_values(static_cast<std::size_t>(d.g.x_elements()), seed++);
+  d.k = random_values(static_cast<std::size_t>(d.g.kernel_elements()), seed++);
+  d.dy = random_values(static_cast<std::size_t>(d.g.y_elements()), seed++);
+  return d;
 }
 
 // Keras' convolution: TensorFlow's padding, on the unpadded input.
@@ -175,29 +209,12 @@ TEST_CASE("CUDA conv geometry: the filter transposition HWIO -> cuDNN's KRSC is 
 }
 
 TEST_CASE("CUDA conv geometry: padding, cuDNN's convolution and the crop give Keras' forward and gradients exactly") {
-  struct Case {
-    std::int64_t n, h, w, c, f, kh, kw, sh, sw;
-    Padding padding;
-  };
-  const Case cases[] = {
-      {1, 7, 9, 3, 4, 3, 3, 1, 1, Padding::valid}, {2, 7, 9, 3, 4, 3, 3, 1, 1, Padding::same},
-      {2, 7, 9, 3, 4, 4, 4, 1, 1, Padding::same},  {2, 8, 9, 3, 4, 3, 3, 2, 2, Padding::same},
-      {2, 7, 9, 2, 3, 4, 3, 2, 1, Padding::same},  {1, 7, 9, 2, 3, 4, 4, 2, 2, Padding::valid},
-      {1, 6, 6, 2, 2, 1, 1, 2, 2, Padding::same},  {1, 5, 4, 2, 3, 2, 5, 3, 1, Padding::same},
-  };
   std::uint32_t seed = 1;
-  for (const Case& t : cases) {
-    const cuda::Conv2dGeometry g =
-        cuda::conv2d_geometry(t.n, t.h, t.w, t.c, t.f, t.kh, t.kw, t.sh, t.sw, t.padding);
-    CAPTURE(t.h);
-    CAPTURE(t.w);
-    CAPTURE(t.kh);
-    CAPTURE(t.kw);
-    CAPTURE(t.sh);
-    CAPTURE(t.sw);
-    const auto x = random_values(static_cast<std::size_t>(g.x_elements()), seed++);
-    const auto k = random_values(static_cast<std::size_t>(g.kernel_elements()), seed++);
-    const auto dy = random_values(static_cast<std::size_t>(g.y_elements()), seed++);
+  for (const GeometryCase& t : kGeometries) {
+    const CaseData d = case_data(t, seed);
+    const cuda::Conv2dGeometry& g = d.g;
+    const std::vector<double>&x = d.x, &k = d.k, &dy = d.dy;
+    INFO("geometry ", describe(t));
     const ConvDims keras = keras_dims(g), given = cudnn_dims(g);
     REQUIRE(given.oh == keras.oh);
     REQUIRE(given.ow == keras.ow);
@@ -228,30 +245,15 @@ TEST_CASE("CUDA conv geometry: padding, cuDNN's convolution and the crop give Ke
 }
 
 TEST_CASE("CUDA conv geometry: the GEMM path's columns give Keras' forward, kernel gradient and input gradient") {
-  struct Case {
-    std::int64_t n, h, w, c, f, kh, kw, sh, sw;
-    Padding padding;
-  };
-  const Case cases[] = {
-      {1, 7, 9, 3, 4, 3, 3, 1, 1, Padding::valid}, {2, 7, 9, 3, 4, 3, 3, 1, 1, Padding::same},
-      {2, 7, 9, 3, 4, 4, 4, 1, 1, Padding::same},  {2, 8, 9, 3, 4, 3, 3, 2, 2, Padding::same},
-      {2, 7, 9, 2, 3, 4, 3, 2, 1, Padding::same},  {1, 7, 9, 2, 3, 4, 4, 2, 2, Padding::valid},
-      {1, 6, 6, 2, 2, 1, 1, 2, 2, Padding::same},  {1, 5, 4, 2, 3, 2, 5, 3, 1, Padding::same},
-      {2, 10, 10, 1, 5, 3, 3, 1, 1, Padding::valid},
-  };
+  // The geometries above, and the seed CNN's first layer: one input channel.
+  std::vector<GeometryCase> cases(std::begin(kGeometries), std::end(kGeometries));
+  cases.push_back({2, 10, 10, 1, 5, 3, 3, 1, 1, Padding::valid});
   std::uint32_t seed = 500;
-  for (const Case& t : cases) {
-    const cuda::Conv2dGeometry g =
-        cuda::conv2d_geometry(t.n, t.h, t.w, t.c, t.f, t.kh, t.kw, t.sh, t.sw, t.padding);
-    CAPTURE(t.h);
-    CAPTURE(t.w);
-    CAPTURE(t.kh);
-    CAPTURE(t.kw);
-    CAPTURE(t.sh);
-    CAPTURE(t.sw);
-    const auto x = random_values(static_cast<std::size_t>(g.x_elements()), seed++);
-    const auto k = random_values(static_cast<std::size_t>(g.kernel_elements()), seed++);
-    const auto dy = random_values(static_cast<std::size_t>(g.y_elements()), seed++);
+  for (const GeometryCase& t : cases) {
+    const CaseData d = case_data(t, seed);
+    const cuda::Conv2dGeometry& g = d.g;
+    const std::vector<double>&x = d.x, &k = d.k, &dy = d.dy;
+    INFO("geometry ", describe(t));
     const ConvDims keras = keras_dims(g);
     std::vector<double> y_ref(static_cast<std::size_t>(g.y_elements())), dx_ref(x.size()), dk_ref(k.size()),
         db_ref(static_cast<std::size_t>(g.f));
