@@ -197,10 +197,20 @@ void ThreadCommunicator::reduce_sum_to(std::span<float> values, int root, const 
   group_.check_root(root, what);
   if (size() == 1) return;
   group_.enter(replica_, values, what);
-  if (replica_ == root)
-    for (int r = 0; r < size(); ++r)
-      if (r != root) kAdd(values, group_.values_of<float>(r));
-  // The sources must stay untouched until the root has read them.
+  // Every replica thread adds its own slice of the values into the root's, so the sum runs on all
+  // of the group's cores (it ran on the root's alone: lanes' gradients of the seed CNN, 0.9 MB
+  // each, waited on one core every step). Each element still gets root + x_0 + x_1 + ... in
+  // ascending order: the bits are the same whoever adds them. Slices are whole 64-byte lines, so
+  // no two threads write into one cache line.
+  const std::size_t n = values.size();
+  constexpr std::size_t kLine = 64 / sizeof(float);
+  const std::size_t lines = (n + kLine - 1) / kLine;
+  const auto at = [&](int r) { return std::min(n, lines * static_cast<std::size_t>(r) / static_cast<std::size_t>(size()) * kLine); };
+  const std::size_t begin = at(replica_), count = at(replica_ + 1) - begin;
+  const std::span<float> into = group_.values_of<float>(root).subspan(begin, count);
+  for (int r = 0; r < size(); ++r)
+    if (r != root) kAdd(into, group_.values_of<float>(r).subspan(begin, count));
+  // The sources must stay untouched, and the root must not return, until every slice is added.
   group_.barrier().arrive_and_wait();
 }
 

@@ -17,7 +17,7 @@
 //                            share of the data.
 // Sums of doubles and int64s and the maximum use reduction_to_one_device's order whatever the op;
 // reduce_sum_to(root) adds ((x_root + x_0) + x_1) + ... over the other replicas in ascending
-// order, on root only.
+// order, on root only; each replica thread adds its own slice of the elements.
 //
 // No collective allocates. A replica that fails makes the strategy break barrier(): every
 // replica waiting inside a collective then throws BarrierBroken, and the values' contents are

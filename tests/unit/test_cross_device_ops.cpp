@@ -236,6 +236,35 @@ TEST_CASE("reduce_sum_to sums only on the destination and leaves the others unch
   }
 }
 
+TEST_CASE("reduce_sum_to split over the replica threads adds every element in replica order") {
+  // Lengths that end inside a cache line and span several, so every thread's slice is exercised;
+  // values of many magnitudes, so another order of the additions would change bits.
+  for (int n = 2; n <= 4; ++n)
+    for (std::size_t length : {std::size_t{1}, std::size_t{17}, std::size_t{16 * 7 + 5}, std::size_t{1000}})
+      for (int destination = 0; destination < n; ++destination) {
+        CAPTURE(n);
+        CAPTURE(length);
+        CAPTURE(destination);
+        Rng rng(static_cast<std::uint64_t>(n * 1000 + destination), RngStream::test);
+        std::vector<std::vector<float>> cells(static_cast<std::size_t>(n), std::vector<float>(length));
+        for (auto& c : cells)
+          for (float& v : c) v = std::ldexp(rng.uniform() - 0.5f, static_cast<int>(rng.uniform() * 40.0f) - 20);
+        std::vector<float> expected = cells[static_cast<std::size_t>(destination)];
+        for (int r = 0; r < n; ++r)
+          if (r != destination)
+            for (std::size_t i = 0; i < length; ++i) expected[i] += cells[static_cast<std::size_t>(r)][i];
+        const std::vector<std::vector<float>> before = cells;
+        ThreadGroup group(n, CrossDeviceOp::reduction_to_one_device);
+        run_replicas(n, [&](int r) {
+          group.endpoint(r).reduce_sum_to(std::span<float>(cells[static_cast<std::size_t>(r)]), destination, "test");
+        });
+        for (int r = 0; r < n; ++r)
+          CHECK(std::memcmp(cells[static_cast<std::size_t>(r)].data(),
+                            (r == destination ? expected : before[static_cast<std::size_t>(r)]).data(),
+                            length * sizeof(float)) == 0);
+      }
+}
+
 TEST_CASE("a thread group knows the three algorithms and refuses the rest") {
   for (const char* algorithm : kAlgorithms) {
     ThreadGroup group(3, cross_device_op_named(algorithm));
