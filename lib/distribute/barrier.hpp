@@ -3,6 +3,7 @@
 // and throws instead of waiting forever.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -18,6 +19,8 @@ class Barrier {
 
   // Blocks until all participants arrived (then returns) or the barrier is broken (then throws
   // BarrierBroken). Also publishes every write made before arrive_and_wait to every participant.
+  // A waiter spins for a few microseconds before it sleeps: the participants usually arrive
+  // within that time (the lanes of a step), and waking a sleeping thread costs more.
   void arrive_and_wait();
   // Wakes every waiter with BarrierBroken; later calls throw at once until reset().
   void break_barrier();
@@ -34,6 +37,10 @@ class Barrier {
   int waiting_ = 0;
   std::uint64_t generation_ = 0;
   bool broken_ = false;
+  // generation_ and broken_ as the waiters' short spin reads them without the mutex (the mutex,
+  // taken after the spin, still orders every write).
+  std::atomic<std::uint64_t> released_{0};
+  std::atomic<bool> broken_seen_{false};
 };
 
 struct BarrierBroken {};  // thrown by a broken barrier; not an error of its own
