@@ -20,12 +20,6 @@ namespace {
 // participant (or on a machine with more threads than cores) soon leaves the core to others.
 constexpr auto kSpin = std::chrono::microseconds(20);
 
-void pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 }  // namespace
 
 void Barrier::arrive_and_wait() {
@@ -45,7 +39,7 @@ void Barrier::arrive_and_wait() {
   for (int i = 0; released_.load(std::memory_order_acquire) == arrival_generation &&
                   !broken_seen_.load(std::memory_order_relaxed);
        ++i) {
-    pause();
+    spin_pause();
     if (i % 32 == 31 && std::chrono::steady_clock::now() > until) break;
   }
   lock.lock();

@@ -43,6 +43,14 @@ class Barrier {
   std::atomic<bool> broken_seen_{false};
 };
 
-struct BarrierBroken {};  // thrown by a broken barrier; not an error of its own
+struct BarrierBroken {};
+
+// One step of a spin-wait: tells the core this thread only waits (x86's pause), so the other
+// hyper-thread and the memory system go on.
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}  // thrown by a broken barrier; not an error of its own
 
 }  // namespace dtrain::distribute

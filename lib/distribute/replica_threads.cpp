@@ -2,13 +2,19 @@
 
 #include "core/compute_thread.hpp"
 
+#include <omp.h>
+
+#include <chrono>
+
 namespace dtrain::distribute {
 
-ReplicaThreads::ReplicaThreads(std::vector<ReplicaContext> contexts, int threads_per_replica, Barrier& collectives)
-    : contexts_(std::move(contexts)), threads_per_replica_(threads_per_replica), collectives_(collectives) {
+ReplicaThreads::ReplicaThreads(std::vector<ReplicaContext> contexts, int threads_per_replica, Barrier& collectives,
+                               CallerRuns caller)
+    : contexts_(std::move(contexts)), threads_per_replica_(threads_per_replica), collectives_(collectives),
+      first_threaded_(caller == CallerRuns::first_replica ? 1 : 0) {
   if (contexts_.size() < 2) return;
   threads_.reserve(contexts_.size());
-  for (std::size_t r = 0; r < contexts_.size(); ++r) threads_.emplace_back(&ReplicaThreads::work, this, r);
+  for (std::size_t r = first_threaded_; r < contexts_.size(); ++r) threads_.emplace_back(&ReplicaThreads::work, this, r);
 }
 
 ReplicaThreads::~ReplicaThreads() {
@@ -43,8 +49,24 @@ void ReplicaThreads::work(std::size_t replica) {
       collectives_.break_barrier();
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    if (--remaining_ == 0) done_cv_.notify_all();
+    remaining_seen_.store(--remaining_, std::memory_order_release);
+    if (remaining_ == 0) done_cv_.notify_all();
   }
+}
+
+void ReplicaThreads::run_first_replica(const Strategy::ReplicaFn& fn, std::exception_ptr& error) {
+  // Replica 0's share of the cores while it runs here; the caller's own count afterwards.
+  const int caller_threads = omp_get_max_threads();
+  omp_set_num_threads(threads_per_replica_);
+  try {
+    fn(contexts_.front());
+  } catch (const BarrierBroken&) {
+    // Another replica failed and broke the collectives; its error is the one reported.
+  } catch (...) {
+    error = std::current_exception();
+    collectives_.break_barrier();
+  }
+  omp_set_num_threads(caller_threads);
 }
 
 void ReplicaThreads::run(const Strategy::ReplicaFn& fn) {
@@ -53,17 +75,30 @@ void ReplicaThreads::run(const Strategy::ReplicaFn& fn) {
     fn(contexts_.front());
     return;
   }
-  std::exception_ptr error;
+  std::exception_ptr error, caller_error;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     task_ = &fn;
     remaining_ = static_cast<int>(threads_.size());  // this process's threads only: other workers have their own
+    remaining_seen_.store(remaining_, std::memory_order_relaxed);
     first_error_ = nullptr;
     ++generation_;
     start_cv_.notify_all();
+    if (first_threaded_ > 0) {
+      lock.unlock();
+      run_first_replica(fn, caller_error);
+      // The others usually finish within microseconds of replica 0 (they meet it at the
+      // collectives' last barrier): a short spin before sleeping.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      for (int i = 0; remaining_seen_.load(std::memory_order_acquire) > 0; ++i) {
+        spin_pause();
+        if (i % 32 == 31 && std::chrono::steady_clock::now() > until) break;
+      }
+      lock.lock();
+    }
     done_cv_.wait(lock, [&] { return remaining_ == 0; });
     task_ = nullptr;
-    error = first_error_;
+    error = caller_error ? caller_error : first_error_;
   }
   if (error) {
     collectives_.reset();

@@ -23,7 +23,8 @@ std::vector<distribute::ReplicaContext> lane_contexts(int count) {
 
 Lanes::Lanes(int count)
     : group_(count, distribute::CrossDeviceOp::reduction_to_one_device),
-      threads_(lane_contexts(count), /*threads_per_replica=*/1, group_.barrier()),
+      threads_(lane_contexts(count), /*threads_per_replica=*/1, group_.barrier(),
+               distribute::ReplicaThreads::CallerRuns::first_replica),
       run_task_([this](const distribute::ReplicaContext& lane) { call_(task_, lane.replica_id); }) {}
 
 void Lanes::run_erased(void* fn, void (*call)(void*, int)) {

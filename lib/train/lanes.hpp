@@ -8,7 +8,7 @@
 // Why: oneDNN's primitives on a small model split each layer across the OpenMP team, meet at a
 // barrier per primitive and spin while they wait. On two cores that wasted most of the second
 // core, and with another busy process on the machine the spinning threads collapsed a run to a
-// tenth of its speed. Lanes meet twice per step, and block (not spin) while they wait.
+// tenth of its speed. Lanes meet twice per step, spin a few microseconds at most, then block.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,9 @@ namespace dtrain::train {
 
 class Lanes {
  public:
-  // count >= 2 threads, each with one OpenMP thread and FTZ/DAZ set (core/compute_thread.hpp).
+  // count >= 2 lanes, each with one OpenMP thread and FTZ/DAZ set (core/compute_thread.hpp):
+  // lane 0 is the thread calling run() (its OpenMP thread count is 1 while it runs the lane), the
+  // others have threads of their own.
   explicit Lanes(int count);
   int size() const { return group_.size(); }
 
