@@ -39,9 +39,13 @@ class ActivationKernel final : public nn::LayerKernel {
           ctx_.engine);
       p.fwd = {dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, dst}}};
     }
-    act_.bind(ctx_, dst, diff_dst, p.act);
     p.has_diff_src = static_cast<bool>(io.diff_src);
-    if (p.has_diff_src) p.copy_out.bind(p.act.pre_grad, ctx_.wrap(io.diff_src));
+    // The gradient straight into diff_src when it is laid out as diff_dst (no conversion): one
+    // pass instead of the activation's in place and a copy (copy_out is then nothing).
+    const dnnl::memory diff_src = p.has_diff_src ? ctx_.wrap(io.diff_src) : dnnl::memory();
+    const bool direct = p.has_diff_src && act_.kind() != Activation::linear && diff_src.get_desc() == diff_dst.get_desc();
+    act_.bind(ctx_, dst, diff_dst, p.act, direct ? &diff_src : nullptr);
+    if (p.has_diff_src) p.copy_out.bind(p.act.pre_grad, diff_src);
   }
 
   void forward(std::int64_t batch, const nn::StepContext&) override {
