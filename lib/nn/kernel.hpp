@@ -56,6 +56,10 @@ class LayerKernel {
   virtual config::Activation output_activation() const { return config::Activation::linear; }
   virtual bool take_input_activation_backward(config::Activation) { return false; }
   virtual void skip_activation_backward() {}
+  // After skip_activation_backward, whether this kernel's backward is then the identity (an
+  // Activation layer whose derivative the layer above applies): the model then hands it one memory
+  // as both diff_dst and diff_src where its input and output layouts agree, and it moves nothing.
+  virtual bool gradient_passes_through() const { return false; }
 };
 
 // compute: the dtype the layer computes in (its variables stay f32).

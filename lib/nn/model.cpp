@@ -232,6 +232,11 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
     if (last && layouts[i]->same_as(*out_canonical)) {
       p.act.push_back({layouts[i], p.output.raw()});
       p.diff.push_back({layouts[i], p.output_grad.raw()});
+    } else if (!last && i > 0 && kernels_[i]->gradient_passes_through() && layouts[i]->same_as(*layouts[i - 1])) {
+      // Its gradient is the one below's: one buffer for both, and its backward moves nothing.
+      p.buffers.push_back(ctx_.allocate(layouts[i]->bytes()));
+      p.act.push_back({layouts[i], p.buffers.back().get()});
+      p.diff.push_back({layouts[i], p.diff[i - 1].data});
     } else {
       for (int k = 0; k < 2; ++k) p.buffers.push_back(ctx_.allocate(layouts[i]->bytes()));
       p.act.push_back({layouts[i], p.buffers[p.buffers.size() - 2].get()});

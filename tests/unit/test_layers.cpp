@@ -380,6 +380,13 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
   check_case({"inference on a blocked layout with padding lanes", Shape{6, 6, 3},
               {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm()},
               2, nn::Mode::inference});
+  // The experiment's block: the relu layer's derivative goes to the max pooling above it, and the
+  // relu's backward becomes one memory for both gradients (nothing moved).
+  check_case({"conv, bn, relu layer, max pool (the pool applies the relu's derivative)", Shape{8, 8, 3},
+              {conv(32, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+               nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid), nn::FlattenOptions{},
+               dense(3, Activation::linear)},
+              3});
   // 2-D input over more rows than one plane of the kernel's sums (256).
   check_case({"dense features, 300 rows", Shape{6}, {dense(5, Activation::linear, false), batch_norm()}, 300});
 }

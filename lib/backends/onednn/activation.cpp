@@ -1,6 +1,11 @@
 // The Activation layer on oneDNN (nn/activation.hpp has the semantics): same shape, same layout
 // and dtype as the layer below produced, except that it converts a bf16 input to f32 when it
 // computes in f32 (the model's last layer) or is a softmax (which wants float32).
+//
+// Backward writes the input gradient straight into diff_src (not in place on diff_dst and then a
+// copy). A relu's derivative can go to the layer above instead (nn/kernel.hpp: a max pooling applies
+// it while it writes its gradient): backward is then the identity, and the model gives this layer
+// one memory as diff_dst and diff_src, so it moves nothing at all.
 #include "backends/onednn/activation_fn.hpp"
 #include "backends/onednn/context.hpp"
 #include "nn/activation.hpp"
@@ -40,6 +45,12 @@ class ActivationKernel final : public nn::LayerKernel {
       p.fwd = {dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, dst}}};
     }
     p.has_diff_src = static_cast<bool>(io.diff_src);
+    if (skip_backward_) {
+      // The layer above applied the derivative: the gradient as it came (no copy when the model
+      // gave one memory for both; a conversion when this layer converted).
+      if (p.has_diff_src) p.copy_out.bind(diff_dst, ctx_.wrap(io.diff_src));
+      return;
+    }
     // The gradient straight into diff_src when it is laid out as diff_dst (no conversion): one
     // pass instead of the activation's in place and a copy (copy_out is then nothing).
     const dnnl::memory diff_src = p.has_diff_src ? ctx_.wrap(io.diff_src) : dnnl::memory();
@@ -58,9 +69,15 @@ class ActivationKernel final : public nn::LayerKernel {
     }
   }
 
+  config::Activation output_activation() const override {
+    return act_.is_eltwise() ? act_.kind() : config::Activation::linear;
+  }
+  void skip_activation_backward() override { skip_backward_ = true; }
+  bool gradient_passes_through() const override { return skip_backward_; }
+
   void backward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
-    act_.backward(ctx_, p.act);
+    if (!skip_backward_) act_.backward(ctx_, p.act);
     if (p.has_diff_src) p.copy_out.run(ctx_);
   }
 
@@ -75,6 +92,7 @@ class ActivationKernel final : public nn::LayerKernel {
   OnednnContext& ctx_;
   DType compute_;
   ActivationFn act_;
+  bool skip_backward_ = false;  // the layer above applies the derivative (skip_activation_backward)
   nn::PlanCache<Plan> plans_;
 };
 

@@ -3,9 +3,16 @@
 // input is reordered into it when the layer below produced a blocked layout, and the gradient
 // back out of it.
 //   x, y, dy, dx (N, ...) f32 canonical; mask (N, ...) uint8, kept from forward for backward
+//
+// The masks are nn::dropout_mask's bits, drawn here B blocks of Philox4x32-10 at a time in vector
+// registers (B 64-bit lanes of the context's loop_isa(): its 32x32->64 multiplies), since drawing
+// them one block at a time took forward to 4-7 times its bytes' bound; test_layers compares them
+// with nn::dropout_mask on every level.
 #include <cstring>
 
 #include "backends/onednn/canonical_io.hpp"
+#include "backends/onednn/lanes.hpp"
+#include "core/rng.hpp"
 #include "core/error.hpp"
 #include "nn/dropout.hpp"
 #include "nn/kernel.hpp"
@@ -13,6 +20,42 @@
 namespace dtrain::backends::onednn {
 
 namespace {
+
+// keep[e] = nn::dropout_mask's for e < elements, one sample: B blocks (4B elements) per step.
+template <LoopIsa I>
+void draw_mask(const PhiloxInput& in, std::uint32_t threshold, std::int64_t elements, std::uint8_t* __restrict keep) {
+  constexpr int B = float_lanes(I) / 2;
+  using U32 = Vec<std::uint32_t, B>;
+  using U64 = Vec<std::uint64_t, B>;
+  U32 first;
+  for (int j = 0; j < B; ++j) first[j] = static_cast<std::uint32_t>(j);
+  const std::int64_t blocks = (elements + 3) / 4;
+  for (std::int64_t b0 = 0; b0 < blocks; b0 += B) {
+    U32 c0 = first + static_cast<std::uint32_t>(b0), c1 = U32{} + in.counter[1], c2 = U32{} + in.counter[2],
+        c3 = U32{} + in.counter[3];
+    std::uint32_t k0 = in.key[0], k1 = in.key[1];
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      const U64 p0 = __builtin_convertvector(c0, U64) * kPhiloxMul0;
+      const U64 p1 = __builtin_convertvector(c2, U64) * kPhiloxMul1;
+      const U32 hi0 = __builtin_convertvector(p0 >> 32, U32), lo0 = __builtin_convertvector(p0, U32);
+      const U32 hi1 = __builtin_convertvector(p1 >> 32, U32), lo1 = __builtin_convertvector(p1, U32);
+      c0 = hi1 ^ c1 ^ k0;
+      c1 = lo1;
+      c2 = hi0 ^ c3 ^ k1;
+      c3 = lo0;
+      k0 += kPhiloxWeyl0;
+      k1 += kPhiloxWeyl1;
+    }
+    const U32 words[4] = {c0, c1, c2, c3};
+    std::uint8_t* out = keep + 4 * b0;
+    if (4 * (b0 + B) <= elements) {
+      for (int j = 0; j < B; ++j)
+        for (int w = 0; w < 4; ++w) out[4 * j + w] = words[w][j] >= threshold;
+    } else {
+      for (std::int64_t e = 0; e < elements - 4 * b0; ++e) out[e] = words[e % 4][e / 4] >= threshold;
+    }
+  }
+}
 
 
 class DropoutKernel final : public nn::LayerKernel {
@@ -42,13 +85,17 @@ class DropoutKernel final : public nn::LayerKernel {
     const std::int64_t elements = layer_.output_shape().numel();
     const float scale = static_cast<float>(1.0 / (1.0 - layer_.rate()));
     const auto layer = static_cast<std::uint32_t>(layer_.position());
+    const std::uint32_t threshold = nn::dropout_threshold(layer_.rate());
+    const LoopIsa isa = ctx_.loop_isa();
     std::uint8_t* keep = p.mask.data();
     float* y = p.io.y;
     // Each sample's mask is its own counter range: samples split over threads draw the same bits.
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < batch; ++i) {
       std::uint8_t* k = keep + i * elements;
-      nn::dropout_mask(step.seed, step.global_step, nn::sample_id(step, i), layer, layer_.rate(), elements, k);
+      const PhiloxInput in = sample_philox_input(step.seed, RngStream::dropout, static_cast<std::uint64_t>(step.global_step),
+                                                 static_cast<std::uint64_t>(nn::sample_id(step, i)), layer);
+      run_for(isa, [&]<LoopIsa I>() { draw_mask<I>(in, threshold, elements, k); });
       for (std::int64_t e = 0; e < elements; ++e)
         y[i * elements + e] = x[i * elements + e] * scale * static_cast<float>(k[e]);
     }
