@@ -24,37 +24,55 @@ namespace {
 // keep[e] = nn::dropout_mask's for e < elements, one sample: B blocks (4B elements) per step.
 template <LoopIsa I>
 void draw_mask(const PhiloxInput& in, std::uint32_t threshold, std::int64_t elements, std::uint8_t* __restrict keep) {
+  // Each 32-bit word lives in a 64-bit lane (high half zero): the multiplies are then the CPU's
+  // 32x32->64 (vpmuludq) and nothing converts between widths inside the rounds.
   constexpr int B = float_lanes(I) / 2;
-  using U32 = Vec<std::uint32_t, B>;
   using U64 = Vec<std::uint64_t, B>;
-  U32 first;
-  for (int j = 0; j < B; ++j) first[j] = static_cast<std::uint32_t>(j);
+  constexpr std::uint64_t low = 0xFFFFFFFFu;
+  U64 first;
+  for (int j = 0; j < B; ++j) first[j] = static_cast<std::uint64_t>(j);
   const std::int64_t blocks = (elements + 3) / 4;
   for (std::int64_t b0 = 0; b0 < blocks; b0 += B) {
-    U32 c0 = first + static_cast<std::uint32_t>(b0), c1 = U32{} + in.counter[1], c2 = U32{} + in.counter[2],
-        c3 = U32{} + in.counter[3];
-    std::uint32_t k0 = in.key[0], k1 = in.key[1];
+    U64 c0 = (first + static_cast<std::uint64_t>(b0)) & low, c1 = U64{} + in.counter[1], c2 = U64{} + in.counter[2],
+        c3 = U64{} + in.counter[3];
+    std::uint64_t k0 = in.key[0], k1 = in.key[1];
     for (int round = 0; round < kPhiloxRounds; ++round) {
-      const U64 p0 = __builtin_convertvector(c0, U64) * kPhiloxMul0;
-      const U64 p1 = __builtin_convertvector(c2, U64) * kPhiloxMul1;
-      const U32 hi0 = __builtin_convertvector(p0 >> 32, U32), lo0 = __builtin_convertvector(p0, U32);
-      const U32 hi1 = __builtin_convertvector(p1 >> 32, U32), lo1 = __builtin_convertvector(p1, U32);
-      c0 = hi1 ^ c1 ^ k0;
-      c1 = lo1;
-      c2 = hi0 ^ c3 ^ k1;
-      c3 = lo0;
-      k0 += kPhiloxWeyl0;
-      k1 += kPhiloxWeyl1;
+      const U64 p0 = (c0 & low) * std::uint64_t{kPhiloxMul0};
+      const U64 p1 = (c2 & low) * std::uint64_t{kPhiloxMul1};
+      c0 = (p1 >> 32) ^ c1 ^ k0;
+      c1 = p1 & low;
+      c2 = (p0 >> 32) ^ c3 ^ k1;
+      c3 = p0 & low;
+      k0 = (k0 + kPhiloxWeyl0) & low;
+      k1 = (k1 + kPhiloxWeyl1) & low;
     }
-    const U32 words[4] = {c0, c1, c2, c3};
+    // Block j's four keep bytes (elements 4j .. 4j + 3) as one little-endian 32-bit value: the
+    // transposition of the four words' lanes into element order, in vector operations.
+    const U64 one = U64{} + 1u, t = U64{} + threshold;
+    const U64 packed = (static_cast<U64>(c0 >= t) & one) | (static_cast<U64>(c1 >= t) & one) << 8 |
+                       (static_cast<U64>(c2 >= t) & one) << 16 | (static_cast<U64>(c3 >= t) & one) << 24;
     std::uint8_t* out = keep + 4 * b0;
     if (4 * (b0 + B) <= elements) {
-      for (int j = 0; j < B; ++j)
-        for (int w = 0; w < 4; ++w) out[4 * j + w] = words[w][j] >= threshold;
+      store(out, __builtin_convertvector(packed, Vec<std::uint32_t, B>));
     } else {
-      for (std::int64_t e = 0; e < elements - 4 * b0; ++e) out[e] = words[e % 4][e / 4] >= threshold;
+      for (std::int64_t e = 0; e < elements - 4 * b0; ++e) out[e] = static_cast<std::uint8_t>(packed[e / 4] >> (8 * (e % 4)));
     }
   }
+}
+
+// y = x * scale * keep over one sample's elements, L lanes at a time (the byte to float conversion
+// in two steps: lanes.hpp's widen_mask).
+template <LoopIsa I>
+void apply_mask(const float* __restrict x, const std::uint8_t* __restrict keep, float scale, std::int64_t elements,
+                float* __restrict y) {
+  constexpr int L = float_lanes(I);
+  using F = Vec<float, L>;
+  std::int64_t e = 0;
+  for (; e + L <= elements; e += L) {
+    const F k = __builtin_convertvector(widen_mask<Vec<std::int32_t, L>, L>(load<Vec<std::int8_t, L>>(keep + e)), F);
+    store(y + e, load<F>(x + e) * scale * k);
+  }
+  for (; e < elements; ++e) y[e] = x[e] * scale * static_cast<float>(keep[e]);
 }
 
 
@@ -95,9 +113,10 @@ class DropoutKernel final : public nn::LayerKernel {
       std::uint8_t* k = keep + i * elements;
       const PhiloxInput in = sample_philox_input(step.seed, RngStream::dropout, static_cast<std::uint64_t>(step.global_step),
                                                  static_cast<std::uint64_t>(nn::sample_id(step, i)), layer);
-      run_for(isa, [&]<LoopIsa I>() { draw_mask<I>(in, threshold, elements, k); });
-      for (std::int64_t e = 0; e < elements; ++e)
-        y[i * elements + e] = x[i * elements + e] * scale * static_cast<float>(k[e]);
+      run_for(isa, [&]<LoopIsa I>() {
+        draw_mask<I>(in, threshold, elements, k);
+        apply_mask<I>(x + i * elements, k, scale, elements, y + i * elements);
+      });
     }
   }
 
