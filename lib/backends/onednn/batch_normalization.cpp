@@ -14,14 +14,17 @@
 // bound. Now each pass is vector code (lanes.hpp, built for the context's loop_isa()) over L
 // channel lanes.
 //
-// Statistics stay exact-ish and the same bits for any thread count: the data is cut into fixed
-// planes (one sample's positions of one channel group; rows of 2-D input in fixed chunks), each
-// plane summed in one fixed order (float over at most kBlock positions, then into double), and the
-// planes' double sums added in plane order. Forward reads x once for the statistics: each plane
-// keeps its sum and its squared deviations from its own mean (a second read while the plane is
-// still in cache), and Chan's formula moves those to the batch mean once it is known; that is two
-// collectives (mean, then variance) as before, so synchronized layers and replicas without samples
-// make the same calls. Backward reads x and dy once for its two sums and once more for dx.
+// The arithmetic is layer_math's (backends/cuda/layer_math.hpp, which the CUDA cores run and
+// test_cuda_layer_math checks against this kernel): the mean, then the squared deviations from it,
+// and backward's sums of dy and dy * xhat, per element in double; y and dx per element in float,
+// never contracted into fused multiply-adds (the file is built with -ffp-contract=off). The sums
+// are the same bits for any thread count: each plane (one sample's positions of one channel group;
+// rows of 2-D input in fixed chunks of kFlatRows) is summed in position order, one chain of adds
+// per channel, and the planes' sums are added in plane order. Forward reads x twice for the
+// statistics (two collectives, mean then variance, as before: synchronized layers and replicas
+// without samples make the same calls) and once for y; backward reads x and dy once for its sums
+// and once more for dx. At 2 lanes on the 2-core EPYC that is 1.6-1.9x the bytes' bound for the
+// big layers, the rest of the bench's time being the lanes' collectives.
 #include <omp.h>
 
 #include <algorithm>
@@ -79,8 +82,7 @@ template <class Body>
 // The sums run in double, D lanes per vector (half a register of floats, widened to a full one:
 // GCC 12 converts a vector wider than the registers lane by lane), V vectors per position (each
 // its own chain of adds, so the adds' latency overlaps). Every lane adds its channel's terms one
-// after the other, in the plane's position order: the per-channel sums layer_math's CUDA cores
-// are checked against. Term(at, c) gives the V vectors of terms at offset `at`, channels c ...
+// after the other, in the plane's position order (the order test_cuda_layer_math sums in).
 template <int D>
 using Doubles = Vec<double, D>;
 template <int D>
@@ -88,8 +90,9 @@ inline Doubles<D> widened(const Vec<float, D>& v) {
   return __builtin_convertvector(v, Doubles<D>);
 }
 
-// acc[l] (l < lanes) = sum over the plane's positions of what term(at, c0) gives for lanes c0 ..
-// c0 + D (and second[l] the same of term's second value, when Two).
+// first[l] (l < lanes) = the sum over the plane's positions of the terms of lane l, term(at, c)
+// giving those of lanes c .. c + D at element offset `at` (with Two, a pair: second[l] sums the
+// pair's second terms).
 template <int D, int V, bool Two, class Term>
 [[gnu::always_inline]] inline void plane_sums(const Geometry& g, std::int64_t i, std::int64_t grp,
                                               double* __restrict first, double* __restrict second, const Term& term) {
