@@ -387,6 +387,16 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
                nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid), nn::FlattenOptions{},
                dense(3, Activation::linear)},
               3});
+  // Batch normalization applies the relu layer's activation as it writes (the relu layer then
+  // moves nothing forward), in inference too; 2-D input, relu backward its own (no pooling above).
+  check_case({"conv, bn, relu layer in inference", Shape{6, 6, 3},
+              {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+               nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid)},
+              2, nn::Mode::inference});
+  check_case({"dense, bn, relu layer, dense", Shape{9},
+              {dense(12, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
+               dense(3, Activation::linear)},
+              6});
   // 2-D input over more rows than one plane of the kernel's sums (256).
   check_case({"dense features, 300 rows", Shape{6}, {dense(5, Activation::linear, false), batch_norm()}, 300});
 }

@@ -5,7 +5,8 @@
 // Backward writes the input gradient straight into diff_src (not in place on diff_dst and then a
 // copy). A relu's derivative can go to the layer above instead (nn/kernel.hpp: a max pooling applies
 // it while it writes its gradient): backward is then the identity, and the model gives this layer
-// one memory as diff_dst and diff_src, so it moves nothing at all.
+// one memory as diff_dst and diff_src, so it moves nothing at all. Likewise forward, when the
+// layer below applies the activation to its output (batch normalization does, for relu).
 #include "backends/onednn/activation_fn.hpp"
 #include "backends/onednn/context.hpp"
 #include "nn/activation.hpp"
@@ -33,7 +34,7 @@ class ActivationKernel final : public nn::LayerKernel {
     Plan& p = plans_.get(batch);
     const dnnl::memory src = ctx_.wrap(io.src), dst = ctx_.wrap(io.dst), diff_dst = ctx_.wrap(io.diff_dst);
     const bool converts = src.get_desc().data_type() != dst.get_desc().data_type();
-    if (converts || !act_.is_eltwise()) p.copy_in.bind(src, dst);
+    if (converts || !act_.is_eltwise() || skip_forward_) p.copy_in.bind(src, dst);
     if (act_.is_eltwise()) {
       // y = f(x) with the same forward algorithm the fused post-op uses, so the backward
       // (computed from y) is the same code as for Conv2D/Dense activations. Out of place, or in
@@ -62,6 +63,7 @@ class ActivationKernel final : public nn::LayerKernel {
   void forward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
     p.copy_in.run(ctx_);
+    if (skip_forward_) return;  // the layer below applied it: x as it came (no copy in one memory)
     if (act_.is_eltwise()) {
       p.fwd.run(ctx_);
     } else {
@@ -74,6 +76,12 @@ class ActivationKernel final : public nn::LayerKernel {
   }
   void skip_activation_backward() override { skip_backward_ = true; }
   bool gradient_passes_through() const override { return skip_backward_; }
+  // relu only: what a layer below can apply as it writes (the model offers it).
+  config::Activation standalone_activation() const override {
+    return act_.kind() == Activation::relu ? Activation::relu : Activation::linear;
+  }
+  void skip_activation_forward() override { skip_forward_ = true; }
+  bool forward_passes_through() const override { return skip_forward_; }
 
   void backward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
@@ -93,6 +101,7 @@ class ActivationKernel final : public nn::LayerKernel {
   DType compute_;
   ActivationFn act_;
   bool skip_backward_ = false;  // the layer above applies the derivative (skip_activation_backward)
+  bool skip_forward_ = false;   // the layer below applies the activation (skip_activation_forward)
   nn::PlanCache<Plan> plans_;
 };
 

@@ -4,7 +4,8 @@
 //   x  (N, H, W, C) f32 or bf16, in the layout the layer below produced when its channels are
 //      innermost (nhwc, or blocks of 4, 8 or 16: channel = group * lanes + lane); any other input
 //      (2-D (N, C), ...) as canonical rows of C channels
-//   y, dy  f32, arranged as x is;  dx  x's layout and dtype
+//   y, dy  f32, arranged as x is (y through a relu when the Activation layer above leaves it here);
+//   dx  x's layout and dtype
 //   mean, inv_std (C) kept from forward for backward
 //
 // Why loops on the layer below's own layout: batch normalization reads and writes each value a few
@@ -163,9 +164,10 @@ void plane_gradient_sums(const Geometry& g, std::int64_t i, std::int64_t grp, co
   });
 }
 
-// y = x * scale + shift per channel (layer_math's batch_norm_apply); zero in the padding lanes
-// (live 0) whatever they held.
-template <class T, int L>
+// y = x * scale + shift per channel (layer_math's batch_norm_apply), then max(y, 0) with Relu (the
+// Activation layer above left it to this layer); zero in the padding lanes (live 0) whatever
+// they held.
+template <class T, int L, bool Relu>
 void plane_normalize(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
                      const float* __restrict scale, const float* __restrict shift, const std::int32_t* __restrict live,
                      float* __restrict y) {
@@ -174,7 +176,17 @@ void plane_normalize(const Geometry& g, std::int64_t i, std::int64_t grp, const 
   for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
     const F a = load<F>(scale + c0), b = load<F>(shift + c0);
     const Vec<std::int32_t, L> on = load<Vec<std::int32_t, L>>(live + c0) != 0;
-    for_positions(g, i, base + c0, [&](std::int64_t at) { store(y + at, on ? load_widened<L>(x + at) * a + b : F{}); });
+    for_positions(g, i, base + c0, [&](std::int64_t at) {
+      const F v = load_widened<L>(x + at) * a + b;
+      if constexpr (Relu) {
+        // max(v, 0) as bits: v's where its sign bit is clear, else zero (GCC 12 compared v > 0
+        // lane by lane, vcomiss and seta, at 4x the time of the whole pass).
+        const Vec<std::int32_t, L> bits = std::bit_cast<Vec<std::int32_t, L>>(v);
+        store(y + at, on ? std::bit_cast<F>(bits & ~(bits >> 31)) : F{});
+      } else {
+        store(y + at, on ? v : F{});
+      }
+    });
   }
 }
 
@@ -302,8 +314,13 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     }
     each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
       const std::int64_t c = g * p.geometry.lanes;
-      plane_normalize<T, L>(p.geometry, i, g, p.input<T>(), p.scale.data() + c, p.shift.data() + c,
-                            p.live.data() + c, p.y);
+      if (relu_) {
+        plane_normalize<T, L, true>(p.geometry, i, g, p.input<T>(), p.scale.data() + c, p.shift.data() + c,
+                                    p.live.data() + c, p.y);
+      } else {
+        plane_normalize<T, L, false>(p.geometry, i, g, p.input<T>(), p.scale.data() + c, p.shift.data() + c,
+                                     p.live.data() + c, p.y);
+      }
     });
   }
 
@@ -337,6 +354,14 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
                                  p.live.data() + at, static_cast<T*>(p.dx.get_data_handle()));
     });
     p.dx_out.run(ctx_);
+  }
+
+  // A relu layer above: y comes out with the relu applied, and that layer does nothing forward
+  // (nn/kernel.hpp). Backward is unchanged: it never reads y, and the gradient it receives is
+  // already through the relu's derivative.
+  bool take_output_activation(config::Activation a) override {
+    relu_ = a == config::Activation::relu;
+    return relu_;
   }
 
   // A replica without samples still makes the collectives of a synchronized layer.
@@ -484,6 +509,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   // given; before any bind, whether a layer sits below (the first layer has none, unless a test
   // asks the model for the input's gradient, which binds first).
   bool input_gradient_ = layer_.position() > 0;
+  bool relu_ = false;  // the Activation above left its relu to this layer (take_output_activation)
   nn::PlanCache<Plan> plans_;
 };
 
