@@ -7,11 +7,11 @@ namespace {
 
 __extension__ typedef unsigned __int128 u128;
 
-constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+constexpr std::uint32_t kMul0 = kPhiloxMul0, kMul1 = kPhiloxMul1;
+constexpr std::uint32_t kWeyl0 = kPhiloxWeyl0, kWeyl1 = kPhiloxWeyl1;
 
 std::array<std::uint32_t, 4> philox(std::array<std::uint32_t, 4> c, std::array<std::uint32_t, 2> k) {
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kPhiloxRounds; ++round) {
     std::uint64_t p0 = std::uint64_t{kMul0} * c[0];
     std::uint64_t p1 = std::uint64_t{kMul1} * c[2];
     std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
@@ -25,15 +25,21 @@ std::array<std::uint32_t, 4> philox(std::array<std::uint32_t, 4> c, std::array<s
 
 }  // namespace
 
-std::array<std::uint32_t, 4> sample_bits(std::uint64_t seed, RngStream stream, std::uint64_t step,
-                                         std::uint64_t sample, std::uint32_t layer, std::uint32_t block) {
+PhiloxInput sample_philox_input(std::uint64_t seed, RngStream stream, std::uint64_t step, std::uint64_t sample,
+                                std::uint32_t layer) {
   // counter = (block | stream, layer | sample | step); key = seed, with the rarely used high halves
   // of step and sample folded in.
-  const std::array<std::uint32_t, 4> counter{block, (static_cast<std::uint32_t>(stream) << 24) | (layer & 0xFFFFFFu),
-                                             static_cast<std::uint32_t>(sample), static_cast<std::uint32_t>(step)};
-  const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(seed) ^ static_cast<std::uint32_t>(sample >> 32),
-                                         static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(step >> 32)};
-  return philox(counter, key);
+  return {{0u, (static_cast<std::uint32_t>(stream) << 24) | (layer & 0xFFFFFFu), static_cast<std::uint32_t>(sample),
+           static_cast<std::uint32_t>(step)},
+          {static_cast<std::uint32_t>(seed) ^ static_cast<std::uint32_t>(sample >> 32),
+           static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(step >> 32)}};
+}
+
+std::array<std::uint32_t, 4> sample_bits(std::uint64_t seed, RngStream stream, std::uint64_t step,
+                                         std::uint64_t sample, std::uint32_t layer, std::uint32_t block) {
+  PhiloxInput in = sample_philox_input(seed, stream, step, sample, layer);
+  in.counter[0] = block;
+  return philox(in.counter, in.key);
 }
 
 Rng::Rng(std::uint64_t seed, RngStream stream, std::uint64_t index)

@@ -28,6 +28,19 @@ enum class RngStream : std::uint32_t { init = 1, shuffle = 2, split = 3, synthet
 std::array<std::uint32_t, 4> sample_bits(std::uint64_t seed, RngStream stream, std::uint64_t step,
                                          std::uint64_t sample, std::uint32_t layer, std::uint32_t block);
 
+// What sample_bits() hands Philox4x32-10 for block 0 (the block number is counter[0]), and the
+// generator's constants: for a backend that draws many blocks at once in vector registers and must
+// give sample_bits()'s bits (the CPU dropout kernel).
+struct PhiloxInput {
+  std::array<std::uint32_t, 4> counter;
+  std::array<std::uint32_t, 2> key;
+};
+PhiloxInput sample_philox_input(std::uint64_t seed, RngStream stream, std::uint64_t step, std::uint64_t sample,
+                                std::uint32_t layer);
+inline constexpr std::uint32_t kPhiloxMul0 = 0xD2511F53u, kPhiloxMul1 = 0xCD9E8D57u;
+inline constexpr std::uint32_t kPhiloxWeyl0 = 0x9E3779B9u, kPhiloxWeyl1 = 0xBB67AE85u;
+inline constexpr int kPhiloxRounds = 10;
+
 class Rng {
  public:
   Rng(std::uint64_t seed, RngStream stream, std::uint64_t index = 0);

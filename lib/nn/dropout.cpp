@@ -29,8 +29,7 @@ const LayerRegistration<Dropout> registered(
 
 void dropout_mask(std::uint64_t seed, std::int64_t global_step, std::int64_t sample_id, std::uint32_t layer,
                   double rate, std::int64_t elements, std::uint8_t* keep) {
-  // P(keep) = 1 - threshold / 2^32.
-  const auto threshold = static_cast<std::uint32_t>(std::min(rate * 4294967296.0, 4294967295.0));
+  const std::uint32_t threshold = dropout_threshold(rate);
   for (std::int64_t e = 0; e < elements; e += 4) {
     const auto bits = sample_bits(seed, RngStream::dropout, static_cast<std::uint64_t>(global_step),
                                   static_cast<std::uint64_t>(sample_id), layer, static_cast<std::uint32_t>(e / 4));

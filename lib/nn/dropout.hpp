@@ -20,7 +20,13 @@ struct DropoutOptions {
   bool operator==(const DropoutOptions&) const = default;
 };
 
-// keep[e] for one sample's `elements` values (canonical order): 1 keeps, 0 drops.
+// An element is kept when its 32 random bits are at least this: P(keep) = 1 - threshold / 2^32.
+inline std::uint32_t dropout_threshold(double rate) {
+  return static_cast<std::uint32_t>(rate * 4294967296.0 < 4294967295.0 ? rate * 4294967296.0 : 4294967295.0);
+}
+
+// keep[e] for one sample's `elements` values (canonical order): 1 keeps, 0 drops. Element e takes
+// word e % 4 of block e / 4 of sample_bits(seed, RngStream::dropout, global_step, sample_id, layer).
 void dropout_mask(std::uint64_t seed, std::int64_t global_step, std::int64_t sample_id, std::uint32_t layer,
                   double rate, std::int64_t elements, std::uint8_t* keep);
 

@@ -60,6 +60,11 @@ class CallScoped final : public LayerKernel {
   config::Activation output_activation() const override { return inner_->output_activation(); }
   bool take_input_activation_backward(config::Activation a) override { return inner_->take_input_activation_backward(a); }
   void skip_activation_backward() override { inner_->skip_activation_backward(); }
+  bool gradient_passes_through() const override { return inner_->gradient_passes_through(); }
+  config::Activation standalone_activation() const override { return inner_->standalone_activation(); }
+  bool take_output_activation(config::Activation a) override { return inner_->take_output_activation(a); }
+  void skip_activation_forward() override { inner_->skip_activation_forward(); }
+  bool forward_passes_through() const override { return inner_->forward_passes_through(); }
 
  private:
   std::unique_ptr<LayerKernel> inner_;

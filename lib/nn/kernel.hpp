@@ -56,6 +56,22 @@ class LayerKernel {
   virtual config::Activation output_activation() const { return config::Activation::linear; }
   virtual bool take_input_activation_backward(config::Activation) { return false; }
   virtual void skip_activation_backward() {}
+  // After skip_activation_backward, whether this kernel's backward is then the identity (an
+  // Activation layer whose derivative the layer above applies): the model then hands it one memory
+  // as both diff_dst and diff_src where its input and output layouts agree, and it moves nothing.
+  virtual bool gradient_passes_through() const { return false; }
+
+  // Fusing an Activation layer's forward into the layer below (called once, before the first plan,
+  // after the backward fusion above). An Activation layer reads its input and writes its output
+  // once more, for an operation the layer below could apply while it writes: the model offers the
+  // layer's activation (standalone_activation) to the layer below (take_output_activation: true
+  // when its output will have it applied) and tells the Activation (skip_activation_forward); its
+  // forward is then the identity, and the model gives it one memory as src and dst where their
+  // layouts agree, so it moves nothing. Its backward is unchanged: it computes from its output.
+  virtual config::Activation standalone_activation() const { return config::Activation::linear; }
+  virtual bool take_output_activation(config::Activation) { return false; }
+  virtual void skip_activation_forward() {}
+  virtual bool forward_passes_through() const { return false; }
 };
 
 // compute: the dtype the layer computes in (its variables stay f32).

@@ -157,6 +157,11 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     if (below != config::Activation::linear && kernels_[i]->take_input_activation_backward(below))
       kernels_[i - 1]->skip_activation_backward();
   }
+  for (std::size_t i = 1; i < kernels_.size(); ++i) {
+    const config::Activation own = kernels_[i]->standalone_activation();
+    if (own != config::Activation::linear && kernels_[i - 1]->take_output_activation(own))
+      kernels_[i]->skip_activation_forward();
+  }
 }
 
 std::int64_t Sequential::activation_bytes(std::int64_t batch) const {
@@ -233,9 +238,15 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
       p.act.push_back({layouts[i], p.output.raw()});
       p.diff.push_back({layouts[i], p.output_grad.raw()});
     } else {
-      for (int k = 0; k < 2; ++k) p.buffers.push_back(ctx_.allocate(layouts[i]->bytes()));
-      p.act.push_back({layouts[i], p.buffers[p.buffers.size() - 2].get()});
-      p.diff.push_back({layouts[i], p.buffers.back().get()});
+      // An identity forward (or backward) shares the memory of the layer below's output (or its
+      // gradient): nothing to move (LayerKernel::forward_passes_through, gradient_passes_through).
+      const bool same = !last && i > 0 && layouts[i]->same_as(*layouts[i - 1]);
+      const auto own = [&] {
+        p.buffers.push_back(ctx_.allocate(layouts[i]->bytes()));
+        return p.buffers.back().get();
+      };
+      p.act.push_back({layouts[i], same && kernels_[i]->forward_passes_through() ? p.act[i - 1].data : own()});
+      p.diff.push_back({layouts[i], same && kernels_[i]->gradient_passes_through() ? p.diff[i - 1].data : own()});
     }
   }
   p.output_out = ctx_.make_copy(p.act.back(), {out_canonical, p.output.raw()});

@@ -1,8 +1,10 @@
 // The CPU backend's own loops (backends/onednn/lanes.hpp) on what the model tests cannot reach on
-// every machine: max pooling in each build of its loops this CPU runs (x86-64, AVX2, AVX-512,
-// chosen per context), over f32 and bfloat16 values, in each channel arrangement the loops take. A
-// max moves values and its gradient copies them, so results must equal the oracle's on the same
-// (bfloat16-representable) values exactly; no bfloat16 instructions are needed.
+// every machine: max pooling, batch normalization and dropout's masks in each build of their loops
+// this CPU runs (x86-64, AVX2, AVX-512, chosen per context), over f32 and bfloat16 values, in each
+// channel arrangement the loops take. A max moves values and its gradient copies them, so results
+// must equal the oracle's on the same (bfloat16-representable) values exactly; batch normalization
+// agrees to float's precision; dropout keeps exactly nn::dropout_mask's elements. No bfloat16
+// instructions are needed.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -15,6 +17,8 @@
 
 #include "backends/onednn/context.hpp"
 #include "core/rng.hpp"
+#include "nn/batch_normalization.hpp"
+#include "nn/dropout.hpp"
 #include "nn/kernel.hpp"
 #include "nn/max_pool2d.hpp"
 #include "test_support.hpp"
@@ -156,6 +160,130 @@ void check_pooling(const PoolingCase& t, backends::onednn::LoopIsa isa) {
   CHECK(mismatches(diff_src.get(), src_md, dx, in) == 0);
 }
 
+struct BatchNormCase {
+  DType dtype;
+  memory::format_tag tag;
+  Shape in;
+};
+
+// Batch normalization built with the loops of `isa`, forward and backward in training, on an input
+// in the layout `t.tag` (channels past the last full block leave padding lanes, which must come
+// out zero in y and dx), against the oracle on the same values.
+void check_batch_norm(const BatchNormCase& t, backends::onednn::LoopIsa isa) {
+  CAPTURE(backends::onednn::name_of(isa));
+  CAPTURE(dtype_name(t.dtype));
+  CAPTURE(static_cast<int>(t.tag));
+  CAPTURE(t.in.to_string());
+  const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+  device::Context& ctx = *owned;
+  backends::onednn::OnednnContext::of(ctx).set_loop_isa(isa);
+  nn::BatchNormalization layer("bn", nn::BatchNormalizationOptions{});
+  Rng init(1, RngStream::test);
+  const Shape& in = t.in;
+  layer.build(1, in, init);
+  Rng rng(2, RngStream::test);
+  std::vector<std::vector<double>> vars;
+  for (auto& v : layer.variables()) {
+    for (float& value : v.value.span<float>()) value = rng.uniform(0.5f, 1.5f);
+    vars.emplace_back(v.value.span<float>().begin(), v.value.span<float>().end());
+  }
+  nn::Layer* layers[] = {&layer};
+  const DType compute[] = {DType::f32};
+  auto kernels = nn::make_kernels(layers, ctx, compute);
+  const std::int64_t n = 3, c = in[2];
+  const memory::desc src_md({n, c, in[0], in[1]}, backends::onednn::to_dnnl(t.dtype), t.tag);
+  const device::LayoutPtr src_layout = backends::onednn::make_layout(in.with_batch(n), t.dtype, src_md);
+  const device::LayoutPtr dst_layout = kernels[0]->plan(n, src_layout);
+  const memory::desc& dst_md = backends::onednn::md_of(dst_layout);
+  REQUIRE(dst_md.data_type() == memory::data_type::f32);
+  auto src = ctx.allocate(src_layout->bytes()), dst = ctx.allocate(dst_layout->bytes());
+  auto diff_dst = ctx.allocate(dst_layout->bytes()), diff_src = ctx.allocate(src_layout->bytes());
+  kernels[0]->bind(n, {{src_layout, src.get()}, {dst_layout, dst.get()}, {dst_layout, diff_dst.get()},
+                       {src_layout, diff_src.get()}});
+  // NaN in every padding lane of x and dy: y and dx must still be zero there.
+  std::memset(src.get(), 0xff, src_layout->bytes());
+  std::memset(diff_dst.get(), 0xff, dst_layout->bytes());
+  std::memset(diff_src.get(), 0x7f, src_layout->bytes());
+  std::vector<double> x(static_cast<std::size_t>(in.with_batch(n).numel())), dy(x.size());
+  const Values xs{t.dtype, src.get()}, dys{DType::f32, diff_dst.get()};
+  for (std::int64_t b = 0; b < n; ++b)
+    for (std::int64_t h = 0; h < in[0]; ++h)
+      for (std::int64_t w = 0; w < in[1]; ++w)
+        for (std::int64_t k = 0; k < c; ++k) {
+          const auto i = static_cast<std::size_t>(((b * in[0] + h) * in[1] + w) * c + k);
+          x[i] = xs.set(offset_of(src_md, b, k, h, w), rng.uniform(-2.0f, 3.0f) + static_cast<float>(k));
+          dy[i] = dys.set(offset_of(dst_md, b, k, h, w), rng.uniform(-1.0f, 1.0f));
+        }
+  const nn::StepContext step = testing::step_of(nn::Mode::training, n);
+  kernels[0]->forward(n, step);
+  kernels[0]->backward(n, step);
+  std::vector<double> y(x.size()), dx(x.size());
+  layer.reference_forward({n, x, vars, y}, step);
+  std::vector<std::vector<double>> dvars(vars.size());
+  for (std::size_t v = 0; v < vars.size(); ++v) dvars[v].resize(vars[v].size());
+  layer.reference_backward({n, x, y, dy, vars, dx, dvars}, step);
+  // The kernel's values (dtype `dt` in layout `md`) against the oracle's, and zero in the padding.
+  auto worst = [&](void* values, DType dt, const memory::desc& md, const std::vector<double>& expected) {
+    const Values v{dt, values};
+    double err = 0;
+    const std::int64_t padded = md.data.padded_dims[1];
+    for (std::int64_t b = 0; b < n; ++b)
+      for (std::int64_t h = 0; h < in[0]; ++h)
+        for (std::int64_t w = 0; w < in[1]; ++w)
+          for (std::int64_t k = 0; k < padded; ++k) {
+            const double got = v.get(offset_of(md, b, k, h, w));
+            const double want = k < c ? expected[static_cast<std::size_t>(((b * in[0] + h) * in[1] + w) * c + k)] : 0.0;
+            err = std::max(err, std::isfinite(got) ? std::abs(got - want) / (1.0 + std::abs(want)) : 1e30);
+          }
+    return err;
+  };
+  CHECK(worst(dst.get(), DType::f32, dst_md, y) < 1e-5);
+  // dx in bf16 is rounded once, to nearest.
+  CHECK(worst(diff_src.get(), t.dtype, src_md, dx) < (t.dtype == DType::bf16 ? 8e-3 : 1e-5));
+  const auto variables = layer.variables();
+  for (std::size_t v = 0; v < variables.size(); ++v) {
+    CAPTURE(variables[v].name);
+    const auto grad = variables[v].grad.span<float>();
+    for (std::size_t k = 0; k < grad.size(); ++k)
+      CHECK(std::abs(grad[k] - dvars[v][k]) <= 1e-5 * (1.0 + std::abs(dvars[v][k])));
+  }
+}
+
+// Dropout built with the loops of `isa`: it keeps exactly the elements nn::dropout_mask keeps.
+void check_dropout_masks(std::int64_t elements, backends::onednn::LoopIsa isa) {
+  CAPTURE(backends::onednn::name_of(isa));
+  CAPTURE(elements);
+  const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+  device::Context& ctx = *owned;
+  backends::onednn::OnednnContext::of(ctx).set_loop_isa(isa);
+  nn::Dropout layer("dropout", nn::DropoutOptions{0.3});
+  Rng init(1, RngStream::test);
+  const Shape in{elements};
+  layer.build(4, in, init);
+  nn::Layer* layers[] = {&layer};
+  const DType compute[] = {DType::f32};
+  auto kernels = nn::make_kernels(layers, ctx, compute);
+  const std::int64_t n = 3;
+  const device::LayoutPtr layout = ctx.canonical_layout(in.with_batch(n), DType::f32);
+  REQUIRE(kernels[0]->plan(n, layout)->same_as(*layout));
+  auto src = ctx.allocate(layout->bytes()), dst = ctx.allocate(layout->bytes());
+  auto diff_dst = ctx.allocate(layout->bytes()), diff_src = ctx.allocate(layout->bytes());
+  kernels[0]->bind(n, {{layout, src.get()}, {layout, dst.get()}, {layout, diff_dst.get()}, {layout, diff_src.get()}});
+  std::fill_n(static_cast<float*>(src.get()), n * elements, 1.0f);
+  nn::StepContext step = testing::step_of(nn::Mode::training, n);
+  step.seed = 0x123456789abcdefull;
+  step.global_step = 77;
+  kernels[0]->forward(n, step);
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(elements));
+  int wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    nn::dropout_mask(step.seed, step.global_step, nn::sample_id(step, i), 4, 0.3, elements, keep.data());
+    for (std::int64_t e = 0; e < elements; ++e)
+      wrong += (static_cast<const float*>(dst.get())[i * elements + e] != 0.0f) != (keep[static_cast<std::size_t>(e)] != 0);
+  }
+  CHECK(wrong == 0);
+}
+
 // Every level of the loops this CPU runs, narrowest first; one line for each it does not.
 std::vector<backends::onednn::LoopIsa> loop_isas_here() {
   using backends::onednn::LoopIsa;
@@ -194,4 +322,22 @@ TEST_CASE("max pooling moves values exactly on every instruction set the CPU has
   };
   for (const auto isa : loop_isas_here())
     for (const PoolingCase& t : cases) check_pooling(t, isa);
+}
+
+TEST_CASE("batch normalization on every instruction set the CPU has: f32 and bfloat16 inputs, channels last and "
+          "in blocks of 8 and 16, with padding lanes") {
+  using memory::format_tag::nChw16c, memory::format_tag::nChw8c, memory::format_tag::nhwc;
+  const std::vector<BatchNormCase> cases = {
+      {DType::f32, nChw16c, Shape{6, 7, 32}}, {DType::f32, nChw16c, Shape{5, 5, 20}},
+      {DType::f32, nChw8c, Shape{4, 6, 12}},  {DType::f32, nhwc, Shape{6, 5, 5}},
+      {DType::f32, nhwc, Shape{4, 4, 64}},    {DType::bf16, nChw16c, Shape{5, 5, 20}},
+      {DType::bf16, nhwc, Shape{6, 5, 5}},
+  };
+  for (const auto isa : loop_isas_here())
+    for (const BatchNormCase& t : cases) check_batch_norm(t, isa);
+}
+
+TEST_CASE("dropout draws nn::dropout_mask's masks on every instruction set the CPU has") {
+  for (const auto isa : loop_isas_here())
+    for (const std::int64_t elements : {1, 3, 4, 5, 31, 32, 33, 64, 127, 1600}) check_dropout_masks(elements, isa);
 }

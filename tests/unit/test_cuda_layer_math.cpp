@@ -219,10 +219,10 @@ TEST_CASE("CUDA layer math: every activation and its derivative from the output,
 }
 
 TEST_CASE("CUDA layer math: batch normalization's per-channel formulas give the CPU backend's bits") {
-  // The CPU kernel sums its statistics per OpenMP thread: on one thread they are the row-order
-  // sums this test makes.
+  // The CPU kernel sums its statistics per sample (one plane of h * w rows, in row order) and adds
+  // the samples' sums in order, on any number of threads: the order `in_kernel_order` adds here.
   const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  omp_set_num_threads(2);
   const std::int64_t batch = 3, h = 7, w = 9, c = 5, m = batch * h * w;
   for (const nn::Mode mode : {nn::Mode::training, nn::Mode::inference}) {
     CAPTURE(mode == nn::Mode::training);
@@ -250,19 +250,27 @@ TEST_CASE("CUDA layer math: batch normalization's per-channel formulas give the 
     if (mode == nn::Mode::training) model.backward(step);
 
     // The same with layer_math: statistics, then y; then backward's sums and dx.
+    const auto in_kernel_order = [&](const auto& term) {
+      double total = 0;
+      for (std::int64_t n = 0; n < batch; ++n) {
+        double sample = 0;
+        for (std::int64_t r = n * h * w; r < (n + 1) * h * w; ++r) sample = lm::add(sample, term(r));
+        total = lm::add(total, sample);
+      }
+      return total;
+    };
     std::vector<float> mean(c), inv_std(c), y(static_cast<std::size_t>(m * c)), dx(y.size()), dgamma(c), dbeta(c);
     std::vector<double> mean_d(c), var_d(c);
     for (std::int64_t k = 0; k < c; ++k) {
       const auto K = static_cast<std::size_t>(k);
       if (mode == nn::Mode::training) {
-        double sum = 0;
-        for (std::int64_t r = 0; r < m; ++r) sum = lm::add(sum, static_cast<double>(xs[static_cast<std::size_t>(r * c + k)]));
+        const double sum = in_kernel_order(
+            [&](std::int64_t r) { return static_cast<double>(xs[static_cast<std::size_t>(r * c + k)]); });
         mean_d[K] = sum / static_cast<double>(m);
-        double sq = 0;
-        for (std::int64_t r = 0; r < m; ++r) {
+        const double sq = in_kernel_order([&](std::int64_t r) {
           const double dev = static_cast<double>(xs[static_cast<std::size_t>(r * c + k)]) - mean_d[K];
-          sq = lm::add(sq, lm::mul(dev, dev));
-        }
+          return lm::mul(dev, dev);
+        });
         var_d[K] = sq / static_cast<double>(m);
         mean[K] = static_cast<float>(mean_d[K]);
         inv_std[K] = lm::batch_norm_inv_std(var_d[K], options.epsilon);
@@ -276,12 +284,12 @@ TEST_CASE("CUDA layer math: batch normalization's per-channel formulas give the 
         const auto i = static_cast<std::size_t>(r * c + k);
         y[i] = lm::batch_norm_apply(xs[i], scale, shift);
       }
-      double sum_dy = 0, sum_dy_xhat = 0;
-      for (std::int64_t r = 0; r < m; ++r) {
+      const double sum_dy =
+          in_kernel_order([&](std::int64_t r) { return static_cast<double>(dys[static_cast<std::size_t>(r * c + k)]); });
+      const double sum_dy_xhat = in_kernel_order([&](std::int64_t r) {
         const auto i = static_cast<std::size_t>(r * c + k);
-        sum_dy = lm::add(sum_dy, static_cast<double>(dys[i]));
-        sum_dy_xhat = lm::add(sum_dy_xhat, lm::batch_norm_dy_xhat(xs[i], dys[i], mean[K], inv_std[K]));
-      }
+        return lm::batch_norm_dy_xhat(xs[i], dys[i], mean[K], inv_std[K]);
+      });
       dgamma[K] = static_cast<float>(sum_dy_xhat);
       dbeta[K] = static_cast<float>(sum_dy);
       const auto mean_dy = static_cast<float>(sum_dy / static_cast<double>(m));

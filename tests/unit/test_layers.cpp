@@ -366,6 +366,71 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
   check_case({"no center, no scale", Shape{4, 4, 3}, {batch_norm(false, false)}, 2});
   check_case({"scale only", Shape{5}, {batch_norm(false, true)}, 4});
   check_case({"inference uses the moving statistics", Shape{4, 4, 3}, {batch_norm()}, 2, nn::Mode::inference});
+  // The kernel works on the layout the conv chose (channel = group * lanes + lane): several
+  // groups, channels that leave padding lanes in the last group (which must come out zero, or the
+  // conv below would read them), planes longer than the float blocks its sums flush to double.
+  check_case({"two channel groups, planes of 81 positions", Shape{9, 9, 2},
+              {conv(32, 3, 1, Padding::same, Activation::linear, false), batch_norm(),
+               nn::ActivationOptions{Activation::relu}},
+              2});
+  check_case({"20 channels: padding lanes in a blocked layout", Shape{6, 6, 3},
+              {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+               conv(4, 3, 1, Padding::valid, Activation::linear)},
+              3});
+  check_case({"inference on a blocked layout with padding lanes", Shape{6, 6, 3},
+              {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm()},
+              2, nn::Mode::inference});
+  // The experiment's block: the relu layer's derivative goes to the max pooling above it, and the
+  // relu's backward becomes one memory for both gradients (nothing moved).
+  check_case({"conv, bn, relu layer, max pool (the pool applies the relu's derivative)", Shape{8, 8, 3},
+              {conv(32, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+               nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid), nn::FlattenOptions{},
+               dense(3, Activation::linear)},
+              3});
+  // Batch normalization applies the relu layer's activation as it writes (the relu layer then
+  // moves nothing forward), in inference too; 2-D input, relu backward its own (no pooling above).
+  check_case({"conv, bn, relu layer in inference", Shape{6, 6, 3},
+              {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+               nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid)},
+              2, nn::Mode::inference});
+  check_case({"dense, bn, relu layer, dense", Shape{9},
+              {dense(12, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
+               dense(3, Activation::linear)},
+              6});
+  // 2-D input over more rows than one plane of the kernel's sums (256).
+  check_case({"dense features, 300 rows", Shape{6}, {dense(5, Activation::linear, false), batch_norm()}, 300});
+}
+
+TEST_CASE("batch_normalization's statistics and gradients have the same bits on 1, 2 and 3 OpenMP threads") {
+  // Each plane (a sample's channel group) is summed in one fixed order and the planes are added in
+  // order, whichever thread took a plane.
+  config::ModelConfig mc;
+  mc.input_shape = {7, 6, 3};
+  mc.layers.push_back(nn::layer_config("conv2d", conv(20, 3, 1, Padding::same, Activation::linear, false)));
+  mc.layers.push_back(nn::layer_config("batch_normalization", batch_norm()));
+  const std::int64_t batch = 11;
+  Tensor x(Shape{batch, 7, 6, 3});
+  Rng rng(5, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const int threads_before = omp_get_max_threads();
+  std::vector<std::vector<float>> runs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    nn::Sequential model(mc, 3, testing::cpu());
+    const nn::StepContext step = testing::step_of(nn::Mode::training, batch);
+    const Tensor& y = model.forward(x, step);
+    std::vector<float> bits(y.span<float>().begin(), y.span<float>().end());
+    Rng grads(6, RngStream::test);
+    for (auto& v : model.output_gradient().span<float>()) v = grads.uniform(-1.0f, 1.0f);
+    model.backward(step);
+    for (std::size_t l = 0; l < model.num_layers(); ++l)
+      for (auto& v : model.layer(l).variables())
+        bits.insert(bits.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+    runs.push_back(std::move(bits));
+  }
+  omp_set_num_threads(threads_before);
+  CHECK(runs[1] == runs[0]);
+  CHECK(runs[2] == runs[0]);
 }
 
 TEST_CASE("conv with relu below max pooling, batch norm and dropout, with the input gradient (the GPU tests' CNN)") {
@@ -633,6 +698,16 @@ TEST_CASE("mixed_bfloat16: every layer kind against the reference, to bfloat16's
                        avg_pool(2, 2, Padding::valid), nn::DropoutOptions{0.25}, nn::GlobalAveragePooling2DOptions{},
                        dense(3, Activation::linear)},
                       4},
+                     0.2));
+  check_case(in_bf16({"conv with 20 channels (padding lanes), bn, relu, max pool, dense",
+                      Shape{8, 8, 3},
+                      {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(), relu,
+                       pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(3, Activation::linear)},
+                      4},
+                     0.2));
+  check_case(in_bf16({"dense, bn (2-D bf16 input)", Shape{12},
+                      {dense(8, Activation::linear, false), batch_norm(), dense(3, Activation::linear)},
+                      5},
                      0.2));
   check_case(in_bf16({"inference", Shape{6, 6, 2},
                       {conv(8, 3, 1, Padding::valid, Activation::relu), batch_norm(), nn::DropoutOptions{0.5},

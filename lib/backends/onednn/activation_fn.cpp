@@ -48,17 +48,19 @@ dnnl::primitive_attr ActivationFn::post_op_attr() const {
   return attr;
 }
 
-void ActivationFn::bind(const OnednnContext& ctx, const memory& dst, const memory& diff_dst, Plan& plan) const {
+void ActivationFn::bind(const OnednnContext& ctx, const memory& dst, const memory& diff_dst, Plan& plan,
+                        const memory* pre_grad) const {
   const memory::desc md = dst.get_desc();
+  DTRAIN_CHECK(!pre_grad || pre_grad->get_desc() == diff_dst.get_desc(), "activation gradient in another layout");
   if (is_eltwise()) {
     auto fwd_pd = dnnl::eltwise_forward::primitive_desc(
         dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, dst_algorithm_of(kind_), md, 0.0f, 0.0f),
         ctx.engine);
     auto bwd_pd = dnnl::eltwise_backward::primitive_desc(
         dnnl::eltwise_backward::desc(dst_algorithm_of(kind_), diff_dst.get_desc(), md, 0.0f, 0.0f), ctx.engine, fwd_pd);
-    plan.pre_grad = diff_dst;
+    plan.pre_grad = pre_grad ? *pre_grad : diff_dst;
     plan.backward = {dnnl::eltwise_backward(bwd_pd),
-                     {{DNNL_ARG_DST, dst}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, diff_dst}}};
+                     {{DNNL_ARG_DST, dst}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, plan.pre_grad}}};
   } else if (kind_ == Activation::softmax) {
     const int channel_axis = 1;  // oneDNN's logical order is (N, C, ...): C is Keras' last axis
     auto fwd_pd = dnnl::softmax_forward::primitive_desc(
@@ -66,7 +68,7 @@ void ActivationFn::bind(const OnednnContext& ctx, const memory& dst, const memor
     auto bwd_pd = dnnl::softmax_backward::primitive_desc(
         dnnl::softmax_backward::desc(diff_dst.get_desc(), md, channel_axis), ctx.engine, fwd_pd);
     plan.softmax_forward = {dnnl::softmax_forward(fwd_pd), {{DNNL_ARG_SRC, dst}, {DNNL_ARG_DST, dst}}};
-    plan.pre_grad = memory(diff_dst.get_desc(), ctx.engine);
+    plan.pre_grad = pre_grad ? *pre_grad : memory(diff_dst.get_desc(), ctx.engine);
     plan.backward = {dnnl::softmax_backward(bwd_pd),
                      {{DNNL_ARG_DST, dst}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, plan.pre_grad}}};
   } else {

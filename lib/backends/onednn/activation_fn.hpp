@@ -31,8 +31,11 @@ class ActivationFn {
     BoundPrimitive backward;         // writes the gradient before the activation into `pre_grad`
     dnnl::memory pre_grad;           // diff_dst itself for eltwise (in place), scratch for softmax
   };
-  // dst: the activated output; diff_dst: the gradient arriving from above.
-  void bind(const OnednnContext& ctx, const dnnl::memory& dst, const dnnl::memory& diff_dst, Plan& plan) const;
+  // dst: the activated output; diff_dst: the gradient arriving from above. pre_grad: where
+  // backward leaves its result, when given (same descriptor as diff_dst): written out of place,
+  // so a layer whose result goes below needs no copy (else diff_dst in place, or scratch).
+  void bind(const OnednnContext& ctx, const dnnl::memory& dst, const dnnl::memory& diff_dst, Plan& plan,
+            const dnnl::memory* pre_grad = nullptr) const;
   void forward(OnednnContext& ctx, Plan& plan) const;
   // Leaves d(loss)/d(pre-activation) in plan.pre_grad.
   void backward(OnednnContext& ctx, Plan& plan) const;

@@ -1,17 +1,39 @@
-// BatchNormalization on the CPU backend (nn/batch_normalization.hpp has the semantics), as loops
-// over canonical (channels-last) memory: the input is reordered into it when the layer below
-// produced a blocked layout, and the gradient back out of it. Statistics are accumulated in
-// double, two passes (mean, then the squared deviations), per thread over fixed row ranges and
-// added in thread order, so a thread count gives the same bits every run. Synchronized, each pass
-// sums over every replica through StepContext::cross_replica, and so do backward's two sums.
-//   x, y, dy, dx (M, C) f32 canonical; mean, inv_std (C) kept from forward for backward
+// BatchNormalization on the CPU backend (nn/batch_normalization.hpp has the semantics; the
+// reference oracle is BatchNormalization::reference_forward/backward, and test_layers compares the
+// two).
+//   x  (N, H, W, C) f32 or bf16, in the layout the layer below produced when its channels are
+//      innermost (nhwc, or blocks of 4, 8 or 16: channel = group * lanes + lane); any other input
+//      (2-D (N, C), ...) as canonical rows of C channels
+//   y, dy  f32, arranged as x is (y through a relu when the Activation layer above leaves it here);
+//   dx  x's layout and dtype
+//   mean, inv_std (C) kept from forward for backward
+//
+// Why loops on the layer below's own layout: batch normalization reads and writes each value a few
+// times and computes almost nothing, so its time is its passes over memory. It used to reorder a
+// blocked input into a channels-last copy and the gradient back out of one: two more full passes,
+// and with per-element double arithmetic through a lambda the loops ran at 2.4-4x the bytes'
+// bound. Now each pass is vector code (lanes.hpp, built for the context's loop_isa()) over L
+// channel lanes.
+//
+// The arithmetic is layer_math's (backends/cuda/layer_math.hpp, which the CUDA cores run and
+// test_cuda_layer_math checks against this kernel): the mean, then the squared deviations from it,
+// and backward's sums of dy and dy * xhat, per element in double; y and dx per element in float,
+// never contracted into fused multiply-adds (the file is built with -ffp-contract=off). The sums
+// are the same bits for any thread count: each plane (one sample's positions of one channel group;
+// rows of 2-D input in fixed chunks of kFlatRows) is summed in position order, one chain of adds
+// per channel, and the planes' sums are added in plane order. Forward reads x twice for the
+// statistics (two collectives, mean then variance, as before: synchronized layers and replicas
+// without samples make the same calls) and once for y; backward reads x and dy once for its sums
+// and once more for dx. At 2 lanes on the 2-core EPYC that is 1.6-1.9x the bytes' bound for the
+// big layers, the rest of the bench's time being the lanes' collectives.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
-#include "backends/onednn/canonical_io.hpp"
+#include "backends/onednn/lanes.hpp"
 #include "core/error.hpp"
 #include "nn/batch_normalization.hpp"
 #include "nn/kernel.hpp"
@@ -20,103 +42,332 @@ namespace dtrain::backends::onednn {
 
 namespace {
 
+using dnnl::memory;
+
+// Rows of canonical (2-D, ...) input per plane.
+constexpr std::int64_t kFlatRows = 256;
+
+// Where the values of one batch live. Plane (i, g) holds positions (r, c), r < rows (the last
+// batch plane: last_rows), c < cols, of channel group g; lane l of position (r, c) is at
+// i * n + g * group + r * row + c * col + l, channel g * lanes + l. x, y, dy and dx share it.
+struct Geometry {
+  std::int64_t planes = 0, groups = 1, lanes = 0;
+  std::int64_t rows = 0, last_rows = 0, cols = 1;
+  std::int64_t n = 0, group = 0, row = 0, col = 0;
+  std::int64_t rows_of(std::int64_t i) const { return i + 1 == planes ? last_rows : rows; }
+  std::int64_t offset(std::int64_t i, std::int64_t g) const { return i * n + g * group; }
+};
+
+// bfloat16 rounded to nearest even, as oneDNN's reorder rounds (lanes.hpp's narrow truncates,
+// right only for values that came from bfloat16).
+template <int L>
+inline void store_rounded(float* p, const Vec<float, L>& v) {
+  store(p, v);
+}
+template <int L>
+inline void store_rounded(std::uint16_t* p, const Vec<float, L>& v) {
+  using U = Vec<std::uint32_t, L>;
+  const U bits = std::bit_cast<U>(v);
+  const U rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  store(p, __builtin_convertvector(rounded, Vec<std::uint16_t, L>));
+}
+
+// Calls body(offset) for every position of plane (i, g), in order.
+template <class Body>
+[[gnu::always_inline]] inline void for_positions(const Geometry& g, std::int64_t i, std::int64_t base, Body&& body) {
+  const std::int64_t rows = g.rows_of(i);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < g.cols; ++c) body(base + r * g.row + c * g.col);
+}
+
+// The sums run in double, D lanes per vector (half a register of floats, widened to a full one:
+// GCC 12 converts a vector wider than the registers lane by lane), V vectors per position (each
+// its own chain of adds, so the adds' latency overlaps). Every lane adds its channel's terms one
+// after the other, in the plane's position order (the order test_cuda_layer_math sums in).
+template <int D>
+using Doubles = Vec<double, D>;
+template <int D>
+inline Doubles<D> widened(const Vec<float, D>& v) {
+  return __builtin_convertvector(v, Doubles<D>);
+}
+
+// first[l] (l < lanes) = the sum over the plane's positions of the terms of lane l, term(at, c)
+// giving those of lanes c .. c + D at element offset `at` (with Two, a pair: second[l] sums the
+// pair's second terms).
+template <int D, int V, bool Two, class Term>
+[[gnu::always_inline]] inline void plane_sums(const Geometry& g, std::int64_t i, std::int64_t grp,
+                                              double* __restrict first, double* __restrict second, const Term& term) {
+  const std::int64_t base = g.offset(i, grp);
+  for (std::int64_t c0 = 0; c0 < g.lanes; c0 += D * V) {
+    Doubles<D> a[V] = {}, b[V] = {};
+    for_positions(g, i, base, [&](std::int64_t at) {
+      for (int v = 0; v < V; ++v) {
+        if constexpr (Two) {
+          const auto [ta, tb] = term(at + c0 + v * D, c0 + v * D);
+          a[v] += ta;
+          b[v] += tb;
+        } else {
+          a[v] += term(at + c0 + v * D, c0 + v * D);
+        }
+      }
+    });
+    for (int v = 0; v < V; ++v) {
+      store(first + c0 + v * D, a[v]);
+      if constexpr (Two) store(second + c0 + v * D, b[v]);
+    }
+  }
+}
+
+// body.template operator()<D, V>() with D doubles per vector for a float lane count of L, and V
+// the most vectors (4, 2, 1) that divide a group's `lanes`.
+template <int L, class Body>
+[[gnu::always_inline]] inline void with_double_vectors(std::int64_t lanes, const Body& body) {
+  constexpr int D = L >= 2 ? L / 2 : 1;
+  if (lanes % (4 * D) == 0) return body.template operator()<D, 4>();
+  if (lanes % (2 * D) == 0) return body.template operator()<D, 2>();
+  body.template operator()<D, 1>();
+}
+
+// sum[l] = sum of x over the plane.
+template <class T, int L>
+void plane_sum(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x, double* __restrict sum) {
+  with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
+    plane_sums<D, V, false>(g, i, grp, sum, nullptr,
+                            [&](std::int64_t at, std::int64_t) { return widened<D>(load_widened<D>(x + at)); });
+  });
+}
+
+// squares[l] = sum of (x - mean)^2 over the plane, in double (mean: the group's batch means).
+template <class T, int L>
+void plane_squared_deviations(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
+                              const double* __restrict mean, double* __restrict squares) {
+  with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
+    plane_sums<D, V, false>(g, i, grp, squares, nullptr, [&](std::int64_t at, std::int64_t c) {
+      const Doubles<D> d = widened<D>(load_widened<D>(x + at)) - load<Doubles<D>>(mean + c);
+      return d * d;
+    });
+  });
+}
+
+// dy_sum[l] = sum of dy, dy_xhat_sum[l] = sum of dy (x - mean) inv_std, over the plane in double
+// (layer_math's batch_norm_dy_xhat); mean and inv_std are the group's, in float.
+template <class T, int L>
+void plane_gradient_sums(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
+                         const float* __restrict dy, const float* __restrict mean, const float* __restrict inv_std,
+                         double* __restrict dy_sum, double* __restrict dy_xhat_sum) {
+  with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
+    plane_sums<D, V, true>(g, i, grp, dy_sum, dy_xhat_sum, [&](std::int64_t at, std::int64_t c) {
+      const Doubles<D> d = widened<D>(load<Vec<float, D>>(dy + at));
+      const Doubles<D> centered = widened<D>(load_widened<D>(x + at)) - widened<D>(load<Vec<float, D>>(mean + c));
+      return std::pair{d, d * centered * widened<D>(load<Vec<float, D>>(inv_std + c))};
+    });
+  });
+}
+
+// y = x * scale + shift per channel (layer_math's batch_norm_apply), then max(y, 0) with Relu (the
+// Activation layer above left it to this layer); zero in the padding lanes (live 0) whatever
+// they held.
+template <class T, int L, bool Relu>
+void plane_normalize(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
+                     const float* __restrict scale, const float* __restrict shift, const std::int32_t* __restrict live,
+                     float* __restrict y) {
+  using F = Vec<float, L>;
+  const std::int64_t base = g.offset(i, grp);
+  for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+    const F a = load<F>(scale + c0), b = load<F>(shift + c0);
+    const Vec<std::int32_t, L> on = load<Vec<std::int32_t, L>>(live + c0) != 0;
+    for_positions(g, i, base + c0, [&](std::int64_t at) {
+      const F v = load_widened<L>(x + at) * a + b;
+      if constexpr (Relu) {
+        // max(v, 0) as bits: v's where its sign bit is clear, else zero (GCC 12 compared v > 0
+        // lane by lane, vcomiss and seta, at 4x the time of the whole pass).
+        const Vec<std::int32_t, L> bits = std::bit_cast<Vec<std::int32_t, L>>(v);
+        store(y + at, on ? std::bit_cast<F>(bits & ~(bits >> 31)) : F{});
+      } else {
+        store(y + at, on ? v : F{});
+      }
+    });
+  }
+}
+
+// dx = scale ((dy - mean(dy)) - xhat mean(dy xhat)), xhat = (x - mean) inv_std, in float
+// (layer_math's batch_norm_input_gradient); zero in the padding lanes, which oneDNN expects zero
+// (a NaN there, from a gradient's padding, would reach the convolution below).
+template <class T, int L>
+void plane_input_gradient(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
+                          const float* __restrict dy, const float* __restrict mean, const float* __restrict inv_std,
+                          const float* __restrict scale, const float* __restrict mean_dy,
+                          const float* __restrict mean_dy_xhat, const std::int32_t* __restrict live,
+                          T* __restrict dx) {
+  using F = Vec<float, L>;
+  const std::int64_t base = g.offset(i, grp);
+  for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+    const F m = load<F>(mean + c0), s = load<F>(inv_std + c0), a = load<F>(scale + c0);
+    const F mdy = load<F>(mean_dy + c0), mdx = load<F>(mean_dy_xhat + c0);
+    const Vec<std::int32_t, L> on = load<Vec<std::int32_t, L>>(live + c0) != 0;
+    for_positions(g, i, base + c0, [&](std::int64_t at) {
+      const F xhat = (load_widened<L>(x + at) - m) * s;
+      const F v = a * ((load<F>(dy + at) - mdy) - xhat * mdx);
+      store_rounded<L>(dx + at, on ? v : F{});
+    });
+  }
+}
 
 class BatchNormalizationKernel final : public nn::LayerKernel {
  public:
-  // f32 under every precision policy, as Keras keeps batch statistics in float32.
+  // Computes in f32 under every precision policy, as Keras keeps batch statistics in float32.
   BatchNormalizationKernel(nn::BatchNormalization& layer, OnednnContext& ctx)
       : layer_(layer), ctx_(ctx), channels_(layer.channels()) {
     const auto c = static_cast<std::size_t>(channels_);
-    mean_.resize(c);
-    inv_std_.resize(c);
-    scale_.resize(c);
-    shift_.resize(c);
-    sums_.resize(2 * c);
+    sums_.resize(2 * c + 1);
+    batch_mean_.resize(c);
+    batch_variance_.resize(c);
   }
 
-  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
-    plans_.create(batch);
-    return ctx_.canonical_layout(layer_.output_shape().with_batch(batch), DType::f32);
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override {
+    Plan& p = plans_.create(batch);
+    const memory::desc& src_md = md_of(src);
+    p.dtype = dtype_of(src_md) == DType::bf16 ? DType::bf16 : DType::f32;
+    const Shape out = layer_.output_shape().with_batch(batch);
+    LayoutPtr dst;
+    if (const std::optional<Arrangement> a = arrangement_of(src_md); a && out.rank() == 4) {
+      // y arranged as x; its descriptor's strides must be x's (they are, for a dense x).
+      const memory::desc dst_md = arranged_like(*a, {batch, out[3], out[1], out[2]}, memory::data_type::f32);
+      const std::optional<Arrangement> d = arrangement_of(dst_md);
+      if (d && d->lanes == a->lanes && d->groups == a->groups && d->n == a->n && d->group == a->group &&
+          d->row == a->row && d->col == a->col) {
+        Geometry& g = p.geometry;
+        g.planes = batch;
+        g.groups = a->groups;
+        g.lanes = a->lanes;
+        g.rows = g.last_rows = out[1];
+        g.cols = out[2];
+        g.n = a->n;
+        g.group = a->group;
+        g.row = a->row;
+        g.col = a->col;
+        p.own_layout = true;
+        dst = make_layout(out, DType::f32, dst_md);
+      }
+    }
+    if (!p.own_layout) {
+      // Canonical rows of C channels, in fixed chunks of kFlatRows rows.
+      Geometry& g = p.geometry;
+      const std::int64_t rows = batch * (layer_.input_shape().numel() / channels_);
+      g.planes = std::max<std::int64_t>(1, (rows + kFlatRows - 1) / kFlatRows);
+      g.lanes = channels_;
+      g.rows = std::min(rows, kFlatRows);
+      g.last_rows = rows - (g.planes - 1) * g.rows;
+      g.n = g.rows * channels_;
+      g.row = channels_;
+      dst = ctx_.canonical_layout(out, DType::f32);
+    }
+    const auto padded = static_cast<std::size_t>(p.geometry.groups * p.geometry.lanes);
+    p.sums.assign(static_cast<std::size_t>(p.geometry.planes) * 2 * padded, 0.0);
+    // Per channel, padded lanes zero (their y and dx come out zero, as oneDNN's padding must be).
+    p.mean_d.assign(padded, 0.0);
+    for (auto* v : {&p.mean, &p.inv_std, &p.scale, &p.shift, &p.mean_dy, &p.mean_dy_xhat}) v->assign(padded, 0.0f);
+    p.live.assign(padded, 0);
+    std::fill_n(p.live.begin(), channels_, 1);
+    return dst;
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
-    plans_.get(batch).bind(ctx_, batch, layer_.input_shape(), io);
+    Plan& p = plans_.get(batch);
+    const memory src = ctx_.wrap(io.src);
+    if (p.own_layout) {
+      p.x = src;
+      if (io.diff_src) p.dx = ctx_.wrap(io.diff_src);
+    } else {
+      // Canonical in x's own dtype: no copy unless the layer below chose another layout.
+      const memory::desc canonical = canonical_md(layer_.input_shape().with_batch(batch), p.dtype);
+      p.x = layout_for(ctx_, src, canonical, p.x_in, false);
+      if (io.diff_src) p.dx = layout_for(ctx_, ctx_.wrap(io.diff_src), canonical, p.dx_out, true);
+    }
+    p.y = static_cast<float*>(io.dst.data);
+    p.dy = static_cast<float*>(io.diff_dst.data);
     input_gradient_ = static_cast<bool>(io.diff_src);
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
-    CanonicalIO& p = plans_.get(batch);
-    p.load_input(ctx_);
-    const float* x = p.input();
-    const std::int64_t rows = rows_of(batch);
+    Plan& p = plans_.get(batch);
+    p.x_in.run(ctx_);
+    ctx_.stream.wait();  // the loops read x right away
     if (step.training()) {
-      statistics(x, rows, step);
+      statistics(&p, step);
       write_contributions(step, batch);
     } else {
       const float* mm = value(layer_.moving_mean_index());
       const float* mv = value(layer_.moving_variance_index());
       for (std::int64_t k = 0; k < channels_; ++k) {
-        mean_[idx(k)] = mm[k];
-        inv_std_[idx(k)] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mv[k]) + layer_.options().epsilon));
+        p.mean[idx(k)] = mm[k];
+        p.inv_std[idx(k)] =
+            static_cast<float>(1.0 / std::sqrt(static_cast<double>(mv[k]) + layer_.options().epsilon));
       }
     }
     // y = (x - mean) * inv_std * gamma + beta = x * scale + shift, per channel.
     const float* gamma = layer_.gamma_index() >= 0 ? value(static_cast<std::size_t>(layer_.gamma_index())) : nullptr;
     const float* beta = layer_.beta_index() >= 0 ? value(static_cast<std::size_t>(layer_.beta_index())) : nullptr;
     for (std::int64_t k = 0; k < channels_; ++k) {
-      scale_[idx(k)] = inv_std_[idx(k)] * (gamma ? gamma[k] : 1.0f);
-      shift_[idx(k)] = (beta ? beta[k] : 0.0f) - mean_[idx(k)] * scale_[idx(k)];
+      p.scale[idx(k)] = p.inv_std[idx(k)] * (gamma ? gamma[k] : 1.0f);
+      p.shift[idx(k)] = (beta ? beta[k] : 0.0f) - p.mean[idx(k)] * p.scale[idx(k)];
     }
-    const std::int64_t c = channels_;
-    const float* scale = scale_.data();
-    const float* shift = shift_.data();
-    float* y = p.y;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t k = 0; k < c; ++k) y[r * c + k] = x[r * c + k] * scale[k] + shift[k];
+    each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
+      const std::int64_t c = g * p.geometry.lanes;
+      if (relu_) {
+        plane_normalize<T, L, true>(p.geometry, i, g, p.input<T>(), p.scale.data() + c, p.shift.data() + c,
+                                    p.live.data() + c, p.y);
+      } else {
+        plane_normalize<T, L, false>(p.geometry, i, g, p.input<T>(), p.scale.data() + c, p.shift.data() + c,
+                                     p.live.data() + c, p.y);
+      }
+    });
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
-    CanonicalIO& p = plans_.get(batch);
-    const float* x = p.input();
-    const std::int64_t rows = rows_of(batch), c = channels_;
+    Plan& p = plans_.get(batch);
+    const std::int64_t c = channels_;
     // Local sums of dy and dy * xhat: this replica's dbeta and dgamma.
-    const float* mean = mean_.data();
-    const float* inv_std = inv_std_.data();
-    const float* dy = p.dy;
-    channel_sums(rows, [&](std::int64_t r, std::int64_t k, double* acc) {
-      const double g = dy[r * c + k];
-      acc[k] += g;
-      acc[c + k] += g * (static_cast<double>(x[r * c + k]) - mean[k]) * inv_std[k];
+    each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
+      const std::int64_t at = g * p.geometry.lanes;
+      double* out = plane_sums_of(p, i, g);
+      plane_gradient_sums<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at, out,
+                                out + p.geometry.lanes);
     });
+    add_planes(p, true);
     if (layer_.gamma_index() >= 0) store(grad(static_cast<std::size_t>(layer_.gamma_index())), sums_.data() + c);
     if (layer_.beta_index() >= 0) store(grad(static_cast<std::size_t>(layer_.beta_index())), sums_.data());
-    float* dx = p.input_gradient();
-    if (!dx) return;
-    if (nn::CrossReplica* group = statistics_group(step)) group->all_reduce_sum(sums_, "batch normalization gradient sums");
-    // dx = gamma inv_std (dy - sum(dy) / count - xhat sum(dy xhat) / count)
+    if (!p.dx) return;
+    std::span<double> both(sums_.data(), 2 * idx(c));
+    if (nn::CrossReplica* group = statistics_group(step)) group->all_reduce_sum(both, "batch normalization gradient sums");
+    // dx = scale (dy - mean(dy) - xhat mean(dy xhat)), scale = gamma inv_std.
     const float* gamma = layer_.gamma_index() >= 0 ? value(static_cast<std::size_t>(layer_.gamma_index())) : nullptr;
     for (std::int64_t k = 0; k < c; ++k) {
-      scale_[idx(k)] = inv_std[k] * (gamma ? gamma[k] : 1.0f);
-      shift_[idx(k)] = static_cast<float>(sums_[idx(k)] / count_);          // mean of dy
-      sums_[idx(c + k)] = sums_[idx(c + k)] / count_;                          // mean of dy xhat
+      p.scale[idx(k)] = p.inv_std[idx(k)] * (gamma ? gamma[k] : 1.0f);
+      p.mean_dy[idx(k)] = static_cast<float>(sums_[idx(k)] / count_);
+      p.mean_dy_xhat[idx(k)] = static_cast<float>(sums_[idx(c + k)] / count_);
     }
-    const float* a = scale_.data();
-    const float* mean_dy = shift_.data();
-    const double* mean_dy_xhat = sums_.data() + c;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t k = 0; k < c; ++k) {
-        const float xhat = (x[r * c + k] - mean[k]) * inv_std[k];
-        dx[r * c + k] = a[k] * (dy[r * c + k] - mean_dy[k] - xhat * static_cast<float>(mean_dy_xhat[k]));
-      }
-    p.store_input_gradient(ctx_);
+    each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
+      const std::int64_t at = g * p.geometry.lanes;
+      plane_input_gradient<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at,
+                                 p.scale.data() + at, p.mean_dy.data() + at, p.mean_dy_xhat.data() + at,
+                                 p.live.data() + at, static_cast<T*>(p.dx.get_data_handle()));
+    });
+    p.dx_out.run(ctx_);
+  }
+
+  // A relu layer above: y comes out with the relu applied, and that layer does nothing forward
+  // (nn/kernel.hpp). Backward is unchanged: it never reads y, and the gradient it receives is
+  // already through the relu's derivative.
+  bool take_output_activation(config::Activation a) override {
+    relu_ = a == config::Activation::relu;
+    return relu_;
   }
 
   // A replica without samples still makes the collectives of a synchronized layer.
   void forward_without_samples(const nn::StepContext& step) override {
     if (!statistics_group(step) || !step.training()) return;
-    statistics(nullptr, 0, step);
+    statistics(nullptr, step);
     write_contributions(step, 0);
   }
   void backward_without_samples(const nn::StepContext& step) override {
@@ -124,10 +375,31 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     // The replicas with samples make this collective only for an input gradient (backward()).
     if (!group || !input_gradient_) return;
     std::fill(sums_.begin(), sums_.end(), 0.0);
-    group->all_reduce_sum(sums_, "batch normalization gradient sums");
+    group->all_reduce_sum(std::span<double>(sums_.data(), 2 * idx(channels_)), "batch normalization gradient sums");
   }
 
  private:
+  struct Plan {
+    Geometry geometry;
+    DType dtype = DType::f32;
+    bool own_layout = false;  // x's own layout (else canonical rows, copied in when x is not)
+    memory x, dx;
+    Reorder x_in, dx_out;
+    float* y = nullptr;
+    float* dy = nullptr;
+    // Per plane (i, g), planes in order (i, g): 2 * lanes doubles, the plane's sums (forward: of x,
+    // then of the squared deviations; backward: of dy, then of dy xhat).
+    std::vector<double> sums;
+    // Per (padded) channel: the last forward's statistics, and what backward derives from them.
+    std::vector<double> mean_d;
+    std::vector<float> mean, inv_std, scale, shift, mean_dy, mean_dy_xhat;
+    std::vector<std::int32_t> live;  // 1 for a real channel, 0 for a padding lane
+    template <class T>
+    const T* input() const {
+      return static_cast<const T*>(x.get_data_handle());
+    }
+  };
+
   // Who the batch statistics are summed over: every replica (and lane) when synchronized, else
   // the lanes of this replica, which together are one replica; null when alone.
   nn::CrossReplica* statistics_group(const nn::StepContext& step) const {
@@ -135,57 +407,84 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   }
 
   static std::size_t idx(std::int64_t k) { return static_cast<std::size_t>(k); }
-  std::int64_t rows_of(std::int64_t batch) const { return batch * (layer_.input_shape().numel() / channels_); }
   float* value(std::size_t i) { return layer_.variables()[i].value.address<float>(); }
   float* grad(std::size_t i) { return layer_.variables()[i].grad.address<float>(); }
   void store(float* out, const double* in) const {
     for (std::int64_t k = 0; k < channels_; ++k) out[k] = static_cast<float>(in[k]);
   }
-
-  // sums_[0 .. 2C) = sum over rows of what `add(r, k, acc)` adds into acc[k] and acc[C + k]:
-  // each thread over its own fixed range of rows, the threads' partials added in thread order.
-  template <class Add>
-  void channel_sums(std::int64_t rows, const Add& add) {
-    const std::int64_t c = channels_;
-    const int threads = std::max(1, omp_get_max_threads());
-    partials_.assign(static_cast<std::size_t>(threads) * static_cast<std::size_t>(2 * c), 0.0);
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num();
-      const std::int64_t begin = rows * t / threads, end = rows * (t + 1) / threads;
-      double* acc = partials_.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(2 * c);
-      for (std::int64_t r = begin; r < end; ++r)
-        for (std::int64_t k = 0; k < c; ++k) add(r, k, acc);
-    }
-    std::fill(sums_.begin(), sums_.end(), 0.0);
-    for (int t = 0; t < threads; ++t)
-      for (std::int64_t k = 0; k < 2 * c; ++k)
-        sums_[idx(k)] += partials_[static_cast<std::size_t>(t) * static_cast<std::size_t>(2 * c) + idx(k)];
+  static double* plane_sums_of(Plan& p, std::int64_t i, std::int64_t g) {
+    const std::int64_t lanes = p.geometry.lanes;
+    return p.sums.data() + static_cast<std::size_t>((i * p.geometry.groups + g) * 2 * lanes);
   }
 
-  // The batch statistics into mean_ and inv_std_ (and batch_variance_), over this replica (all its
-  // lanes) or, when synchronized, over every replica; x may be null with rows 0.
-  void statistics(const float* x, std::int64_t rows, const nn::StepContext& step) {
+  // body.template operator()<T, L>(i, g) for every plane, T x's element type, shared by the
+  // replica's OpenMP team (each plane's result lands in its own place, so the thread count changes
+  // nothing); each call goes into the build for the context's loop_isa().
+  template <class Body>
+  void each_plane(const Plan& p, const Body& body) {
+    const Geometry& g = p.geometry;
+    const std::int64_t planes = g.planes * g.groups;
+    const LoopIsa isa = ctx_.loop_isa();
+    const bool bf16 = p.dtype == DType::bf16;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t q = 0; q < planes; ++q)
+      run_with_lanes(isa, g.lanes, [&]<int L>() {
+        if (bf16) return body.template operator()<std::uint16_t, L>(q / g.groups, q % g.groups);
+        body.template operator()<float, L>(q / g.groups, q % g.groups);
+      });
+  }
+
+  // sums_[k] = the planes' first sums of channel k added in plane order; with `both`, sums_[C + k]
+  // their second sums.
+  void add_planes(Plan& p, bool both) {
+    std::fill(sums_.begin(), sums_.end(), 0.0);
+    const Geometry& g = p.geometry;
+    for (std::int64_t i = 0; i < g.planes; ++i)
+      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+        const double* m = plane_sums_of(p, i, grp);
+        for (std::int64_t l = 0; l < g.lanes && grp * g.lanes + l < channels_; ++l) {
+          const std::int64_t k = grp * g.lanes + l;
+          sums_[idx(k)] += m[l];
+          if (both) sums_[idx(channels_ + k)] += m[g.lanes + l];
+        }
+      }
+  }
+
+  // The batch statistics into mean and inv_std (and batch_mean_, batch_variance_), over this
+  // replica (all its lanes) or, when synchronized, over every replica: two passes over x, the
+  // mean, then the squared deviations from it. p is null without samples.
+  void statistics(Plan* p, const nn::StepContext& step) {
     const std::int64_t c = channels_;
     nn::CrossReplica* group = statistics_group(step);
-    // The sums of x, then the row count right after them: one collective of C + 1 values.
-    channel_sums(rows, [&](std::int64_t r, std::int64_t k, double* acc) { acc[k] += x[r * c + k]; });
-    sums_[idx(c)] = static_cast<double>(rows);
+    std::fill(sums_.begin(), sums_.end(), 0.0);
+    if (p) {
+      each_plane(*p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
+        plane_sum<T, L>(p->geometry, i, g, p->input<T>(), plane_sums_of(*p, i, g));
+      });
+      add_planes(*p, false);
+      const Geometry& g = p->geometry;
+      sums_[idx(c)] = static_cast<double>(((g.planes - 1) * g.rows + g.last_rows) * g.cols);
+    }
+    // The sums of x, then the count right after them: one collective of C + 1 values.
     if (group) group->all_reduce_sum(std::span<double>(sums_.data(), idx(c) + 1), "batch normalization mean");
     count_ = sums_[idx(c)];
-    batch_mean_.resize(idx(c));
     for (std::int64_t k = 0; k < c; ++k) batch_mean_[idx(k)] = count_ > 0 ? sums_[idx(k)] / count_ : 0.0;
-    const double* m = batch_mean_.data();
-    channel_sums(rows, [&](std::int64_t r, std::int64_t k, double* acc) {
-      const double d = x[r * c + k] - m[k];
-      acc[k] += d * d;
-    });
+    std::fill(sums_.begin(), sums_.end(), 0.0);
+    if (p) {
+      std::copy(batch_mean_.begin(), batch_mean_.end(), p->mean_d.begin());
+      each_plane(*p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
+        plane_squared_deviations<T, L>(p->geometry, i, g, p->input<T>(), p->mean_d.data() + g * p->geometry.lanes,
+                                       plane_sums_of(*p, i, g));
+      });
+      add_planes(*p, false);
+    }
     if (group) group->all_reduce_sum(std::span<double>(sums_.data(), idx(c)), "batch normalization variance");
-    batch_variance_.resize(idx(c));
     for (std::int64_t k = 0; k < c; ++k) {
       batch_variance_[idx(k)] = count_ > 0 ? sums_[idx(k)] / count_ : 0.0;
-      mean_[idx(k)] = static_cast<float>(batch_mean_[idx(k)]);
-      inv_std_[idx(k)] = static_cast<float>(1.0 / std::sqrt(batch_variance_[idx(k)] + layer_.options().epsilon));
+      if (p) {
+        p->mean[idx(k)] = static_cast<float>(batch_mean_[idx(k)]);
+        p->inv_std[idx(k)] = static_cast<float>(1.0 / std::sqrt(batch_variance_[idx(k)] + layer_.options().epsilon));
+      }
     }
   }
 
@@ -203,16 +502,15 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   nn::BatchNormalization& layer_;
   OnednnContext& ctx_;
   std::int64_t channels_;
-  // The last forward's statistics, and scratch reused every step (sized at construction, or on
-  // the first step for the per-thread partials).
-  std::vector<float> mean_, inv_std_, scale_, shift_;
-  std::vector<double> sums_, partials_, batch_mean_, batch_variance_;
+  // Scratch reused every step, sized at construction.
+  std::vector<double> sums_, batch_mean_, batch_variance_;
   double count_ = 0.0;
   // Whether backward computes the input gradient (and so makes its collective): what bind() was
   // given; before any bind, whether a layer sits below (the first layer has none, unless a test
   // asks the model for the input's gradient, which binds first).
   bool input_gradient_ = layer_.position() > 0;
-  nn::PlanCache<CanonicalIO> plans_;
+  bool relu_ = false;  // the Activation above left its relu to this layer (take_output_activation)
+  nn::PlanCache<Plan> plans_;
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {

@@ -1,5 +1,5 @@
-// The memories around a kernel written as loops over canonical (channels-last) arrays (dropout,
-// batch normalization): the layer below may have produced a blocked layout, so its output is
+// The memories around a kernel written as loops over canonical (channels-last) arrays (dropout):
+// the layer below may have produced a blocked layout, so its output is
 // reordered into a canonical buffer before forward, and the input gradient out of one after
 // backward; where the layouts already agree there is no copy. The output and its gradient are
 // canonical (what such a kernel's plan() returns).
