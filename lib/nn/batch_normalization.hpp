@@ -53,6 +53,7 @@ class BatchNormalization final : public Layer {
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
   Flops flops_per_sample() const override;
+  BackwardReads backward_reads() const override { return BackwardReads::input; }
 
  private:
   Shape build_layer(const Shape& input_shape) override;

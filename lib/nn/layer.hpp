@@ -112,6 +112,11 @@ class Layer {
   virtual bool synchronizes_replicas() const { return false; }
   // Per sample, after build() (see Flops); zero for a layer that does not count its work.
   virtual Flops flops_per_sample() const { return {}; }
+  // What backward must read of the forward pass besides the output's gradient: the input (a
+  // kernel's gradient, batch normalization's normalized values), the output (an activation's
+  // derivative), or nothing more. dtrain bench counts those bytes in the backward's bound.
+  enum class BackwardReads { nothing, input, output };
+  virtual BackwardReads backward_reads() const { return BackwardReads::nothing; }
 
   // The oracle: plain loops in double, obviously correct, what every backend's kernel is tested
   // against (and what is itself checked against finite differences).

@@ -47,16 +47,19 @@ double gflops_of(double flops_per_sample, double samples, double milliseconds) {
 }
 
 // The bytes one sample makes a layer move, each once (see bench.hpp): forward reads the input and
-// writes the output, backward reads the output's gradient and, where it computes it, writes the
-// input's, in the compute dtype. Its variables are read once forward and read, and their
-// gradients written, once backward: once per step, so a share of `batch` per sample.
+// writes the output, backward reads the output's gradient, what it needs of the forward pass (the
+// input or the output, Layer::backward_reads) and, where it computes it, writes the input's, in
+// the compute dtype. Its variables are read once forward and read, and their gradients written,
+// once backward: once per step, so a share of `batch` per sample.
 std::pair<double, double> layer_bytes(const nn::Layer& layer, bool backward_data, std::size_t activation_bytes,
                                       double batch) {
   const double in = static_cast<double>(layer.input_shape().numel() * static_cast<std::int64_t>(activation_bytes));
   const double out = static_cast<double>(layer.output_shape().numel() * static_cast<std::int64_t>(activation_bytes));
   double variables = 0.0;
   for (const Variable& v : layer.variables()) variables += static_cast<double>(v.value.bytes());
-  return {in + out + variables / batch, out + (backward_data ? in : 0.0) + 2.0 * variables / batch};
+  const nn::Layer::BackwardReads reads = layer.backward_reads();
+  const double saved = reads == nn::Layer::BackwardReads::input ? in : reads == nn::Layer::BackwardReads::output ? out : 0.0;
+  return {in + out + variables / batch, out + saved + (backward_data ? in : 0.0) + 2.0 * variables / batch};
 }
 
 // JSON numbers: finite, or null.
@@ -285,7 +288,8 @@ std::string bench_table(const BenchReport& r) {
   }
   out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}\n", "all layers", name_width, fwd_bound, "",
                      times(fwd_total.mean, fwd_bound), bwd_bound, "", times(bwd_total.mean, bwd_bound));
-  out += "(KB: the bytes per sample each direction must move: input and output, their gradients, the variables)\n";
+  out += "(KB: the bytes per sample each direction must move: input and output, their gradients, what backward needs "
+         "of forward, the variables)\n";
   return out;
 }
 

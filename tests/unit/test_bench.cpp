@@ -133,9 +133,10 @@ TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases w
   CHECK(r.peak.gflops > 0.0);
   CHECK(r.peak_fraction == doctest::Approx(r.gflops / r.peak_gflops_total));
   // The bytes each direction must move per sample (f32; variables once per step of 4 samples):
-  // conv2d 8x8x1 in, 6x6x4 out, 40 weights, no input gradient; the pooling 6x6x4 in, 3x3x4 out.
+  // conv2d 8x8x1 in, 6x6x4 out, 40 weights, no input gradient, its kernel's gradient reading the
+  // input; the pooling 6x6x4 in, 3x3x4 out.
   CHECK(r.layers[0].forward_bytes == doctest::Approx((64 + 144) * 4 + 40 * 4 / 4.0));
-  CHECK(r.layers[0].backward_bytes == doctest::Approx(144 * 4 + 2 * 40 * 4 / 4.0));
+  CHECK(r.layers[0].backward_bytes == doctest::Approx((144 + 64) * 4 + 2 * 40 * 4 / 4.0));
   CHECK(r.layers[1].forward_bytes == doctest::Approx((144 + 36) * 4));
   CHECK(r.layers[1].backward_bytes == doctest::Approx((36 + 144) * 4));
   // Each bound is the longer of the FLOPs at the peak and the bytes at the bandwidth, for the
