@@ -222,33 +222,41 @@ TEST_CASE("conv2d matches the reference and finite differences") {
               {conv(24, 3, 1, Padding::same, Activation::relu), conv(8, 3, 1, Padding::same, Activation::linear)}, 2});
 }
 
+namespace {
+
+// One training step of the model `mc` on `batch` samples of 7x6x3 with `threads` OpenMP threads:
+// its output, then every variable's gradient, as one vector (the same seeds whatever the count).
+std::vector<float> step_bits_on_threads(const config::ModelConfig& mc, std::int64_t batch, int threads) {
+  Tensor x(Shape{batch, 7, 6, 3});
+  Rng rng(5, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const int threads_before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  nn::Sequential model(mc, 3, testing::cpu());
+  const nn::StepContext step = testing::step_of(nn::Mode::training, batch);
+  const Tensor& y = model.forward(x, step);
+  std::vector<float> bits(y.span<float>().begin(), y.span<float>().end());
+  Rng grads(6, RngStream::test);
+  for (auto& v : model.output_gradient().span<float>()) v = grads.uniform(-1.0f, 1.0f);
+  model.backward(step);
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables())
+      bits.insert(bits.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+  omp_set_num_threads(threads_before);
+  return bits;
+}
+
+}  // namespace
+
 TEST_CASE("the weight gradients of a few-channel input have the same bits on 1, 2 and 3 OpenMP threads") {
   // The CPU backend's own loops sum samples in fixed chunks of 8 and add the chunks in order,
   // whichever thread took a chunk: 19 samples are 3 chunks, 16 filters 2 vectors of 8 on AVX2.
   config::ModelConfig mc;
   mc.input_shape = {7, 6, 3};
   mc.layers.push_back(nn::layer_config("conv2d", conv(16, 3, 1, Padding::same, Activation::relu)));
-  const std::int64_t batch = 19;
-  Tensor x(Shape{batch, 7, 6, 3});
-  Rng rng(5, RngStream::test);
-  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
-  const int threads_before = omp_get_max_threads();
-  std::vector<std::vector<float>> runs;
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    nn::Sequential model(mc, 3, testing::cpu());
-    const nn::StepContext step = testing::step_of(nn::Mode::training, batch);
-    model.forward(x, step);
-    Rng grads(6, RngStream::test);
-    for (auto& v : model.output_gradient().span<float>()) v = grads.uniform(-1.0f, 1.0f);
-    model.backward(step);
-    std::vector<float> bits;
-    for (auto& v : model.layer(0).variables()) bits.insert(bits.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
-    runs.push_back(std::move(bits));
-  }
-  omp_set_num_threads(threads_before);
-  CHECK(runs[1] == runs[0]);
-  CHECK(runs[2] == runs[0]);
+  const std::vector<float> one = step_bits_on_threads(mc, 19, 1);
+  CHECK(step_bits_on_threads(mc, 19, 2) == one);
+  CHECK(step_bits_on_threads(mc, 19, 3) == one);
 }
 
 TEST_CASE("max_pool2d matches the reference and finite differences") {
@@ -408,29 +416,9 @@ TEST_CASE("batch_normalization's statistics and gradients have the same bits on 
   mc.input_shape = {7, 6, 3};
   mc.layers.push_back(nn::layer_config("conv2d", conv(20, 3, 1, Padding::same, Activation::linear, false)));
   mc.layers.push_back(nn::layer_config("batch_normalization", batch_norm()));
-  const std::int64_t batch = 11;
-  Tensor x(Shape{batch, 7, 6, 3});
-  Rng rng(5, RngStream::test);
-  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
-  const int threads_before = omp_get_max_threads();
-  std::vector<std::vector<float>> runs;
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    nn::Sequential model(mc, 3, testing::cpu());
-    const nn::StepContext step = testing::step_of(nn::Mode::training, batch);
-    const Tensor& y = model.forward(x, step);
-    std::vector<float> bits(y.span<float>().begin(), y.span<float>().end());
-    Rng grads(6, RngStream::test);
-    for (auto& v : model.output_gradient().span<float>()) v = grads.uniform(-1.0f, 1.0f);
-    model.backward(step);
-    for (std::size_t l = 0; l < model.num_layers(); ++l)
-      for (auto& v : model.layer(l).variables())
-        bits.insert(bits.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
-    runs.push_back(std::move(bits));
-  }
-  omp_set_num_threads(threads_before);
-  CHECK(runs[1] == runs[0]);
-  CHECK(runs[2] == runs[0]);
+  const std::vector<float> one = step_bits_on_threads(mc, 11, 1);
+  CHECK(step_bits_on_threads(mc, 11, 2) == one);
+  CHECK(step_bits_on_threads(mc, 11, 3) == one);
 }
 
 TEST_CASE("conv with relu below max pooling, batch norm and dropout, with the input gradient (the GPU tests' CNN)") {
