@@ -1,6 +1,5 @@
 #include "distribute/barrier.hpp"
 
-#include <chrono>
 #include <string>
 
 #include "core/error.hpp"
@@ -11,16 +10,6 @@ Barrier::Barrier(int participants) : participants_(participants) {
   DTRAIN_CHECK(participants >= 1,
                "a barrier needs at least one participant, got " + std::to_string(participants));
 }
-
-namespace {
-
-// How long a waiter spins before it sleeps on the condition variable. A sleeping thread woke
-// tens of microseconds after the last arrival on the shared 2-vCPU machines, at every barrier of a
-// step (the lanes' gradient sum meets twice); the spin is bounded, so a thread waiting for a slow
-// participant (or on a machine with more threads than cores) soon leaves the core to others.
-constexpr auto kSpin = std::chrono::microseconds(20);
-
-}  // namespace
 
 void Barrier::arrive_and_wait() {
   std::unique_lock lock(mutex_);
@@ -35,13 +24,9 @@ void Barrier::arrive_and_wait() {
     return;
   }
   lock.unlock();
-  const auto until = std::chrono::steady_clock::now() + kSpin;
-  for (int i = 0; released_.load(std::memory_order_acquire) == arrival_generation &&
-                  !broken_seen_.load(std::memory_order_relaxed);
-       ++i) {
-    spin_pause();
-    if (i % 32 == 31 && std::chrono::steady_clock::now() > until) break;
-  }
+  spin_until([&] {
+    return released_.load(std::memory_order_acquire) != arrival_generation || broken_seen_.load(std::memory_order_relaxed);
+  });
   lock.lock();
   cv_.wait(lock, [&] { return generation_ != arrival_generation || broken_; });
   // A round that completed before the break still counts: its writes were all published.

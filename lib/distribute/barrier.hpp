@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -45,12 +46,23 @@ class Barrier {
 
 struct BarrierBroken {};
 
-// One step of a spin-wait: tells the core this thread only waits (x86's pause), so the other
-// hyper-thread and the memory system go on.
-inline void spin_pause() {
+// Spins while done() is false, for at most kSpinBeforeSleep, pausing the core between checks (x86's
+// pause: the other hyper-thread and the memory system go on); returns done(). A thread that
+// expects the others within microseconds calls it before it sleeps on a condition variable: a
+// sleeping thread woke tens of microseconds after the last arrival on the shared 2-vCPU machines,
+// and the spin is bounded, so a thread waiting for a slow participant (or on a machine with more
+// threads than cores) soon leaves the core to others.
+inline constexpr std::chrono::microseconds kSpinBeforeSleep{20};
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+  for (int i = 0; !done(); ++i) {
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
+    __builtin_ia32_pause();
 #endif
-}  // thrown by a broken barrier; not an error of its own
+    if (i % 32 == 31 && std::chrono::steady_clock::now() > until) return done();
+  }
+  return true;
+}
 
 }  // namespace dtrain::distribute

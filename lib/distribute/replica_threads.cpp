@@ -1,10 +1,8 @@
 #include "distribute/replica_threads.hpp"
 
-#include "core/compute_thread.hpp"
-
 #include <omp.h>
 
-#include <chrono>
+#include "core/compute_thread.hpp"
 
 namespace dtrain::distribute {
 
@@ -89,11 +87,7 @@ void ReplicaThreads::run(const Strategy::ReplicaFn& fn) {
       run_first_replica(fn, caller_error);
       // The others usually finish within microseconds of replica 0 (they meet it at the
       // collectives' last barrier): a short spin before sleeping.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
-      for (int i = 0; remaining_seen_.load(std::memory_order_acquire) > 0; ++i) {
-        spin_pause();
-        if (i % 32 == 31 && std::chrono::steady_clock::now() > until) break;
-      }
+      spin_until([&] { return remaining_seen_.load(std::memory_order_acquire) == 0; });
       lock.lock();
     }
     done_cv_.wait(lock, [&] { return remaining_ == 0; });

@@ -12,6 +12,7 @@
 #include <random>
 #include <iterator>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,17 @@ CaseData case_data(const GeometryCase& t, std::uint32_t& seed) {
   d.k = random_values(static_cast<std::size_t>(d.g.kernel_elements()), seed++);
   d.dy = random_values(static_cast<std::size_t>(d.g.y_elements()), seed++);
   return d;
+}
+
+// check(g, x, kernel, dy) on each case with its random data (seeds from `seed` on), the case
+// named in any failure.
+template <class Check>
+void for_each_case(std::span<const GeometryCase> cases, std::uint32_t seed, const Check& check) {
+  for (const GeometryCase& t : cases) {
+    const CaseData d = case_data(t, seed);
+    INFO("geometry ", describe(t));
+    check(d.g, d.x, d.k, d.dy);
+  }
 }
 
 // Keras' convolution: TensorFlow's padding, on the unpadded input.
@@ -209,12 +221,8 @@ TEST_CASE("CUDA conv geometry: the filter transposition HWIO -> cuDNN's KRSC is 
 }
 
 TEST_CASE("CUDA conv geometry: padding, cuDNN's convolution and the crop give Keras' forward and gradients exactly") {
-  std::uint32_t seed = 1;
-  for (const GeometryCase& t : kGeometries) {
-    const CaseData d = case_data(t, seed);
-    const cuda::Conv2dGeometry& g = d.g;
-    const std::vector<double>&x = d.x, &k = d.k, &dy = d.dy;
-    INFO("geometry ", describe(t));
+  for_each_case(kGeometries, 1, [&](const cuda::Conv2dGeometry& g, const std::vector<double>& x,
+                                const std::vector<double>& k, const std::vector<double>& dy) {
     const ConvDims keras = keras_dims(g), given = cudnn_dims(g);
     REQUIRE(given.oh == keras.oh);
     REQUIRE(given.ow == keras.ow);
@@ -241,19 +249,15 @@ TEST_CASE("CUDA conv geometry: padding, cuDNN's convolution and the crop give Ke
     for (std::int64_t i = 0; i < g.kernel_elements(); ++i)
       back[static_cast<std::size_t>(cuda::hwio_index(i, g.kh, g.kw, g.c, g.f))] = dk_krsc[static_cast<std::size_t>(i)];
     CHECK(back == dk);
-  }
+  });
 }
 
 TEST_CASE("CUDA conv geometry: the GEMM path's columns give Keras' forward, kernel gradient and input gradient") {
   // The geometries above, and the seed CNN's first layer: one input channel.
   std::vector<GeometryCase> cases(std::begin(kGeometries), std::end(kGeometries));
   cases.push_back({2, 10, 10, 1, 5, 3, 3, 1, 1, Padding::valid});
-  std::uint32_t seed = 500;
-  for (const GeometryCase& t : cases) {
-    const CaseData d = case_data(t, seed);
-    const cuda::Conv2dGeometry& g = d.g;
-    const std::vector<double>&x = d.x, &k = d.k, &dy = d.dy;
-    INFO("geometry ", describe(t));
+  for_each_case(cases, 500, [&](const cuda::Conv2dGeometry& g, const std::vector<double>& x,
+                                const std::vector<double>& k, const std::vector<double>& dy) {
     const ConvDims keras = keras_dims(g);
     std::vector<double> y_ref(static_cast<std::size_t>(g.y_elements())), dx_ref(x.size()), dk_ref(k.size()),
         db_ref(static_cast<std::size_t>(g.f));
@@ -300,5 +304,5 @@ TEST_CASE("CUDA conv geometry: the GEMM path's columns give Keras' forward, kern
           db[static_cast<std::size_t>(f)] += cuda::column_sum(dy.data(), sl * rows, (sl + 1) * rows, F, f);
       CHECK(close(db, db_ref));
     }
-  }
+  });
 }

@@ -58,20 +58,6 @@ struct Geometry {
   std::int64_t offset(std::int64_t i, std::int64_t g) const { return i * n + g * group; }
 };
 
-// bfloat16 rounded to nearest even, as oneDNN's reorder rounds (lanes.hpp's narrow truncates,
-// right only for values that came from bfloat16).
-template <int L>
-inline void store_rounded(float* p, const Vec<float, L>& v) {
-  store(p, v);
-}
-template <int L>
-inline void store_rounded(std::uint16_t* p, const Vec<float, L>& v) {
-  using U = Vec<std::uint32_t, L>;
-  const U bits = std::bit_cast<U>(v);
-  const U rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  store(p, __builtin_convertvector(rounded, Vec<std::uint16_t, L>));
-}
-
 // Calls body(offset) for every position of plane (i, g), in order.
 template <class Body>
 [[gnu::always_inline]] inline void for_positions(const Geometry& g, std::int64_t i, std::int64_t base, Body&& body) {

@@ -176,6 +176,22 @@ inline void store_narrowed(std::uint16_t* p, const Vec<float, L>& v) {
   store(p, __builtin_convertvector(std::bit_cast<Vec<std::uint32_t, L>>(v) >> 16, Vec<std::uint16_t, L>));
 }
 
+// f32 lanes into f32 or bf16 memory, a computed value rounded to bfloat16's nearest even, as
+// oneDNN's conversions round (store_narrowed truncates: right only for values that came from
+// bfloat16); a NaN stays a NaN.
+template <int L>
+inline void store_rounded(float* p, const Vec<float, L>& v) {
+  store(p, v);
+}
+template <int L>
+inline void store_rounded(std::uint16_t* p, const Vec<float, L>& v) {
+  using U = Vec<std::uint32_t, L>;
+  const U bits = std::bit_cast<U>(v);
+  const U nan = std::bit_cast<U>(v != v);
+  const U rounded = ((bits + 0x7FFFu + ((bits >> 16) & 1u)) & ~nan) | ((bits | 0x00400000u) & nan);
+  store(p, __builtin_convertvector(rounded >> 16, Vec<std::uint16_t, L>));
+}
+
 // Conversions between bytes and 32-bit lanes in two steps through 16 bits: GCC 12 vectorizes each
 // step that doubles or halves the width, but computes a 4x conversion lane by lane.
 // A byte mask (each lane 0 or -1, as a comparison of bytes gives) as lanes of B (16 or 32 bits).
