@@ -5,9 +5,11 @@
 // run(fn) publishes fn under a new generation; each thread runs it once with its replica's
 // context. Made with CallerRuns::first_replica, the calling thread runs replica 0 itself (with the
 // replica's OpenMP thread count for that time) and threads exist for the others: one thread fewer
-// to wake per run and to wake the caller when it is done. A replica that throws breaks the collectives' barrier, so the others stop (with
-// BarrierBroken) instead of waiting for it; run() then resets the barrier and rethrows the first
-// error.
+// to wake per run and to wake the caller when it is done. Between runs the threads spin a few
+// microseconds before they sleep: a run that follows at once (the optimizer's update split over a
+// replica's lanes, right after their step) finds them awake. A replica that throws breaks the
+// collectives' barrier, so the others stop (with BarrierBroken) instead of waiting for it; run()
+// then resets the barrier and rethrows the first error.
 #pragma once
 
 #include <atomic>
@@ -53,6 +55,7 @@ class ReplicaThreads {
   std::uint64_t generation_ = 0;
   int remaining_ = 0;
   std::atomic<int> remaining_seen_{0};  // remaining_ for the caller's short spin (replica_threads.cpp)
+  std::atomic<std::uint64_t> generation_seen_{0};  // generation_ for the threads' short spin
   bool shutting_down_ = false;
   std::exception_ptr first_error_;
 };

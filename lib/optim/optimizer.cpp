@@ -1,6 +1,8 @@
 // Shapes: for each variable, value, grad and every slot hold the same n floats (flat, canonical).
 #include "optim/optimizer.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -27,6 +29,7 @@ void Optimizer::build(std::span<Variable* const> vars) {
     return;
   }
   slots_per_variable_ = slot_names().size();
+  DTRAIN_CHECK(slots_per_variable_ <= kMostSlots, fmt::format("optimizer {} has more slots than {}", name(), kMostSlots));
   tracked_.reserve(vars.size());
   slots_.reserve(vars.size() * slots_per_variable_);
   for (const Variable* v : vars) {
@@ -36,7 +39,6 @@ void Optimizer::build(std::span<Variable* const> vars) {
     for (std::size_t s = 0; s < slots_per_variable_; ++s)
       slots_.push_back(slot_memory_ ? slot_memory_->tensor(v->value.shape()) : Tensor(v->value.shape()));
   }
-  slot_pointers_.assign(slots_per_variable_, nullptr);
   built_ = true;
 }
 
@@ -55,7 +57,7 @@ void Optimizer::check_same_variables(std::span<Variable* const> vars) const {
   }
 }
 
-void Optimizer::apply_gradients(std::span<Variable* const> vars) {
+void Optimizer::begin_update(std::span<Variable* const> vars) {
   build(vars);
   // Every gradient is checked before any variable moves, so a failed check leaves the model intact.
   for (const Variable* v : vars) {
@@ -64,19 +66,40 @@ void Optimizer::apply_gradients(std::span<Variable* const> vars) {
                              v->value.shape().to_string()));
   }
   begin_step((*schedule_)(iterations_), iterations_);
-  if (update_all(vars)) {
-    ++iterations_;
-    return;
-  }
-  for (std::size_t i = 0; i < vars.size(); ++i) {
+}
+
+void Optimizer::apply_gradients(std::span<Variable* const> vars) {
+  begin_update(vars);
+  if (!update_all(vars)) update_part(vars, 0, 1);
+  end_update();
+}
+
+void Optimizer::update_part(std::span<Variable* const> vars, int part, int parts) {
+  DTRAIN_CHECK(parts >= 1 && part >= 0 && part < parts,
+               fmt::format("optimizer {}: part {} of {}", name(), part, parts));
+  // This part's elements of all the variables laid end to end, cut at multiples of 16.
+  std::size_t total = 0;
+  for (const Variable* v : vars) total += static_cast<std::size_t>(v->value.numel());
+  const auto cut = [&](int p) {
+    constexpr std::size_t kLine = 16;
+    const std::size_t lines = (total + kLine - 1) / kLine;
+    return std::min(total, lines * static_cast<std::size_t>(p) / static_cast<std::size_t>(parts) * kLine);
+  };
+  const std::size_t begin = cut(part), end = cut(part + 1);
+  std::array<float*, kMostSlots> slots{};  // this part's own: the parts run at once
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < vars.size() && at < end; ++i) {
     Variable& v = *vars[i];
-    for (std::size_t s = 0; s < slots_per_variable_; ++s) {
-      slot_pointers_[s] = slots_[i * slots_per_variable_ + s].address<float>();
+    const std::size_t n = static_cast<std::size_t>(v.value.numel());
+    const std::size_t first = std::max(at, begin), last = std::min(at + n, end);
+    if (first < last) {
+      const std::size_t offset = first - at;
+      for (std::size_t s = 0; s < slots_per_variable_; ++s)
+        slots[s] = slots_[i * slots_per_variable_ + s].address<float>() + offset;
+      update(v.value.address<float>() + offset, v.grad.address<float>() + offset, last - first, slots.data());
     }
-    update(v.value.address<float>(), v.grad.address<float>(), static_cast<std::size_t>(v.value.numel()),
-           slot_pointers_.data());
+    at += n;
   }
-  ++iterations_;
 }
 
 Tensor& Optimizer::slot(std::size_t variable_index, std::size_t slot_index) {

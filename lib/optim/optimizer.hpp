@@ -45,6 +45,15 @@ class Optimizer {
   bool built() const { return built_; }
   void apply_gradients(std::span<Variable* const> vars);
 
+  // The same update split over `parts` threads that share the variables (a replica's lanes):
+  // begin_update() once, then update_part(vars, part, parts) for every part, concurrently (the
+  // parts write disjoint elements, split at multiples of 16 floats so no two share a cache line
+  // of a variable aligned to one), then end_update() once. Every element gets the arithmetic
+  // apply_gradients gives it, so the variables end bit for bit as they would on one thread.
+  void begin_update(std::span<Variable* const> vars);
+  void update_part(std::span<Variable* const> vars, int part, int parts);
+  void end_update() { ++iterations_; }
+
   std::int64_t iterations() const { return iterations_; }
   void set_iterations(std::int64_t iterations);
   // The learning rate the next update will use.
@@ -70,6 +79,7 @@ class Optimizer {
   }
 
  private:
+  static constexpr std::size_t kMostSlots = 3;  // RMSprop's velocity, momentum and average gradient
   struct Tracked {
     std::string name;
     Shape shape;
@@ -83,7 +93,6 @@ class Optimizer {
   std::size_t slots_per_variable_ = 0;
   std::vector<Tracked> tracked_;
   std::vector<Tensor> slots_;  // [variable * slots_per_variable + slot]
-  std::vector<float*> slot_pointers_;  // one variable's slots, reused every update
   bool built_ = false;
 };
 

@@ -217,6 +217,9 @@ class Trainer : private LoopHost {
   // update, and its step loss (`data_loss`, or, `deferred`, settle_step()'s once all is queued).
   void finish_replica_step(const distribute::ReplicaContext& rc, Replica& rep, double data_loss, PhaseClock& phases,
                            bool deferred = false);
+  // The optimizer's update of the replica's variables, split over its lanes where it has them, and
+  // the layers' own updates.
+  static void apply_update(Replica& rep);
   void replica_eval_step(const distribute::ReplicaContext& rc);
   // reproducibility: replica_invariant (docs/reproducibility.md): the replica's batch is whole
   // micro-batches, one per lane; their gradients, losses and synchronized statistics are combined

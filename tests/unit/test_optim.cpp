@@ -1,7 +1,10 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <numbers>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -337,6 +340,71 @@ TEST_CASE("slots are lazy, shaped like the variables, reused, and the variable s
   CHECK(bad.flat() == before);
   CHECK(fresh->iterations() == 0);
   CHECK(opt->iterations() == 2);
+}
+
+TEST_CASE("an update split over threads gives every variable and slot the bits of the whole update") {
+  // Sizes that cut the 16-float lines anywhere: variables smaller than a line, and more parts
+  // than lines (some parts then update nothing).
+  struct Odd {
+    std::vector<Variable> storage;
+    std::vector<Variable*> vars;
+    Odd() {
+      const std::int64_t sizes[] = {1, 37, 100, 250, 3};
+      for (std::int64_t n : sizes) storage.push_back({fmt::format("v{}", n), Tensor(Shape{n}), Tensor(Shape{n})});
+      for (auto& v : storage) {
+        vars.push_back(&v);
+        for (std::int64_t k = 0; k < n_of(v); ++k) v.value.data<float>()[k] = std::cos(0.3f * static_cast<float>(k + n_of(v)));
+      }
+    }
+    static std::int64_t n_of(const Variable& v) { return v.value.numel(); }
+    void set_gradients(int step) {
+      int at = 0;
+      for (auto& v : storage)
+        for (std::int64_t k = 0; k < n_of(v); ++k) v.grad.data<float>()[k] = Model::gradient(step, at++);
+    }
+  };
+  std::vector<config::OptimizerConfig> configs;
+  configs.push_back(optimizer_config(config::OptimizerKind::sgd, 0.05));
+  configs.push_back(optimizer_config(config::OptimizerKind::sgd, 0.05));
+  configs.back().momentum = 0.9;
+  configs.back().nesterov = true;
+  configs.push_back(optimizer_config(config::OptimizerKind::adam, 0.01));
+  configs.push_back(optimizer_config(config::OptimizerKind::rmsprop, 0.01));
+  configs.back().momentum = 0.5;
+  configs.back().centered = true;
+  for (std::size_t which = 0; which < configs.size(); ++which) {
+    const auto& c = configs[which];
+    for (int parts : {1, 2, 3, 7, 40}) {
+      CAPTURE(which);
+      CAPTURE(parts);
+      auto whole = make_optimizer(c, testing::cpu_numerics());
+      auto split = make_optimizer(c, testing::cpu_numerics());
+      Odd a, b;
+      for (int step = 0; step < 3; ++step) {
+        a.set_gradients(step);
+        b.set_gradients(step);
+        whole->apply_gradients(a.vars);
+        split->begin_update(b.vars);
+        std::vector<std::thread> threads;
+        for (int p = 0; p < parts; ++p) threads.emplace_back([&, p] { split->update_part(b.vars, p, parts); });
+        for (auto& t : threads) t.join();
+        split->end_update();
+      }
+      CHECK(split->iterations() == 3);
+      for (std::size_t i = 0; i < a.vars.size(); ++i) {
+        CAPTURE(i);
+        const auto n = static_cast<std::size_t>(a.vars[i]->value.numel());
+        CHECK(std::memcmp(a.vars[i]->value.raw(), b.vars[i]->value.raw(), n * sizeof(float)) == 0);
+        for (std::size_t s = 0; s < whole->slot_names().size(); ++s)
+          CHECK(std::memcmp(whole->slot(i, s).raw(), split->slot(i, s).raw(), n * sizeof(float)) == 0);
+      }
+      // Every element moved: a part that skipped one would leave it where it started.
+      Odd start;
+      for (std::size_t i = 0; i < b.vars.size(); ++i)
+        for (std::int64_t k = 0; k < b.vars[i]->value.numel(); ++k)
+          CHECK(b.vars[i]->value.data<float>()[k] != start.vars[i]->value.data<float>()[k]);
+    }
+  }
 }
 
 TEST_CASE("build creates zero slots for a checkpoint restore") {
