@@ -193,9 +193,10 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   r.untimed_step_ms = figure(k - 3);
   r.untimed_samples_per_s = static_cast<double>(r.global_batch) / (r.untimed_step_ms.mean * 1e-3);
   r.gflops = r.flops_per_sample * r.samples_per_s * 1e-9;
+  r.untimed_gflops = r.flops_per_sample * r.untimed_samples_per_s * 1e-9;
   if (r.peak.available) {
     r.peak_gflops_total = r.peak_gflops.mean * r.workers;
-    r.peak_fraction = r.gflops / r.peak_gflops_total;
+    r.peak_fraction = r.untimed_gflops / r.peak_gflops_total;
   }
   return r;
 }
@@ -247,8 +248,9 @@ std::string bench_table(const BenchReport& r) {
 
   out += fmt::format("\nthroughput: {:.1f} samples/s x {:.3f} MFLOP/sample = {:.2f} GFLOP/s\n", r.samples_per_s,
                      r.flops_per_sample * 1e-6, r.gflops);
-  out += fmt::format("untimed layers: {} ms/step, {:.1f} samples/s ({} more steps timed whole, as training runs)\n",
-                     ms(r.untimed_step_ms), r.untimed_samples_per_s, r.steps);
+  out += fmt::format("untimed layers: {} ms/step, {:.1f} samples/s = {:.2f} GFLOP/s ({} more steps timed whole, as "
+                     "training runs)\n",
+                     ms(r.untimed_step_ms), r.untimed_samples_per_s, r.untimed_gflops, r.steps);
   if (!r.peak.available) {
     out += fmt::format("GEMM peak ({}): not available: {}\n", r.compute_dtype, r.peak.why_not);
   } else {
@@ -320,8 +322,8 @@ std::string bench_json(const BenchReport& r) {
   }
   out += fmt::format("], \"samples_per_s\": {}, \"flops_per_sample\": {}, \"gflops\": {}", num(r.samples_per_s),
                      num(r.flops_per_sample), num(r.gflops));
-  out += fmt::format(", \"untimed_step_ms\": {}, \"untimed_samples_per_s\": {}", json_spread(r.untimed_step_ms),
-                     num(r.untimed_samples_per_s));
+  out += fmt::format(", \"untimed_step_ms\": {}, \"untimed_samples_per_s\": {}, \"untimed_gflops\": {}",
+                     json_spread(r.untimed_step_ms), num(r.untimed_samples_per_s), num(r.untimed_gflops));
   out += fmt::format(", \"gemm_peak\": {{\"dtype\": {}, \"available\": {}", json_string(r.compute_dtype),
                      r.peak.available ? "true" : "false");
   if (r.peak.available)

@@ -25,7 +25,7 @@ check_table() {
   grep -Eq "^sum of phases +[0-9.]+" "$out" || fail "no phase sum"
   grep -Eq "^step \(wall\) +[0-9.]+" "$out" || fail "no step time"
   grep -Eq "^throughput: [0-9.]+ samples/s x 14\.910 MFLOP/sample = [0-9.]+ GFLOP/s$" "$out" || fail "no throughput line"
-  grep -Eq "^untimed layers: [0-9./]+ ms/step, [0-9.]+ samples/s \([0-9]+ more steps timed whole" "$out" || fail "no untimed line"
+  grep -Eq "^untimed layers: [0-9./]+ ms/step, [0-9.]+ samples/s = [0-9.]+ GFLOP/s \([0-9]+ more steps timed whole" "$out" || fail "no untimed line"
   grep -Eq "^GEMM peak: oneDNN matmul f32 x f32 -> f32 at [0-9]+\^3 .*training reaches [0-9.]+ % of it$" "$out" \
     || fail "no GEMM peak line"
   if [ "$workers" -gt 1 ]; then
@@ -70,10 +70,11 @@ assert r["samples_per_s"] > 0 and r["gflops"] > 0
 # The same steps again, timed whole (the layers not timed).
 assert 0 < r["untimed_step_ms"]["mean"] <= r["untimed_step_ms"]["max"], r["untimed_step_ms"]
 assert abs(r["untimed_samples_per_s"] - r["global_batch"] / (r["untimed_step_ms"]["mean"] * 1e-3)) < 1e-6 * r["untimed_samples_per_s"]
+assert abs(r["untimed_gflops"] - r["flops_per_sample"] * r["untimed_samples_per_s"] * 1e-9) < 1e-6 * r["untimed_gflops"]
 peak = r["gemm_peak"]
 assert peak["dtype"] == "f32" and peak["available"] is True, peak
 assert peak["size"] in (512, 1024, 2048) and peak["gflops"] > 0, peak
-assert abs(peak["fraction"] - r["gflops"] / peak["gflops"]) < 1e-9, peak
+assert abs(peak["fraction"] - r["untimed_gflops"] / peak["gflops"]) < 1e-9, peak
 assert abs(peak["gflops"] - workers * peak["gflops_per_worker"]["mean"]) < 1e-6 * peak["gflops"], peak
 print(f"json ok: {r['samples_per_s']:.0f} samples/s, phases {total:.3f} of {step:.3f} ms, peak fraction {peak['fraction']:.3f}")
 PY

@@ -131,7 +131,8 @@ TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases w
   CHECK(r.samples_per_s == doctest::Approx(4.0 / (r.step_ms.mean * 1e-3)));
   REQUIRE(r.peak.available);
   CHECK(r.peak.gflops > 0.0);
-  CHECK(r.peak_fraction == doctest::Approx(r.gflops / r.peak_gflops_total));
+  CHECK(r.untimed_gflops == doctest::Approx(r.flops_per_sample * r.untimed_samples_per_s * 1e-9));
+  CHECK(r.peak_fraction == doctest::Approx(r.untimed_gflops / r.peak_gflops_total));
   // The bytes each direction must move per sample (f32; variables once per step of 4 samples):
   // conv2d 8x8x1 in, 6x6x4 out, 40 weights, no input gradient, its kernel's gradient reading the
   // input; the pooling 6x6x4 in, 3x3x4 out.
