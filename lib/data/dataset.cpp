@@ -25,6 +25,12 @@ void sample_as_f32(const Dataset& ds, std::int64_t i, float* dst) {
   }
 }
 
+void prefetch_sample(const Dataset& ds, std::int64_t i) {
+  const std::size_t bytes = static_cast<std::size_t>(ds.x.shape().tail().numel()) * dtype_size(ds.x.dtype());
+  const char* row = static_cast<const char*>(ds.x.raw()) + static_cast<std::size_t>(i) * bytes;
+  for (std::size_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
+}
+
 Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description) {
   Dataset part = whole;
   part.x = whole.x.slice_rows(begin, end);

@@ -40,6 +40,8 @@ struct Dataset {
 // Sample `i` of `ds` as the model takes it: its row of x converted to f32 times x_scale, written
 // to dst (x.shape().tail().numel() floats).
 void sample_as_f32(const Dataset& ds, std::int64_t i, float* dst);
+// Asks the CPU to start loading sample i's row of x into the caches (no effect on any value).
+void prefetch_sample(const Dataset& ds, std::int64_t i);
 
 // Rows [begin, end) of a dataset; shares storage with `whole` (no copy).
 Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description);
