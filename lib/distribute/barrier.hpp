@@ -46,7 +46,7 @@ class Barrier {
 
 struct BarrierBroken {};
 
-// Spins while done() is false, for at most kSpinBeforeSleep, pausing the core between checks (x86's
+// Spins while done() is false, for at most `most` (kSpinBeforeSleep), pausing the core between checks (x86's
 // pause: the other hyper-thread and the memory system go on); returns done(). A thread that
 // expects the others within microseconds calls it before it sleeps on a condition variable: a
 // sleeping thread woke tens of microseconds after the last arrival on the shared 2-vCPU machines,
@@ -54,8 +54,8 @@ struct BarrierBroken {};
 // threads than cores) soon leaves the core to others.
 inline constexpr std::chrono::microseconds kSpinBeforeSleep{20};
 template <class Done>
-bool spin_until(const Done& done) {
-  const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+bool spin_until(const Done& done, std::chrono::microseconds most = kSpinBeforeSleep) {
+  const auto until = std::chrono::steady_clock::now() + most;
   for (int i = 0; !done(); ++i) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
