@@ -12,12 +12,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
 #include "backends/onednn/context.hpp"
+#include "backends/onednn/weighted_op.hpp"
 #include "core/rng.hpp"
 #include "nn/batch_normalization.hpp"
+#include "nn/dense.hpp"
 #include "nn/dropout.hpp"
 #include "nn/kernel.hpp"
 #include "nn/max_pool2d.hpp"
@@ -284,6 +287,89 @@ void check_dropout_masks(std::int64_t elements, backends::onednn::LoopIsa isa) {
   CHECK(wrong == 0);
 }
 
+struct DenseCase {
+  std::int64_t batch, in, units;
+  config::Activation activation;
+  bool bias;
+  DType src = DType::f32;  // x's dtype (bf16: below a bfloat16 layer; the dense layer computes in f32)
+  bool below = true;       // a layer below wants the input gradient
+};
+
+// A small dense layer (dense.cpp's own loops) built for `isa`, forward and backward in training on
+// a plain row-major x, against the oracle on the same values: y, dx, and the kernel's and bias's
+// gradients, every element written (the memories start as NaN).
+void check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
+  CAPTURE(backends::onednn::name_of(isa));
+  CAPTURE(t.batch);
+  CAPTURE(t.in);
+  CAPTURE(t.units);
+  CAPTURE(static_cast<int>(t.activation));
+  CAPTURE(t.bias);
+  CAPTURE(dtype_name(t.src));
+  REQUIRE(backends::onednn::dense_loops_pay(t.batch, t.in, t.units));
+  const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+  device::Context& ctx = *owned;
+  backends::onednn::OnednnContext::of(ctx).set_loop_isa(isa);
+  nn::DenseOptions o;
+  o.units = static_cast<int>(t.units);
+  o.activation = t.activation;
+  o.use_bias = t.bias;
+  nn::Dense layer("dense", o);
+  Rng init(1, RngStream::test);
+  layer.build(1, Shape{t.in}, init);
+  Rng rng(2, RngStream::test);
+  std::vector<std::vector<double>> vars;
+  for (auto& v : layer.variables()) {
+    for (float& value : v.value.span<float>()) value = rng.uniform(-1.0f, 1.0f);
+    std::fill(v.grad.span<float>().begin(), v.grad.span<float>().end(), std::numeric_limits<float>::quiet_NaN());
+    vars.emplace_back(v.value.span<float>().begin(), v.value.span<float>().end());
+  }
+  nn::Layer* layers[] = {&layer};
+  const DType compute[] = {DType::f32};
+  auto kernels = nn::make_kernels(layers, ctx, compute);
+  const std::int64_t n = t.batch;
+  const memory::desc src_md({n, t.in}, backends::onednn::to_dnnl(t.src), memory::format_tag::nc);
+  const device::LayoutPtr src_layout = backends::onednn::make_layout(Shape{n, t.in}, t.src, src_md);
+  const device::LayoutPtr dst_layout = kernels[0]->plan(n, src_layout);
+  REQUIRE(backends::onednn::md_of(dst_layout) == memory::desc({n, t.units}, memory::data_type::f32, memory::format_tag::nc));
+  auto src = ctx.allocate(src_layout->bytes()), dst = ctx.allocate(dst_layout->bytes());
+  auto diff_dst = ctx.allocate(dst_layout->bytes()), diff_src = ctx.allocate(src_layout->bytes());
+  const device::Memory below = t.below ? device::Memory{src_layout, diff_src.get()} : device::Memory{};
+  kernels[0]->bind(n, {{src_layout, src.get()}, {dst_layout, dst.get()}, {dst_layout, diff_dst.get()}, below});
+  std::memset(dst.get(), 0xff, dst_layout->bytes());
+  std::memset(diff_src.get(), 0xff, src_layout->bytes());
+  std::vector<double> x(static_cast<std::size_t>(n * t.in)), dy(static_cast<std::size_t>(n * t.units));
+  const Values xs{t.src, src.get()}, dys{DType::f32, diff_dst.get()};
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = xs.set(i, rng.uniform(-1.0f, 1.0f));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = dys.set(i, rng.uniform(-1.0f, 1.0f));
+  const nn::StepContext step = testing::step_of(nn::Mode::training, n);
+  kernels[0]->forward(n, step);
+  kernels[0]->backward(n, step);
+  std::vector<double> y(dy.size()), dx(x.size());
+  layer.reference_forward({n, x, vars, y}, step);
+  std::vector<std::vector<double>> dvars(vars.size());
+  for (std::size_t v = 0; v < vars.size(); ++v) dvars[v].resize(vars[v].size());
+  layer.reference_backward({n, x, y, dy, vars, dx, dvars}, step);
+  // Sums of up to a few hundred products of values in [-1, 1]: float's rounding stays far below
+  // 1e-4; a wrong index or a missed term is off by the size of one term.
+  auto worst = [](const Values& got, const std::vector<double>& want) {
+    double err = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const double g = got.get(i);
+      err = std::max(err, std::isfinite(g) ? std::abs(g - want[i]) / (1.0 + std::abs(want[i])) : 1e30);
+    }
+    return err;
+  };
+  CHECK(worst({DType::f32, dst.get()}, y) < 1e-4);
+  // dx in bf16 is rounded once, to nearest.
+  if (t.below) CHECK(worst({t.src, diff_src.get()}, dx) < (t.src == DType::bf16 ? 8e-3 : 1e-4));
+  const auto variables = layer.variables();
+  for (std::size_t v = 0; v < variables.size(); ++v) {
+    CAPTURE(variables[v].name);
+    CHECK(worst({DType::f32, variables[v].grad.raw()}, dvars[v]) < 1e-4);
+  }
+}
+
 // Every level of the loops this CPU runs, narrowest first; one line for each it does not.
 std::vector<backends::onednn::LoopIsa> loop_isas_here() {
   using backends::onednn::LoopIsa;
@@ -340,4 +426,28 @@ TEST_CASE("batch normalization on every instruction set the CPU has: f32 and bfl
 TEST_CASE("dropout draws nn::dropout_mask's masks on every instruction set the CPU has") {
   for (const auto isa : loop_isas_here())
     for (const std::int64_t elements : {1, 3, 4, 5, 31, 32, 33, 64, 127, 1600}) check_dropout_masks(elements, isa);
+}
+
+TEST_CASE("small dense layers' own loops match the oracle on every instruction set the CPU has: odd sizes, batch "
+          "1 to 33, with and without a bias, linear, relu and softmax, float32 and bfloat16 inputs") {
+  using config::Activation;
+  const std::vector<DenseCase> cases = {
+      // The seed CNN's logits in a lane of 32 rows, and the bn_dropout experiment's.
+      {32, 64, 10, Activation::linear, true},
+      {32, 128, 10, Activation::linear, true},
+      {1, 64, 10, Activation::linear, true},
+      {3, 7, 5, Activation::relu, true},
+      {33, 17, 3, Activation::relu, false},
+      {33, 5, 33, Activation::linear, false},
+      {5, 31, 16, Activation::relu, true},
+      {7, 40, 70, Activation::relu, true},
+      {9, 257, 17, Activation::linear, true},
+      {4, 12, 64, Activation::softmax, true},
+      {3, 9, 1, Activation::linear, true},
+      {2, 6, 10, Activation::linear, true, DType::f32, false},  // the first layer: no dx
+      {32, 64, 10, Activation::linear, true, DType::bf16},
+      {33, 19, 21, Activation::relu, false, DType::bf16},
+  };
+  for (const auto isa : loop_isas_here())
+    for (const DenseCase& t : cases) check_dense(t, isa);
 }

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/onednn/weighted_op.hpp"
 #include "core/rng.hpp"
 #include "layer_oracle.hpp"
 #include "nn/activation.hpp"
@@ -290,6 +291,11 @@ TEST_CASE("dense matches the reference and finite differences") {
   check_case({"sigmoid", Shape{6}, {dense(3, Activation::sigmoid)}, 4});
   check_case({"tanh", Shape{6}, {dense(3, Activation::tanh)}, 4});
   check_case({"softmax", Shape{6}, {dense(5, Activation::softmax)}, 3});
+  // The CPU backend's own loops run the small layers above (backends::onednn::dense_loops_pay);
+  // a layer above their size keeps oneDNN's inner product, with a relu below a linear output.
+  REQUIRE_FALSE(backends::onednn::dense_loops_pay(2, 300, 400));
+  check_case({"above the own loops' size (oneDNN's inner product)", Shape{300},
+              {dense(400, Activation::relu), dense(3, Activation::linear)}, 2});
 }
 
 TEST_CASE("flatten, reshape and activation layers") {

@@ -1,9 +1,33 @@
-// Dense on oneDNN's inner product (nn/dense.hpp has the semantics).
+// Dense on oneDNN's inner product (nn/dense.hpp has the semantics), or, for small layers, on this
+// file's own loops.
 //   x (N, I)             oneDNN src (N, I), any layout
 //   kernel (I, O)        oneDNN weights (O, I); the variable stays Keras (in, out), physical order io
 //   y (N, O)             activation fused
 // src, weights, dst and their gradients in the compute dtype (f32 or bf16); bias and the kernel's
 // gradient always f32.
+//
+// Why own loops: a small layer's three products are a few microseconds of oneDNN's call overhead
+// each and a fraction of a microsecond of arithmetic. The seed CNN's logits layer (lanes of 32
+// rows, 64 -> 10) took 3-6 us per primitive call (ONEDNN_VERBOSE), 9-11 times its bound in
+// `dtrain bench`. Layers with a float32 computation, plain row-major x and y (f32 y; x f32 or, below
+// a bfloat16 layer, bf16) and a linear, relu or softmax activation run the loops below when their
+// work is small (kMaxOwnMultiplyAdds); everything else keeps oneDNN's primitives.
+//   forward          y[n][o]  = act(b[o] + sum_i x[n][i] W[i][o])
+//   weight gradient  dW[i][o] = sum_n x[n][i] dz[n][o],  db[o] = sum_n dz[n][o]
+//   data gradient    dx[n][i] = sum_o dz[n][o] W[i][o]   (over a transposed copy of W)
+// dz is the gradient before the activation. All three are one product (Product below): each
+// output row is a sum of rows of a row-major B, scaled by one value of A each, in vectors of L
+// lanes. A pass holds R rows x V vectors of sums in registers (independent FMA chains, so their
+// latency overlaps), and each sum adds its terms in index order from its start value: an element's
+// bits depend neither on the blocking nor on the batch, only on the ISA the loops were built for
+// (multiply-adds are fused where the CPU has FMA, as oneDNN's are). Their oracle is the primitive's
+// (Dense::reference_forward/backward; test_cpu_loops and test_layers).
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <vector>
+
+#include "backends/onednn/lanes.hpp"
 #include "backends/onednn/weighted_op.hpp"
 #include "nn/dense.hpp"
 
@@ -13,15 +37,156 @@ namespace {
 
 using dnnl::memory;
 
+// Multiply-adds of one product (N x I x O) up to which the loops run instead of oneDNN's
+// primitives: where forward and backward together took less time than oneDNN's, one thread, AVX-512
+// EPYC (lanes of 32 rows: 64 -> 10 in 2.2 us against 4.4, 512 -> 10 in 16.8 against 19.0, 64 -> 64
+// in 9.5 against 11.4; 128 -> 64, 262144 multiply-adds, in 20.3 against 17.6, and the seed CNN's
+// 1600 -> 64 equal). The loops reach oneDNN's arithmetic speed only in forward; their backward
+// wins by the primitives' call overhead alone.
+constexpr std::int64_t kMaxOwnMultiplyAdds = 200'000;
+// Sums held in registers per pass: 24 of AVX-512's 32 vector registers, 12 of the 16 below it.
+constexpr int sums_in_registers(int lanes) { return lanes == 16 ? 24 : 12; }
+constexpr int kMaxRows = 8;     // R: rows per pass (8 chains cover 2 FMA units x 4 cycles)
+constexpr int kMaxVectors = 4;  // V: vectors per pass
+
+// C[m][c] = start[c] + sum over k of A(m, k) * B[k][c], for m < rows, c < cols, k < depth, with
+// A(m, k) = a[m * a_row + k * a_step]; relu: C = max(C, 0). B has `ldb` floats per row, start (or
+// null for zero) ceil(cols / L) whole vectors. C's rows are dense: `cols` elements each.
+//
+// Without copies of B and C padded to whole vectors (their per-row copies cost as much as the
+// arithmetic at the seed CNN's logits' size, 64 -> 10), vectors run past the end of a row:
+//  - B's vectors past a row's end read the next rows: lanes whose sums are never stored. Only its
+//    last rows (k >= safe_depth), whose vectors would read past B's end, come from `tail`: those
+//    rows again, in whole vectors (TailRows).
+//  - C's vectors past a row's end write into the next rows, which are stored after it: the rows in
+//    increasing order, the columns' vectors in decreasing order (product). Only C's last rows,
+//    whose vectors would write past its end, are stored lane by lane.
+template <class TA, class TC>
+struct Product {
+  const TA* a;
+  std::int64_t a_row, a_step;
+  const float* b;
+  std::int64_t ldb;
+  std::int64_t safe_depth;
+  const float* tail;  // rows safe_depth.. of B, tail_ld floats apart
+  std::int64_t tail_ld;
+  const float* start;
+  TC* c;
+  std::int64_t rows, depth, cols;
+  bool relu;
+};
+
+// B's last rows whose vectors would read past its end, copied into whole vectors (zero past cols).
+// `scratch` was sized in plan (tail_floats).
+constexpr std::int64_t whole(std::int64_t cols, std::int64_t lanes) { return (cols + lanes - 1) / lanes * lanes; }
+constexpr std::size_t tail_floats(std::int64_t cols, std::int64_t lanes) {
+  return static_cast<std::size_t>(lanes * whole(cols, lanes));
+}
+template <class TA, class TC>
+inline void tail_rows(Product<TA, TC>& p, std::int64_t lanes, float* scratch) {
+  const std::int64_t reach = whole(p.cols, lanes);  // floats a row's vectors read
+  p.safe_depth = std::clamp<std::int64_t>(p.depth - (reach + p.ldb - 1) / p.ldb + 1, 0, p.depth);
+  p.tail = scratch;
+  p.tail_ld = reach;
+  for (std::int64_t k = p.safe_depth; k < p.depth; ++k)
+    for (std::int64_t c = 0; c < reach; ++c)
+      scratch[(k - p.safe_depth) * reach + c] = c < p.cols ? p.b[k * p.ldb + c] : 0.0f;
+}
+
+// R rows from m0 and V vectors from column c0. Rows past the end compute the last row again and
+// are not stored (a pass has a fixed shape; a row's sums do not depend on its neighbours).
+template <int L, int V, int R, class TA, class TC>
+inline void product_pass(const Product<TA, TC>& p, std::int64_t m0, std::int64_t c0) {
+  using F = Vec<float, L>;
+  const TA* __restrict row[R];
+  for (int r = 0; r < R; ++r) row[r] = p.a + std::min(m0 + r, p.rows - 1) * p.a_row;
+  F sum[R][V];
+  for (int v = 0; v < V; ++v) {
+    const F s = p.start ? load<F>(p.start + c0 + v * L) : F{};
+    for (int r = 0; r < R; ++r) sum[r][v] = s;
+  }
+  const auto add = [&](std::int64_t k, const float* __restrict b) {
+    F bk[V];
+    for (int v = 0; v < V; ++v) bk[v] = load<F>(b + c0 + v * L);
+    for (int r = 0; r < R; ++r) {
+      const float ak = widen(row[r][k * p.a_step]);
+      for (int v = 0; v < V; ++v) sum[r][v] += ak * bk[v];
+    }
+  };
+  for (std::int64_t k = 0; k < p.safe_depth; ++k) add(k, p.b + k * p.ldb);
+  for (std::int64_t k = p.safe_depth; k < p.depth; ++k) add(k, p.tail + (k - p.safe_depth) * p.tail_ld);
+  const std::int64_t stored = std::min<std::int64_t>(R, p.rows - m0);
+  const std::int64_t size = p.rows * p.cols;
+  for (std::int64_t r = 0; r < stored; ++r) {
+    TC* out = p.c + (m0 + r) * p.cols + c0;
+    for (int v = 0; v < V; ++v) {
+      F s = sum[r][v];
+      if (p.relu) s = s > F{} ? s : F{};
+      if ((m0 + r) * p.cols + c0 + (v + 1) * L <= size) {
+        store_rounded<L>(out + v * L, s);
+      } else {
+        TC lanes[L];
+        store_rounded<L>(lanes, s);
+        for (std::int64_t l = 0; l < std::min<std::int64_t>(L, p.cols - c0 - v * L); ++l) out[v * L + l] = lanes[l];
+      }
+    }
+  }
+}
+
+template <int L, int V, class TA, class TC>
+inline void product_columns(const Product<TA, TC>& p, std::int64_t c0) {
+  // A power of two: batches are, and a pass's rows past the end are computed in vain.
+  constexpr int R = std::bit_floor(static_cast<unsigned>(std::min(kMaxRows, sums_in_registers(L) / V)));
+  for (std::int64_t m0 = 0; m0 < p.rows; m0 += R) product_pass<L, V, R>(p, m0, c0);
+}
+
+template <int L, class TA, class TC>
+inline void product(const Product<TA, TC>& p) {
+  const std::int64_t vectors = (p.cols + L - 1) / L;
+  // The last group of vectors first: only it writes past its rows' ends (see Product).
+  for (std::int64_t v0 = (vectors - 1) / kMaxVectors * kMaxVectors; v0 >= 0; v0 -= kMaxVectors) {
+    const std::int64_t c0 = v0 * L;
+    switch (std::min<std::int64_t>(kMaxVectors, vectors - v0)) {
+      case 1: product_columns<L, 1>(p, c0); break;
+      case 2: product_columns<L, 2>(p, c0); break;
+      case 3: product_columns<L, 3>(p, c0); break;
+      default: product_columns<L, 4>(p, c0); break;
+    }
+  }
+}
+
+// db[c] = sum over k of B[k][c] (B = dz: the bias's gradient), k in order.
+template <int L, class TA, class TC>
+inline void column_sums(const Product<TA, TC>& p, float* db) {
+  using F = Vec<float, L>;
+  for (std::int64_t c0 = 0; c0 < p.cols; c0 += L) {
+    F sum{};
+    for (std::int64_t k = 0; k < p.safe_depth; ++k) sum += load<F>(p.b + k * p.ldb + c0);
+    for (std::int64_t k = p.safe_depth; k < p.depth; ++k) sum += load<F>(p.tail + (k - p.safe_depth) * p.tail_ld + c0);
+    float lanes[L];
+    store(lanes, sum);
+    for (std::int64_t l = 0; l < std::min<std::int64_t>(L, p.cols - c0); ++l) db[c0 + l] = lanes[l];
+  }
+}
+
+}  // namespace
+
+bool dense_loops_pay(std::int64_t batch, std::int64_t in, std::int64_t out) {
+  return batch * in * out <= kMaxOwnMultiplyAdds;
+}
+
+namespace {
+
 class DenseKernel final : public WeightedOpKernel {
  public:
   DenseKernel(nn::Dense& layer, OnednnContext& ctx, DType compute)
-      : WeightedOpKernel(ctx, compute, layer.options().activation), layer_(layer) {}
+      : WeightedOpKernel(ctx, compute, layer.options().activation), layer_(layer), isa_(ctx.loop_isa()) {}
 
-  LayoutPtr plan(std::int64_t batch, const LayoutPtr&) override {
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr& src_layout) override {
     const auto& o = layer_.options();
     const std::int64_t in = layer_.input_shape()[0];
     const Shape out{batch, o.units};
+    if (LayoutPtr own = plan_loops(batch, md_of(src_layout))) return own;
     auto src = any_md(Shape{batch, in}, compute_);
     auto dst = any_md(out, compute_);
     // The kernel's gradient in the Keras layout of its variable, and in float32 the kernel too:
@@ -47,12 +212,187 @@ class DenseKernel final : public WeightedOpKernel {
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     const auto& o = layer_.options();
     auto vars = layer_.variables();
+    if (Loops* s = loops(batch)) {
+      // Wrapped, and their addresses read every step: the model's input moves between steps.
+      s->x = ctx_.wrap(io.src);
+      s->y = ctx_.wrap(io.dst);
+      s->dy = ctx_.wrap(io.diff_dst);
+      if (io.diff_src) s->dx = ctx_.wrap(io.diff_src);
+      DTRAIN_CHECK(s->x.get_desc() == s->src_md && s->y.get_desc() == s->dst_md && s->dy.get_desc() == s->dst_md &&
+                       (!io.diff_src || s->dx.get_desc() == s->src_md),
+                   "dense: memories bound in other layouts than planned");
+      s->kernel = vars[nn::Dense::kKernel].value.address<float>();
+      s->kernel_grad = vars[nn::Dense::kKernel].grad.address<float>();
+      s->bias = o.use_bias ? vars[nn::Dense::kBias].value.address<float>() : nullptr;
+      s->bias_grad = o.use_bias ? vars[nn::Dense::kBias].grad.address<float>() : nullptr;
+      // The softmax runs as oneDNN's primitive, in place on y, its gradient into scratch.
+      if (act_.kind() == config::Activation::softmax) act_.bind(ctx_, s->y, s->dy, s->act);
+      return;
+    }
     bind_variables(batch, io, io_md(static_cast<int>(layer_.input_shape()[0]), o.units), vars[nn::Dense::kKernel],
                    o.use_bias ? &vars[nn::Dense::kBias] : nullptr);
   }
 
+  void forward(std::int64_t batch, const nn::StepContext& step) override {
+    Loops* s = loops(batch);
+    if (!s) return WeightedOpKernel::forward(batch, step);
+    if (s->bf16_src) run_forward<std::uint16_t>(*s);
+    else run_forward<float>(*s);
+    if (act_.kind() == config::Activation::softmax) act_.forward(ctx_, s->act);
+  }
+
+  void backward(std::int64_t batch, const nn::StepContext& step) override {
+    Loops* s = loops(batch);
+    if (!s) return WeightedOpKernel::backward(batch, step);
+    const float* dz = pre_activation_gradient(*s);
+    if (s->bf16_src) run_weight_gradients<std::uint16_t>(*s, dz);
+    else run_weight_gradients<float>(*s, dz);
+    if (step.backward_marks) step.backward_marks->weights_done();  // dtrain bench: weights, then data
+    if (!s->dx) return;  // the first layer: nothing below wants the gradient
+    if (s->bf16_src) run_data_gradient<std::uint16_t>(*s, dz);
+    else run_data_gradient<float>(*s, dz);
+  }
+
  private:
+  // One planned batch size that runs the loops, with its scratch (sized in plan: a step allocates
+  // nothing).
+  struct Loops {
+    std::int64_t batch = 0, in = 0, out = 0;
+    std::int64_t out_ld = 0, in_ld = 0;  // O and I rounded up to whole vectors
+    bool bf16_src = false;
+    memory::desc src_md, dst_md;
+    std::vector<float> bias_padded;  // (out_ld): the bias, or zeros
+    std::vector<float> transposed;   // (O, in_ld): the kernel transposed, for the data gradient
+    std::vector<float> tail;         // the last rows of the kernel or of dz (Product::tail)
+    memory x, y, dy, dx;  // dx empty for the first layer
+    const float* kernel = nullptr;
+    float* kernel_grad = nullptr;
+    const float* bias = nullptr;
+    float* bias_grad = nullptr;
+    ActivationFn::Plan act;
+  };
+
+  // The layout of y when this batch runs the loops (recording their plan), null otherwise: f32
+  // computation, x plain row-major f32 or bf16, an activation the loops apply or leave to
+  // ActivationFn's own primitive, and a product small enough that oneDNN's call overhead dominates.
+  LayoutPtr plan_loops(std::int64_t batch, const memory::desc& src_md) {
+    const auto& o = layer_.options();
+    const std::int64_t in = layer_.input_shape()[0];
+    const auto kind = act_.kind();
+    if (compute_ != DType::f32 || !dense_loops_pay(batch, in, o.units)) return nullptr;
+    if (kind != config::Activation::linear && kind != config::Activation::relu && kind != config::Activation::softmax)
+      return nullptr;
+    const dnnl_memory_desc_t& d = src_md.data;
+    const auto dt = src_md.data_type();
+    const bool row_major = d.ndims == 2 && d.format_kind == dnnl_blocked && d.offset0 == 0 &&
+                           d.format_desc.blocking.inner_nblks == 0 && d.dims[0] == batch && d.dims[1] == in &&
+                           d.padded_dims[1] == in && d.format_desc.blocking.strides[1] == 1 &&
+                           d.format_desc.blocking.strides[0] == in;
+    if (!row_major || (dt != memory::data_type::f32 && dt != memory::data_type::bf16)) return nullptr;
+    const std::int64_t lanes = float_lanes(isa_);
+    Loops& s = loops_.emplace_back();
+    s.batch = batch;
+    s.in = in;
+    s.out = o.units;
+    s.out_ld = (s.out + lanes - 1) / lanes * lanes;
+    s.in_ld = (s.in + lanes - 1) / lanes * lanes;
+    s.bf16_src = dt == memory::data_type::bf16;
+    s.src_md = src_md;
+    s.dst_md = memory::desc({batch, o.units}, memory::data_type::f32, memory::format_tag::nc);
+    s.bias_padded.assign(static_cast<std::size_t>(s.out_ld), 0.0f);
+    s.transposed.assign(static_cast<std::size_t>(s.out * s.in_ld), 0.0f);
+    s.tail.assign(tail_floats(s.out, lanes), 0.0f);
+    return make_layout(Shape{batch, o.units}, DType::f32, s.dst_md);
+  }
+
+  Loops* loops(std::int64_t batch) {
+    for (Loops& s : loops_)
+      if (s.batch == batch) return &s;
+    return nullptr;
+  }
+
+  template <class T>
+  void run_forward(Loops& s) {
+    if (s.bias) std::memcpy(s.bias_padded.data(), s.bias, static_cast<std::size_t>(s.out) * sizeof(float));
+    Product<T, float> p{};
+    p.a = static_cast<const T*>(s.x.get_data_handle());
+    p.a_row = s.in;
+    p.a_step = 1;
+    p.b = s.kernel;
+    p.ldb = s.out;
+    p.start = s.bias_padded.data();
+    p.c = static_cast<float*>(s.y.get_data_handle());
+    p.rows = s.batch;
+    p.depth = s.in;
+    p.cols = s.out;
+    p.relu = act_.kind() == config::Activation::relu;
+    run_for(isa_, [&]<LoopIsa I>() {
+      tail_rows(p, float_lanes(I), s.tail.data());
+      product<float_lanes(I)>(p);
+    });
+  }
+
+  // The gradient before the activation: the relu's derivative applied in place on dy (as oneDNN's
+  // eltwise backward does), the softmax's into its scratch.
+  const float* pre_activation_gradient(Loops& s) {
+    auto* dz = static_cast<float*>(s.dy.get_data_handle());
+    if (activation_backward_elsewhere_) return dz;
+    if (act_.kind() == config::Activation::relu) {
+      const auto* y = static_cast<const float*>(s.y.get_data_handle());
+      const std::int64_t size = s.batch * s.out;
+      for (std::int64_t e = 0; e < size; ++e) dz[e] = y[e] > 0.0f ? dz[e] : 0.0f;
+    } else if (act_.kind() == config::Activation::softmax) {
+      act_.backward(ctx_, s.act);
+      dz = static_cast<float*>(s.act.pre_grad.get_data_handle());
+    }
+    return dz;
+  }
+
+  // dW = x^T dz (A is x read down its columns), db = the column sums of dz.
+  template <class T>
+  void run_weight_gradients(Loops& s, const float* dz) {
+    Product<T, float> p{};
+    p.a = static_cast<const T*>(s.x.get_data_handle());
+    p.a_row = 1;
+    p.a_step = s.in;
+    p.b = dz;
+    p.ldb = s.out;
+    p.c = s.kernel_grad;
+    p.rows = s.in;
+    p.depth = s.batch;
+    p.cols = s.out;
+    run_for(isa_, [&]<LoopIsa I>() {
+      tail_rows(p, float_lanes(I), s.tail.data());
+      product<float_lanes(I)>(p);
+      if (s.bias_grad) column_sums<float_lanes(I)>(p, s.bias_grad);
+    });
+  }
+
+  // dx = dz W^T over W transposed (O, in_ld); dx in x's dtype (bf16 rounded to nearest even).
+  template <class T>
+  void run_data_gradient(Loops& s, const float* dz) {
+    float* t = s.transposed.data();
+    for (std::int64_t i = 0; i < s.in; ++i)
+      for (std::int64_t o = 0; o < s.out; ++o) t[o * s.in_ld + i] = s.kernel[i * s.out + o];
+    Product<float, T> p{};
+    p.a = dz;
+    p.a_row = s.out;
+    p.a_step = 1;
+    p.b = t;
+    p.ldb = s.in_ld;
+    p.c = static_cast<T*>(s.dx.get_data_handle());
+    p.rows = s.batch;
+    p.depth = s.out;
+    p.cols = s.in;
+    run_for(isa_, [&]<LoopIsa I>() {
+      tail_rows(p, float_lanes(I), s.tail.data());  // none: the rows are whole vectors
+      product<float_lanes(I)>(p);
+    });
+  }
+
   nn::Dense& layer_;
+  LoopIsa isa_;              // the build of the loops this kernel runs
+  std::vector<Loops> loops_;  // per planned batch size that runs the loops (few: the batch and a last one)
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {

@@ -36,6 +36,11 @@ struct WeightedOpPlan {
 void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const dnnl::memory::desc& kernel_md, Variable& kernel,
                       Variable* bias, const ActivationFn& act, WeightedOpPlan& plan);
 
+// Whether a Dense layer of `batch` rows, `in` inputs and `out` units is small enough for dense.cpp's
+// own loops (which it runs where its layouts and activation allow them); tests ask it to know
+// which path their shapes take.
+bool dense_loops_pay(std::int64_t batch, std::int64_t in, std::int64_t out);
+
 // The kernel of a layer with a kernel, a bias and a fused activation (Conv2D, Dense): the layer's
 // kernel file creates the three primitive descriptors in plan() and says how its kernel variable
 // is laid out in bind(); the rest is shared.
