@@ -1,7 +1,8 @@
 // The CPU's GEMM peak for `dtrain bench`: oneDNN matmuls of square matrices, src and weights in the
 // compute dtype and the result in f32 (what the layers' primitives accumulate in), run on the
 // replica's stream with the run's thread count. A short sweep of sizes, the best rate kept: small
-// sizes do not fill the cores' vector units, large ones leave the caches.
+// sizes do not fill the cores' vector units, large ones leave the caches; each size's rate is its
+// median run.
 //
 // And its copy bandwidth: memcpy (what the C library does best: wide loads, streaming stores for
 // large copies) of a buffer four times the last-level cache, 128 to 512 MiB, split between the
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -41,7 +43,11 @@ void fill(const memory& m, DType dtype) {
   }
 }
 
-// GFLOP/s of an n x n x n matmul, timed for about `seconds` after one untimed run.
+// GFLOP/s of an n x n x n matmul: its median run of those in about `seconds`, after one untimed
+// run. The median, not the mean: on the shared machines another process's burst slows some runs
+// (a mean over them came out at three quarters of the peak now and then, and training "reached"
+// 150 % of it); not the fastest either, which is the luckiest run where a training step's time is
+// a mean.
 double rate(OnednnContext& ctx, DType dtype, std::int64_t n, double seconds) {
   const memory::dims dims{n, n};
   const memory::desc in_md(dims, to_dnnl(dtype), memory::format_tag::ab);
@@ -54,17 +60,18 @@ double rate(OnednnContext& ctx, DType dtype, std::int64_t n, double seconds) {
   const std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
   matmul.execute(ctx.stream, args);
   ctx.stream.wait();
-  std::int64_t runs = 0;
+  std::vector<double> runs;
   const auto start = Clock::now();
-  double elapsed = 0.0;
-  do {
+  for (auto now = start; std::chrono::duration<double>(now - start).count() < seconds;) {
+    const auto before = now;
     matmul.execute(ctx.stream, args);
     ctx.stream.wait();
-    ++runs;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  } while (elapsed < seconds);
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(runs) /
-         elapsed * 1e-9;
+    now = Clock::now();
+    runs.push_back(std::chrono::duration<double>(now - before).count());
+  }
+  const auto middle = runs.begin() + static_cast<std::ptrdiff_t>(runs.size() / 2);
+  std::nth_element(runs.begin(), middle, runs.end());
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / *middle * 1e-9;
 }
 
 device::GemmPeak measure(Context& context, DType dtype, int threads) {
