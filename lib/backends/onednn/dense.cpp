@@ -186,6 +186,7 @@ class DenseKernel final : public WeightedOpKernel {
     const auto& o = layer_.options();
     const std::int64_t in = layer_.input_shape()[0];
     const Shape out{batch, o.units};
+    std::erase_if(loops_, [batch](const Loops& l) { return l.batch == batch; });  // planned anew
     if (LayoutPtr own = plan_loops(batch, md_of(src_layout))) return own;
     auto src = any_md(Shape{batch, in}, compute_);
     auto dst = any_md(out, compute_);
