@@ -107,6 +107,12 @@ class PlanCache {
     p = std::make_unique<Plan>();
     return *p;
   }
+  // The plan for `batch`, or null where none was made (a kernel with two ways to run a batch).
+  Plan* find(std::int64_t batch) {
+    auto it = plans_.find(batch);
+    return it == plans_.end() ? nullptr : it->second.get();
+  }
+  void erase(std::int64_t batch) { plans_.erase(batch); }
 
  private:
   std::map<std::int64_t, std::unique_ptr<Plan>> plans_;

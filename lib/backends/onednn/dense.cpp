@@ -186,7 +186,7 @@ class DenseKernel final : public WeightedOpKernel {
     const auto& o = layer_.options();
     const std::int64_t in = layer_.input_shape()[0];
     const Shape out{batch, o.units};
-    std::erase_if(loops_, [batch](const Loops& l) { return l.batch == batch; });  // planned anew
+    loops_.erase(batch);  // planned anew
     if (LayoutPtr own = plan_loops(batch, md_of(src_layout))) return own;
     auto src = any_md(Shape{batch, in}, compute_);
     auto dst = any_md(out, compute_);
@@ -291,7 +291,7 @@ class DenseKernel final : public WeightedOpKernel {
                            d.format_desc.blocking.strides[0] == in;
     if (!row_major || (dt != memory::data_type::f32 && dt != memory::data_type::bf16)) return nullptr;
     const std::int64_t lanes = float_lanes(isa_);
-    Loops& s = loops_.emplace_back();
+    Loops& s = loops_.create(batch);
     s.batch = batch;
     s.in = in;
     s.out = o.units;
@@ -306,11 +306,7 @@ class DenseKernel final : public WeightedOpKernel {
     return make_layout(Shape{batch, o.units}, DType::f32, s.dst_md);
   }
 
-  Loops* loops(std::int64_t batch) {
-    for (Loops& s : loops_)
-      if (s.batch == batch) return &s;
-    return nullptr;
-  }
+  Loops* loops(std::int64_t batch) { return loops_.find(batch); }
 
   template <class T>
   void run_forward(Loops& s) {
@@ -393,7 +389,7 @@ class DenseKernel final : public WeightedOpKernel {
 
   nn::Dense& layer_;
   LoopIsa isa_;              // the build of the loops this kernel runs
-  std::vector<Loops> loops_;  // per planned batch size that runs the loops (few: the batch and a last one)
+  nn::PlanCache<Loops> loops_;  // the planned batch sizes that run the loops
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {
