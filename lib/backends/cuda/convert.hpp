@@ -11,7 +11,7 @@
 
 namespace dtrain::backends::cuda {
 
-// bits of bfloat16 from float, rounded as math::bf16_from_f32_bits (oneDNN's conversion).
+// bits of bfloat16 from float, rounded as core/bfloat16.hpp rounds (as the CPU backend and AVX512-BF16 do).
 void f32_to_bf16(const float* from, std::uint16_t* to, std::size_t n, cudaStream_t stream, Device device);
 // Exact.
 void bf16_to_f32(const std::uint16_t* from, float* to, std::size_t n, cudaStream_t stream, Device device);

@@ -34,7 +34,7 @@ void conv_columns_gradient(const Conv2dGeometry& g, const float* dcolumns, float
 void add_bias_rows(float* y, const float* bias, std::int64_t rows, std::int64_t cols, cudaStream_t stream,
                    Device device);
 // y (rows, cols) bfloat16 bits = acc + bias (bias null: none), the sum in float32 and then rounded
-// as the CPU backend's reorders round (math::bf16_from_f32_bits).
+// as the CPU backend's copies round (core/bfloat16.hpp).
 void add_bias_to_bf16(const float* acc, const float* bias, std::uint16_t* y, std::int64_t rows, std::int64_t cols,
                       cudaStream_t stream, Device device);
 // The sum over `slices` partial results, slice s at partials + s * stride, added in slice order:

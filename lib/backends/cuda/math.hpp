@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "backends/cuda/launch.hpp"
+#include "core/bfloat16.hpp"
 #include "device/numerics.hpp"
 #include "losses/loss_math.hpp"
 
@@ -244,22 +245,8 @@ DTRAIN_HD inline std::int64_t row_match_count(const float* pred, const void* tar
   return count;
 }
 
-// ---- bfloat16: oneDNN's conversion, which the CPU backend's f32 -> bf16 copies (reorders) use:
-// round to nearest even; zero and subnormal inputs become a zero of the same sign (the
-// AVX512-BF16 instruction and oneDNN's reference both flush them); infinities keep their bits; a
-// NaN keeps its sign and top mantissa bits and is made quiet.
-DTRAIN_HD inline std::uint16_t bf16_from_f32_bits(std::uint32_t bits) {
-  const std::uint32_t exponent = bits & 0x7F800000u;
-  const std::uint32_t mantissa = bits & 0x007FFFFFu;
-  if (exponent == 0) return static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
-  if (exponent == 0x7F800000u) {
-    const auto high = static_cast<std::uint16_t>(bits >> 16);
-    return mantissa == 0 ? high : static_cast<std::uint16_t>(high | 0x0040u);
-  }
-  const std::uint32_t rounding_bias = 0x00007FFFu + ((bits >> 16) & 1u);
-  return static_cast<std::uint16_t>((bits + rounding_bias) >> 16);
-}
-// Widening is exact: bfloat16 is the high half of a float.
-DTRAIN_HD inline std::uint32_t f32_bits_from_bf16(std::uint16_t h) { return static_cast<std::uint32_t>(h) << 16; }
+// ---- bfloat16: core/bfloat16.hpp's conversions, which the CPU backend's copies use too.
+using dtrain::bf16_from_f32_bits;
+using dtrain::f32_bits_from_bf16;
 
 }  // namespace dtrain::backends::cuda::math

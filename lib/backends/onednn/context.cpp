@@ -2,12 +2,14 @@
 
 #include <algorithm>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "backends/onednn/numerics.hpp"
+#include "core/bfloat16.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::backends::onednn {
@@ -51,6 +53,46 @@ class ReorderCopy final : public Copy {
   OnednnContext& ctx_;
   Reorder reorder_;
 };
+
+// f32 <-> bf16 between two layouts that differ only in the element type (element k of one buffer
+// is element k of the other). oneDNN 2.6's reorders emulate the conversions on CPUs without
+// bfloat16 instructions and there turn -0.0 into +0.0 both ways, so the same copy gave other bits
+// on an AVX2 machine than on an AVX512-BF16 one; these loops give the instruction's bits on every
+// CPU (widening is exact: bfloat16 is the high half of a float).
+class ConversionCopy final : public Copy {
+ public:
+  ConversionCopy(OnednnContext& ctx, const memory& from, const memory& to)
+      : ctx_(ctx), from_(from), to_(to), narrowing_(from.get_desc().data_type() == memory::data_type::f32),
+        count_(to.get_desc().get_size() / (narrowing_ ? sizeof(std::uint16_t) : sizeof(float))) {}
+  void run() override {
+    Context::Call call(ctx_);
+    if (narrowing_) {
+      const auto* from = static_cast<const std::uint32_t*>(from_.get_data_handle());
+      auto* to = static_cast<std::uint16_t*>(to_.get_data_handle());
+      for (std::size_t k = 0; k < count_; ++k) to[k] = bf16_from_f32_bits(from[k]);
+    } else {
+      const auto* from = static_cast<const std::uint16_t*>(from_.get_data_handle());
+      auto* to = static_cast<std::uint32_t*>(to_.get_data_handle());
+      for (std::size_t k = 0; k < count_; ++k) to[k] = std::uint32_t{from[k]} << 16;
+    }
+  }
+
+ private:
+  OnednnContext& ctx_;
+  memory from_, to_;
+  bool narrowing_;
+  std::size_t count_;
+};
+
+// Whether one of the two is the other laid out alike with bf16 elements instead of f32.
+bool converts_alike(const memory::desc& from, const memory::desc& to) {
+  const bool narrowing = from.data_type() == memory::data_type::f32 && to.data_type() == memory::data_type::bf16;
+  const bool widening = from.data_type() == memory::data_type::bf16 && to.data_type() == memory::data_type::f32;
+  if (!narrowing && !widening) return false;
+  memory::desc retyped = from;
+  retyped.data.data_type = to.data.data_type;
+  return retyped == to && retyped.get_size() == to.get_size();
+}
 
 std::unique_ptr<Context> make(Device device) { return std::make_unique<OnednnContext>(device); }
 
@@ -212,6 +254,8 @@ void OnednnContext::set_address(const Memory& m, void* data) {
 
 std::unique_ptr<Copy> OnednnContext::make_copy(const Memory& from, const Memory& to) {
   if (from.data == to.data && !from.handle && !to.handle && from.layout->same_as(*to.layout)) return nullptr;
+  if (converts_alike(md_of(from.layout), md_of(to.layout)))
+    return std::make_unique<ConversionCopy>(*this, wrap(from), wrap(to));
   return std::make_unique<ReorderCopy>(*this, wrap(from), wrap(to));
 }
 
