@@ -23,13 +23,15 @@ struct GemmPeak {
   std::string what;       // "oneDNN matmul f32 x f32 -> f32"
 };
 
-// Measures on `ctx`'s device with `threads` compute threads, for a fraction of a second; called
-// only for a dtype the device computes in (Context::cannot_compute_in).
-using GemmPeakProbe = GemmPeak (*)(Context& ctx, DType dtype, int threads);
+// Measures on `ctx`'s device with `threads` compute threads, for a fraction of a second: a sweep
+// of sizes, the best kept, where `size` is 0; that size alone otherwise (what `dtrain bench`
+// measures again between its rounds of steps). Called only for a dtype the device computes in
+// (Context::cannot_compute_in).
+using GemmPeakProbe = GemmPeak (*)(Context& ctx, DType dtype, int threads, std::int64_t size);
 // Called by a backend's folder before main.
 void register_gemm_peak(std::string_view backend, GemmPeakProbe probe);
 // The peak of `ctx`'s backend; not available (saying so) when it registered no probe.
-GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads);
+GemmPeak measure_gemm_peak(Context& ctx, DType dtype, int threads, std::int64_t size = 0);
 
 struct GemmPeakRegistration {
   GemmPeakRegistration(std::string_view backend, GemmPeakProbe probe) { register_gemm_peak(backend, probe); }

@@ -5,6 +5,7 @@
 #include <span>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -18,6 +19,9 @@ using train::Phase;
 using train::Trainer;
 
 namespace {
+
+// Rounds of whole steps, each followed by the GEMM peak (fewer where there are fewer steps).
+constexpr int kPeakRounds = 5;
 
 // Runs `steps` training steps from the start of epoch `epoch` on, into the next epochs. With a
 // profile attached, goes on until it has kept `steps` (short batches are left out).
@@ -40,6 +44,13 @@ Spread spread(std::span<const double> per_worker) {
   s.mean /= static_cast<double>(per_worker.size());
   s.max = *std::max_element(per_worker.begin(), per_worker.end());
   return s;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
 }
 
 double gflops_of(double flops_per_sample, double samples, double milliseconds) {
@@ -92,21 +103,41 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   StepProfile profile;
   trainer.set_profile(&profile);
   run_steps(trainer, epoch, options.steps, &profile);
-  // Then whole steps alone: a GPU's step is mostly launches, and timing each layer waits for the
-  // device between them (the layers' figures above include those waits).
-  StepProfile whole_steps;
-  trainer.set_profile(&whole_steps, false);
-  run_steps(trainer, epoch, options.steps, &whole_steps);
   trainer.set_profile(nullptr);
 
-  // Every worker measures its cores' GEMM peak at the same time, as they trained together.
+  // Every worker measures its cores' GEMM peak at the same time, as they trained together: first
+  // a sweep that picks the matmul size, then that size again after each round of whole steps.
   BenchReport r;
   r.threads = train::resolve_threads(exp.train.threads);
   const DType dtype = nn::compute_dtype(exp.precision);
   r.compute_dtype = dtype_name(dtype);
+  device::Context& ctx = trainer.model(0).context();
   strategy.all_reduce_max(0, "bench: start of the GEMM peak");
-  r.peak = device::measure_gemm_peak(trainer.model(0).context(), dtype, r.threads);
-  r.bandwidth = device::measure_copy_bandwidth(trainer.model(0).context(), r.threads);
+  r.peak = device::measure_gemm_peak(ctx, dtype, r.threads);
+  r.bandwidth = device::measure_copy_bandwidth(ctx, r.threads);
+
+  // Then whole steps alone: a GPU's step is mostly launches, and timing each layer waits for the
+  // device between them (the layers' figures above include those waits). In rounds, each followed
+  // by the GEMM peak: the shared machines' speed wanders by 20-30 % within seconds (a register-only
+  // FMA loop on the 2-core AVX2 EPYC: 1.9 to 2.8 ms for the same work), and a peak measured once,
+  // after the steps, put the same build's "training reaches" anywhere from 57 to 105 %. A round's
+  // steps and the peak right after them share the machine's state; the fraction is the median of
+  // the rounds' ratios.
+  StepProfile whole_steps;
+  r.rounds = static_cast<int>(std::min<std::int64_t>(kPeakRounds, options.steps));
+  std::vector<double> round_step_s, round_peak;
+  for (int round = 0; round < r.rounds; ++round) {
+    const double seconds_before = whole_steps.step_seconds;
+    const std::int64_t steps_before = whole_steps.steps;
+    trainer.set_profile(&whole_steps, false);
+    run_steps(trainer, epoch, options.steps * (round + 1) / r.rounds, &whole_steps);
+    trainer.set_profile(nullptr);
+    round_step_s.push_back((whole_steps.step_seconds - seconds_before) /
+                           static_cast<double>(whole_steps.steps - steps_before));
+    strategy.all_reduce_max(0, "bench: a round's GEMM peak");  // every worker, with a peak or not
+    if (!r.peak.available) continue;
+    round_peak.push_back(device::measure_gemm_peak(ctx, dtype, r.threads, r.peak.size).gflops);
+  }
 
   // This worker's figures (per step, in ms), then every worker's.
   nn::Sequential& model = trainer.model(0);
@@ -122,7 +153,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     mine.push_back(1e3 * (profile.layers.backward[i] - profile.layers.backward_weights[i]) / steps);
   mine.push_back(1e3 * whole_steps.step_seconds / static_cast<double>(whole_steps.steps));
   mine.push_back(r.bandwidth.available ? r.bandwidth.gb_per_s : 0.0);
-  mine.push_back(r.peak.available ? r.peak.gflops : 0.0);
+  mine.push_back(median(round_peak));
   const std::size_t k = mine.size();
   const auto workers = static_cast<std::size_t>(strategy.workers());
   std::vector<double> all(k * workers, 0.0);
@@ -196,7 +227,16 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   r.untimed_gflops = r.flops_per_sample * r.untimed_samples_per_s * 1e-9;
   if (r.peak.available) {
     r.peak_gflops_total = r.peak_gflops.mean * r.workers;
-    r.peak_fraction = r.untimed_gflops / r.peak_gflops_total;
+    // Each worker's rounds: its share of the job's FLOPs per second against its own peak then.
+    std::vector<double> ratios;
+    for (std::size_t i = 0; i < round_peak.size(); ++i) {
+      ratios.push_back(r.flops_per_sample * worker_samples / round_step_s[i] * 1e-9 / round_peak[i]);
+      r.peak_rounds.push_back({1e3 * round_step_s[i], round_peak[i], ratios.back()});
+    }
+    std::vector<double> fractions(workers, 0.0);
+    fractions[static_cast<std::size_t>(strategy.worker_index())] = median(ratios);
+    strategy.all_reduce_sum(std::span<double>(fractions), "bench: the workers' fractions of their peaks");
+    r.peak_fraction = spread(fractions).mean;
   }
   return r;
 }
@@ -258,9 +298,10 @@ std::string bench_table(const BenchReport& r) {
         many ? fmt::format("{:.1f} (max {:.1f}) GFLOP/s per worker x {} workers = {:.1f} GFLOP/s", r.peak_gflops.mean,
                            r.peak_gflops.max, r.workers, r.peak_gflops_total)
              : fmt::format("{:.1f} GFLOP/s", r.peak_gflops_total);
-    out += fmt::format("GEMM peak: {} at {}^3 on {} thread{} per worker: {}; training reaches {:.1f} % of it\n",
+    out += fmt::format("GEMM peak: {} at {}^3 on {} thread{} per worker: {}; training reaches {:.1f} % of it\n"
+                       "  (the median of {} round{}: whole steps, then the peak at once, so both see the machine alike)\n",
                        r.peak.what, r.peak.size, r.threads, r.threads == 1 ? "" : "s", per_worker,
-                       100.0 * r.peak_fraction);
+                       100.0 * r.peak_fraction, r.rounds, r.rounds == 1 ? "" : "s");
   }
   if (!r.bandwidth.available) {
     out += fmt::format("copy bandwidth: not available: {}\n", r.bandwidth.why_not);
@@ -327,9 +368,17 @@ std::string bench_json(const BenchReport& r) {
   out += fmt::format(", \"gemm_peak\": {{\"dtype\": {}, \"available\": {}", json_string(r.compute_dtype),
                      r.peak.available ? "true" : "false");
   if (r.peak.available)
-    out += fmt::format(", \"what\": {}, \"size\": {}, \"gflops_per_worker\": {}, \"gflops\": {}, \"fraction\": {}",
+    out += fmt::format(", \"what\": {}, \"size\": {}, \"gflops_per_worker\": {}, \"gflops\": {}, \"rounds\": {}, "
+                       "\"fraction\": {}",
                        json_string(r.peak.what), r.peak.size, json_spread(r.peak_gflops), num(r.peak_gflops_total),
-                       num(r.peak_fraction));
+                       r.rounds, num(r.peak_fraction));
+  if (r.peak.available) {
+    out += ", \"worker_rounds\": [";
+    for (std::size_t i = 0; i < r.peak_rounds.size(); ++i)
+      out += fmt::format("{}{{\"step_ms\": {}, \"gflops\": {}, \"fraction\": {}}}", i ? ", " : "",
+                         num(r.peak_rounds[i].step_ms), num(r.peak_rounds[i].peak_gflops), num(r.peak_rounds[i].fraction));
+    out += "]";
+  }
   else
     out += fmt::format(", \"why_not\": {}", json_string(r.peak.why_not));
   out += fmt::format("}}, \"copy_bandwidth\": {{\"available\": {}", r.bandwidth.available ? "true" : "false");

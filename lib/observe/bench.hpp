@@ -71,12 +71,20 @@ struct BenchReport {
   double samples_per_s = 0.0;
   double flops_per_sample = 0.0;  // one training step's, forward and backward
   double gflops = 0.0;            // achieved by the whole job
-  device::GemmPeak peak;        // the chief's (what, size; available or why not)
-  Spread peak_gflops;             // per worker
+  device::GemmPeak peak;        // the chief's sweep (what, size; available or why not)
+  Spread peak_gflops;             // per worker: the median of its rounds' peaks at peak.size
   double peak_gflops_total = 0.0; // summed over the workers: what the job's cores reach
-  // untimed_gflops / peak_gflops_total, what training reaches (the timed steps carry the layers'
-  // clocks: 3 % of a bf16 step on the 2-core EPYC, up to a third on the 16-core Sapphire Rapids);
-  // < 0 without a peak.
+  int rounds = 0;                 // of whole steps, each followed by the GEMM peak at peak.size
+  struct PeakRound {
+    double step_ms = 0.0;      // the round's whole steps, mean
+    double peak_gflops = 0.0;  // the peak right after them
+    double fraction = 0.0;     // this worker's share of the job's FLOP rate in them against it
+  };
+  std::vector<PeakRound> peak_rounds;  // this worker's (empty without a peak)
+  // What training reaches of the peak, from the steps timed whole (the timed steps carry the
+  // layers' clocks: 3 % of a bf16 step on the 2-core EPYC, up to a third on the 16-core Sapphire
+  // Rapids): per worker the median over the rounds of its share of the job's FLOP rate against the
+  // peak measured right after, then the mean over the workers; < 0 without a peak.
   double peak_fraction = -1.0;
   device::CopyBandwidth bandwidth;  // the chief's (what, bytes; available or why not)
   Spread bandwidth_gb_per_s;        // per worker

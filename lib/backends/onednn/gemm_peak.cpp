@@ -2,7 +2,7 @@
 // compute dtype and the result in f32 (what the layers' primitives accumulate in), run on the
 // replica's stream with the run's thread count. A short sweep of sizes, the best rate kept: small
 // sizes do not fill the cores' vector units, large ones leave the caches; each size's rate is its
-// median run.
+// median run. Asked for one size, that size alone.
 //
 // And its copy bandwidth: memcpy (what the C library does best: wide loads, streaming stores for
 // large copies) of a buffer four times the last-level cache, 128 to 512 MiB, split between the
@@ -74,7 +74,7 @@ double rate(OnednnContext& ctx, DType dtype, std::int64_t n, double seconds) {
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / *middle * 1e-9;
 }
 
-device::GemmPeak measure(Context& context, DType dtype, int threads) {
+device::GemmPeak measure(Context& context, DType dtype, int threads, std::int64_t size) {
   device::GemmPeak peak;
   if (dtype != DType::f32 && dtype != DType::bf16) {
     peak.why_not = "no GEMM peak for this dtype";
@@ -83,7 +83,8 @@ device::GemmPeak measure(Context& context, DType dtype, int threads) {
   OnednnContext& ctx = OnednnContext::of(context);
   const int before = omp_get_max_threads();
   omp_set_num_threads(std::max(1, threads));
-  for (const std::int64_t n : {512, 1024, 2048}) {
+  const std::vector<std::int64_t> sizes = size > 0 ? std::vector<std::int64_t>{size} : std::vector<std::int64_t>{512, 1024, 2048};
+  for (const std::int64_t n : sizes) {
     const double gflops = rate(ctx, dtype, n, 0.15);
     if (gflops > peak.gflops) {
       peak.gflops = gflops;
