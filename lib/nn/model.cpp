@@ -40,12 +40,25 @@ class LayerMarks final : public BackwardMarks {
     lap(ctx_, times_.backward_weights[layer_], start_);
     times_.split[layer_] = 1;
   }
+  void input_done() override {
+    input_seconds_ = 0.0;
+    lap(ctx_, input_seconds_, start_);
+    input_first_ = true;
+    times_.split[layer_] = 1;
+  }
+  // The layer took `seconds` in all: where the input's gradient came first, the rest is the weights'.
+  void end(double seconds) {
+    if (input_first_) times_.backward_weights[layer_] += seconds - input_seconds_;
+    input_first_ = false;
+  }
 
  private:
   device::Context& ctx_;
   LayerTimes& times_;
   std::size_t layer_ = 0;
   Clock::time_point start_;
+  bool input_first_ = false;
+  double input_seconds_ = 0.0;
 };
 
 }  // namespace
@@ -324,7 +337,11 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
         layer.add_regularization_gradient(ctx_.numerics(), options.regularization_scale);
       if (options.gradients_ready) (*options.gradients_ready)(first_variable_[i], layer.variables().size());
     }
-    if (times_) t = lap(ctx_, times_->backward[i], t);
+    if (times_) {
+      const double before = times_->backward[i];
+      t = lap(ctx_, times_->backward[i], t);
+      marks->end(times_->backward[i] - before);
+    }
   }
   wait_for_host();
 }

@@ -60,8 +60,9 @@ struct BackwardOptions {
 // Seconds each layer's kernel took, added up while attached to a model (dtrain bench): forward[i]
 // and backward[i] for layer i (backward includes handing its gradients over). The model then
 // synchronizes its context after every layer to read the clock; with none attached it reads no
-// clock at all. A kernel that marks the end of its weights' gradients (nn::BackwardMarks) has
-// backward_weights[i], the part of backward[i] before the mark, and split[i] set.
+// clock at all. A kernel that marks the end of one of its two gradients (nn::BackwardMarks) has
+// split[i] set and backward_weights[i], the weights' part of backward[i]: before the mark, or
+// after it where the input's gradient came first.
 struct LayerTimes {
   std::vector<double> forward, backward, backward_weights;
   std::vector<char> split;

@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <span>
 
+namespace dtrain {
+class SharedWork;
+}
+
 namespace dtrain::nn {
 
 enum class Mode {
@@ -24,10 +28,12 @@ class CrossReplica {
 // dtrain bench's mark inside a layer's backward: a kernel that computes the gradients of its
 // weights and then the gradient of its input calls weights_done() between the two, so that the
 // bench can split the layer's backward time. Null except while a bench times the layers.
+// A kernel that computes the input's gradient first calls input_done() instead.
 class BackwardMarks {
  public:
   virtual ~BackwardMarks() = default;
   virtual void weights_done() = 0;
+  virtual void input_done() = 0;
 };
 
 struct StepContext {
@@ -52,6 +58,9 @@ struct StepContext {
   // Null with one lane.
   int lane = 0;
   CrossReplica* lanes = nullptr;
+  // Where a kernel may hand the items of a loop to the other lanes of its replica (worker `lane`,
+  // core/shared_work.hpp). Null with one lane.
+  SharedWork* shared_work = nullptr;
   // See BackwardMarks.
   BackwardMarks* backward_marks = nullptr;
 

@@ -39,8 +39,8 @@ struct Spread {
 struct LayerBench {
   std::string name, kind;
   Spread forward_ms, backward_ms;  // per step
-  // Where the kernel marks the end of its weights' gradients (nn::BackwardMarks): backward_ms
-  // split into the weights' part (with a fused activation's backward) and the input's.
+  // Where the kernel marks the end of one of its two gradients (nn::BackwardMarks): backward_ms
+  // split into the weights' part and the input's (a fused activation's backward goes with the first).
   bool split = false;
   Spread backward_weights_ms, backward_data_ms;
   nn::Flops flops;                 // per sample

@@ -23,6 +23,7 @@ std::vector<distribute::ReplicaContext> lane_contexts(int count) {
 
 Lanes::Lanes(int count)
     : group_(count, distribute::CrossDeviceOp::reduction_to_one_device),
+      shared_work_(count),
       threads_(lane_contexts(count), /*threads_per_replica=*/1, group_.barrier(),
                distribute::ReplicaThreads::CallerRuns::first_replica),
       run_task_([this](const distribute::ReplicaContext& lane) { call_(task_, lane.replica_id); }) {}

@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "core/shared_work.hpp"
 #include "distribute/replica_threads.hpp"
 #include "distribute/strategy.hpp"
 #include "distribute/thread_group.hpp"
@@ -41,6 +42,8 @@ class Lanes {
   }
   // Inside run(): lane's endpoint of the lanes' sums (in lane order, deterministic).
   distribute::ThreadCommunicator& endpoint(int lane) { return group_.endpoint(lane); }
+  // Inside run(): where a lane's kernels hand the items of a loop to the other lanes (lane = worker).
+  SharedWork& shared_work() { return shared_work_; }
 
   // Rows [begin, end) of a batch of `rows` that `lane` computes: the first rows % lanes lanes take
   // one row more, as the replicas split a global batch.
@@ -54,6 +57,7 @@ class Lanes {
   void run_erased(void* fn, void (*call)(void*, int));
 
   distribute::ThreadGroup group_;
+  SharedWork shared_work_;
   distribute::ReplicaThreads threads_;
   void* task_ = nullptr;
   void (*call_)(void*, int) = nullptr;

@@ -505,6 +505,7 @@ nn::StepContext Trainer::lane_step_context(const distribute::ReplicaContext& rc,
   const Lane& mine = replicas_[static_cast<std::size_t>(rc.replica_id)].lane(lane);
   step.lane = lane;
   step.lanes = mine.lane_statistics.get();
+  if (Lanes* lanes = replicas_[static_cast<std::size_t>(rc.replica_id)].lanes.get()) step.shared_work = &lanes->shared_work();
   step.cross_replica = mine.lanes_then_replicas.get();
   return step;
 }

@@ -39,41 +39,71 @@ metrics: [sparse_categorical_accuracy]
 train: {epochs: 1, threads: 1}
 )";
 
-// The identity, whose backward takes 2 ms for its "weights" and then 1 ms for its input, and marks
-// the boundary as a kernel with both gradients does (nn::BackwardMarks).
+// The identity, whose backward takes 2 ms for its "weights" and 1 ms for its input, and marks the
+// boundary as a kernel with both gradients does (nn::BackwardMarks): weights first, or with
+// input_first_probe the input first, as the CPU convolutions with their own weight loops do.
 struct SplitProbeOptions {
   static constexpr std::string_view kind = "split_probe";
   bool operator==(const SplitProbeOptions&) const = default;
 };
+struct InputFirstProbeOptions {
+  static constexpr std::string_view kind = "input_first_probe";
+  bool operator==(const InputFirstProbeOptions&) const = default;
+};
 
 using SplitProbe = testing::IdentityLayer<SplitProbeOptions>;
+using InputFirstProbe = testing::IdentityLayer<InputFirstProbeOptions>;
 
 class SplitProbeKernel final : public nn::LayerKernel {
  public:
+  explicit SplitProbeKernel(bool input_first) : input_first_(input_first) {}
   device::LayoutPtr plan(std::int64_t, const device::LayoutPtr& src) override { return src; }
   void bind(std::int64_t, const nn::LayerIO& io) override { io_ = io; }
   void forward(std::int64_t, const nn::StepContext&) override {
     std::memcpy(io_.dst.data, io_.src.data, io_.src.layout->bytes());
   }
   void backward(std::int64_t, const nn::StepContext& step) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if (step.backward_marks) step.backward_marks->weights_done();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::memcpy(io_.diff_src.data, io_.diff_dst.data, io_.dst.layout->bytes());
+    if (input_first_) {
+      input(step);
+      weights(step);
+    } else {
+      weights(step);
+      input(step);
+    }
   }
 
  private:
+  void weights(const nn::StepContext& step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (step.backward_marks && !input_first_) step.backward_marks->weights_done();
+  }
+  void input(const nn::StepContext& step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::memcpy(io_.diff_src.data, io_.diff_dst.data, io_.dst.layout->bytes());
+    if (step.backward_marks && input_first_) step.backward_marks->input_done();
+  }
+
+  bool input_first_;
   nn::LayerIO io_;
 };
 
 config::LayerOptions parse_probe(const config::Section&) { return SplitProbeOptions{}; }
+config::LayerOptions parse_input_first_probe(const config::Section&) { return InputFirstProbeOptions{}; }
 void write_probe(const config::LayerOptions&, config::OptionsWriter&) {}
 std::unique_ptr<nn::LayerKernel> make_probe_kernel(nn::Layer&, device::Context&, DType) {
-  return std::make_unique<SplitProbeKernel>();
+  return std::make_unique<SplitProbeKernel>(false);
+}
+std::unique_ptr<nn::LayerKernel> make_input_first_probe_kernel(nn::Layer&, device::Context&, DType) {
+  return std::make_unique<SplitProbeKernel>(true);
 }
 const nn::LayerRegistration<SplitProbe> split_probe_layer({.kind = "split_probe", .aliases = {}, .auto_name = "split_probe",
                                                            .keys = {}, .parse = &parse_probe, .write = &write_probe});
 const nn::KernelRegistration split_probe_kernel(backends::onednn::kName, "split_probe", &make_probe_kernel);
+const nn::LayerRegistration<InputFirstProbe> input_first_probe_layer(
+    {.kind = "input_first_probe", .aliases = {}, .auto_name = "input_first_probe", .keys = {},
+     .parse = &parse_input_first_probe, .write = &write_probe});
+const nn::KernelRegistration input_first_probe_kernel(backends::onednn::kName, "input_first_probe",
+                                                      &make_input_first_probe_kernel);
 
 double sum(const std::array<double, train::kPhases>& a) { return std::accumulate(a.begin(), a.end(), 0.0); }
 
@@ -220,23 +250,27 @@ TEST_CASE("under mirrored replicas replica 0's thread times the phases, read aft
   CHECK(profile.layers.backward.size() == 4);
 }
 
-TEST_CASE("a kernel that marks the end of its weights' gradients gets its backward split in two") {
+TEST_CASE("a kernel that marks the end of one of its two gradients gets its backward split in two") {
   std::string yaml = kExperiment;
   const std::string dense = "    - dense: {units: 3}\n";
   REQUIRE(yaml.find(dense) != std::string::npos);
-  yaml.replace(yaml.find(dense), dense.size(), "    - dense: {units: 6}\n    - split_probe: {}\n" + dense);
+  yaml.replace(yaml.find(dense), dense.size(),
+               "    - dense: {units: 6}\n    - split_probe: {}\n    - input_first_probe: {}\n" + dense);
   auto trainer = testing::make_trainer(yaml);
   observe::BenchOptions options;
   options.warmup = 1;
   options.steps = 2;
   const observe::BenchReport r = observe::run_bench(*trainer, options);
-  REQUIRE(r.layers.size() == 6);
-  const observe::LayerBench& probe = r.layers[4];
-  CHECK(probe.kind == "split_probe");
-  REQUIRE(probe.split);
-  CHECK(probe.backward_weights_ms.mean >= 2.0);
-  CHECK(probe.backward_data_ms.mean >= 1.0);
-  CHECK(probe.backward_weights_ms.mean + probe.backward_data_ms.mean == doctest::Approx(probe.backward_ms.mean));
+  REQUIRE(r.layers.size() == 7);
+  for (std::size_t i : {std::size_t{4}, std::size_t{5}}) {
+    const observe::LayerBench& probe = r.layers[i];
+    CAPTURE(probe.kind);
+    CHECK(probe.kind == (i == 4 ? "split_probe" : "input_first_probe"));
+    REQUIRE(probe.split);
+    CHECK(probe.backward_weights_ms.mean >= 2.0);
+    CHECK(probe.backward_data_ms.mean >= 1.0);
+    CHECK(probe.backward_weights_ms.mean + probe.backward_data_ms.mean == doctest::Approx(probe.backward_ms.mean));
+  }
   CHECK_FALSE(r.layers[1].split);  // pooling and flatten have no weights' gradients to mark
   CHECK_FALSE(r.layers[2].split);
   const std::string json = observe::bench_json(r);

@@ -5,9 +5,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <span>
+#include <thread>
 #include <utility>
 #include <vector>
 #include <string>
@@ -16,6 +18,7 @@
 
 #include "backends/onednn/weighted_op.hpp"
 #include "core/rng.hpp"
+#include "core/shared_work.hpp"
 #include "layer_oracle.hpp"
 #include "nn/activation.hpp"
 #include "nn/average_pooling2d.hpp"
@@ -225,16 +228,19 @@ TEST_CASE("conv2d matches the reference and finite differences") {
 
 namespace {
 
-// One training step of the model `mc` on `batch` samples of 7x6x3 with `threads` OpenMP threads:
-// its output, then every variable's gradient, as one vector (the same seeds whatever the count).
-std::vector<float> step_bits_on_threads(const config::ModelConfig& mc, std::int64_t batch, int threads) {
+// One training step of the model `mc` on `batch` samples of 7x6x3 with `threads` OpenMP threads,
+// and, with `shared`, as lane 0 of a SharedWork: its output, then every variable's gradient, as
+// one vector (the same seeds whatever the count).
+std::vector<float> step_bits_on_threads(const config::ModelConfig& mc, std::int64_t batch, int threads,
+                                        SharedWork* shared = nullptr) {
   Tensor x(Shape{batch, 7, 6, 3});
   Rng rng(5, RngStream::test);
   for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
   const int threads_before = omp_get_max_threads();
   omp_set_num_threads(threads);
   nn::Sequential model(mc, 3, testing::cpu());
-  const nn::StepContext step = testing::step_of(nn::Mode::training, batch);
+  nn::StepContext step = testing::step_of(nn::Mode::training, batch);
+  step.shared_work = shared;
   const Tensor& y = model.forward(x, step);
   std::vector<float> bits(y.span<float>().begin(), y.span<float>().end());
   Rng grads(6, RngStream::test);
@@ -258,6 +264,31 @@ TEST_CASE("the weight gradients of a few-channel input have the same bits on 1, 
   const std::vector<float> one = step_bits_on_threads(mc, 19, 1);
   CHECK(step_bits_on_threads(mc, 19, 2) == one);
   CHECK(step_bits_on_threads(mc, 19, 3) == one);
+}
+
+TEST_CASE("the weight loops' items have the same bits whichever lane runs them") {
+  // A first layer of few channels and a middle layer in channel blocks, both the CPU backend's own
+  // weight loops: 19 samples are 3 chunks, 40 filters 3 groups of filter vectors on AVX2. Lane 0
+  // shares its items (SharedWork) with a second thread that helps whenever a job is open; the
+  // attempts go on until the helper has run some (each attempt must give the bits of one thread).
+  config::ModelConfig mc;
+  mc.input_shape = {7, 6, 3};
+  mc.layers.push_back(nn::layer_config("conv2d", conv(12, 3, 1, Padding::valid, Activation::relu)));
+  mc.layers.push_back(nn::layer_config("conv2d", conv(40, 3, 1, Padding::same, Activation::linear)));
+  const std::vector<float> one = step_bits_on_threads(mc, 19, 1);
+  SharedWork work(2);
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> helped{0};
+  std::thread helper([&] {
+    while (!stop.load(std::memory_order_acquire)) helped.fetch_add(work.help(1), std::memory_order_relaxed);
+  });
+  int attempts = 0;
+  for (; attempts < 500 && helped.load(std::memory_order_relaxed) == 0; ++attempts)
+    CHECK(step_bits_on_threads(mc, 19, 1, &work) == one);
+  stop.store(true, std::memory_order_release);
+  helper.join();
+  CAPTURE(attempts);
+  CHECK(helped.load() > 0);
 }
 
 TEST_CASE("max_pool2d matches the reference and finite differences") {

@@ -18,7 +18,9 @@
 // pass holds G taps x V vectors of accumulators in registers and reads each output gradient
 // vector once per G taps and each input value once per V vectors. Samples are summed in fixed
 // chunks whose partial sums are added in chunk order, so the bits depend neither on the thread
-// count nor on how taps and vectors are grouped into passes.
+// count nor on how taps and vectors are grouped into passes. An item of work is one chunk's sum
+// for one group of V filter vectors; under lanes, a lane that has run its own items runs those the
+// other lanes have not started (core/shared_work.hpp), into their partial sums: the same bits.
 #include <omp.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "backends/onednn/lanes.hpp"
+#include "core/shared_work.hpp"
 #include "backends/onednn/weighted_op.hpp"
 #include "nn/conv2d.hpp"
 
@@ -60,6 +63,9 @@ constexpr int accumulators(int lanes) { return lanes == 16 ? kWideAccumulators :
 constexpr std::int64_t kMaxPaddedSampleBytes = 128 * 1024;
 constexpr std::int64_t kMaxGradientPlaneBytes = 64 * 1024;
 constexpr std::int64_t kMaxPartialFloats = std::int64_t{4} << 20;  // the chunks' partial sums: 16 MiB
+// Padded samples each thread keeps, up to a chunk's: an item pads its chunk's samples once for
+// all the filter groups the same thread runs of that chunk.
+constexpr std::int64_t kPaddedCacheBytes = 256 * 1024;
 constexpr std::int64_t kFewInputChannels = 4;
 constexpr std::int64_t kMaxTapsOfFewChannels = 64;
 
@@ -138,6 +144,55 @@ AccumulateFn accumulate_fn(int lanes, int vectors, std::int64_t count) {
   return lanes == 16 ? by16[i] : by8[i];
 }
 
+// One backward's weight loops as items: item = sample chunk * groups + filter group, where a group
+// is V filter vectors (the last may have fewer).
+struct WeightJob {
+  const WeightLoopsGeometry* g = nullptr;
+  const float* x = nullptr;
+  const float* dy = nullptr;
+  float* partial = nullptr;      // per (sample chunk, filter chunk): taps x L, then the bias's L
+  std::int64_t groups = 0;
+  std::int64_t padded_size = 0;  // floats of one padded sample
+  std::int64_t cached = 1;       // padded samples per worker
+  float* padded = nullptr;       // per worker, `cached` padded samples
+  std::int64_t* holds = nullptr; // per worker and cached sample: which sample it holds, -1 none
+};
+
+void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
+  const WeightJob& j = *static_cast<const WeightJob*>(job);
+  const WeightLoopsGeometry& g = *j.g;
+  const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
+  const std::int64_t per_item = (taps + 1) * g.lanes;  // taps, then the bias
+  const std::int64_t chunk = item / j.groups;
+  const std::int64_t fc = item % j.groups * g.vectors;
+  const int vectors = static_cast<int>(std::min<std::int64_t>(g.vectors, g.filter_chunks - fc));
+  float* acc[2] = {};
+  for (int v = 0; v < vectors; ++v) acc[v] = j.partial + (chunk * g.filter_chunks + fc + v) * per_item;
+  const std::int64_t per_pass = accumulators(g.lanes) / vectors;
+  for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
+    const std::int64_t slot = worker * j.cached + n % j.cached;
+    float* padded = j.padded + slot * j.padded_size;
+    if (j.holds[slot] != n) {
+      pad_sample(g, j.x + n * g.x.n, padded);
+      j.holds[slot] = n;
+    }
+    const float* dy_n[2] = {};
+    for (int v = 0; v < vectors; ++v) {
+      const std::int64_t first_lane = (fc + v) * g.lanes;
+      dy_n[v] = j.dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
+    }
+    for (std::int64_t t = 0; t < taps; t += per_pass) {
+      const std::int64_t count = std::min(per_pass, taps - t);
+      float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
+      accumulate_fn(g.lanes, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
+    }
+    for (int v = 0; v < vectors; ++v) {
+      if (g.lanes == 16) accumulate_bias<16>(g, dy_n[v], acc[v] + taps * g.lanes);
+      else accumulate_bias<8>(g, dy_n[v], acc[v] + taps * g.lanes);
+    }
+  }
+}
+
 class Conv2DKernel final : public WeightedOpKernel {
  public:
   Conv2DKernel(nn::Conv2D& layer, OnednnContext& ctx, DType compute)
@@ -178,52 +233,46 @@ class Conv2DKernel final : public WeightedOpKernel {
     bind_variables(batch, io,
                    hwio_md(o.kernel_size[0], o.kernel_size[1], static_cast<int>(layer_.input_shape()[2]), o.filters),
                    vars[nn::Conv2D::kKernel], o.use_bias ? &vars[nn::Conv2D::kBias] : nullptr);
-    if (WeightLoops* s = weight_loops(batch)) s->src = ctx_.wrap(io.src);
+    if (WeightLoops* s = find_weight_loops(batch)) s->src = ctx_.wrap(io.src);
   }
 
  protected:
-  bool weight_gradients(std::int64_t batch, const memory& pre_grad) override {
-    WeightLoops* s = weight_loops(batch);
-    if (!s) return false;
+  bool own_weight_gradients(std::int64_t batch) const override { return find_weight_loops(batch) != nullptr; }
+
+  void weight_gradients(std::int64_t batch, const memory& pre_grad, const nn::StepContext& step) override {
+    WeightLoops* s = find_weight_loops(batch);
     const WeightLoopsGeometry& g = s->geometry;
-    const auto* x = static_cast<const float*>(s->src.get_data_handle());
-    const auto* dy = static_cast<const float*>(pre_grad.get_data_handle());
     const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
     const std::int64_t per_item = (taps + 1) * g.lanes;  // taps, then the bias
     const std::int64_t sample_chunks = (g.batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
-    const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
-    // Sized when planned for the thread count then; grows (zeroed) only if the team grew since.
-    const auto scratch = static_cast<std::size_t>(std::max(1, omp_get_max_threads()) * padded_size);
-    if (s->padded.size() < scratch) s->padded.resize(scratch, 0.0f);
+    WeightJob& j = s->job;
+    j.g = &g;
+    j.x = static_cast<const float*>(s->src.get_data_handle());
+    j.dy = static_cast<const float*>(pre_grad.get_data_handle());
+    j.groups = (g.filter_chunks + g.vectors - 1) / g.vectors;
+    j.padded_size = g.padded_h * g.padded_w * g.c;
+    j.cached = std::clamp<std::int64_t>(kPaddedCacheBytes / (j.padded_size * 4), 1, kSamplesPerChunk);
+    // Scratch for every thread that may run an item: this lane's OpenMP team, or every lane. Sized
+    // when planned for the team then; grows (zeroed: the padding stays zero) on the first step of
+    // more workers.
+    const int workers = std::max(std::max(1, omp_get_max_threads()), step.shared_work ? step.shared_work->size() : 1);
+    const auto slots = static_cast<std::size_t>(workers * j.cached);
+    if (s->padded.size() < slots * static_cast<std::size_t>(j.padded_size)) {
+      s->padded.resize(slots * static_cast<std::size_t>(j.padded_size), 0.0f);
+      s->holds.resize(slots);
+    }
+    std::fill(s->holds.begin(), s->holds.end(), -1);
+    j.padded = s->padded.data();
+    j.holds = s->holds.data();
     s->partial.assign(s->partial_size, 0.0f);
-    // A thread takes a chunk of samples and pads each sample once for all its filter chunks; each
-    // (chunk, filter chunk) partial sum still adds its samples in order.
+    j.partial = s->partial.data();
+    const std::int64_t items = sample_chunks * j.groups;
+    if (step.shared_work) {
+      step.shared_work->run(step.lane, items, &j, &run_weight_item);
+    } else {
+      // Consecutive items (a chunk's filter groups) on one thread reuse its padded samples.
 #pragma omp parallel for schedule(static)
-    for (std::int64_t chunk = 0; chunk < sample_chunks; ++chunk) {
-      float* padded = s->padded.data() + omp_get_thread_num() * padded_size;
-      for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
-        pad_sample(g, x + n * g.x.n, padded);
-        for (std::int64_t fc = 0; fc < g.filter_chunks; fc += g.vectors) {
-          const int vectors = static_cast<int>(std::min<std::int64_t>(g.vectors, g.filter_chunks - fc));
-          const float* dy_n[2] = {};
-          float* acc[2] = {};
-          for (int v = 0; v < vectors; ++v) {
-            const std::int64_t first_lane = (fc + v) * g.lanes;
-            dy_n[v] = dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
-            acc[v] = s->partial.data() + (chunk * g.filter_chunks + fc + v) * per_item;
-          }
-          const std::int64_t per_pass = accumulators(g.lanes) / vectors;
-          for (std::int64_t t = 0; t < taps; t += per_pass) {
-            const std::int64_t count = std::min(per_pass, taps - t);
-            float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
-            accumulate_fn(g.lanes, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
-          }
-          for (int v = 0; v < vectors; ++v) {
-            if (g.lanes == 16) accumulate_bias<16>(g, dy_n[v], acc[v] + taps * g.lanes);
-            else accumulate_bias<8>(g, dy_n[v], acc[v] + taps * g.lanes);
-          }
-        }
-      }
+      for (std::int64_t item = 0; item < items; ++item) run_weight_item(&j, item, omp_get_thread_num());
     }
     // The chunks' partial sums, added in chunk order, into the Keras-layout gradients.
     auto vars = layer_.variables();
@@ -242,7 +291,6 @@ class Conv2DKernel final : public WeightedOpKernel {
         }
       }
     }
-    return true;
   }
 
  private:
@@ -251,8 +299,10 @@ class Conv2DKernel final : public WeightedOpKernel {
     WeightLoopsGeometry geometry;
     std::vector<float> partial;  // per (sample chunk, filter chunk): taps x L, then the bias's L
     std::size_t partial_size = 0;
-    std::vector<float> padded;   // one padded sample per OpenMP thread; the padding stays zero
+    std::vector<float> padded;   // WeightJob::cached padded samples per worker; the padding stays zero
+    std::vector<std::int64_t> holds;
     memory src;
+    WeightJob job;
   };
 
   // Whether this batch's weight gradients are this file's loops: f32, x and the output gradient
@@ -308,14 +358,16 @@ class Conv2DKernel final : public WeightedOpKernel {
       for (std::int64_t j = 0; j < g.kw; ++j)
         for (std::int64_t c = 0; c < g.c; ++c) g.taps.push_back((i * g.padded_w + j) * g.c + c);
     s.partial_size = static_cast<std::size_t>(partial);  // allocated by the first backward: most plans are evaluation's
-    s.padded.resize(static_cast<std::size_t>(std::max(1, omp_get_max_threads()) * g.padded_h * g.padded_w * g.c));
   }
 
-  WeightLoops* weight_loops(std::int64_t batch) {
-    for (WeightLoops& s : weight_loops_)
+  template <class Loops>
+  static auto* find_in(Loops& loops, std::int64_t batch) {
+    for (auto& s : loops)
       if (s.batch == batch) return &s;
-    return nullptr;
+    return static_cast<decltype(&loops.front())>(nullptr);
   }
+  WeightLoops* find_weight_loops(std::int64_t batch) { return find_in(weight_loops_, batch); }
+  const WeightLoops* find_weight_loops(std::int64_t batch) const { return find_in(weight_loops_, batch); }
 
   nn::Conv2D& layer_;
   std::vector<WeightLoops> weight_loops_;  // per planned batch size that uses the loops above

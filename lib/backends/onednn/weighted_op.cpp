@@ -75,19 +75,29 @@ void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
 void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext& step) {
   WeightedOpPlan& p = plans_.get(batch);
   if (!activation_backward_elsewhere_) act_.backward(ctx_, p.act);
-  if (!weight_gradients(batch, p.act.pre_grad)) {
-    p.bw_src_in.run(ctx_);
-    p.bw_diff_dst_in.run(ctx_);
-    p.bwd_weights.run(ctx_);
-    p.dw_out.run(ctx_);
+  // A layer's own weight loops come last: where the lanes share their items (nn::StepContext::
+  // shared_work), the lanes leave them together, and the later in the step that is, the less
+  // time is left for them to drift apart again before their gradients are summed.
+  if (own_weight_gradients(batch)) {
+    input_gradient(p);
+    if (step.backward_marks) step.backward_marks->input_done();  // dtrain bench: data, then weights
+    weight_gradients(batch, p.act.pre_grad, step);
+    return;
   }
+  p.bw_src_in.run(ctx_);
+  p.bw_diff_dst_in.run(ctx_);
+  p.bwd_weights.run(ctx_);
+  p.dw_out.run(ctx_);
   if (step.backward_marks) step.backward_marks->weights_done();  // dtrain bench: weights, then data
-  if (p.has_diff_src) {
-    p.bd_weights_in.run(ctx_);
-    p.bd_diff_dst_in.run(ctx_);
-    p.bwd_data.run(ctx_);
-    p.bd_diff_src_out.run(ctx_);
-  }
+  input_gradient(p);
+}
+
+void WeightedOpKernel::input_gradient(WeightedOpPlan& p) {
+  if (!p.has_diff_src) return;
+  p.bd_weights_in.run(ctx_);
+  p.bd_diff_dst_in.run(ctx_);
+  p.bwd_data.run(ctx_);
+  p.bd_diff_src_out.run(ctx_);
 }
 
 }  // namespace dtrain::backends::onednn

@@ -67,9 +67,10 @@ class WeightedOpKernel : public nn::LayerKernel {
   void bind_variables(std::int64_t batch, const nn::LayerIO& io, const dnnl::memory::desc& kernel_md,
                       Variable& kernel, Variable* bias);
   // A layer's own loops for its variables' gradients, run in place of oneDNN's backward-weights
-  // primitive where they are faster: `pre_grad` is the gradient before the activation. Returns
-  // false to leave them to oneDNN.
-  virtual bool weight_gradients(std::int64_t /*batch*/, const dnnl::memory& /*pre_grad*/) { return false; }
+  // primitive where they are faster (own_weight_gradients(batch)), after the input's gradient:
+  // `pre_grad` is the gradient before the activation.
+  virtual bool own_weight_gradients(std::int64_t /*batch*/) const { return false; }
+  virtual void weight_gradients(std::int64_t /*batch*/, const dnnl::memory& /*pre_grad*/, const nn::StepContext&) {}
 
   OnednnContext& ctx_;
   DType compute_;
@@ -78,6 +79,8 @@ class WeightedOpKernel : public nn::LayerKernel {
   bool activation_backward_elsewhere_ = false;
 
  private:
+  void input_gradient(WeightedOpPlan& p);
+
   nn::PlanCache<WeightedOpPlan> plans_;
 };
 
