@@ -253,8 +253,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     j.padded_size = g.padded_h * g.padded_w * g.c;
     j.cached = std::clamp<std::int64_t>(kPaddedCacheBytes / (j.padded_size * 4), 1, kSamplesPerChunk);
     // Scratch for every thread that may run an item: this lane's OpenMP team, or every lane. Sized
-    // when planned for the team then; grows (zeroed: the padding stays zero) on the first step of
-    // more workers.
+    // by the first backward of the plan (most plans are evaluation's); grows, zeroed (the padding
+    // stays zero), only if the workers grew since.
     const int workers = std::max(std::max(1, omp_get_max_threads()), step.shared_work ? step.shared_work->size() : 1);
     const auto slots = static_cast<std::size_t>(workers * j.cached);
     if (s->padded.size() < slots * static_cast<std::size_t>(j.padded_size)) {
