@@ -57,6 +57,11 @@ class CallScoped final : public LayerKernel {
     device::Context::Call call(ctx_);
     inner_->backward_without_samples(step);
   }
+  const MaxPool2D* max_pooling_to_offer() const override { return inner_->max_pooling_to_offer(); }
+  bool take_output_max_pooling(const MaxPool2D& pool, bool input_gradient) override {
+    return inner_->take_output_max_pooling(pool, input_gradient);
+  }
+  void skip_pooling() override { inner_->skip_pooling(); }
   config::Activation output_activation() const override { return inner_->output_activation(); }
   bool take_input_activation_backward(config::Activation a) override { return inner_->take_input_activation_backward(a); }
   void skip_activation_backward() override { inner_->skip_activation_backward(); }

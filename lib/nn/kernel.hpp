@@ -31,6 +31,8 @@
 
 namespace dtrain::nn {
 
+class MaxPool2D;
+
 // The memories around one layer for one batch size. diff_src is empty for the first layer.
 struct LayerIO {
   device::Memory src, dst, diff_dst, diff_src;
@@ -45,6 +47,20 @@ class LayerKernel {
   virtual void backward(std::int64_t batch, const StepContext& step) = 0;
   virtual void forward_without_samples(const StepContext&) {}
   virtual void backward_without_samples(const StepContext&) {}
+
+  // Fusing a max pooling into the layer below (called once, before the first plan, before the
+  // activation fusions below). A first convolution on a few input channels is bound by the bytes
+  // of its output, not its FLOPs, and the pooling above it reads those bytes once more forward and
+  // writes their gradient backward, mostly zeros: computed together, only the pooled output and
+  // its gradient ever reach memory. The model offers the pooling of the kernel above
+  // (max_pooling_to_offer, which says whether it could pass through) to the layer below
+  // (take_output_max_pooling: true when its output will be the pooled one and its backward will
+  // start from the pooled gradient; `input_gradient` says whether a layer below, or the caller,
+  // wants the gradient of its input), then tells the pooling (skip_pooling): its plan hands on the
+  // layout it receives, and it computes nothing (forward_passes_through, gradient_passes_through).
+  virtual const MaxPool2D* max_pooling_to_offer() const { return nullptr; }
+  virtual bool take_output_max_pooling(const MaxPool2D&, bool /*input_gradient*/) { return false; }
+  virtual void skip_pooling() {}
 
   // Fusing an activation's backward into the layer above (called once, before the first plan).
   // A relu's derivative zeroes the gradient where the relu's output is zero; a max pooling above it

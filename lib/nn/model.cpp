@@ -165,6 +165,17 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   std::vector<DType> compute(layers.size(), options_.compute);
   compute.back() = DType::f32;
   kernels_ = make_kernels(layers, ctx_, compute);
+  // A pooling that passes through shares its memories with the layer below, so it needs a layer
+  // above it (the last layer's output is the model's output tensor).
+  computed_below_.assign(kernels_.size(), false);
+  for (std::size_t i = 1; i + 1 < kernels_.size(); ++i) {
+    const MaxPool2D* pool = kernels_[i]->max_pooling_to_offer();
+    const bool input_gradient = i > 1 || options_.input_gradient;
+    if (pool && !computed_below_[i - 1] && kernels_[i - 1]->take_output_max_pooling(*pool, input_gradient)) {
+      kernels_[i]->skip_pooling();
+      computed_below_[i] = true;
+    }
+  }
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
     const config::Activation below = kernels_[i - 1]->output_activation();
     if (below != config::Activation::linear && kernels_[i]->take_input_activation_backward(below))

@@ -130,6 +130,10 @@ class Sequential {
   // Whether some layer sums over the replicas during training (synchronized batch normalization).
   bool synchronizes_replicas() const;
 
+  // Whether layer i is a pooling the layer below computes with its own output (LayerKernel::
+  // take_output_max_pooling): its own kernel computes nothing.
+  bool computed_by_layer_below(std::size_t i) const { return computed_below_[i]; }
+
   // Attaches `times` (sized to the layers here) or, with null, detaches it.
   void time_layers(LayerTimes* times);
 
@@ -162,6 +166,7 @@ class Sequential {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<config::SourceLocation> layer_where_;  // each layer's place in the experiment
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
+  std::vector<bool> computed_below_;  // per layer: computed_by_layer_below
   std::vector<Variable*> variables_, trainable_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_
   Tensor gradients_;

@@ -201,6 +201,8 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     LayerBench l;
     l.name = layer.name();
     l.kind = std::string(layer.kind());
+    // Its time is in the layer below's figures (and its bound is not).
+    if (model.computed_by_layer_below(i)) l.computed_in = model.layer(i - 1).name();
     l.forward_ms = figure(1 + kPhases + i);
     l.backward_ms = figure(1 + kPhases + layers + i);
     l.split = profile.layers.split[i] != 0;
@@ -250,9 +252,12 @@ std::string bench_table(const BenchReport& r) {
                      r.steps_left_out ? fmt::format(", {} short last batch(es) run but not timed", r.steps_left_out) : "",
                      many ? fmt::format("; times are mean/max over {} workers", r.workers) : "");
   std::size_t name_width = 12, kind_width = 10;
+  const auto kind_of = [](const LayerBench& l) {
+    return l.computed_in.empty() ? l.kind : l.kind + " in " + l.computed_in;
+  };
   for (const LayerBench& l : r.layers) {
     name_width = std::max(name_width, l.name.size() + 2);
-    kind_width = std::max(kind_width, l.kind.size() + 2);
+    kind_width = std::max(kind_width, kind_of(l).size() + 2);
   }
   const int w = many ? 17 : 13;
   out += fmt::format("\n{:<{}}{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12}{:>12}{:>12}{:>12}\n", "layer", name_width, "kind",
@@ -263,7 +268,7 @@ std::string bench_table(const BenchReport& r) {
   for (const LayerBench& l : r.layers) {
     const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
     out += fmt::format("{:<{}}{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}{:>12.1f}{:>12.1f}\n", l.name, name_width,
-                       l.kind, kind_width, ms(l.forward_ms), w, ms(l.backward_ms), w,
+                       kind_of(l), kind_width, ms(l.forward_ms), w, ms(l.backward_ms), w,
                        l.split ? ms(l.backward_weights_ms) : "-", w, l.split ? ms(l.backward_data_ms) : "-", w,
                        l.flops.forward * 1e-6, backward * 1e-6, l.forward_gflops, l.backward_gflops);
     fwd_total.mean += l.forward_ms.mean;
@@ -276,7 +281,8 @@ std::string bench_table(const BenchReport& r) {
   out += fmt::format("{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}\n", "all layers", name_width + kind_width,
                      ms(fwd_total), w, ms(bwd_total), w, "", w, "", w, fwd_flops * 1e-6, bwd_flops * 1e-6);
   out += "(backward = the gradients of the weights and, after the first layer, of the input; split into the two where\n"
-         " the kernel marks the boundary, '-' where it computes them as one; MFLOP per sample)\n";
+         " the kernel marks the boundary, '-' where it computes them as one; MFLOP per sample; 'in <layer>': computed\n"
+         " with that layer's output, its times counted there)\n";
 
   out += fmt::format("\n{:<14}{:>{}}{:>10}\n", "step phase", "ms/step", w, "share");
   auto share = [&](double v) { return fmt::format("{:.1f} %", 100.0 * v / r.step_ms.mean); };
@@ -349,12 +355,15 @@ std::string bench_json(const BenchReport& r) {
   for (std::size_t i = 0; i < r.layers.size(); ++i) {
     const LayerBench& l = r.layers[i];
     out += fmt::format(
-        "{}{{\"name\": {}, \"kind\": {}, \"forward_ms\": {}, \"backward_ms\": {}, \"backward_weights_ms\": {}, "
+        "{}{{\"name\": {}, \"kind\": {}, \"computed_in\": {}, \"forward_ms\": {}, \"backward_ms\": {}, "
+        "\"backward_weights_ms\": {}, "
         "\"backward_data_ms\": {}, \"flops_per_sample\": {{\"forward\": {}, \"backward_data\": {}, \"backward_weights\": {}}}, "
         "\"backward_computes_data\": {}, \"forward_gflops\": {}, \"backward_gflops\": {}, "
         "\"bytes_per_sample\": {{\"forward\": {}, \"backward\": {}}}, "
         "\"bound_ms\": {{\"forward\": {}, \"backward\": {}}}, \"bound_by\": {{\"forward\": \"{}\", \"backward\": \"{}\"}}}}",
-        i ? ", " : "", json_string(l.name), json_string(l.kind), json_spread(l.forward_ms), json_spread(l.backward_ms),
+        i ? ", " : "", json_string(l.name), json_string(l.kind),
+        l.computed_in.empty() ? std::string("null") : json_string(l.computed_in), json_spread(l.forward_ms),
+        json_spread(l.backward_ms),
         l.split ? json_spread(l.backward_weights_ms) : "null", l.split ? json_spread(l.backward_data_ms) : "null",
         num(l.flops.forward), num(l.flops.backward_data), num(l.flops.backward_weights), l.backward_data ? "true" : "false",
         num(l.forward_gflops), num(l.backward_gflops), num(l.forward_bytes), num(l.backward_bytes),

@@ -38,6 +38,9 @@ struct Spread {
 
 struct LayerBench {
   std::string name, kind;
+  // The layer below that computes this one with its own output (a max pooling fused into a first
+  // convolution): this layer's times are in that one's. Empty otherwise.
+  std::string computed_in;
   Spread forward_ms, backward_ms;  // per step
   // Where the kernel marks the end of one of its two gradients (nn::BackwardMarks): backward_ms
   // split into the weights' part and the input's (a fused activation's backward goes with the first).

@@ -18,9 +18,12 @@ check_table() {
   grep -q "^dtrain .* | experiment fashion_mnist_small" "$out" || fail "no header line"
   grep -Eq "^timed 40 steps after 3 warm-up steps: global batch 64 .*1 short last batch" "$out" \
     || fail "no summary line (or the short batch was not left out)"
-  for layer in conv2d max_pooling2d conv2d_1 max_pooling2d_1 flatten dense dense_1; do
+  for layer in conv2d conv2d_1 max_pooling2d_1 flatten dense dense_1; do
     grep -Eq "^$layer +[a-z_0-9]+ +[0-9.]+" "$out" || fail "no row for layer $layer"
   done
+  # The first convolution computes the pooling above it (training wants no input gradient).
+  grep -Eq "^max_pooling2d +max_pool2d in conv2d +[0-9.]+" "$out" || fail "no row for max_pooling2d in conv2d"
+  grep -q "'in <layer>': computed" "$out" || fail "the table does not say what 'in <layer>' means"
   for p in "${phases[@]}"; do grep -Eq "^$p +[0-9.]+" "$out" || fail "no row for phase $p"; done
   grep -Eq "^sum of phases +[0-9.]+" "$out" || fail "no phase sum"
   grep -Eq "^step \(wall\) +[0-9.]+" "$out" || fail "no step time"
@@ -55,6 +58,7 @@ step = r["step_ms"]["mean"]
 assert 0.5 * step < total <= step * (1 + 1e-9), (total, step)
 names = [l["name"] for l in r["layers"]]
 assert names == ["conv2d", "max_pooling2d", "conv2d_1", "max_pooling2d_1", "flatten", "dense", "dense_1"], names
+assert [l["computed_in"] for l in r["layers"]] == [None, "conv2d", None, None, None, None, None], r["layers"]
 for l in r["layers"]:
     for k in ("forward_ms", "backward_ms"):
         assert 0 <= l[k]["mean"] <= l[k]["max"], (l["name"], k, l[k])

@@ -75,6 +75,11 @@ struct Case {
   nn::Mode mode = nn::Mode::training;
   DType compute = DType::f32;
   double gradient_tolerance = 0;  // 0: the compute dtype's (tolerance())
+  // Whether the model computes d(loss)/d(input), as a layer below would want it. Without it a
+  // first convolution may compute the max pooling above it (nn::Sequential::computed_by_layer_below).
+  bool input_gradient = true;
+  // The layers each model must compute with the one below (computed_by_layer_below), checked.
+  std::vector<std::size_t> computed_below = {};
 };
 
 // bfloat16 keeps 8 significant bits: one rounding is 2^-9 relative, and a layer rounds its
@@ -92,7 +97,13 @@ void check_case(const Case& c) {
   config::ModelConfig mc;
   mc.input_shape = c.input.to_vector();
   for (std::size_t i = 0; i < c.layers.size(); ++i) mc.layers.push_back(named(c.layers[i], fmt::format("l{}", i)));
-  nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{.compute = c.compute, .input_gradient = true});
+  nn::Sequential model(mc, 7, testing::cpu(),
+                       nn::ModelOptions{.compute = c.compute, .input_gradient = c.input_gradient});
+  for (std::size_t l = 0; l < model.num_layers(); ++l) {
+    CAPTURE(l);
+    const bool expected = std::find(c.computed_below.begin(), c.computed_below.end(), l) != c.computed_below.end();
+    CHECK(model.computed_by_layer_below(l) == expected);
+  }
   const nn::StepContext step = testing::step_of(c.mode, c.batch);
   Rng rng(11, RngStream::test);
 
@@ -121,7 +132,7 @@ void check_case(const Case& c) {
   model.backward(step);
   std::vector<std::vector<Vec<double>>> dvars;
   const Vec<double> dx_ref = ref.backward(dyd, dvars);
-  CHECK(rel_err(to_double(model.input_gradient()), dx_ref) < grad_tol);
+  if (c.input_gradient) CHECK(rel_err(to_double(model.input_gradient()), dx_ref) < grad_tol);
   for (std::size_t l = 0; l < model.num_layers(); ++l) {
     auto vars = model.layer(l).variables();
     for (std::size_t k = 0; k < vars.size(); ++k) {
@@ -264,6 +275,13 @@ TEST_CASE("the weight gradients of a few-channel input have the same bits on 1, 
   const std::vector<float> one = step_bits_on_threads(mc, 19, 1);
   CHECK(step_bits_on_threads(mc, 19, 2) == one);
   CHECK(step_bits_on_threads(mc, 19, 3) == one);
+  // With the max pooling above it computed by the convolution (7 x 6 -> 3 x 3, a row in no window).
+  mc.layers.push_back(nn::layer_config("max_pooling2d", pool(2, 2, Padding::valid)));
+  mc.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
+  mc.layers.push_back(nn::layer_config("dense", dense(3, Activation::linear)));
+  const std::vector<float> pooled = step_bits_on_threads(mc, 19, 1);
+  CHECK(step_bits_on_threads(mc, 19, 2) == pooled);
+  CHECK(step_bits_on_threads(mc, 19, 3) == pooled);
 }
 
 TEST_CASE("the weight loops' items have the same bits whichever lane runs them") {
@@ -271,24 +289,32 @@ TEST_CASE("the weight loops' items have the same bits whichever lane runs them")
   // weight loops: 19 samples are 3 chunks, 40 filters 3 groups of filter vectors on AVX2. Lane 0
   // shares its items (SharedWork) with a second thread that helps whenever a job is open; the
   // attempts go on until the helper has run some (each attempt must give the bits of one thread).
-  config::ModelConfig mc;
-  mc.input_shape = {7, 6, 3};
-  mc.layers.push_back(nn::layer_config("conv2d", conv(12, 3, 1, Padding::valid, Activation::relu)));
-  mc.layers.push_back(nn::layer_config("conv2d", conv(40, 3, 1, Padding::same, Activation::linear)));
-  const std::vector<float> one = step_bits_on_threads(mc, 19, 1);
-  SharedWork work(2);
-  std::atomic<bool> stop{false};
-  std::atomic<std::int64_t> helped{0};
-  std::thread helper([&] {
-    while (!stop.load(std::memory_order_acquire)) helped.fetch_add(work.help(1), std::memory_order_relaxed);
-  });
-  int attempts = 0;
-  for (; attempts < 500 && helped.load(std::memory_order_relaxed) == 0; ++attempts)
-    CHECK(step_bits_on_threads(mc, 19, 1, &work) == one);
-  stop.store(true, std::memory_order_release);
-  helper.join();
-  CAPTURE(attempts);
-  CHECK(helped.load() > 0);
+  // The second model: the first convolution computes the max pooling above it, and its items
+  // expand the pooled gradient in the scratch of whichever lane runs them.
+  config::ModelConfig blocks, pooled;
+  blocks.input_shape = pooled.input_shape = {7, 6, 3};
+  blocks.layers.push_back(nn::layer_config("conv2d", conv(12, 3, 1, Padding::valid, Activation::relu)));
+  blocks.layers.push_back(nn::layer_config("conv2d", conv(40, 3, 1, Padding::same, Activation::linear)));
+  pooled.layers.push_back(nn::layer_config("conv2d", conv(24, 3, 1, Padding::same, Activation::relu)));
+  pooled.layers.push_back(nn::layer_config("max_pooling2d", pool(2, 2, Padding::valid)));
+  pooled.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
+  pooled.layers.push_back(nn::layer_config("dense", dense(3, Activation::linear)));
+  for (const config::ModelConfig* mc : {&blocks, &pooled}) {
+    const std::vector<float> one = step_bits_on_threads(*mc, 19, 1);
+    SharedWork work(2);
+    std::atomic<bool> stop{false};
+    std::atomic<std::int64_t> helped{0};
+    std::thread helper([&] {
+      while (!stop.load(std::memory_order_acquire)) helped.fetch_add(work.help(1), std::memory_order_relaxed);
+    });
+    int attempts = 0;
+    for (; attempts < 500 && helped.load(std::memory_order_relaxed) == 0; ++attempts)
+      CHECK(step_bits_on_threads(*mc, 19, 1, &work) == one);
+    stop.store(true, std::memory_order_release);
+    helper.join();
+    CAPTURE(attempts);
+    CHECK(helped.load() > 0);
+  }
 }
 
 TEST_CASE("max_pool2d matches the reference and finite differences") {
@@ -355,6 +381,78 @@ TEST_CASE("the seed CNN as a stack: blocked layouts between layers agree with th
                conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
                dense(64, Activation::relu), dense(10, Activation::linear)},
               4});
+}
+
+TEST_CASE("a first convolution computes the max pooling above it, as the two layers apart") {
+  // Training does not want the input's gradient, so a first convolution on few channels computes
+  // the pooling of its output (conv2d.cpp); the oracle computes the two layers apart.
+  auto fused = [](std::string label, Shape input, std::vector<L> layers, std::int64_t batch) {
+    Case c{std::move(label), std::move(input), std::move(layers), batch};
+    c.input_gradient = false;
+    c.computed_below = {1};
+    return c;
+  };
+  check_case(fused("the seed CNN, 9 samples (a short chunk)", Shape{28, 28, 1},
+                   {conv(32, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                    conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
+                    dense(10, Activation::linear)},
+                   9));
+  // 7 x 7 outputs: the last row and column in no window.
+  check_case(fused("odd output, no bias", Shape{9, 9, 1},
+                   {conv(8, 3, 1, Padding::valid, Activation::relu, false), pool(2, 2, Padding::valid),
+                    nn::FlattenOptions{}, dense(3, Activation::linear)},
+                   5));
+  // RGB, stride 2 'same', no activation, 3 x 3 windows (not unrolled), 24 filters (three vectors
+  // of 8; on AVX-512 one and a half of 16, the padded lanes zero).
+  check_case(fused("rgb, stride 2 same, linear, 3x3 windows, 24 filters", Shape{13, 11, 3},
+                   {conv(24, 3, 2, Padding::same, Activation::linear), pool(3, 3, Padding::valid),
+                    nn::FlattenOptions{}, dense(4, Activation::linear)},
+                   3));
+  // Windows with gaps between them (stride 3 over 2 x 2), 5 x 5 kernel on 2 channels (50 taps).
+  check_case(fused("gaps between windows, 5x5 kernel, 2 channels", Shape{12, 12, 2},
+                   {conv(16, 5, 1, Padding::valid, Activation::relu), pool(2, 3, Padding::valid), nn::FlattenOptions{},
+                    dense(3, Activation::linear)},
+                   4));
+  // In inference only the forward.
+  Case inference = fused("inference", Shape{10, 10, 1},
+                         {conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                          nn::FlattenOptions{}, dense(3, Activation::linear)},
+                         3);
+  inference.mode = nn::Mode::inference;
+  check_case(inference);
+}
+
+TEST_CASE("a max pooling stays its own layer where the convolution below cannot compute it") {
+  auto apart = [](std::string label, Shape input, std::vector<L> layers, bool input_gradient = false) {
+    Case c{std::move(label), std::move(input), std::move(layers), 3};
+    c.input_gradient = input_gradient;
+    return c;
+  };
+  const std::vector<L> seed{conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                            nn::FlattenOptions{}, dense(3, Activation::linear)};
+  check_case(apart("the input's gradient is wanted", Shape{10, 10, 1}, seed, true));
+  check_case(apart("overlapping windows", Shape{10, 10, 1},
+                   {conv(16, 3, 1, Padding::valid, Activation::relu), pool(3, 2, Padding::valid), nn::FlattenOptions{},
+                    dense(3, Activation::linear)}));
+  check_case(apart("'same' pooling", Shape{9, 9, 1},
+                   {conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::same), nn::FlattenOptions{},
+                    dense(3, Activation::linear)}));
+  check_case(apart("tanh", Shape{10, 10, 1},
+                   {conv(16, 3, 1, Padding::valid, Activation::tanh), pool(2, 2, Padding::valid), nn::FlattenOptions{},
+                    dense(3, Activation::linear)}));
+  check_case(apart("12 filters (not whole vectors)", Shape{10, 10, 1},
+                   {conv(12, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
+                    dense(3, Activation::linear)}));
+  check_case(apart("8 input channels", Shape{10, 10, 8}, {conv(16, 3, 1, Padding::valid, Activation::relu),
+                                                          pool(2, 2, Padding::valid), nn::FlattenOptions{},
+                                                          dense(3, Activation::linear)}));
+  check_case(apart("the pooling is the last layer", Shape{10, 10, 1},
+                   {conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid)}));
+  if (testing::cpu().cannot_compute_in(DType::bf16).empty()) {  // (mixed_bfloat16's cases say where not)
+    Case bf16 = apart("bfloat16", Shape{10, 10, 1}, seed);
+    bf16.compute = DType::bf16;
+    check_case(bf16);
+  }
 }
 
 namespace {

@@ -21,10 +21,24 @@
 // count nor on how taps and vectors are grouped into passes. An item of work is one chunk's sum
 // for one group of V filter vectors; under lanes, a lane that has run its own items runs those the
 // other lanes have not started (core/shared_work.hpp), into their partial sums: the same bits.
+//
+// A max pooling above such a first layer (windows that do not overlap, 'valid' padding; relu or no
+// activation; f32) is computed here with it (nn/kernel.hpp's take_output_max_pooling): the
+// convolution's output and its gradient are the bytes such a layer is bound by, and most of the
+// gradient is the zeros the pooling writes. Forward convolves the positions of each window in
+// registers and stores only the pooled maximum and which position won (as the pooling layer
+// would); backward expands one sample's pooled gradient for one filter vector into a scratch plane
+// that stays in the caches and runs the weight loops above on it. The expanded gradient has the
+// pooling layer's bits, so the weights' gradients are those of the two layers computed apart.
+//   y (N, OH / sh, OW / sw, F)  the pooled output, arranged as oneDNN's dst would be (or nhwc)
+//   ws                           u8 per element of y: the window position of the max
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -32,6 +46,7 @@
 #include "core/shared_work.hpp"
 #include "backends/onednn/weighted_op.hpp"
 #include "nn/conv2d.hpp"
+#include "nn/max_pool2d.hpp"
 
 namespace dtrain::backends::onednn {
 
@@ -67,6 +82,7 @@ constexpr std::int64_t kMaxPartialFloats = std::int64_t{4} << 20;  // the chunks
 // all the filter groups the same thread runs of that chunk.
 constexpr std::int64_t kPaddedCacheBytes = 256 * 1024;
 constexpr std::int64_t kFewInputChannels = 4;
+constexpr int kForwardVectors = 4;  // filter vectors a fused forward convolves at once (convolve_sample)
 constexpr std::int64_t kMaxTapsOfFewChannels = 64;
 
 // One sample of x, channels last, into the inside of `padded`: padded[(ih * padded_w + iw) * C + c].
@@ -74,9 +90,14 @@ constexpr std::int64_t kMaxTapsOfFewChannels = 64;
 // Blocks of 8 channels move as vectors (a call to memmove per block cost as much as the copy).
 DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __restrict x, float* __restrict padded) {
   const bool whole_vectors = g.x.lanes % 8 == 0 && g.c % 8 == 0;
+  const bool whole_rows = g.x.groups == 1 && g.x.lanes == g.c && g.x.col == g.c;  // nhwc: a row is contiguous
   for (std::int64_t ih = 0; ih < g.h; ++ih) {
     float* row = padded + ((ih + g.pad_top) * g.padded_w + g.pad_left) * g.c;
     const float* from = x + ih * g.x.row;
+    if (whole_rows) {  // a grayscale or RGB row one value at a time took 2 us per 28 x 28 sample
+      std::copy_n(from, g.w * g.c, row);
+      continue;
+    }
     for (std::int64_t iw = 0; iw < g.w; ++iw)
       for (std::int64_t c = 0; c < g.c; c += whole_vectors ? 8 : 1) {
         const float* value = from + iw * g.x.col + (c / g.x.lanes) * g.x.group + c % g.x.lanes;
@@ -144,6 +165,166 @@ AccumulateFn accumulate_fn(int lanes, int vectors, std::int64_t count) {
   return lanes == 16 ? by16[i] : by8[i];
 }
 
+// A max pooling computed with the convolution: windows inside the output that do not overlap.
+struct PoolingGeometry {
+  std::int64_t kh, kw, sh, sw, oh, ow;  // window, strides, pooled size
+  Arrangement y;                        // the pooled output's, its gradient's and the workspace's
+  bool relu = false;                    // the convolution's activation: relu, or none
+};
+
+template <int L>
+using Mask = Vec<std::int32_t, L>;
+
+// a where `mask`, else b; as bit operations (GCC 12 selects 16 float lanes one by one on AVX-512).
+template <int L>
+[[gnu::always_inline]] inline Vec<float, L> select(const Mask<L>& mask, const Vec<float, L>& a,
+                                                   const Vec<float, L>& b) {
+  return std::bit_cast<Vec<float, L>>((mask & std::bit_cast<Mask<L>>(a)) | (~mask & std::bit_cast<Mask<L>>(b)));
+}
+
+// One sample's gradient of the convolution's output for the L filters from `first_lane` on, as the
+// pooling's backward would write it (with the relu's derivative where there is one): the pooled
+// gradient where the window's max came from, +0 elsewhere and outside every window. `into` is
+// (OH, OW, L), the layout g.dy describes in a fused plan. The bias's gradient is summed here, in
+// the weight loops' order (accumulate_bias): adding the +0s of the other positions would not
+// change a sum that starts at +0.
+template <int L>
+DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, const PoolingGeometry& p, std::int64_t n,
+                                               std::int64_t first_lane, const float* __restrict diff_y,
+                                               const float* __restrict y, const std::uint8_t* __restrict ws,
+                                               float* __restrict into, float* __restrict bias_acc) {
+  using B = Mask<L>;
+  using F = Vec<float, L>;
+  F bias = load<F>(bias_acc);
+  const std::int64_t base = n * p.y.n + (first_lane / p.y.lanes) * p.y.group + first_lane % p.y.lanes;
+  const std::int64_t covered_w = std::min(g.ow, p.ow * p.sw);
+  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+    float* row = into + oh * g.ow * L;
+    const std::int64_t ph = oh / p.sh, i = oh % p.sh;
+    if (ph >= p.oh || i >= p.kh) {
+      for (std::int64_t ow = 0; ow < g.ow; ++ow) store(row + ow * L, B{});
+      continue;
+    }
+    for (std::int64_t pw = 0; pw < p.ow; ++pw) {
+      const std::int64_t at = base + ph * p.y.row + pw * p.y.col;
+      B d = load<B>(diff_y + at);
+      if (p.relu) d &= load<F>(y + at) > 0.0f;
+      // Where each lane's max came from, widened once per window in two steps (lanes.hpp).
+      const B which = __builtin_convertvector(
+          __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at), Vec<std::int16_t, L>), B);
+      for (std::int64_t j = 0; j < p.sw && pw * p.sw + j < g.ow; ++j) {
+        const B here = j < p.kw ? B(d & (which == static_cast<std::int32_t>(i * p.kw + j))) : B{};
+        store(row + (pw * p.sw + j) * L, here);
+        bias += std::bit_cast<F>(here);
+      }
+    }
+    for (std::int64_t ow = covered_w; ow < g.ow; ++ow) store(row + ow * L, B{});
+  }
+  store(bias_acc, bias);
+}
+
+// z = sum over the taps of x at the tap times the tap's weights, for V vectors of L filters at
+// every output position of one padded sample; z is V planes of (OH, OW, L), `w` (taps, w_stride)
+// from the first vector's first filter. P positions of a row and V vectors at a time, as a GEMM
+// micro-kernel: P x V independent sums take each tap's V weight vectors and P broadcasts of x.
+// Every sum runs from zero in tap order, as oneDNN's direct convolution sums.
+template <int L, int P, int V>
+[[gnu::always_inline]] inline void convolve_block(const std::int64_t* __restrict taps, std::int64_t count,
+                                                  const float* at, std::int64_t step, const float* __restrict w,
+                                                  std::int64_t w_stride, float* z, std::int64_t plane) {
+  using F = Vec<float, L>;
+  F sum[P][V];
+  for (int q = 0; q < P; ++q)
+    for (int v = 0; v < V; ++v) sum[q][v] = F{};
+  for (std::int64_t t = 0; t < count; ++t) {
+    const float* x = at + taps[t];
+    F weight[V];
+    for (int v = 0; v < V; ++v) weight[v] = load<F>(w + t * w_stride + v * L);
+    for (int q = 0; q < P; ++q) {
+      const float xv = x[q * step];
+      for (int v = 0; v < V; ++v) sum[q][v] += xv * weight[v];
+    }
+  }
+  for (int q = 0; q < P; ++q)
+    for (int v = 0; v < V; ++v) store(z + v * plane + q * L, sum[q][v]);
+}
+
+template <int L, int V>
+DTRAIN_LANE_CLONES void convolve_sample(const WeightLoopsGeometry& g, const float* __restrict padded,
+                                        const float* __restrict w, std::int64_t w_stride, float* __restrict z) {
+  // Positions per block: 3 x 4 sums, a weight vector and a broadcast fill 14 of AVX2's 16
+  // registers (the other weights are the multiply-adds' memory operands). Four vectors a block
+  // took 15 % less time than two on the 2-core AVX2 EPYC: half the broadcasts per multiply-add.
+  constexpr int P = V == 4 ? 3 : 4;
+  const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
+  const std::int64_t plane = g.oh * g.ow * L;
+  const std::int64_t step = g.sw * g.c;  // from one output position's taps to the next one's
+  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+    const float* row = padded + oh * g.sh * g.padded_w * g.c;
+    float* out = z + oh * g.ow * L;
+    std::int64_t ow = 0;
+    for (; ow + P <= g.ow; ow += P)
+      convolve_block<L, P, V>(g.taps.data(), taps, row + ow * step, step, w, w_stride, out + ow * L, plane);
+    // The rest of the row as one block: alone, each position's sums are one chain of dependent
+    // multiply-adds (a 26-wide row spent 40 % of its time in its last 2 positions).
+    const float* at = row + ow * step;
+    switch (g.ow - ow) {
+      case 3: convolve_block<L, 3, V>(g.taps.data(), taps, at, step, w, w_stride, out + ow * L, plane); break;
+      case 2: convolve_block<L, 2, V>(g.taps.data(), taps, at, step, w, w_stride, out + ow * L, plane); break;
+      case 1: convolve_block<L, 1, V>(g.taps.data(), taps, at, step, w, w_stride, out + ow * L, plane); break;
+      default: break;
+    }
+  }
+}
+
+using ConvolveSampleFn = void (*)(const WeightLoopsGeometry&, const float*, const float*, std::int64_t, float*);
+
+// The convolution of `vectors` (1, 2 or 4) filter vectors of `lanes` (8 or 16).
+ConvolveSampleFn convolve_sample_fn(int lanes, int vectors) {
+  if (lanes == 16)
+    return vectors == 4 ? &convolve_sample<16, 4> : vectors == 2 ? &convolve_sample<16, 2> : &convolve_sample<16, 1>;
+  return vectors == 4 ? &convolve_sample<8, 4> : vectors == 2 ? &convolve_sample<8, 2> : &convolve_sample<8, 1>;
+}
+
+// The pooled output and workspace of one sample's L filters from their convolution's sums z
+// (OH, OW, L): the bias added after the sum and the activation applied, as oneDNN's post-op does.
+// KH, KW: the window when known when compiled (2 x 2 windows unrolled), 0 when not.
+template <int L, int KH, int KW>
+DTRAIN_LANE_CLONES void pool_sums(const WeightLoopsGeometry& g, const PoolingGeometry& p, const float* __restrict z,
+                                  const float* __restrict bias, float* __restrict y, std::uint8_t* __restrict ws) {
+  using F = Vec<float, L>;
+  using I = Mask<L>;
+  const F b = load<F>(bias);
+  const std::int64_t kh = KH > 0 ? KH : p.kh, kw = KW > 0 ? KW : p.kw;
+  for (std::int64_t ph = 0; ph < p.oh; ++ph)
+    for (std::int64_t pw = 0; pw < p.ow; ++pw) {
+      F best{};
+      I which{};
+      for (std::int64_t i = 0; i < kh; ++i)
+        for (std::int64_t j = 0; j < kw; ++j) {
+          F a = load<F>(z + ((ph * p.sh + i) * g.ow + pw * p.sw + j) * L) + b;
+          // oneDNN's relu: a * 0 below zero (so -0 for a negative a), a above.
+          if (p.relu) a = select<L>(a > 0.0f, a, a * 0.0f);
+          // Strictly greater: on a tie the first position wins, as in the pooling layer.
+          const I more = i == 0 && j == 0 ? ~I{} : a > best;
+          best = select<L>(more, a, best);
+          which = (more & static_cast<std::int32_t>(i * kw + j)) | (~more & which);
+        }
+      const std::int64_t at = ph * p.y.row + pw * p.y.col;
+      store(y + at, best);
+      store(ws + at, narrow_to_bytes<L>(which));
+    }
+}
+
+using PoolSumsFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float*, const float*, float*,
+                           std::uint8_t*);
+
+PoolSumsFn pool_sums_fn(int lanes, const PoolingGeometry& p) {
+  const bool two_by_two = p.kh == 2 && p.kw == 2;
+  if (lanes == 16) return two_by_two ? &pool_sums<16, 2, 2> : &pool_sums<16, 0, 0>;
+  return two_by_two ? &pool_sums<8, 2, 2> : &pool_sums<8, 0, 0>;
+}
+
 // One backward's weight loops as items: item = sample chunk * groups + filter group, where a group
 // is V filter vectors (the last may have fewer).
 struct WeightJob {
@@ -156,6 +337,12 @@ struct WeightJob {
   std::int64_t cached = 1;       // padded samples per worker
   float* padded = nullptr;       // per worker, `cached` padded samples
   std::int64_t* holds = nullptr; // per worker and cached sample: which sample it holds, -1 none
+  // Fused with a max pooling: dy is the pooled gradient, expanded per sample and filter vector
+  // into `expanded` (per worker, g->vectors planes of g->dy.n floats) from y and ws.
+  const PoolingGeometry* pool = nullptr;
+  const float* y = nullptr;
+  const std::uint8_t* ws = nullptr;
+  float* expanded = nullptr;
 };
 
 void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
@@ -179,14 +366,22 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
     const float* dy_n[2] = {};
     for (int v = 0; v < vectors; ++v) {
       const std::int64_t first_lane = (fc + v) * g.lanes;
-      dy_n[v] = j.dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
+      if (j.pool) {
+        float* into = j.expanded + (worker * g.vectors + v) * g.dy.n;
+        float* bias = acc[v] + taps * g.lanes;
+        if (g.lanes == 16) expand_pooled_gradient<16>(g, *j.pool, n, first_lane, j.dy, j.y, j.ws, into, bias);
+        else expand_pooled_gradient<8>(g, *j.pool, n, first_lane, j.dy, j.y, j.ws, into, bias);
+        dy_n[v] = into;
+      } else {
+        dy_n[v] = j.dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
+      }
     }
     for (std::int64_t t = 0; t < taps; t += per_pass) {
       const std::int64_t count = std::min(per_pass, taps - t);
       float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
       accumulate_fn(g.lanes, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
     }
-    for (int v = 0; v < vectors; ++v) {
+    for (int v = 0; v < vectors && !j.pool; ++v) {  // (expand_pooled_gradient sums the bias's)
       if (g.lanes == 16) accumulate_bias<16>(g, dy_n[v], acc[v] + taps * g.lanes);
       else accumulate_bias<8>(g, dy_n[v], acc[v] + taps * g.lanes);
     }
@@ -216,6 +411,7 @@ class Conv2DKernel final : public WeightedOpKernel {
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src, weights, bias, dst, strides,
                                         pad_before, pad_after),
         act_.post_op_attr(), ctx_.engine);
+    if (pool_) return plan_pooled(batch, md_of(src_layout), fwd_pd.dst_desc());
     auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
         dnnl::convolution_backward_data::desc(algo, src, weights, dst, strides, pad_before, pad_after), ctx_.engine,
         fwd_pd);
@@ -223,17 +419,56 @@ class Conv2DKernel final : public WeightedOpKernel {
         dnnl::convolution_backward_weights::desc(algo, src, diff_weights_md(weights), bias, dst, strides, pad_before,
                                                  pad_after),
         ctx_.engine, fwd_pd);
-    plan_weight_loops(batch, md_of(src_layout), fwd_pd.dst_desc());
+    const std::optional<Arrangement> dy = arrangement_of(fwd_pd.dst_desc());
+    if (dy && fwd_pd.dst_desc().data_type() == memory::data_type::f32)
+      plan_weight_loops(batch, md_of(src_layout), *dy, false);
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd);
   }
 
+  // The pooling's conditions (the loops at the top of this file) and the weight loops' (few input
+  // channels, f32, filter vectors of 8): known before any plan, so a taken pooling is always
+  // computed here.
+  bool take_output_max_pooling(const nn::MaxPool2D& pool, bool input_gradient) override {
+    const auto& o = layer_.options();
+    const Shape& in = layer_.input_shape();
+    const auto& window = pool.params().pool_size;
+    const auto& strides = pool.strides();
+    const std::int64_t taps = std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2];
+    const bool activation = act_.kind() == config::Activation::relu || act_.kind() == config::Activation::linear;
+    const bool fits = !input_gradient && compute_ == DType::f32 && activation && o.filters % 8 == 0 &&
+                      in[2] <= kFewInputChannels && taps <= kMaxTapsOfFewChannels &&
+                      pool.params().padding == config::Padding::valid && strides[0] >= window[0] &&
+                      strides[1] >= window[1] && window[0] * window[1] <= std::numeric_limits<std::uint8_t>::max();
+    if (fits) pool_ = &pool;
+    return fits;
+  }
+
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
+    if (pool_) {
+      WeightLoops& s = *find_weight_loops(batch);
+      s.src = ctx_.wrap(io.src);
+      s.y = ctx_.wrap(io.dst);
+      s.diff_y = ctx_.wrap(io.diff_dst);
+      return;
+    }
     const auto& o = layer_.options();
     auto vars = layer_.variables();
     bind_variables(batch, io,
                    hwio_md(o.kernel_size[0], o.kernel_size[1], static_cast<int>(layer_.input_shape()[2]), o.filters),
                    vars[nn::Conv2D::kKernel], o.use_bias ? &vars[nn::Conv2D::kBias] : nullptr);
     if (WeightLoops* s = find_weight_loops(batch)) s->src = ctx_.wrap(io.src);
+  }
+
+  void forward(std::int64_t batch, const nn::StepContext& step) override {
+    if (!pool_) return WeightedOpKernel::forward(batch, step);
+    pooled_forward(*find_weight_loops(batch));
+  }
+
+  void backward(std::int64_t batch, const nn::StepContext& step) override {
+    if (!pool_) return WeightedOpKernel::backward(batch, step);
+    // No input gradient (take_output_max_pooling): what the bench times is the weights'.
+    if (step.backward_marks) step.backward_marks->input_done();
+    weight_gradients(batch, memory(), step);
   }
 
  protected:
@@ -248,7 +483,14 @@ class Conv2DKernel final : public WeightedOpKernel {
     WeightJob& j = s->job;
     j.g = &g;
     j.x = static_cast<const float*>(s->src.get_data_handle());
-    j.dy = static_cast<const float*>(pre_grad.get_data_handle());
+    if (s->pool) {
+      j.pool = &*s->pool;
+      j.dy = static_cast<const float*>(s->diff_y.get_data_handle());
+      j.y = static_cast<const float*>(s->y.get_data_handle());
+      j.ws = s->workspace.data();
+    } else {
+      j.dy = static_cast<const float*>(pre_grad.get_data_handle());
+    }
     j.groups = (g.filter_chunks + g.vectors - 1) / g.vectors;
     j.padded_size = g.padded_h * g.padded_w * g.c;
     j.cached = std::clamp<std::int64_t>(kPaddedCacheBytes / (j.padded_size * 4), 1, kSamplesPerChunk);
@@ -262,6 +504,10 @@ class Conv2DKernel final : public WeightedOpKernel {
       s->holds.resize(slots);
     }
     std::fill(s->holds.begin(), s->holds.end(), -1);
+    if (s->pool) {
+      s->expanded.resize(static_cast<std::size_t>(workers * g.vectors * g.dy.n));
+      j.expanded = s->expanded.data();
+    }
     j.padded = s->padded.data();
     j.holds = s->holds.data();
     s->partial.assign(s->partial_size, 0.0f);
@@ -303,20 +549,28 @@ class Conv2DKernel final : public WeightedOpKernel {
     std::vector<std::int64_t> holds;
     memory src;
     WeightJob job;
+    // Fused with a max pooling (pool_): its geometry, the pooled output and its gradient, the
+    // workspace, the kernel and bias padded to the arrangement's channels, each forward thread's
+    // padded sample (zero padding) and convolution sums, and the backward workers' expanded gradients.
+    std::optional<PoolingGeometry> pool;
+    memory y, diff_y;
+    std::vector<std::uint8_t> workspace;
+    std::vector<float> kernel, bias, forward_padded, forward_sums, expanded;
   };
 
   // Whether this batch's weight gradients are this file's loops: f32, x and the output gradient
-  // with their channels innermost, and a sample's planes small enough to stay in the caches.
-  void plan_weight_loops(std::int64_t batch, const memory::desc& src_md, const memory::desc& dst_md) {
+  // (arranged as `dy`) with their channels innermost, and a sample's planes small enough to stay
+  // in the caches. `fused`: for a pooled output, whose conditions take_output_max_pooling checked.
+  WeightLoops* plan_weight_loops(std::int64_t batch, const memory::desc& src_md, const Arrangement& dy, bool fused) {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
-    if (compute_ != DType::f32) return;
-    const std::optional<Arrangement> x = arrangement_of(src_md), dy = arrangement_of(dst_md);
-    if (!x || !dy || dst_md.data_type() != memory::data_type::f32) return;
+    if (compute_ != DType::f32) return nullptr;
+    const std::optional<Arrangement> x = arrangement_of(src_md);
+    if (!x) return nullptr;
     // Vectors of 16 where the CPU has 512-bit registers; 8 (two 128-bit halves below AVX2) elsewhere.
-    const bool wide = dy->lanes % 16 == 0 && __builtin_cpu_supports("avx512f");
-    const int lanes = wide ? 16 : dy->lanes % 8 == 0 ? 8 : 0;
-    if (lanes == 0) return;
+    const bool wide = dy.lanes % 16 == 0 && __builtin_cpu_supports("avx512f");
+    const int lanes = wide ? 16 : dy.lanes % 8 == 0 ? 8 : 0;
+    if (lanes == 0) return nullptr;
     const std::int64_t padded_h = in[0] + layer_.padding_h().before + layer_.padding_h().after;
     const std::int64_t padded_w = in[1] + layer_.padding_w().before + layer_.padding_w().after;
     const std::int64_t out_plane = layer_.padding_h().out * layer_.padding_w().out;
@@ -330,7 +584,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     const bool few_channels = in[2] <= kFewInputChannels && taps <= kMaxTapsOfFewChannels;
     const bool in_cache = padded_h * padded_w * in[2] * 4 <= kMaxPaddedSampleBytes &&
                           out_plane * vectors * lanes * 4 <= kMaxGradientPlaneBytes;
-    if (!(few_channels || in_cache) || partial > kMaxPartialFloats) return;
+    if (!fused && (!(few_channels || in_cache) || partial > kMaxPartialFloats)) return nullptr;
     WeightLoops& s = weight_loops_.emplace_back();
     s.batch = batch;
     WeightLoopsGeometry& g = s.geometry;
@@ -350,7 +604,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     g.padded_w = padded_w;
     g.filters = o.filters;
     g.x = *x;
-    g.dy = *dy;
+    g.dy = dy;
     g.lanes = lanes;
     g.filter_chunks = filter_chunks;
     g.vectors = vectors;
@@ -358,6 +612,86 @@ class Conv2DKernel final : public WeightedOpKernel {
       for (std::int64_t j = 0; j < g.kw; ++j)
         for (std::int64_t c = 0; c < g.c; ++c) g.taps.push_back((i * g.padded_w + j) * g.c + c);
     s.partial_size = static_cast<std::size_t>(partial);  // allocated by the first backward: most plans are evaluation's
+    return &s;
+  }
+
+  // The pooled output's layout: the arrangement oneDNN picked for the convolution's output, or nhwc.
+  LayoutPtr plan_pooled(std::int64_t batch, const memory::desc& src_md, const memory::desc& dst_md) {
+    const Shape out = pool_->output_shape().with_batch(batch);
+    const memory::dims dims{batch, out[3], out[1], out[2]};
+    const std::optional<Arrangement> chosen = arrangement_of(dst_md);
+    const memory::desc y_md = chosen && chosen->lanes % 8 == 0
+                                  ? arranged_like(*chosen, dims, memory::data_type::f32)
+                                  : memory::desc(dims, memory::data_type::f32, memory::format_tag::nhwc);
+    const Arrangement y = *arrangement_of(y_md);
+    WeightLoops* s = plan_weight_loops(batch, src_md, y, true);
+    DTRAIN_CHECK(s != nullptr,
+                 fmt::format("layer '{}': the pooling it took cannot be computed with it", layer_.name()));
+    WeightLoopsGeometry& g = s->geometry;
+    // The expanded gradient of one sample and filter vector: (OH, OW, L).
+    g.dy = Arrangement{.lanes = g.lanes, .groups = 1, .n = g.oh * g.ow * g.lanes, .group = 0,
+                       .row = g.ow * g.lanes, .col = g.lanes};
+    PoolingGeometry& p = s->pool.emplace();
+    p.kh = pool_->params().pool_size[0];
+    p.kw = pool_->params().pool_size[1];
+    p.sh = pool_->strides()[0];
+    p.sw = pool_->strides()[1];
+    p.oh = out[1];
+    p.ow = out[2];
+    p.y = y;
+    p.relu = act_.kind() == config::Activation::relu;
+    s->workspace.assign(y_md.get_size() / sizeof(float), 0);
+    const std::int64_t channels = y.lanes * y.groups;  // the filters, padded to the arrangement
+    s->kernel.assign(static_cast<std::size_t>(static_cast<std::int64_t>(g.taps.size()) * channels), 0.0f);
+    s->bias.assign(static_cast<std::size_t>(channels), 0.0f);
+    return make_layout(out, DType::f32, y_md);
+  }
+
+  // The samples are independent; the replica's OpenMP team shares them.
+  void pooled_forward(WeightLoops& s) {
+    const WeightLoopsGeometry& g = s.geometry;
+    const PoolingGeometry& p = *s.pool;
+    const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
+    const std::int64_t channels = static_cast<std::int64_t>(s.bias.size());
+    auto vars = layer_.variables();
+    const float* kernel = vars[nn::Conv2D::kKernel].value.address<float>();  // (taps, filters): HWIO
+    for (std::int64_t t = 0; t < taps; ++t)
+      std::copy_n(kernel + t * g.filters, g.filters, s.kernel.begin() + t * channels);
+    if (layer_.options().use_bias)
+      std::copy_n(vars[nn::Conv2D::kBias].value.address<float>(), g.filters, s.bias.begin());
+    const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
+    const auto threads = static_cast<std::size_t>(std::max(1, omp_get_max_threads()));
+    if (s.forward_padded.size() < threads * static_cast<std::size_t>(padded_size)) {
+      s.forward_padded.resize(threads * static_cast<std::size_t>(padded_size), 0.0f);  // zero: the padding
+      s.forward_sums.resize(threads * static_cast<std::size_t>(kForwardVectors * g.oh * g.ow * g.lanes));
+    }
+    const float* x = static_cast<const float*>(s.src.get_data_handle());
+    float* y = static_cast<float*>(s.y.get_data_handle());
+    std::uint8_t* ws = s.workspace.data();
+    const float* w = s.kernel.data();
+    const float* b = s.bias.data();
+    const std::int64_t plane = g.oh * g.ow * g.lanes;  // one filter vector's sums
+    float* scratch = s.forward_padded.data();
+    float* sums = s.forward_sums.data();
+    const PoolSumsFn pool = pool_sums_fn(g.lanes, p);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t n = 0; n < g.batch; ++n) {
+      const int thread = omp_get_thread_num();
+      float* padded = scratch + thread * padded_size;
+      float* z = sums + thread * kForwardVectors * plane;
+      pad_sample(g, x + n * g.x.n, padded);
+      for (std::int64_t first_lane = 0; first_lane < channels;) {
+        const std::int64_t left = (channels - first_lane) / g.lanes;
+        const int vectors = left >= kForwardVectors ? kForwardVectors : left >= 2 ? 2 : 1;
+        convolve_sample_fn(g.lanes, vectors)(g, padded, w + first_lane, channels, z);
+        for (int v = 0; v < vectors; ++v) {
+          const std::int64_t lane = first_lane + v * g.lanes;
+          const std::int64_t out = n * p.y.n + (lane / p.y.lanes) * p.y.group + lane % p.y.lanes;
+          pool(g, p, z + v * plane, b + lane, y + out, ws + out);
+        }
+        first_lane += vectors * g.lanes;
+      }
+    }
   }
 
   template <class Loops>
@@ -371,6 +705,7 @@ class Conv2DKernel final : public WeightedOpKernel {
 
   nn::Conv2D& layer_;
   std::vector<WeightLoops> weight_loops_;  // per planned batch size that uses the loops above
+  const nn::MaxPool2D* pool_ = nullptr;    // the max pooling this layer computes (take_output_max_pooling)
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {

@@ -182,7 +182,14 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   MaxPool2DKernel(nn::MaxPool2D& layer, OnednnContext& ctx)
       : layer_(layer), ctx_(ctx), isa_(ctx.loop_isa()), onednn_(layer, ctx, dnnl::algorithm::pooling_max) {}
 
+  // Computed by the layer below (nn/kernel.hpp): the layout it receives is already the pooled one.
+  const nn::MaxPool2D* max_pooling_to_offer() const override { return &layer_; }
+  void skip_pooling() override { computed_below_ = true; }
+  bool forward_passes_through() const override { return computed_below_; }
+  bool gradient_passes_through() const override { return computed_below_; }
+
   LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override {
+    if (computed_below_) return src;
     const memory::desc& src_md = md_of(src);
     std::optional<Geometry> geometry = geometry_for(src_md);
     if (!geometry) return onednn_.plan(batch, src);
@@ -199,11 +206,12 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   }
 
   bool take_input_activation_backward(config::Activation below) override {
-    relu_below_ = below == config::Activation::relu;
+    relu_below_ = below == config::Activation::relu && !computed_below_;
     return relu_below_;
   }
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
+    if (computed_below_) return;
     Plan* p = own_plan(batch);
     if (!p) {
       onednn_.bind(batch, io);
@@ -218,6 +226,7 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
+    if (computed_below_) return;
     Plan* p = own_plan(batch);
     if (!p) return onednn_.forward(batch, step);
     if (p->dtype == DType::bf16) return run_forward<std::uint16_t>(*p);
@@ -225,6 +234,7 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
+    if (computed_below_) return;
     Plan* p = own_plan(batch);
     if (!p) {
       onednn_.backward(batch, step);
@@ -349,6 +359,7 @@ class MaxPool2DKernel final : public nn::LayerKernel {
   Pool2DKernel onednn_;       // for what the loops above do not cover
   std::vector<Plan> plans_;   // one per batch size planned here (few: the batch and a last one)
   bool relu_below_ = false;   // this backward applies the derivative of the relu below
+  bool computed_below_ = false;  // the layer below pools its own output (skip_pooling)
   ActivationFn relu_{config::Activation::relu};
   std::vector<std::pair<std::int64_t, ActivationFn::Plan>> fallback_relu_;  // per batch oneDNN pools
 };
