@@ -220,6 +220,27 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     r.flops_per_sample += l.flops.forward + backward;
+    if (!l.computed_in.empty()) {
+      // The layer below computes both and moves only its input, this layer's output (and which
+      // window position won, a byte per element), their gradients and its variables: the pair's
+      // bound goes on its row, this one's times and bound are in it.
+      LayerBench& below = r.layers.back();
+      const nn::Layer& conv = model.layer(i - 1);
+      const double size = static_cast<double>(dtype_size(dtype));
+      const double in = static_cast<double>(conv.input_shape().numel()) * size;
+      const double pooled = static_cast<double>(layer.output_shape().numel());
+      double variables = 0.0;
+      for (const Variable& v : conv.variables()) variables += static_cast<double>(v.value.bytes());
+      const double per_sample = variables / static_cast<double>(r.replica_batch);
+      below.forward_bytes = in + pooled * (size + 1.0) + per_sample;
+      below.backward_bytes = in + pooled * (2.0 * size + 1.0) + 2.0 * per_sample;  // x, y and its gradient, which
+      const double below_backward =
+          below.flops.backward_weights + (below.backward_data ? below.flops.backward_data : 0.0);
+      below.forward_bound_ms =
+          bound(below.flops.forward + l.flops.forward, below.forward_bytes, below.forward_memory_bound);
+      below.backward_bound_ms = bound(below_backward + backward, below.backward_bytes, below.backward_memory_bound);
+      l.forward_bytes = l.backward_bytes = l.forward_bound_ms = l.backward_bound_ms = 0.0;
+    }
     r.layers.push_back(std::move(l));
   }
   r.samples_per_s = static_cast<double>(r.global_batch) / (r.step_ms.mean * 1e-3);
@@ -338,7 +359,7 @@ std::string bench_table(const BenchReport& r) {
   out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}\n", "all layers", name_width, fwd_bound, "",
                      times(fwd_total.mean, fwd_bound), bwd_bound, "", times(bwd_total.mean, bwd_bound));
   out += "(KB: the bytes per sample each direction must move: input and output, their gradients, what backward needs "
-         "of forward, the variables)\n";
+         "of forward, the variables;\n a layer computed in the one below has its FLOPs and bytes on that layer's row)\n";
   return out;
 }
 
