@@ -171,7 +171,7 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   for (std::size_t i = 1; i + 1 < kernels_.size(); ++i) {
     const MaxPool2D* pool = kernels_[i]->max_pooling_to_offer();
     const bool input_gradient = i > 1 || options_.input_gradient;
-    if (pool && !computed_below_[i - 1] && kernels_[i - 1]->take_output_max_pooling(*pool, input_gradient)) {
+    if (pool && kernels_[i - 1]->take_output_max_pooling(*pool, input_gradient)) {
       kernels_[i]->skip_pooling();
       computed_below_[i] = true;
     }

@@ -62,12 +62,22 @@ double gflops_of(double flops_per_sample, double samples, double milliseconds) {
 // input or the output, Layer::backward_reads) and, where it computes it, writes the input's, in
 // the compute dtype. Its variables are read once forward and read, and their gradients written,
 // once backward: once per step, so a share of `batch` per sample.
+double variable_bytes(const nn::Layer& layer) {
+  double bytes = 0.0;
+  for (const Variable& v : layer.variables()) bytes += static_cast<double>(v.value.bytes());
+  return bytes;
+}
+
+// FLOPs per sample of a layer's backward as training runs it.
+double backward_flops(const LayerBench& l) {
+  return l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+}
+
 std::pair<double, double> layer_bytes(const nn::Layer& layer, bool backward_data, std::size_t activation_bytes,
                                       double batch) {
   const double in = static_cast<double>(layer.input_shape().numel() * static_cast<std::int64_t>(activation_bytes));
   const double out = static_cast<double>(layer.output_shape().numel() * static_cast<std::int64_t>(activation_bytes));
-  double variables = 0.0;
-  for (const Variable& v : layer.variables()) variables += static_cast<double>(v.value.bytes());
+  const double variables = variable_bytes(layer);
   const nn::Layer::BackwardReads reads = layer.backward_reads();
   const double saved = reads == nn::Layer::BackwardReads::input ? in : reads == nn::Layer::BackwardReads::output ? out : 0.0;
   return {in + out + variables / batch, out + saved + (backward_data ? in : 0.0) + 2.0 * variables / batch};
@@ -212,7 +222,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     }
     l.flops = layer.flops_per_sample();
     l.backward_data = i > 0;  // training never needs d(loss)/d(input)
-    const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+    const double backward = backward_flops(l);
     l.forward_gflops = gflops_of(l.flops.forward, replica_samples, l.forward_ms.mean);
     l.backward_gflops = gflops_of(backward, replica_samples, l.backward_ms.mean);
     std::tie(l.forward_bytes, l.backward_bytes) =
@@ -229,16 +239,13 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
       const double size = static_cast<double>(dtype_size(dtype));
       const double in = static_cast<double>(conv.input_shape().numel()) * size;
       const double pooled = static_cast<double>(layer.output_shape().numel());
-      double variables = 0.0;
-      for (const Variable& v : conv.variables()) variables += static_cast<double>(v.value.bytes());
-      const double per_sample = variables / static_cast<double>(r.replica_batch);
+      const double per_sample = variable_bytes(conv) / static_cast<double>(r.replica_batch);
       below.forward_bytes = in + pooled * (size + 1.0) + per_sample;
       below.backward_bytes = in + pooled * (2.0 * size + 1.0) + 2.0 * per_sample;  // x, y and its gradient, which
-      const double below_backward =
-          below.flops.backward_weights + (below.backward_data ? below.flops.backward_data : 0.0);
       below.forward_bound_ms =
           bound(below.flops.forward + l.flops.forward, below.forward_bytes, below.forward_memory_bound);
-      below.backward_bound_ms = bound(below_backward + backward, below.backward_bytes, below.backward_memory_bound);
+      below.backward_bound_ms =
+          bound(backward_flops(below) + backward, below.backward_bytes, below.backward_memory_bound);
       l.forward_bytes = l.backward_bytes = l.forward_bound_ms = l.backward_bound_ms = 0.0;
     }
     r.layers.push_back(std::move(l));
@@ -287,7 +294,7 @@ std::string bench_table(const BenchReport& r) {
   Spread fwd_total, bwd_total;
   double fwd_flops = 0.0, bwd_flops = 0.0;
   for (const LayerBench& l : r.layers) {
-    const double backward = l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+    const double backward = backward_flops(l);
     out += fmt::format("{:<{}}{:<{}}{:>{}}{:>{}}{:>{}}{:>{}}{:>12.3f}{:>12.3f}{:>12.1f}{:>12.1f}\n", l.name, name_width,
                        kind_of(l), kind_width, ms(l.forward_ms), w, ms(l.backward_ms), w,
                        l.split ? ms(l.backward_weights_ms) : "-", w, l.split ? ms(l.backward_data_ms) : "-", w,

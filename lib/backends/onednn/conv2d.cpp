@@ -209,9 +209,7 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
       const std::int64_t at = base + ph * p.y.row + pw * p.y.col;
       B d = load<B>(diff_y + at);
       if (p.relu) d &= load<F>(y + at) > 0.0f;
-      // Where each lane's max came from, widened once per window in two steps (lanes.hpp).
-      const B which = __builtin_convertvector(
-          __builtin_convertvector(load<Vec<std::uint8_t, L>>(ws + at), Vec<std::int16_t, L>), B);
+      const B which = widen_bytes<L>(load<Vec<std::uint8_t, L>>(ws + at));  // once per window
       for (std::int64_t j = 0; j < p.sw && pw * p.sw + j < g.ow; ++j) {
         const B here = j < p.kw ? B(d & (which == static_cast<std::int32_t>(i * p.kw + j))) : B{};
         store(row + (pw * p.sw + j) * L, here);

@@ -199,6 +199,11 @@ template <class B, int L>
 inline B widen_mask(const Vec<std::int8_t, L>& m) {
   return __builtin_convertvector(__builtin_convertvector(m, Vec<std::int16_t, L>), B);
 }
+// Bytes (0..255) as 32-bit lanes, in the same two steps.
+template <int L>
+inline Vec<std::int32_t, L> widen_bytes(const Vec<std::uint8_t, L>& v) {
+  return __builtin_convertvector(__builtin_convertvector(v, Vec<std::int16_t, L>), Vec<std::int32_t, L>);
+}
 // Lanes holding 0..255, as bytes. 16 lanes run only in the AVX-512 build, which truncates them in
 // one instruction (vpmovdb; its 2-step form took 4), so they convert at once.
 template <int L>
