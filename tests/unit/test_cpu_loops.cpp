@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/onednn/context.hpp"
+#include "backends/onednn/lanes.hpp"
 #include "backends/onednn/weighted_op.hpp"
 #include "core/rng.hpp"
 #include "nn/batch_normalization.hpp"
@@ -450,4 +451,34 @@ TEST_CASE("small dense layers' own loops match the oracle on every instruction s
   };
   for (const auto isa : loop_isas_here())
     for (const DenseCase& t : cases) check_dense(t, isa);
+}
+
+namespace {
+
+// load_bytes_widened in the build for `isa` of lanes.hpp: every byte value in every lane, as the
+// two-step conversion gives it.
+struct WidenBytes {
+  const std::uint8_t* bytes;
+  std::int32_t* out;
+  template <backends::onednn::LoopIsa isa>
+  void operator()() const {
+    using backends::onednn::Vec;
+    constexpr int L = backends::onednn::float_lanes(isa) >= 8 ? 8 : 4;
+    for (int at = 0; at < 256; at += L) {
+      const Vec<std::int32_t, L> v = backends::onednn::load_bytes_widened<L>(bytes + at);
+      for (int lane = 0; lane < L; ++lane) out[at + lane] = v[lane];
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bytes widen to 32-bit lanes exactly on every instruction set the CPU has (the pooling's winners)") {
+  std::vector<std::uint8_t> bytes(256 + 16);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 37 + 11);
+  for (const auto isa : loop_isas_here()) {
+    std::vector<std::int32_t> out(bytes.size(), -1);
+    backends::onednn::run_for(isa, WidenBytes{bytes.data(), out.data()});
+    for (std::size_t i = 0; i < 256; ++i) CHECK(out[i] == bytes[i]);
+  }
 }

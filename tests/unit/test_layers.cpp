@@ -408,6 +408,11 @@ TEST_CASE("a first convolution computes the max pooling above it, as the two lay
                    {conv(24, 3, 2, Padding::same, Activation::linear), pool(3, 3, Padding::valid),
                     nn::FlattenOptions{}, dense(4, Activation::linear)},
                    3));
+  // 2 x 2 windows pooled in registers for two filter vectors, then one (24 filters of 8 lanes).
+  check_case(fused("2x2 windows, 24 filters, 2 channels", Shape{10, 9, 2},
+                   {conv(24, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                    nn::FlattenOptions{}, dense(3, Activation::linear)},
+                   3));
   // Windows with gaps between them (stride 3 over 2 x 2), 5 x 5 kernel on 2 channels (50 taps).
   check_case(fused("gaps between windows, 5x5 kernel, 2 channels", Shape{12, 12, 2},
                    {conv(16, 5, 1, Padding::valid, Activation::relu), pool(2, 3, Padding::valid), nn::FlattenOptions{},

@@ -25,9 +25,9 @@
 // A max pooling above such a first layer (windows that do not overlap, 'valid' padding; relu or no
 // activation; f32) is computed here with it (nn/kernel.hpp's take_output_max_pooling): the
 // convolution's output and its gradient are the bytes such a layer is bound by, and most of the
-// gradient is the zeros the pooling writes. Forward convolves the positions of each window in
-// registers and stores only the pooled maximum and which position won (as the pooling layer
-// would); backward expands one sample's pooled gradient for one filter vector into a scratch plane
+// gradient is the zeros the pooling writes. Forward stores only the pooled maximum and which
+// position won (as the pooling layer would): 2 x 2 windows are convolved and pooled in registers,
+// other windows through a per-thread scratch plane of the sums; backward expands one sample's pooled gradient for one filter vector into a scratch plane
 // that stays in the caches and runs the weight loops above on it. The expanded gradient has the
 // pooling layer's bits, so the weights' gradients are those of the two layers computed apart.
 //   y (N, OH / sh, OW / sw, F)  the pooled output, arranged as oneDNN's dst would be (or nhwc)
@@ -209,12 +209,16 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
       const std::int64_t at = base + ph * p.y.row + pw * p.y.col;
       B d = load<B>(diff_y + at);
       if (p.relu) d &= load<F>(y + at) > 0.0f;
-      const B which = widen_bytes<L>(load<Vec<std::uint8_t, L>>(ws + at));  // once per window
+      const B which = load_bytes_widened<L>(ws + at);  // once per window
+      // A lane's max is at one position: of the row's positions in the window, at most one is
+      // not +0, so one addition of their bits' union adds what each would in turn.
+      B in_row{};
       for (std::int64_t j = 0; j < p.sw && pw * p.sw + j < g.ow; ++j) {
         const B here = j < p.kw ? B(d & (which == static_cast<std::int32_t>(i * p.kw + j))) : B{};
         store(row + (pw * p.sw + j) * L, here);
-        bias += std::bit_cast<F>(here);
+        in_row |= here;
       }
+      bias += std::bit_cast<F>(in_row);
     }
     for (std::int64_t ow = covered_w; ow < g.ow; ++ow) store(row + ow * L, B{});
   }
@@ -284,30 +288,36 @@ ConvolveSampleFn convolve_sample_fn(int lanes, int vectors) {
   return vectors == 4 ? &convolve_sample<8, 4> : vectors == 2 ? &convolve_sample<8, 2> : &convolve_sample<8, 1>;
 }
 
+// One position of a window into the window's running max: the bias added after the sum and the
+// activation applied, as oneDNN's post-op does; `position` counts the window's positions row by row.
+template <int L>
+[[gnu::always_inline]] inline void take_position(Vec<float, L> sum, const Vec<float, L>& bias, bool relu,
+                                                 std::int32_t position, Vec<float, L>& best, Mask<L>& which) {
+  using I = Mask<L>;
+  Vec<float, L> a = sum + bias;
+  // oneDNN's relu: a * 0 below zero (so -0 for a negative a), a above.
+  if (relu) a = select<L>(a > 0.0f, a, a * 0.0f);
+  // Strictly greater: on a tie the first position wins, as in the pooling layer.
+  const I more = position == 0 ? ~I{} : a > best;
+  best = select<L>(more, a, best);
+  which = (more & position) | (~more & which);
+}
+
 // The pooled output and workspace of one sample's L filters from their convolution's sums z
-// (OH, OW, L): the bias added after the sum and the activation applied, as oneDNN's post-op does.
-// KH, KW: the window when known when compiled (2 x 2 windows unrolled), 0 when not.
-template <int L, int KH, int KW>
+// (OH, OW, L), for windows other than 2 x 2 (convolve_pool_2x2 pools those in registers).
+template <int L>
 DTRAIN_LANE_CLONES void pool_sums(const WeightLoopsGeometry& g, const PoolingGeometry& p, const float* __restrict z,
                                   const float* __restrict bias, float* __restrict y, std::uint8_t* __restrict ws) {
   using F = Vec<float, L>;
-  using I = Mask<L>;
   const F b = load<F>(bias);
-  const std::int64_t kh = KH > 0 ? KH : p.kh, kw = KW > 0 ? KW : p.kw;
   for (std::int64_t ph = 0; ph < p.oh; ++ph)
     for (std::int64_t pw = 0; pw < p.ow; ++pw) {
       F best{};
-      I which{};
-      for (std::int64_t i = 0; i < kh; ++i)
-        for (std::int64_t j = 0; j < kw; ++j) {
-          F a = load<F>(z + ((ph * p.sh + i) * g.ow + pw * p.sw + j) * L) + b;
-          // oneDNN's relu: a * 0 below zero (so -0 for a negative a), a above.
-          if (p.relu) a = select<L>(a > 0.0f, a, a * 0.0f);
-          // Strictly greater: on a tie the first position wins, as in the pooling layer.
-          const I more = i == 0 && j == 0 ? ~I{} : a > best;
-          best = select<L>(more, a, best);
-          which = (more & static_cast<std::int32_t>(i * kw + j)) | (~more & which);
-        }
+      Mask<L> which{};
+      for (std::int64_t i = 0; i < p.kh; ++i)
+        for (std::int64_t j = 0; j < p.kw; ++j)
+          take_position<L>(load<F>(z + ((ph * p.sh + i) * g.ow + pw * p.sw + j) * L), b, p.relu,
+                           static_cast<std::int32_t>(i * p.kw + j), best, which);
       const std::int64_t at = ph * p.y.row + pw * p.y.col;
       store(y + at, best);
       store(ws + at, narrow_to_bytes<L>(which));
@@ -317,10 +327,66 @@ DTRAIN_LANE_CLONES void pool_sums(const WeightLoopsGeometry& g, const PoolingGeo
 using PoolSumsFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float*, const float*, float*,
                            std::uint8_t*);
 
-PoolSumsFn pool_sums_fn(int lanes, const PoolingGeometry& p) {
-  const bool two_by_two = p.kh == 2 && p.kw == 2;
-  if (lanes == 16) return two_by_two ? &pool_sums<16, 2, 2> : &pool_sums<16, 0, 0>;
-  return two_by_two ? &pool_sums<8, 2, 2> : &pool_sums<8, 0, 0>;
+PoolSumsFn pool_sums_fn(int lanes) { return lanes == 16 ? &pool_sums<16> : &pool_sums<8>; }
+
+// The fused forward of 2 x 2 windows without the scratch plane: a window's 4 positions are
+// convolved in registers for V filter vectors (4 x V sums, each as convolve_block sums them) and
+// pooled there, so only the pooled output and its workspace are stored, and positions outside every
+// window are not computed. `y` and `ws` are the sample's; `first_lane` the first vector's filter.
+template <int L, int V>
+DTRAIN_LANE_CLONES void convolve_pool_2x2(const WeightLoopsGeometry& g, const PoolingGeometry& p,
+                                          const float* __restrict padded, const float* __restrict w,
+                                          std::int64_t w_stride, const float* __restrict bias,
+                                          std::int64_t first_lane, float* __restrict y, std::uint8_t* __restrict ws) {
+  using F = Vec<float, L>;
+  constexpr int Q = 4;  // the window's positions, row by row
+  const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
+  const std::int64_t* tap = g.taps.data();
+  const std::int64_t col = g.sw * g.c;               // from one output position's taps to the next column's
+  const std::int64_t row = g.sh * g.padded_w * g.c;  // and to the next row's
+  F b[V];
+  std::int64_t out[V];
+  for (int v = 0; v < V; ++v) {
+    const std::int64_t lane = first_lane + v * L;
+    b[v] = load<F>(bias + lane);
+    out[v] = (lane / p.y.lanes) * p.y.group + lane % p.y.lanes;
+  }
+  for (std::int64_t ph = 0; ph < p.oh; ++ph)
+    for (std::int64_t pw = 0; pw < p.ow; ++pw) {
+      const float* at = padded + ph * p.sh * row + pw * p.sw * col;
+      const float* x[Q] = {at, at + col, at + row, at + row + col};
+      F sum[Q][V];
+      for (int q = 0; q < Q; ++q)
+        for (int v = 0; v < V; ++v) sum[q][v] = F{};
+      for (std::int64_t t = 0; t < taps; ++t) {
+        F weight[V];
+        for (int v = 0; v < V; ++v) weight[v] = load<F>(w + t * w_stride + first_lane + v * L);
+        for (int q = 0; q < Q; ++q) {
+          const float xv = x[q][tap[t]];
+          for (int v = 0; v < V; ++v) sum[q][v] += xv * weight[v];
+        }
+      }
+      const std::int64_t window = ph * p.y.row + pw * p.y.col;
+      for (int v = 0; v < V; ++v) {
+        F best{};
+        Mask<L> which{};
+        for (int q = 0; q < Q; ++q) take_position<L>(sum[q][v], b[v], p.relu, q, best, which);
+        store(y + window + out[v], best);
+        store(ws + window + out[v], narrow_to_bytes<L>(which));
+      }
+    }
+}
+
+using ConvolvePoolFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float*, const float*,
+                                std::int64_t, const float*, std::int64_t, float*, std::uint8_t*);
+
+// 2 vectors a window on AVX2 (8 sums, a broadcast and 2 weights of its 16 registers), 4 on AVX-512.
+constexpr int window_vectors(int lanes) { return lanes == 16 ? 4 : 2; }
+
+ConvolvePoolFn convolve_pool_fn(int lanes, int vectors) {
+  if (lanes == 16)
+    return vectors == 4 ? &convolve_pool_2x2<16, 4> : vectors == 2 ? &convolve_pool_2x2<16, 2> : &convolve_pool_2x2<16, 1>;
+  return vectors == 2 ? &convolve_pool_2x2<8, 2> : &convolve_pool_2x2<8, 1>;
 }
 
 // One backward's weight loops as items: item = sample chunk * groups + filter group, where a group
@@ -658,34 +724,40 @@ class Conv2DKernel final : public WeightedOpKernel {
     if (layer_.options().use_bias)
       std::copy_n(vars[nn::Conv2D::kBias].value.address<float>(), g.filters, s.bias.begin());
     const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
+    const std::int64_t plane = g.oh * g.ow * g.lanes;  // one filter vector's sums, where they are stored
+    const bool in_registers = p.kh == 2 && p.kw == 2;  // convolve_pool_2x2
     const auto threads = static_cast<std::size_t>(std::max(1, omp_get_max_threads()));
     if (s.forward_padded.size() < threads * static_cast<std::size_t>(padded_size)) {
       s.forward_padded.resize(threads * static_cast<std::size_t>(padded_size), 0.0f);  // zero: the padding
-      s.forward_sums.resize(threads * static_cast<std::size_t>(kForwardVectors * g.oh * g.ow * g.lanes));
+      if (!in_registers) s.forward_sums.resize(threads * static_cast<std::size_t>(kForwardVectors * plane));
     }
     const float* x = static_cast<const float*>(s.src.get_data_handle());
     float* y = static_cast<float*>(s.y.get_data_handle());
     std::uint8_t* ws = s.workspace.data();
     const float* w = s.kernel.data();
     const float* b = s.bias.data();
-    const std::int64_t plane = g.oh * g.ow * g.lanes;  // one filter vector's sums
     float* scratch = s.forward_padded.data();
     float* sums = s.forward_sums.data();
-    const PoolSumsFn pool = pool_sums_fn(g.lanes, p);
+    const PoolSumsFn pool = pool_sums_fn(g.lanes);
+    const int most = in_registers ? window_vectors(g.lanes) : kForwardVectors;
 #pragma omp parallel for schedule(static)
     for (std::int64_t n = 0; n < g.batch; ++n) {
       const int thread = omp_get_thread_num();
       float* padded = scratch + thread * padded_size;
-      float* z = sums + thread * kForwardVectors * plane;
       pad_sample(g, x + n * g.x.n, padded);
       for (std::int64_t first_lane = 0; first_lane < channels;) {
         const std::int64_t left = (channels - first_lane) / g.lanes;
-        const int vectors = left >= kForwardVectors ? kForwardVectors : left >= 2 ? 2 : 1;
-        convolve_sample_fn(g.lanes, vectors)(g, padded, w + first_lane, channels, z);
-        for (int v = 0; v < vectors; ++v) {
-          const std::int64_t lane = first_lane + v * g.lanes;
-          const std::int64_t out = n * p.y.n + (lane / p.y.lanes) * p.y.group + lane % p.y.lanes;
-          pool(g, p, z + v * plane, b + lane, y + out, ws + out);
+        const int vectors = left >= most ? most : left >= 2 ? 2 : 1;
+        if (in_registers) {
+          convolve_pool_fn(g.lanes, vectors)(g, p, padded, w, channels, b, first_lane, y + n * p.y.n, ws + n * p.y.n);
+        } else {
+          float* z = sums + thread * kForwardVectors * plane;
+          convolve_sample_fn(g.lanes, vectors)(g, padded, w + first_lane, channels, z);
+          for (int v = 0; v < vectors; ++v) {
+            const std::int64_t lane = first_lane + v * g.lanes;
+            const std::int64_t out = n * p.y.n + (lane / p.y.lanes) * p.y.group + lane % p.y.lanes;
+            pool(g, p, z + v * plane, b + lane, y + out, ws + out);
+          }
         }
         first_lane += vectors * g.lanes;
       }
