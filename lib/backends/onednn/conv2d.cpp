@@ -31,13 +31,13 @@
 // that stays in the caches and runs the weight loops above on it. The expanded gradient has the
 // pooling layer's bits, so the weights' gradients are those of the two layers computed apart.
 //   y (N, OH / sh, OW / sw, F)  the pooled output, arranged as oneDNN's dst would be (or nhwc)
-//   ws                           u8 per element of y: the window position of the max
+//   ws                           u8 per element of y: the window position of the max (kNoWinner
+//                                where a relu zeroed it)
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -184,20 +184,23 @@ template <int L>
 
 // One sample's gradient of the convolution's output for the L filters from `first_lane` on, as the
 // pooling's backward would write it (with the relu's derivative where there is one): the pooled
-// gradient where the window's max came from, +0 elsewhere and outside every window. `into` is
+// gradient where the window's max came from, +0 elsewhere and outside every window (and in windows
+// whose max the relu zeroed: their winner is kNoWinner). `into` is
 // (OH, OW, L), the layout g.dy describes in a fused plan. The bias's gradient is summed here, in
 // the weight loops' order (accumulate_bias): adding the +0s of the other positions would not
-// change a sum that starts at +0.
-template <int L>
+// change a sum that starts at +0. KW, SW: the window's width and stride when known when compiled
+// (2 and 2 unrolled), 0 when not.
+template <int L, int KW, int SW>
 DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, const PoolingGeometry& p, std::int64_t n,
                                                std::int64_t first_lane, const float* __restrict diff_y,
-                                               const float* __restrict y, const std::uint8_t* __restrict ws,
-                                               float* __restrict into, float* __restrict bias_acc) {
+                                               const std::uint8_t* __restrict ws, float* __restrict into,
+                                               float* __restrict bias_acc) {
   using B = Mask<L>;
   using F = Vec<float, L>;
   F bias = load<F>(bias_acc);
   const std::int64_t base = n * p.y.n + (first_lane / p.y.lanes) * p.y.group + first_lane % p.y.lanes;
-  const std::int64_t covered_w = std::min(g.ow, p.ow * p.sw);
+  const std::int64_t kw = KW > 0 ? KW : p.kw, sw = SW > 0 ? SW : p.sw;
+  const std::int64_t covered_w = std::min(g.ow, p.ow * sw);
   for (std::int64_t oh = 0; oh < g.oh; ++oh) {
     float* row = into + oh * g.ow * L;
     const std::int64_t ph = oh / p.sh, i = oh % p.sh;
@@ -207,15 +210,14 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
     }
     for (std::int64_t pw = 0; pw < p.ow; ++pw) {
       const std::int64_t at = base + ph * p.y.row + pw * p.y.col;
-      B d = load<B>(diff_y + at);
-      if (p.relu) d &= load<F>(y + at) > 0.0f;
+      const B d = load<B>(diff_y + at);
       const B which = load_bytes_widened<L>(ws + at);  // once per window
       // A lane's max is at one position: of the row's positions in the window, at most one is
       // not +0, so one addition of their bits' union adds what each would in turn.
       B in_row{};
-      for (std::int64_t j = 0; j < p.sw && pw * p.sw + j < g.ow; ++j) {
-        const B here = j < p.kw ? B(d & (which == static_cast<std::int32_t>(i * p.kw + j))) : B{};
-        store(row + (pw * p.sw + j) * L, here);
+      for (std::int64_t j = 0; j < sw && pw * sw + j < g.ow; ++j) {
+        const B here = j < kw ? B(d & (which == static_cast<std::int32_t>(i * kw + j))) : B{};
+        store(row + (pw * sw + j) * L, here);
         in_row |= here;
       }
       bias += std::bit_cast<F>(in_row);
@@ -223,6 +225,15 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
     for (std::int64_t ow = covered_w; ow < g.ow; ++ow) store(row + ow * L, B{});
   }
   store(bias_acc, bias);
+}
+
+using ExpandPooledFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, std::int64_t, std::int64_t,
+                                const float*, const std::uint8_t*, float*, float*);
+
+ExpandPooledFn expand_pooled_fn(int lanes, const PoolingGeometry& p) {
+  const bool pairs = p.kw == 2 && p.sw == 2;  // a window's two columns, then the next window's
+  if (lanes == 16) return pairs ? &expand_pooled_gradient<16, 2, 2> : &expand_pooled_gradient<16, 0, 0>;
+  return pairs ? &expand_pooled_gradient<8, 2, 2> : &expand_pooled_gradient<8, 0, 0>;
 }
 
 // z = sum over the taps of x at the tap times the tap's weights, for V vectors of L filters at
@@ -288,6 +299,17 @@ ConvolveSampleFn convolve_sample_fn(int lanes, int vectors) {
   return vectors == 4 ? &convolve_sample<8, 4> : vectors == 2 ? &convolve_sample<8, 2> : &convolve_sample<8, 1>;
 }
 
+// A window's winner as the workspace keeps it: under relu, kNoWinner where the max is not positive
+// (the relu's derivative is 0 there), so the backward needs the workspace alone, not the output.
+constexpr std::int32_t kNoWinner = 255;
+template <int L>
+[[gnu::always_inline]] inline Vec<std::uint8_t, L> winner_bytes(const Vec<float, L>& best, const Mask<L>& which,
+                                                                 bool relu) {
+  if (!relu) return narrow_to_bytes<L>(which);
+  const Mask<L> positive = best > 0.0f;
+  return narrow_to_bytes<L>((positive & which) | (~positive & kNoWinner));
+}
+
 // One position of a window into the window's running max: the bias added after the sum and the
 // activation applied, as oneDNN's post-op does; `position` counts the window's positions row by row.
 template <int L>
@@ -320,7 +342,7 @@ DTRAIN_LANE_CLONES void pool_sums(const WeightLoopsGeometry& g, const PoolingGeo
                            static_cast<std::int32_t>(i * p.kw + j), best, which);
       const std::int64_t at = ph * p.y.row + pw * p.y.col;
       store(y + at, best);
-      store(ws + at, narrow_to_bytes<L>(which));
+      store(ws + at, winner_bytes<L>(best, which, p.relu));
     }
 }
 
@@ -372,7 +394,7 @@ DTRAIN_LANE_CLONES void convolve_pool_2x2(const WeightLoopsGeometry& g, const Po
         Mask<L> which{};
         for (int q = 0; q < Q; ++q) take_position<L>(sum[q][v], b[v], p.relu, q, best, which);
         store(y + window + out[v], best);
-        store(ws + window + out[v], narrow_to_bytes<L>(which));
+        store(ws + window + out[v], winner_bytes<L>(best, which, p.relu));
       }
     }
 }
@@ -402,9 +424,8 @@ struct WeightJob {
   float* padded = nullptr;       // per worker, `cached` padded samples
   std::int64_t* holds = nullptr; // per worker and cached sample: which sample it holds, -1 none
   // Fused with a max pooling: dy is the pooled gradient, expanded per sample and filter vector
-  // into `expanded` (per worker, g->vectors planes of g->dy.n floats) from y and ws.
+  // into `expanded` (per worker, g->vectors planes of g->dy.n floats) from ws.
   const PoolingGeometry* pool = nullptr;
-  const float* y = nullptr;
   const std::uint8_t* ws = nullptr;
   float* expanded = nullptr;
 };
@@ -433,8 +454,7 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       if (j.pool) {
         float* into = j.expanded + (worker * g.vectors + v) * g.dy.n;
         float* bias = acc[v] + taps * g.lanes;
-        if (g.lanes == 16) expand_pooled_gradient<16>(g, *j.pool, n, first_lane, j.dy, j.y, j.ws, into, bias);
-        else expand_pooled_gradient<8>(g, *j.pool, n, first_lane, j.dy, j.y, j.ws, into, bias);
+        expand_pooled_fn(g.lanes, *j.pool)(g, *j.pool, n, first_lane, j.dy, j.ws, into, bias);
         dy_n[v] = into;
       } else {
         dy_n[v] = j.dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
@@ -502,7 +522,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     const bool fits = !input_gradient && compute_ == DType::f32 && activation && o.filters % 8 == 0 &&
                       in[2] <= kFewInputChannels && taps <= kMaxTapsOfFewChannels &&
                       pool.params().padding == config::Padding::valid && strides[0] >= window[0] &&
-                      strides[1] >= window[1] && window[0] * window[1] <= std::numeric_limits<std::uint8_t>::max();
+                      strides[1] >= window[1] && window[0] * window[1] <= kNoWinner;  // positions 0..254
     if (fits) pool_ = &pool;
     return fits;
   }
@@ -550,7 +570,6 @@ class Conv2DKernel final : public WeightedOpKernel {
     if (s->pool) {
       j.pool = &*s->pool;
       j.dy = static_cast<const float*>(s->diff_y.get_data_handle());
-      j.y = static_cast<const float*>(s->y.get_data_handle());
       j.ws = s->workspace.data();
     } else {
       j.dy = static_cast<const float*>(pre_grad.get_data_handle());
