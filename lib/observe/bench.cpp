@@ -232,8 +232,8 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     r.flops_per_sample += l.flops.forward + backward;
     if (!l.computed_in.empty()) {
       // The layer below computes both and moves only its input, this layer's output (and which
-      // window position won, a byte per element), their gradients and its variables: the pair's
-      // bound goes on its row, this one's times and bound are in it.
+      // window position won, a byte per element), the output's gradient and its variables: the
+      // pair's bound goes on its row, this one's times and bound are in it.
       LayerBench& below = r.layers.back();
       const nn::Layer& conv = model.layer(i - 1);
       const double size = static_cast<double>(dtype_size(dtype));
@@ -241,7 +241,8 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
       const double pooled = static_cast<double>(layer.output_shape().numel());
       const double per_sample = variable_bytes(conv) / static_cast<double>(r.replica_batch);
       below.forward_bytes = in + pooled * (size + 1.0) + per_sample;
-      below.backward_bytes = in + pooled * (2.0 * size + 1.0) + 2.0 * per_sample;  // x, y and its gradient, which
+      // Backward: x, the pooled gradient and the winner (which also holds the relu's derivative).
+      below.backward_bytes = in + pooled * (size + 1.0) + 2.0 * per_sample;
       below.forward_bound_ms =
           bound(below.flops.forward + l.flops.forward, below.forward_bytes, below.forward_memory_bound);
       below.backward_bound_ms =

@@ -60,12 +60,14 @@ names = [l["name"] for l in r["layers"]]
 assert names == ["conv2d", "max_pooling2d", "conv2d_1", "max_pooling2d_1", "flatten", "dense", "dense_1"], names
 assert [l["computed_in"] for l in r["layers"]] == [None, "conv2d", None, None, None, None, None], r["layers"]
 # The pair's bytes on conv2d's row: x, the pooled output (f32) and the winning position (a byte),
-# and the 3x3x1x32 kernel and bias over the replica's batch; backward adds the pooled gradient.
+# and the 3x3x1x32 kernel and bias over the replica's batch; backward reads x, the pooled gradient
+# and the winning position (which also holds the relu's derivative), and writes the variables'
+# gradients.
 replica_batch = r["global_batch"] / r["replicas_in_sync"]
 variables = (288 + 32) * 4 / replica_batch
 pair = r["layers"][0]["bytes_per_sample"]
 assert abs(pair["forward"] - (28 * 28 * 4 + 13 * 13 * 32 * 5 + variables)) < 1e-6, pair
-assert abs(pair["backward"] - (28 * 28 * 4 + 13 * 13 * 32 * 9 + 2 * variables)) < 1e-6, pair
+assert abs(pair["backward"] - (28 * 28 * 4 + 13 * 13 * 32 * 5 + 2 * variables)) < 1e-6, pair
 assert r["layers"][1]["bound_ms"] == {"forward": 0, "backward": 0}, r["layers"][1]
 for l in r["layers"]:
     for k in ("forward_ms", "backward_ms"):

@@ -27,9 +27,10 @@
 // convolution's output and its gradient are the bytes such a layer is bound by, and most of the
 // gradient is the zeros the pooling writes. Forward stores only the pooled maximum and which
 // position won (as the pooling layer would): 2 x 2 windows are convolved and pooled in registers,
-// other windows through a per-thread scratch plane of the sums; backward expands one sample's pooled gradient for one filter vector into a scratch plane
-// that stays in the caches and runs the weight loops above on it. The expanded gradient has the
-// pooling layer's bits, so the weights' gradients are those of the two layers computed apart.
+// other windows through a per-thread scratch plane of the sums. Backward expands one sample's
+// pooled gradient for one filter vector into a scratch plane that stays in the caches and runs the
+// weight loops above on it. The expanded gradient has the pooling layer's bits, so the weights'
+// gradients are those of the two layers computed apart.
 //   y (N, OH / sh, OW / sw, F)  the pooled output, arranged as oneDNN's dst would be (or nhwc)
 //   ws                           u8 per element of y: the window position of the max (kNoWinner
 //                                where a relu zeroed it)
@@ -185,8 +186,8 @@ template <int L>
 // One sample's gradient of the convolution's output for the L filters from `first_lane` on, as the
 // pooling's backward would write it (with the relu's derivative where there is one): the pooled
 // gradient where the window's max came from, +0 elsewhere and outside every window (and in windows
-// whose max the relu zeroed: their winner is kNoWinner). `into` is
-// (OH, OW, L), the layout g.dy describes in a fused plan. The bias's gradient is summed here, in
+// whose max the relu zeroed: their winner is kNoWinner). `into` is (OH, OW, L), the layout g.dy
+// describes in a fused plan. The bias's gradient is summed here, in
 // the weight loops' order (accumulate_bias): adding the +0s of the other positions would not
 // change a sum that starts at +0. KW, SW: the window's width and stride when known when compiled
 // (2 and 2 unrolled), 0 when not.
@@ -407,7 +408,9 @@ constexpr int window_vectors(int lanes) { return lanes == 16 ? 4 : 2; }
 
 ConvolvePoolFn convolve_pool_fn(int lanes, int vectors) {
   if (lanes == 16)
-    return vectors == 4 ? &convolve_pool_2x2<16, 4> : vectors == 2 ? &convolve_pool_2x2<16, 2> : &convolve_pool_2x2<16, 1>;
+    return vectors == 4   ? &convolve_pool_2x2<16, 4>
+           : vectors == 2 ? &convolve_pool_2x2<16, 2>
+                          : &convolve_pool_2x2<16, 1>;
   return vectors == 2 ? &convolve_pool_2x2<8, 2> : &convolve_pool_2x2<8, 1>;
 }
 
