@@ -101,7 +101,7 @@ DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __
     }
     for (std::int64_t iw = 0; iw < g.w; ++iw)
       for (std::int64_t c = 0; c < g.c; c += whole_vectors ? 8 : 1) {
-        const float* value = from + iw * g.x.col + (c / g.x.lanes) * g.x.group + c % g.x.lanes;
+        const float* value = from + iw * g.x.col + g.x.channel(c);
         if (whole_vectors) store(row + iw * g.c + c, load<Vec<float, 8>>(value));
         else row[iw * g.c + c] = *value;
       }
@@ -187,10 +187,9 @@ template <int L>
 // pooling's backward would write it (with the relu's derivative where there is one): the pooled
 // gradient where the window's max came from, +0 elsewhere and outside every window (and in windows
 // whose max the relu zeroed: their winner is kNoWinner). `into` is (OH, OW, L), the layout g.dy
-// describes in a fused plan. The bias's gradient is summed here, in
-// the weight loops' order (accumulate_bias): adding the +0s of the other positions would not
-// change a sum that starts at +0. KW, SW: the window's width and stride when known when compiled
-// (2 and 2 unrolled), 0 when not.
+// describes in a fused plan. The bias's gradient is summed here, in the weight loops' order
+// (accumulate_bias): adding the +0s of the other positions would not change a sum that starts at
+// +0. KW, SW: the window's width and stride when known when compiled (2 and 2 unrolled), 0 when not.
 template <int L, int KW, int SW>
 DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, const PoolingGeometry& p, std::int64_t n,
                                                std::int64_t first_lane, const float* __restrict diff_y,
@@ -199,7 +198,7 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
   using B = Mask<L>;
   using F = Vec<float, L>;
   F bias = load<F>(bias_acc);
-  const std::int64_t base = n * p.y.n + (first_lane / p.y.lanes) * p.y.group + first_lane % p.y.lanes;
+  const std::int64_t base = n * p.y.n + p.y.channel(first_lane);
   const std::int64_t kw = KW > 0 ? KW : p.kw, sw = SW > 0 ? SW : p.sw;
   const std::int64_t covered_w = std::min(g.ow, p.ow * sw);
   for (std::int64_t oh = 0; oh < g.oh; ++oh) {
@@ -372,7 +371,7 @@ DTRAIN_LANE_CLONES void convolve_pool_2x2(const WeightLoopsGeometry& g, const Po
   for (int v = 0; v < V; ++v) {
     const std::int64_t lane = first_lane + v * L;
     b[v] = load<F>(bias + lane);
-    out[v] = (lane / p.y.lanes) * p.y.group + lane % p.y.lanes;
+    out[v] = p.y.channel(lane);
   }
   for (std::int64_t ph = 0; ph < p.oh; ++ph)
     for (std::int64_t pw = 0; pw < p.ow; ++pw) {
@@ -460,7 +459,7 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
         expand_pooled_fn(g.lanes, *j.pool)(g, *j.pool, n, first_lane, j.dy, j.ws, into, bias);
         dy_n[v] = into;
       } else {
-        dy_n[v] = j.dy + n * g.dy.n + (first_lane / g.dy.lanes) * g.dy.group + first_lane % g.dy.lanes;
+        dy_n[v] = j.dy + n * g.dy.n + g.dy.channel(first_lane);
       }
     }
     for (std::int64_t t = 0; t < taps; t += per_pass) {
@@ -777,7 +776,7 @@ class Conv2DKernel final : public WeightedOpKernel {
           convolve_sample_fn(g.lanes, vectors)(g, padded, w + first_lane, channels, z);
           for (int v = 0; v < vectors; ++v) {
             const std::int64_t lane = first_lane + v * g.lanes;
-            const std::int64_t out = n * p.y.n + (lane / p.y.lanes) * p.y.group + lane % p.y.lanes;
+            const std::int64_t out = n * p.y.n + p.y.channel(lane);
             pool(g, p, z + v * plane, b + lane, y + out, ws + out);
           }
         }

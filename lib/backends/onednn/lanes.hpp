@@ -82,6 +82,8 @@ void run_with_lanes(LoopIsa isa, std::int64_t lanes, const Body& body) {
 struct Arrangement {
   std::int64_t lanes = 0, groups = 0;  // channel lanes per group (padded), groups
   std::int64_t n = 0, group = 0, row = 0, col = 0;
+  // Channel c's offset from its sample's first element at a position.
+  std::int64_t channel(std::int64_t c) const { return c / lanes * group + c % lanes; }
 };
 
 // The arrangement of a 4-D (N, C, H, W) `md` when its channels are innermost (nhwc, or one channel
