@@ -16,6 +16,7 @@
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
+#include "device/context.hpp"
 #include "distribute/single_communicator.hpp"
 #include "distribute/strategy.hpp"
 #include "train/trainer.hpp"
@@ -283,8 +284,12 @@ TEST_CASE("replica contexts, and sums inside run() over every local replica in r
 TEST_CASE("make_strategy: the devices, and what the config says about replicas in sync and evaluation") {
   distribute::SingleCommunicator alone;
   const config::StrategyConfig mirrored_auto = config::strategy_config_of("mirrored");
-  CHECK(distribute::num_replicas_in_sync(mirrored_auto, 3, 1) == 3);
-  CHECK(distribute::make_strategy(mirrored_auto, 3, alone)->num_replicas_in_sync() == 3);
+  // devices: auto takes every visible GPU where there is one (a GPU machine runs this suite too),
+  // else one CPU replica per core.
+  const int gpus = device::device_count(Device::Kind::gpu);
+  const int auto_replicas = gpus > 0 ? gpus : 3;
+  CHECK(distribute::num_replicas_in_sync(mirrored_auto, 3, 1) == auto_replicas);
+  CHECK(distribute::make_strategy(mirrored_auto, 3, alone)->num_replicas_in_sync() == auto_replicas);
   const config::StrategyConfig mwm_auto = config::strategy_config_of("multi_worker_mirrored");
   CHECK(distribute::num_replicas_in_sync(mwm_auto, 8, 4) == 4);
   CHECK(distribute::num_replicas_in_sync(strategy_config("multi_worker_mirrored", 2), 8, 3) == 6);
