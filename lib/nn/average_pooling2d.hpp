@@ -24,6 +24,7 @@ class AveragePooling2D final : public Pool2DLayer {
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
   Flops flops_per_sample() const override;
+  BackwardReads derivative_below_reads() const override { return BackwardReads::input; }
 };
 
 }  // namespace dtrain::nn

@@ -117,6 +117,11 @@ class Layer {
   // derivative), or nothing more. dtrain bench counts those bytes in the backward's bound.
   enum class BackwardReads { nothing, input, output };
   virtual BackwardReads backward_reads() const { return BackwardReads::nothing; }
+  // What backward reads besides to apply the derivative of a relu below it, where its kernel takes
+  // that derivative over (LayerKernel::take_input_activation_backward): the relu's output where its
+  // gradient goes. A max pooling has it in its own output (the max is the relu's output where it
+  // came from); an average pooling reads its input.
+  virtual BackwardReads derivative_below_reads() const { return BackwardReads::nothing; }
 
   // The oracle: plain loops in double, obviously correct, what every backend's kernel is tested
   // against (and what is itself checked against finite differences).

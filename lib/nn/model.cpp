@@ -176,10 +176,13 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
       computed_below_[i] = true;
     }
   }
+  derivative_above_.assign(kernels_.size(), false);
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
     const config::Activation below = kernels_[i - 1]->output_activation();
-    if (below != config::Activation::linear && kernels_[i]->take_input_activation_backward(below))
+    if (below != config::Activation::linear && kernels_[i]->take_input_activation_backward(below)) {
       kernels_[i - 1]->skip_activation_backward();
+      derivative_above_[i] = true;
+    }
   }
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
     const config::Activation own = kernels_[i]->standalone_activation();

@@ -133,6 +133,11 @@ class Sequential {
   // Whether layer i is a pooling the layer below computes with its own output (LayerKernel::
   // take_output_max_pooling): its own kernel computes nothing.
   bool computed_by_layer_below(std::size_t i) const { return computed_below_[i]; }
+  // Whether layer i's backward applies the derivative of layer i - 1's activation (LayerKernel::
+  // take_input_activation_backward), and whether layer i's backward then moves nothing (an
+  // Activation layer whose derivative the layer above applies: LayerKernel::gradient_passes_through).
+  bool applies_activation_backward_below(std::size_t i) const { return derivative_above_[i]; }
+  bool backward_moves_nothing(std::size_t i) const { return kernels_[i]->gradient_passes_through(); }
 
   // Attaches `times` (sized to the layers here) or, with null, detaches it.
   void time_layers(LayerTimes* times);
@@ -167,6 +172,7 @@ class Sequential {
   std::vector<config::SourceLocation> layer_where_;  // each layer's place in the experiment
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
   std::vector<bool> computed_below_;  // per layer: computed_by_layer_below
+  std::vector<bool> derivative_above_;  // per layer: applies_activation_backward_below
   std::vector<Variable*> variables_, trainable_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_
   Tensor gradients_;

@@ -83,6 +83,15 @@ std::pair<double, double> layer_bytes(const nn::Layer& layer, bool backward_data
   return {in + out + variables / batch, out + saved + (backward_data ? in : 0.0) + 2.0 * variables / batch};
 }
 
+// What a layer's backward reads to apply the derivative of a relu below it (Layer::
+// derivative_below_reads), per sample, where it is not already among layer_bytes' reads.
+double derivative_bytes(const nn::Layer& layer, std::size_t activation_bytes) {
+  const nn::Layer::BackwardReads reads = layer.derivative_below_reads();
+  if (reads == nn::Layer::BackwardReads::nothing || reads == layer.backward_reads()) return 0.0;
+  const Shape& shape = reads == nn::Layer::BackwardReads::input ? layer.input_shape() : layer.output_shape();
+  return static_cast<double>(shape.numel() * static_cast<std::int64_t>(activation_bytes));
+}
+
 // JSON numbers: finite, or null.
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 std::string json_spread(const Spread& s) { return fmt::format("{{\"mean\": {}, \"max\": {}}}", num(s.mean), num(s.max)); }
@@ -227,6 +236,11 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.backward_gflops = gflops_of(backward, replica_samples, l.backward_ms.mean);
     std::tie(l.forward_bytes, l.backward_bytes) =
         layer_bytes(layer, l.backward_data, dtype_size(dtype), static_cast<double>(r.replica_batch));
+    // A relu's derivative applied here (by the layer above it): its bytes move in this backward,
+    // none in the relu's layer when that layer's backward is then the identity.
+    if (model.applies_activation_backward_below(i)) l.backward_bytes += derivative_bytes(layer, dtype_size(dtype));
+    if (model.backward_moves_nothing(i) && i + 1 < layers && model.applies_activation_backward_below(i + 1))
+      l.backward_bytes = 0.0;
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     r.flops_per_sample += l.flops.forward + backward;
@@ -367,7 +381,8 @@ std::string bench_table(const BenchReport& r) {
   out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}\n", "all layers", name_width, fwd_bound, "",
                      times(fwd_total.mean, fwd_bound), bwd_bound, "", times(bwd_total.mean, bwd_bound));
   out += "(KB: the bytes per sample each direction must move: input and output, their gradients, what backward needs "
-         "of forward, the variables;\n a layer computed in the one below has its FLOPs and bytes on that layer's row)\n";
+         "of forward, the variables;\n a layer computed in the one below has its FLOPs and bytes on that layer's row; a "
+         "relu's derivative applied by the layer above moves its bytes there)\n";
   return out;
 }
 

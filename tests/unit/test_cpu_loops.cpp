@@ -1,5 +1,5 @@
 // The CPU backend's own loops (backends/onednn/lanes.hpp) on what the model tests cannot reach on
-// every machine: max pooling, batch normalization and dropout's masks in each build of their loops
+// every machine: max and average pooling, batch normalization and dropout's masks in each build of their loops
 // this CPU runs (x86-64, AVX2, AVX-512, chosen per context), over f32 and bfloat16 values, in each
 // channel arrangement the loops take. A max moves values and its gradient copies them, so results
 // must equal the oracle's on the same (bfloat16-representable) values exactly; batch normalization
@@ -24,6 +24,8 @@
 #include "nn/dense.hpp"
 #include "nn/dropout.hpp"
 #include "nn/kernel.hpp"
+#include "core/bfloat16.hpp"
+#include "nn/average_pooling2d.hpp"
 #include "nn/max_pool2d.hpp"
 #include "test_support.hpp"
 
@@ -77,11 +79,21 @@ struct PoolingCase {
   int pool, stride;
   config::Padding padding;
   bool relu_below = false;  // the kernel applies a relu's derivative (its input is the relu's output)
+  bool average = false;     // average pooling, else max pooling
 };
 
-// Runs one max pooling kernel built with the loops of `isa` forward and backward and compares it
-// with the oracle. Max pooling moves values and its gradient copies them (or, for overlapping
-// windows, sums gradients that are multiples of 1/8, exact in f32), so results must equal the
+// v rounded to `dtype` as the loops store a computed value: to float, then to bfloat16's nearest even.
+double stored_as(DType dtype, double v) {
+  const auto f = static_cast<float>(v);
+  if (dtype != DType::bf16) return f;
+  return from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(f)));
+}
+
+// Runs one pooling kernel built with the loops of `isa` forward and backward and compares it with
+// the oracle. Inputs and gradients are multiples of 1/8: max pooling moves values and its gradient
+// copies them (or, for overlapping windows, sums them, exactly in f32); average pooling's sums are
+// exact and its one division rounds as the oracle's quotient rounded to the dtype (overlapping
+// cases divide by powers of two, so their sums of shares are exact too). So results must equal the
 // oracle's on the same values exactly, whatever the dtype and the ISA.
 void check_pooling(const PoolingCase& t, backends::onednn::LoopIsa isa) {
   CAPTURE(backends::onednn::name_of(isa));
@@ -89,15 +101,19 @@ void check_pooling(const PoolingCase& t, backends::onednn::LoopIsa isa) {
   CAPTURE(static_cast<int>(t.tag));
   CAPTURE(t.in.to_string());
   CAPTURE(t.relu_below);
+  CAPTURE(t.average);
   // A context of its own: the loop level is chosen per context, before its kernels are made.
   const std::unique_ptr<device::Context> owned = device::make_context(Device{});
   device::Context& ctx = *owned;
   backends::onednn::OnednnContext::of(ctx).set_loop_isa(isa);
-  nn::MaxPool2DOptions o;
+  nn::Pool2DParams o;
   o.pool_size = {t.pool, t.pool};
   o.strides = std::array<int, 2>{t.stride, t.stride};
   o.padding = t.padding;
-  nn::MaxPool2D layer("pool", o);
+  std::unique_ptr<nn::Layer> pooling;
+  if (t.average) pooling = std::make_unique<nn::AveragePooling2D>("pool", nn::AveragePooling2DOptions{o});
+  else pooling = std::make_unique<nn::MaxPool2D>("pool", nn::MaxPool2DOptions{o});
+  nn::Layer& layer = *pooling;
   Rng init(1, RngStream::test);
   const Shape& in = t.in;
   const Shape out = layer.build(0, in, init);
@@ -126,7 +142,9 @@ void check_pooling(const PoolingCase& t, backends::onednn::LoopIsa isa) {
     for (std::int64_t h = 0; h < in[0]; ++h)
       for (std::int64_t w = 0; w < in[1]; ++w)
         for (std::int64_t k = 0; k < c; ++k) {
-          float v = rng.uniform(-8.0f, 8.0f) + static_cast<float>(k) * 1e-3f;
+          // Max pooling: distinct values (no ties to break); average pooling: exact sums.
+          float v = t.average ? std::floor(rng.uniform(-64.0f, 64.0f)) / 8.0f
+                              : rng.uniform(-8.0f, 8.0f) + static_cast<float>(k) * 1e-3f;
           if (t.relu_below) v = std::max(v, 0.0f);
           x[static_cast<std::size_t>(((b * in[0] + h) * in[1] + w) * c + k)] = xs.set(offset_of(src_md, b, k, h, w), v);
         }
@@ -160,6 +178,8 @@ void check_pooling(const PoolingCase& t, backends::onednn::LoopIsa isa) {
                      expected[static_cast<std::size_t>(((b * hw[0] + h) * hw[1] + w) * c + k)];
     return wrong;
   };
+  for (double& v : y) v = stored_as(t.dtype, v);
+  for (double& v : dx) v = stored_as(t.dtype, v);
   CHECK(mismatches(dst.get(), dst_md, y, out) == 0);
   CHECK(mismatches(diff_src.get(), src_md, dx, in) == 0);
 }
@@ -406,6 +426,30 @@ TEST_CASE("max pooling moves values exactly on every instruction set the CPU has
       {DType::bf16, nhwc, Shape{8, 10, 32}, 2, 2, valid, true},
       {DType::bf16, nChw16c, Shape{10, 8, 32}, 3, 3, same, true},
       {DType::bf16, nChw8c, Shape{8, 8, 12}, 2, 3, valid, false},
+  };
+  for (const auto isa : loop_isas_here())
+    for (const PoolingCase& t : cases) check_pooling(t, isa);
+}
+
+TEST_CASE("average pooling on every instruction set the CPU has: f32 and bfloat16, channels last and in blocks "
+          "of 8 and 16, padding not counted, with and without the relu's derivative") {
+  using memory::format_tag::nChw16c, memory::format_tag::nChw8c, memory::format_tag::nhwc;
+  const config::Padding valid = config::Padding::valid, same = config::Padding::same;
+  const std::vector<PoolingCase> cases = {
+      // fashion_mnist_bn_dropout.yaml's: 2x2 windows over 64 channels of an odd plane, a relu below.
+      {DType::f32, nChw8c, Shape{11, 11, 64}, 2, 2, valid, true, true},
+      {DType::f32, nChw16c, Shape{11, 11, 32}, 2, 2, valid, true, true},
+      {DType::f32, nhwc, Shape{6, 7, 5}, 2, 2, valid, false, true},
+      // Windows of 9, 6 and 4 positions ('same' padding is not counted); rows and columns in none.
+      {DType::f32, nChw16c, Shape{10, 8, 20}, 3, 3, same, false, true},
+      {DType::f32, nChw8c, Shape{8, 8, 12}, 3, 3, valid, true, true},
+      // Overlapping windows add their shares (f32 only); 2x2 windows at stride 1 divide by 4, 2 or 1.
+      {DType::f32, nhwc, Shape{7, 6, 24}, 2, 1, same, true, true},
+      {DType::f32, nChw16c, Shape{7, 7, 16}, 2, 1, valid, false, true},
+      {DType::bf16, nhwc, Shape{6, 7, 5}, 2, 2, valid, false, true},
+      {DType::bf16, nChw16c, Shape{11, 11, 32}, 2, 2, valid, true, true},
+      {DType::bf16, nChw16c, Shape{10, 8, 32}, 3, 3, same, true, true},
+      {DType::bf16, nChw8c, Shape{8, 8, 12}, 2, 3, valid, false, true},
   };
   for (const auto isa : loop_isas_here())
     for (const PoolingCase& t : cases) check_pooling(t, isa);

@@ -1,16 +1,142 @@
-// AveragePooling2D on oneDNN (nn/average_pooling2d.hpp has the semantics): the shared pooling
-// kernel with pooling_avg_exclude_padding, TensorFlow's divisor (real inputs only).
-//   x (N, H, W, C) any layout -> y (N, OH, OW, C) any layout
-#include "backends/onednn/pooling.hpp"
+// AveragePooling2D on the CPU (nn/average_pooling2d.hpp has the semantics; the reference oracle is
+// AveragePooling2D::reference_forward/backward, and test_layers and test_cpu_loops compare the two).
+//   x  (N, H, W, C)    channels innermost: nhwc, or channel blocks of 4, 8 or 16 (nChw8c, ...)
+//   y  (N, OH, OW, C)  in the same arrangement as x: each window's mean over its valid positions
+//                      (TensorFlow's divisor: 'same' padding is not counted)
+//   dx (N, H, W, C)    written whole by backward: dy / count at each window's valid positions
+//                      (summed where windows overlap), zero where no window reads
+// f32 or bf16 (its layout and dtype are the layer below's); sums and quotients in f32, a bf16
+// result rounded to nearest even once.
+//
+// On pool_loops.hpp's own loops (OwnPool2DKernel) where they cover the layout: oneDNN 2.6's avx2
+// average pooling took 2.4-2.7 times its bytes' bound, forward and backward, in
+// fashion_mnist_bn_dropout.yaml's `dtrain bench`. Below a relu (an Activation layer), backward
+// applies the relu's derivative as it writes, from the relu's output it pools (its input), so the
+// relu's layer moves nothing in backward. Elsewhere oneDNN's kernel (pooling_avg_exclude_padding).
+#include <bit>
+#include <type_traits>
+
+#include "backends/onednn/pool_loops.hpp"
 #include "nn/average_pooling2d.hpp"
 
 namespace dtrain::backends::onednn {
 
 namespace {
 
+// y = (sum of the window's valid inputs, in window order) / their count, L lanes at a time.
+template <class T, int L>
+void forward_plane(const PoolGeometry& g, const PoolWindows& win, const T* __restrict src, T* __restrict dst) {
+  using F = Vec<float, L>;
+  const std::int64_t* const offset = win.offset.data();
+  for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    F sum = load_widened<L>(src + offset[first] + c0);
+    for (std::int64_t k = first + 1; k < last; ++k) sum += load_widened<L>(src + offset[k] + c0);
+    store_rounded<L>(dst + at + c0, sum / static_cast<float>(last - first));
+  });
+}
+
+// A window's share of its gradient at input position `x`: zero where the relu below (Relu) had a
+// zero output there. A mask of bits: GCC 12 computes a 16-lane float select lane by lane on AVX-512.
+template <int L, bool Relu, class T>
+[[gnu::always_inline]] inline Vec<float, L> share_at(const Vec<float, L>& share, const T* x) {
+  if constexpr (!Relu) {
+    return share;
+  } else {
+    using I = Vec<std::int32_t, L>;
+    return std::bit_cast<Vec<float, L>>(I((load_widened<L>(x) > 0.0f) & std::bit_cast<I>(share)));
+  }
+}
+
+// Windows that do not overlap: each input position is in at most one window and is written once;
+// positions outside every window are zeroed.
+template <class T, int L, bool Relu>
+void backward_plane_disjoint(const PoolGeometry& g, const PoolWindows& win, const T* __restrict src,
+                             const T* __restrict diff_dst, T* __restrict diff_src) {
+  using F = Vec<float, L>;
+  zero_positions<T, L>(g, diff_src, g.uncovered_rows, g.uncovered_cols);
+  const std::int64_t* const offset = win.offset.data();
+  for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    const F share = load_widened<L>(diff_dst + at + c0) / static_cast<float>(last - first);
+    for (std::int64_t k = first; k < last; ++k)
+      store_rounded<L>(diff_src + offset[k] + c0, share_at<L, Relu>(share, src + offset[k] + c0));
+  });
+}
+
+// Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
+// window's share at its valid positions, windows in order.
+template <int L, bool Relu>
+void backward_plane_overlapping(const PoolGeometry& g, const PoolWindows& win, const float* __restrict src,
+                                const float* __restrict diff_dst, float* __restrict diff_src) {
+  using F = Vec<float, L>;
+  zero_positions<float, L>(g, diff_src, g.all_rows, {});
+  const std::int64_t* const offset = win.offset.data();
+  for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    const F share = load<F>(diff_dst + at + c0) / static_cast<float>(last - first);
+    for (std::int64_t k = first; k < last; ++k) {
+      float* dx = diff_src + offset[k] + c0;
+      store(dx, F(load<F>(dx) + share_at<L, Relu>(share, src + offset[k] + c0)));
+    }
+  });
+}
+
+class AveragePooling2DKernel final : public OwnPool2DKernel {
+ public:
+  AveragePooling2DKernel(nn::AveragePooling2D& layer, OnednnContext& ctx)
+      : OwnPool2DKernel(layer, ctx, dnnl::algorithm::pooling_avg_exclude_padding) {}
+
+ private:
+  void forward_planes(Plan& p) override {
+    if (p.dtype == DType::bf16) return run_forward<std::uint16_t>(p);
+    run_forward<float>(p);
+  }
+  void backward_planes(Plan& p) override {
+    if (p.dtype == DType::bf16) return run_backward<std::uint16_t>(p);
+    run_backward<float>(p);
+  }
+
+  template <class T>
+  void run_forward(Plan& p) {
+    const PoolGeometry& g = p.geometry;
+    const PoolWindows& win = *p.windows;
+    const T* src = static_cast<const T*>(p.src.get_data_handle());
+    T* dst = static_cast<T*>(p.dst.get_data_handle());
+    const LoopIsa isa = this->isa();
+    for_each_plane(p, [&](std::int64_t n, std::int64_t group) {
+      const T* x = src + n * g.src.n + group * g.src.group;
+      T* y = dst + n * g.dst.n + group * g.dst.group;
+      run_with_lanes(isa, g.lanes, [&]<int L>() { forward_plane<T, L>(g, win, x, y); });
+    });
+  }
+
+  template <class T>
+  void run_backward(Plan& p) {
+    const PoolGeometry& g = p.geometry;
+    const PoolWindows& win = *p.windows;
+    const T* src = static_cast<const T*>(p.src.get_data_handle());
+    const T* diff_dst = static_cast<const T*>(p.diff_dst.get_data_handle());
+    T* diff_src = static_cast<T*>(p.diff_src.get_data_handle());
+    const LoopIsa isa = this->isa();
+    const bool relu = relu_below();
+    for_each_plane(p, [&](std::int64_t n, std::int64_t group) {
+      const std::int64_t in = n * g.src.n + group * g.src.group;
+      const T* dy = diff_dst + n * g.dst.n + group * g.dst.group;
+      run_with_lanes(isa, g.lanes, [&]<int L>() {
+        if constexpr (std::is_same_v<T, float>) {
+          if (g.overlapping) {
+            if (relu) backward_plane_overlapping<L, true>(g, win, src + in, dy, diff_src + in);
+            else backward_plane_overlapping<L, false>(g, win, src + in, dy, diff_src + in);
+            return;
+          }
+        }
+        if (relu) backward_plane_disjoint<T, L, true>(g, win, src + in, dy, diff_src + in);
+        else backward_plane_disjoint<T, L, false>(g, win, src + in, dy, diff_src + in);
+      });
+    });
+  }
+};
+
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {
-  return std::make_unique<Pool2DKernel>(static_cast<nn::AveragePooling2D&>(layer), OnednnContext::of(ctx),
-                                        dnnl::algorithm::pooling_avg_exclude_padding);
+  return std::make_unique<AveragePooling2DKernel>(static_cast<nn::AveragePooling2D&>(layer), OnednnContext::of(ctx));
 }
 
 const nn::KernelRegistration registered(kName, nn::AveragePooling2D::Options::kind, &make);

@@ -10,7 +10,8 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/numerics.cpp PROPERTIES CO
 # The backend's own loops (lanes.hpp) pass GCC vector types between inline helpers of one file,
 # built for several ISAs (target_clones): GCC's note that such values would be passed differently
 # across an ABI boundary does not apply to functions no other file calls.
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/max_pool2d.cpp ${CMAKE_CURRENT_LIST_DIR}/dropout.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi")
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/max_pool2d.cpp ${CMAKE_CURRENT_LIST_DIR}/average_pooling2d.cpp
+                            ${CMAKE_CURRENT_LIST_DIR}/dropout.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi")
 # The convolution's weight-gradient sums and the small dense layers' products: multiply-adds fused
 # where the CPU has FMA (as oneDNN's kernels do), so their last bits depend on the CPU's ISA, as
 # oneDNN's already do.

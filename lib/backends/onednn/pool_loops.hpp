@@ -1,0 +1,140 @@
+// The CPU backend's own 2-D pooling loops' shared parts (max_pool2d.cpp, average_pooling2d.cpp):
+// a pooling's geometry over one (n, channel group) plane, every window's valid positions worked
+// out once, the walk over them, and OwnPool2DKernel, which runs a pooling on these loops where they
+// cover the layout and geometry and on oneDNN's kernel (pooling.hpp) elsewhere.
+//   x  (N, H, W, C)    channels innermost: nhwc, or channel blocks of 4, 8 or 16 (nChw8c, ...)
+//   y  (N, OH, OW, C)  in the same arrangement as x
+// f32 or bf16 (pooling computes in whatever dtype the layer below produced).
+//
+// Why own loops: oneDNN 2.6's jit pooling (avx2 and avx512) runs the seed CNN's poolings at a
+// tenth to a fifth of the machine's memory bandwidth. A pooling reads each input once and writes
+// each output once, so loops over the channel lanes (built for AVX-512, AVX2 and plain x86-64 and
+// picked per context: lanes.hpp's run_with_lanes) run near the speed of a copy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "backends/onednn/activation_fn.hpp"
+#include "backends/onednn/lanes.hpp"
+#include "backends/onednn/pooling.hpp"
+#include "nn/pooling.hpp"
+
+namespace dtrain::backends::onednn {
+
+// One pooling geometry over one (n, group) plane of H x W positions of `lanes` channels each.
+struct PoolGeometry {
+  std::int64_t h, w, oh, ow, kh, kw, sh, sw, pad_top, pad_left, lanes;
+  Arrangement src, dst;  // dst's arrangement is also diff_dst's (and a workspace's); src's is diff_src's
+  std::vector<std::int64_t> uncovered_rows, uncovered_cols;  // input rows/columns no window reads
+  std::vector<std::int64_t> all_rows;                        // 0 .. h - 1
+  bool overlapping = false;
+};
+
+// The geometry of `layer` over an input laid out as `src_md`, when the loops cover it: channels
+// innermost, f32 or bf16, and windows that do not overlap in bf16 (sums of gradients would round
+// at every add). Its dst arrangement is still to be set (OwnPool2DKernel::plan).
+std::optional<PoolGeometry> pool_geometry(const nn::Pool2DLayer& layer, const dnnl::memory::desc& src_md);
+
+// Every output position's window, as the input offsets of its valid positions (the same in every
+// plane, so worked out once when planned): the loops then carry no bounds checks.
+struct PoolWindows {
+  std::vector<std::int64_t> first;      // per output position (oh * OW + ow), then one past the last
+  std::vector<std::int64_t> offset;     // src offset of each valid position
+  std::vector<std::uint8_t> position;   // its index in the kh x kw window (max pooling's workspace)
+
+  explicit PoolWindows(const PoolGeometry& g);
+};
+
+// Calls body(at, first, last, c0) for every output position of a plane and every L lanes of its
+// channels: `at` is the position's offset in the output plane, [first, last) its window's valid
+// positions in `win`. Inlined into each build of the loops, so the body is compiled for its ISA.
+template <int L, class Body>
+[[gnu::always_inline]] inline void for_each_window(const PoolGeometry& g, const PoolWindows& win, Body&& body) {
+  for (std::int64_t oh = 0; oh < g.oh; ++oh)
+    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
+      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
+      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
+      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) body(at, first, last, c0);
+    }
+}
+
+// Zeroes the input positions of a plane: `rows` whole (every column), then `cols` whole; L lanes
+// per store. A call to memset per position cost the seed CNN's second pooling (11 x 11 inputs,
+// its last row and column in no window) a third of its backward.
+template <class T, int L>
+void zero_positions(const PoolGeometry& g, T* diff_src, const std::vector<std::int64_t>& rows,
+                    const std::vector<std::int64_t>& cols) {
+  using Z = Vec<T, L>;
+  const auto zero_at = [&](std::int64_t ih, std::int64_t iw) {
+    T* at = diff_src + ih * g.src.row + iw * g.src.col;
+    for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) store(at + c0, Z{});
+  };
+  for (std::int64_t ih : rows)
+    for (std::int64_t iw = 0; iw < g.w; ++iw) zero_at(ih, iw);
+  for (std::int64_t iw : cols)
+    for (std::int64_t ih = 0; ih < g.h; ++ih) zero_at(ih, iw);
+}
+
+// A pooling on the loops above where pool_geometry covers its input (and `covers` agrees), else on
+// oneDNN's kernel. Either way it can apply the derivative of a relu below it while it writes its
+// input gradient (nn/kernel.hpp: its input is that relu's output), which the relu's layer then
+// leaves out; on oneDNN's kernel the derivative runs after the pooling, on the gradient.
+// A subclass supplies the planes' loops; planes (n, group) are independent and the replica's
+// OpenMP team shares them (for_each_plane).
+class OwnPool2DKernel : public nn::LayerKernel {
+ public:
+  OwnPool2DKernel(nn::Pool2DLayer& layer, OnednnContext& ctx, dnnl::algorithm algorithm);
+
+  LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override;
+  bool take_input_activation_backward(config::Activation below) override;
+  void bind(std::int64_t batch, const nn::LayerIO& io) override;
+  void forward(std::int64_t batch, const nn::StepContext& step) override;
+  void backward(std::int64_t batch, const nn::StepContext& step) override;
+
+ protected:
+  struct Plan {
+    std::int64_t batch = 0;
+    PoolGeometry geometry;
+    DType dtype = DType::f32;
+    std::unique_ptr<PoolWindows> windows;
+    std::int64_t dst_elements = 0;        // of dst's memory, padding lanes included
+    std::vector<std::uint8_t> workspace;  // max pooling's winners, sized by planned()
+    dnnl::memory src, dst, diff_dst, diff_src;
+  };
+
+  // Whether the loops of the subclass cover this geometry (beyond pool_geometry's rules).
+  virtual bool covers(const PoolGeometry&) const { return true; }
+  // After a plan on the loops is made (its dst arrangement set): sizes what the subclass keeps.
+  virtual void planned(Plan&) {}
+  virtual void forward_planes(Plan& p) = 0;
+  virtual void backward_planes(Plan& p) = 0;  // only where a layer below wants the gradient
+
+  // Calls body(n, group) for every plane of the batch, in the replica's OpenMP team.
+  template <class Body>
+  static void for_each_plane(const Plan& p, const Body& body) {
+    const std::int64_t groups = p.geometry.src.groups, planes = p.batch * groups;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t q = 0; q < planes; ++q) body(q / groups, q % groups);
+  }
+
+  LoopIsa isa() const { return isa_; }
+  bool relu_below() const { return relu_below_; }
+
+ private:
+  Plan* own_plan(std::int64_t batch);
+
+  nn::Pool2DLayer& layer_;
+  OnednnContext& ctx_;
+  LoopIsa isa_;               // the build of the loops this kernel runs
+  Pool2DKernel onednn_;       // for what the loops do not cover
+  std::vector<Plan> plans_;   // one per batch size planned on the loops (few: the batch and a last one)
+  bool relu_below_ = false;   // this backward applies the derivative of the relu below
+  ActivationFn relu_{config::Activation::relu};
+  std::vector<std::pair<std::int64_t, ActivationFn::Plan>> fallback_relu_;  // per batch oneDNN pools
+};
+
+}  // namespace dtrain::backends::onednn
