@@ -24,39 +24,54 @@ namespace {
 // keep[e] = nn::dropout_mask's for e < elements, one sample: B blocks (4B elements) per step.
 template <LoopIsa I>
 void draw_mask(const PhiloxInput& in, std::uint32_t threshold, std::int64_t elements, std::uint8_t* __restrict keep) {
-  // Each 32-bit word lives in a 64-bit lane (high half zero): the multiplies are then the CPU's
-  // 32x32->64 (vpmuludq) and nothing converts between widths inside the rounds.
+  // Each 32-bit word lives in a 64-bit lane: the multiplies are then the CPU's 32x32->64
+  // (vpmuludq: lanes.hpp's mul_low32), which read only a lane's low half, so inside the rounds the
+  // high halves may hold anything and the words are masked once, after the last round.
   constexpr int B = float_lanes(I) / 2;
   using U64 = Vec<std::uint64_t, B>;
+  using S64 = Vec<std::int64_t, B>;
   constexpr std::uint64_t low = 0xFFFFFFFFu;
+  const U64 mul0 = U64{} + kPhiloxMul0, mul1 = U64{} + kPhiloxMul1;
+  // Every round's keys as vectors, once per call (a scalar key broadcast in each round cost as
+  // much as the round's arithmetic).
+  U64 key0[kPhiloxRounds], key1[kPhiloxRounds];
+  for (std::uint64_t round = 0, k0 = in.key[0], k1 = in.key[1]; round < kPhiloxRounds; ++round) {
+    key0[round] = U64{} + k0;
+    key1[round] = U64{} + k1;
+    k0 = (k0 + kPhiloxWeyl0) & low;
+    k1 = (k1 + kPhiloxWeyl1) & low;
+  }
   U64 first;
   for (int j = 0; j < B; ++j) first[j] = static_cast<std::uint64_t>(j);
-  const std::int64_t blocks = (elements + 3) / 4;
-  for (std::int64_t b0 = 0; b0 < blocks; b0 += B) {
-    U64 c0 = (first + static_cast<std::uint64_t>(b0)) & low, c1 = U64{} + in.counter[1], c2 = U64{} + in.counter[2],
-        c3 = U64{} + in.counter[3];
-    std::uint64_t k0 = in.key[0], k1 = in.key[1];
-    for (int round = 0; round < kPhiloxRounds; ++round) {
-      const U64 p0 = (c0 & low) * std::uint64_t{kPhiloxMul0};
-      const U64 p1 = (c2 & low) * std::uint64_t{kPhiloxMul1};
-      c0 = (p1 >> 32) ^ c1 ^ k0;
-      c1 = p1 & low;
-      c2 = (p0 >> 32) ^ c3 ^ k1;
-      c3 = p0 & low;
-      k0 = (k0 + kPhiloxWeyl0) & low;
-      k1 = (k1 + kPhiloxWeyl1) & low;
-    }
-    // Block j's four keep bytes (elements 4j .. 4j + 3) as one little-endian 32-bit value: the
-    // transposition of the four words' lanes into element order, in vector operations.
-    const U64 one = U64{} + 1u, t = U64{} + threshold;
-    const U64 packed = (static_cast<U64>(c0 >= t) & one) | (static_cast<U64>(c1 >= t) & one) << 8 |
-                       (static_cast<U64>(c2 >= t) & one) << 16 | (static_cast<U64>(c3 >= t) & one) << 24;
+  const S64 t = S64{} + static_cast<std::int64_t>(threshold);
+  // Block j's four keep bytes (elements 4j .. 4j + 3) as one little-endian 32-bit value: the
+  // transposition of the four words' lanes into element order, in vector operations. The words
+  // are below 2^32 once masked: signed 64-bit compares (one instruction on AVX2) order them.
+  const auto packed = [&](const U64 (&c)[4]) {
+    const auto kept = [&](const U64& w) { return static_cast<U64>(std::bit_cast<S64>(w & low) >= t) & 1u; };
+    return kept(c[0]) | kept(c[1]) << 8 | kept(c[2]) << 16 | kept(c[3]) << 24;
+  };
+  const auto store_blocks = [&](std::int64_t b0, const U64& bytes) {
     std::uint8_t* out = keep + 4 * b0;
     if (4 * (b0 + B) <= elements) {
-      store(out, __builtin_convertvector(packed, Vec<std::uint32_t, B>));
+      store(out, __builtin_convertvector(bytes, Vec<std::uint32_t, B>));
     } else {
-      for (std::int64_t e = 0; e < elements - 4 * b0; ++e) out[e] = static_cast<std::uint8_t>(packed[e / 4] >> (8 * (e % 4)));
+      for (std::int64_t e = 0; e < elements - 4 * b0; ++e) out[e] = static_cast<std::uint8_t>(bytes[e / 4] >> (8 * (e % 4)));
     }
+  };
+  const std::int64_t blocks = (elements + 3) / 4;
+  for (std::int64_t b0 = 0; b0 < blocks; b0 += B) {
+    U64 c[4] = {(first + static_cast<std::uint64_t>(b0)) & low, U64{} + in.counter[1], U64{} + in.counter[2],
+                U64{} + in.counter[3]};
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      const U64 p0 = mul_low32<B>(c[0], mul0);
+      const U64 p1 = mul_low32<B>(c[2], mul1);
+      c[0] = (p1 >> 32) ^ c[1] ^ key0[round];
+      c[1] = p1;
+      c[2] = (p0 >> 32) ^ c[3] ^ key1[round];
+      c[3] = p0;
+    }
+    store_blocks(b0, packed(c));
   }
 }
 
