@@ -86,51 +86,33 @@ class AveragePooling2DKernel final : public OwnPool2DKernel {
 
  private:
   void forward_planes(Plan& p) override {
-    if (p.dtype == DType::bf16) return run_forward<std::uint16_t>(p);
-    run_forward<float>(p);
-  }
-  void backward_planes(Plan& p) override {
-    if (p.dtype == DType::bf16) return run_backward<std::uint16_t>(p);
-    run_backward<float>(p);
-  }
-
-  template <class T>
-  void run_forward(Plan& p) {
-    const PoolGeometry& g = p.geometry;
-    const PoolWindows& win = *p.windows;
-    const T* src = static_cast<const T*>(p.src.get_data_handle());
-    T* dst = static_cast<T*>(p.dst.get_data_handle());
-    const LoopIsa isa = this->isa();
-    for_each_plane(p, [&](std::int64_t n, std::int64_t group) {
-      const T* x = src + n * g.src.n + group * g.src.group;
-      T* y = dst + n * g.dst.n + group * g.dst.group;
-      run_with_lanes(isa, g.lanes, [&]<int L>() { forward_plane<T, L>(g, win, x, y); });
+    void* const src = p.src.get_data_handle();
+    void* const dst = p.dst.get_data_handle();
+    run_planes(p, [&]<class T, int L>(std::int64_t in, std::int64_t out) {
+      forward_plane<T, L>(p.geometry, *p.windows, static_cast<const T*>(src) + in, static_cast<T*>(dst) + out);
     });
   }
 
-  template <class T>
-  void run_backward(Plan& p) {
-    const PoolGeometry& g = p.geometry;
-    const PoolWindows& win = *p.windows;
-    const T* src = static_cast<const T*>(p.src.get_data_handle());
-    const T* diff_dst = static_cast<const T*>(p.diff_dst.get_data_handle());
-    T* diff_src = static_cast<T*>(p.diff_src.get_data_handle());
-    const LoopIsa isa = this->isa();
+  void backward_planes(Plan& p) override {
+    void* const src = p.src.get_data_handle();
+    void* const diff_dst = p.diff_dst.get_data_handle();
+    void* const diff_src = p.diff_src.get_data_handle();
     const bool relu = relu_below();
-    for_each_plane(p, [&](std::int64_t n, std::int64_t group) {
-      const std::int64_t in = n * g.src.n + group * g.src.group;
-      const T* dy = diff_dst + n * g.dst.n + group * g.dst.group;
-      run_with_lanes(isa, g.lanes, [&]<int L>() {
-        if constexpr (std::is_same_v<T, float>) {
-          if (g.overlapping) {
-            if (relu) backward_plane_overlapping<L, true>(g, win, src + in, dy, diff_src + in);
-            else backward_plane_overlapping<L, false>(g, win, src + in, dy, diff_src + in);
-            return;
-          }
+    run_planes(p, [&]<class T, int L>(std::int64_t in, std::int64_t out) {
+      const PoolGeometry& g = p.geometry;
+      const PoolWindows& win = *p.windows;
+      const T* x = static_cast<const T*>(src) + in;
+      const T* dy = static_cast<const T*>(diff_dst) + out;
+      T* dx = static_cast<T*>(diff_src) + in;
+      if constexpr (std::is_same_v<T, float>) {
+        if (g.overlapping) {
+          if (relu) backward_plane_overlapping<L, true>(g, win, x, dy, dx);
+          else backward_plane_overlapping<L, false>(g, win, x, dy, dx);
+          return;
         }
-        if (relu) backward_plane_disjoint<T, L, true>(g, win, src + in, dy, diff_src + in);
-        else backward_plane_disjoint<T, L, false>(g, win, src + in, dy, diff_src + in);
-      });
+      }
+      if (relu) backward_plane_disjoint<T, L, true>(g, win, x, dy, dx);
+      else backward_plane_disjoint<T, L, false>(g, win, x, dy, dx);
     });
   }
 };

@@ -244,7 +244,8 @@ inline Vec<std::uint8_t, L> narrow_to_bytes(const Vec<std::int32_t, L>& v) {
 // them inlined into the function built for that ISA (run_for's flatten), never elsewhere.
 [[gnu::target("avx2")]] inline Vec<std::uint64_t, 4> mul_low32_avx2(const Vec<std::uint64_t, 4>& a,
                                                                    const Vec<std::uint64_t, 4>& b) {
-  return reinterpret_cast<Vec<std::uint64_t, 4>>(_mm256_mul_epu32(reinterpret_cast<__m256i>(a), reinterpret_cast<__m256i>(b)));
+  return reinterpret_cast<Vec<std::uint64_t, 4>>(
+      _mm256_mul_epu32(reinterpret_cast<__m256i>(a), reinterpret_cast<__m256i>(b)));
 }
 [[gnu::target("avx512f")]] inline Vec<std::uint64_t, 8> mul_low32_avx512(const Vec<std::uint64_t, 8>& a,
                                                                         const Vec<std::uint64_t, 8>& b) {
@@ -257,7 +258,8 @@ template <int N>
 inline Vec<std::uint64_t, N> mul_low32(const Vec<std::uint64_t, N>& a, const Vec<std::uint64_t, N>& b) {
   static_assert(N == 2 || N == 4 || N == 8, "2, 4 or 8 lanes of 64 bits");
   if constexpr (N == 2) {
-    return reinterpret_cast<Vec<std::uint64_t, 2>>(_mm_mul_epu32(reinterpret_cast<__m128i>(a), reinterpret_cast<__m128i>(b)));
+    return reinterpret_cast<Vec<std::uint64_t, 2>>(
+        _mm_mul_epu32(reinterpret_cast<__m128i>(a), reinterpret_cast<__m128i>(b)));
   } else if constexpr (N == 4) {
     return mul_low32_avx2(a, b);
   } else {

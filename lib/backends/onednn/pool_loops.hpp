@@ -84,7 +84,7 @@ void zero_positions(const PoolGeometry& g, T* diff_src, const std::vector<std::i
 // input gradient (nn/kernel.hpp: its input is that relu's output), which the relu's layer then
 // leaves out; on oneDNN's kernel the derivative runs after the pooling, on the gradient.
 // A subclass supplies the planes' loops; planes (n, group) are independent and the replica's
-// OpenMP team shares them (for_each_plane).
+// OpenMP team shares them (run_planes).
 class OwnPool2DKernel : public nn::LayerKernel {
  public:
   OwnPool2DKernel(nn::Pool2DLayer& layer, OnednnContext& ctx, dnnl::algorithm algorithm);
@@ -113,18 +113,32 @@ class OwnPool2DKernel : public nn::LayerKernel {
   virtual void forward_planes(Plan& p) = 0;
   virtual void backward_planes(Plan& p) = 0;  // only where a layer below wants the gradient
 
-  // Calls body(n, group) for every plane of the batch, in the replica's OpenMP team.
+  // Calls body.template operator()<T, L>(in, out) for every plane of the batch, in the replica's
+  // OpenMP team: T the plan's dtype (float, or std::uint16_t holding bf16), L the lanes of the build
+  // of the loops for isa() it runs in, `in` the plane's offset in src and diff_src, `out` in dst,
+  // diff_dst and the workspace. The OpenMP region itself is built for plain x86-64.
   template <class Body>
-  static void for_each_plane(const Plan& p, const Body& body) {
-    const std::int64_t groups = p.geometry.src.groups, planes = p.batch * groups;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t q = 0; q < planes; ++q) body(q / groups, q % groups);
+  void run_planes(const Plan& p, const Body& body) const {
+    if (p.dtype == DType::bf16) return run_planes_as<std::uint16_t>(p, body);
+    run_planes_as<float>(p, body);
   }
 
-  LoopIsa isa() const { return isa_; }
   bool relu_below() const { return relu_below_; }
 
  private:
+  template <class T, class Body>
+  void run_planes_as(const Plan& p, const Body& body) const {
+    const PoolGeometry& g = p.geometry;
+    const std::int64_t groups = g.src.groups, planes = p.batch * groups;
+    const LoopIsa isa = isa_;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t q = 0; q < planes; ++q) {
+      const std::int64_t n = q / groups, group = q % groups;
+      const std::int64_t in = n * g.src.n + group * g.src.group, out = n * g.dst.n + group * g.dst.group;
+      run_with_lanes(isa, g.lanes, [&]<int L>() { body.template operator()<T, L>(in, out); });
+    }
+  }
+
   Plan* own_plan(std::int64_t batch);
 
   nn::Pool2DLayer& layer_;
