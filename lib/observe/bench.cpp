@@ -236,11 +236,10 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.backward_gflops = gflops_of(backward, replica_samples, l.backward_ms.mean);
     std::tie(l.forward_bytes, l.backward_bytes) =
         layer_bytes(layer, l.backward_data, dtype_size(dtype), static_cast<double>(r.replica_batch));
-    // A relu's derivative applied here (by the layer above it): its bytes move in this backward,
-    // none in the relu's layer when that layer's backward is then the identity.
+    // A relu's derivative applied here (by the layer above it) moves its bytes in this backward;
+    // a layer whose backward is then the identity (the relu's) moves none.
     if (model.applies_activation_backward_below(i)) l.backward_bytes += derivative_bytes(layer, dtype_size(dtype));
-    if (model.backward_moves_nothing(i) && i + 1 < layers && model.applies_activation_backward_below(i + 1))
-      l.backward_bytes = 0.0;
+    if (model.backward_moves_nothing(i)) l.backward_bytes = 0.0;
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     r.flops_per_sample += l.flops.forward + backward;

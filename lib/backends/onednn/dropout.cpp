@@ -44,34 +44,29 @@ void draw_mask(const PhiloxInput& in, std::uint32_t threshold, std::int64_t elem
   U64 first;
   for (int j = 0; j < B; ++j) first[j] = static_cast<std::uint64_t>(j);
   const S64 t = S64{} + static_cast<std::int64_t>(threshold);
-  // Block j's four keep bytes (elements 4j .. 4j + 3) as one little-endian 32-bit value: the
-  // transposition of the four words' lanes into element order, in vector operations. The words
-  // are below 2^32 once masked: signed 64-bit compares (one instruction on AVX2) order them.
-  const auto packed = [&](const U64 (&c)[4]) {
-    const auto kept = [&](const U64& w) { return static_cast<U64>(std::bit_cast<S64>(w & low) >= t) & 1u; };
-    return kept(c[0]) | kept(c[1]) << 8 | kept(c[2]) << 16 | kept(c[3]) << 24;
-  };
-  const auto store_blocks = [&](std::int64_t b0, const U64& bytes) {
-    std::uint8_t* out = keep + 4 * b0;
-    if (4 * (b0 + B) <= elements) {
-      store(out, __builtin_convertvector(bytes, Vec<std::uint32_t, B>));
-    } else {
-      for (std::int64_t e = 0; e < elements - 4 * b0; ++e) out[e] = static_cast<std::uint8_t>(bytes[e / 4] >> (8 * (e % 4)));
-    }
-  };
   const std::int64_t blocks = (elements + 3) / 4;
   for (std::int64_t b0 = 0; b0 < blocks; b0 += B) {
-    U64 c[4] = {(first + static_cast<std::uint64_t>(b0)) & low, U64{} + in.counter[1], U64{} + in.counter[2],
-                U64{} + in.counter[3]};
+    U64 c0 = (first + static_cast<std::uint64_t>(b0)) & low, c1 = U64{} + in.counter[1], c2 = U64{} + in.counter[2],
+        c3 = U64{} + in.counter[3];
     for (int round = 0; round < kPhiloxRounds; ++round) {
-      const U64 p0 = mul_low32<B>(c[0], mul0);
-      const U64 p1 = mul_low32<B>(c[2], mul1);
-      c[0] = (p1 >> 32) ^ c[1] ^ key0[round];
-      c[1] = p1;
-      c[2] = (p0 >> 32) ^ c[3] ^ key1[round];
-      c[3] = p0;
+      const U64 p0 = mul_low32<B>(c0, mul0);
+      const U64 p1 = mul_low32<B>(c2, mul1);
+      c0 = (p1 >> 32) ^ c1 ^ key0[round];
+      c1 = p1;
+      c2 = (p0 >> 32) ^ c3 ^ key1[round];
+      c3 = p0;
     }
-    store_blocks(b0, packed(c));
+    // Block j's four keep bytes (elements 4j .. 4j + 3) as one little-endian 32-bit value: the
+    // transposition of the four words' lanes into element order, in vector operations. The words
+    // are below 2^32 once masked: signed 64-bit compares (one instruction on AVX2) order them.
+    const auto kept = [&](const U64& w) { return static_cast<U64>(std::bit_cast<S64>(w & low) >= t) & 1u; };
+    const U64 packed = kept(c0) | kept(c1) << 8 | kept(c2) << 16 | kept(c3) << 24;
+    std::uint8_t* out = keep + 4 * b0;
+    if (4 * (b0 + B) <= elements) {
+      store(out, __builtin_convertvector(packed, Vec<std::uint32_t, B>));
+    } else {
+      for (std::int64_t e = 0; e < elements - 4 * b0; ++e) out[e] = static_cast<std::uint8_t>(packed[e / 4] >> (8 * (e % 4)));
+    }
   }
 }
 
