@@ -62,6 +62,12 @@ class LayerKernel {
   virtual bool take_output_max_pooling(const MaxPool2D&, bool /*input_gradient*/) { return false; }
   virtual void skip_pooling() {}
 
+  // The layer above reads only the leading `rows` x `columns` of this layer's output
+  // (Layer::input_extent_read; called once, before the first plan, for a layer above that is not
+  // computed here): the gradient this kernel's backward starts from is zero past them, so its sums
+  // over the output's positions may leave those out, as the +0 terms they would add.
+  virtual void output_read_within(std::int64_t /*rows*/, std::int64_t /*columns*/) {}
+
   // Fusing an activation's backward into the layer above (called once, before the first plan).
   // A relu's derivative zeroes the gradient where the relu's output is zero; a max pooling above it
   // writes its input gradient only where its max came from, and that max is the relu's output, so

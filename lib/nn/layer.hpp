@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -122,6 +123,14 @@ class Layer {
   // gradient goes. A max pooling has it in its own output (the max is the relu's output where it
   // came from); an average pooling reads its input.
   virtual BackwardReads derivative_below_reads() const { return BackwardReads::nothing; }
+  // The leading rows and columns of a (height, width, channels) input that forward reads, where
+  // fewer than all: a pooling whose last window ends before its input does (2 x 2 windows over 11
+  // rows read 10). Its input's gradient is zero past them, so the layer below may leave those
+  // positions out of the sums its backward takes (LayerKernel::output_read_within).
+  struct InputExtent {
+    std::int64_t rows = 0, columns = 0;
+  };
+  virtual std::optional<InputExtent> input_extent_read() const { return std::nullopt; }
 
   // The oracle: plain loops in double, obviously correct, what every backend's kernel is tested
   // against (and what is itself checked against finite differences).

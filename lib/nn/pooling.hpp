@@ -4,6 +4,7 @@
 //   output y (N, OH, OW, C); OH, OW and the padding from nn/padding.hpp
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <optional>
 
@@ -49,6 +50,14 @@ class Pool2DLayer : public Layer {
   const std::array<int, 2>& strides() const { return strides_; }
   const Padding1D& padding_h() const { return pad_h_; }
   const Padding1D& padding_w() const { return pad_w_; }
+  std::optional<InputExtent> input_extent_read() const override {
+    const Shape& in = input_shape();
+    const InputExtent read{
+        std::min(in[0], (pad_h_.out - 1) * strides_[0] - pad_h_.before + params_.pool_size[0]),
+        std::min(in[1], (pad_w_.out - 1) * strides_[1] - pad_w_.before + params_.pool_size[1])};
+    if (read.rows == in[0] && read.columns == in[1]) return std::nullopt;
+    return read;
+  }
   // The reference layers' description of this pooling for `batch` examples.
   reference::PoolDims dims(std::int64_t batch) const {
     const Shape& in = input_shape();

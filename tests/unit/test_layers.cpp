@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <span>
 #include <thread>
 #include <utility>
@@ -487,6 +488,52 @@ nn::BatchNormalizationOptions batch_norm(bool center = true, bool scale = true) 
 }
 
 }  // namespace
+
+TEST_CASE("a convolution's weight gradients leave out the output rows and columns the pooling above does not read") {
+  // The pooling's last window ends before its input does: the gradient there is zero, and the
+  // convolution's own weight loops (32 input channels: a sample's planes in the caches) sum over
+  // the positions read only. The oracle sums over all of them.
+  struct Read {
+    std::string label;
+    Shape input;
+    std::vector<L> layers;
+    std::optional<nn::Layer::InputExtent> extent;  // what the pooling (layer 1) reads of its input
+  };
+  const std::vector<Read> cases{
+      {"2x2 windows over 11 x 11 (the seed CNN's second convolution)", Shape{13, 13, 32},
+       {conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       nn::Layer::InputExtent{10, 10}},
+      {"3x3 average windows at stride 2 over 12 x 10", Shape{14, 12, 32},
+       {conv(8, 3, 1, Padding::valid, Activation::linear), avg_pool(3, 2, Padding::valid), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       nn::Layer::InputExtent{11, 9}},
+      {"gaps between windows (2 x 2 at stride 3), 'same' convolution", Shape{12, 12, 32},
+       {conv(8, 3, 1, Padding::same, Activation::relu), pool(2, 3, Padding::valid), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       nn::Layer::InputExtent{11, 11}},
+      {"'same' pooling reads every row", Shape{13, 13, 32},
+       {conv(8, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::same), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       std::nullopt},
+  };
+  for (const Read& r : cases) {
+    CAPTURE(r.label);
+    config::ModelConfig mc;
+    mc.input_shape = r.input.to_vector();
+    for (std::size_t i = 0; i < r.layers.size(); ++i) mc.layers.push_back(named(r.layers[i], fmt::format("l{}", i)));
+    const nn::Sequential model(mc, 7, testing::cpu());
+    const auto extent = model.layer(1).input_extent_read();
+    REQUIRE(extent.has_value() == r.extent.has_value());
+    if (extent) {
+      CHECK(extent->rows == r.extent->rows);
+      CHECK(extent->columns == r.extent->columns);
+    }
+    Case c{r.label, r.input, r.layers, 3};
+    c.input_gradient = true;
+    check_case(c);
+  }
+}
 
 TEST_CASE("average_pooling2d and global_average_pooling2d match the reference and finite differences") {
   check_case({"2x2 valid", Shape{6, 6, 3}, {avg_pool(2, 2, Padding::valid)}, 2});
