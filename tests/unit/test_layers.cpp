@@ -489,10 +489,12 @@ nn::BatchNormalizationOptions batch_norm(bool center = true, bool scale = true) 
 
 }  // namespace
 
-TEST_CASE("a convolution's weight gradients leave out the output rows and columns the pooling above does not read") {
-  // The pooling's last window ends before its input does: the gradient there is zero, and the
-  // convolution's own weight loops (32 input channels: a sample's planes in the caches) sum over
-  // the positions read only. The oracle sums over all of them.
+TEST_CASE("a convolution computes only the output rows and columns the pooling above reads") {
+  // The pooling's last window ends before its input does: the gradient there is zero. On 32 input
+  // channels the convolution's oneDNN primitives run on copies cropped to the rows and columns
+  // read (where a tenth or more are left out) and its own weight loops (a sample's planes in the
+  // caches) sum over the positions read; the input's gradient past what the crop reads is +0.
+  // The oracle computes every position.
   struct Read {
     std::string label;
     Shape input;

@@ -1,8 +1,58 @@
 #include "backends/onednn/weighted_op.hpp"
 
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "backends/onednn/lanes.hpp"
+#include "core/error.hpp"
+
 namespace dtrain::backends::onednn {
 
 using dnnl::memory;
+
+namespace {
+
+// A new memory for the leading `dims` (N, C, H, W) of `whole`, arranged as `whole` is (channels
+// innermost: Conv2DKernel crops only such planes).
+memory leading_part(const OnednnContext& ctx, const memory& whole, const memory::dims& dims) {
+  const std::optional<Arrangement> a = arrangement_of(whole.get_desc());
+  DTRAIN_CHECK(a.has_value(), "a cropped plane is arranged with its channels innermost");
+  return memory(arranged_like(*a, dims, whole.get_desc().data_type()), ctx.engine);
+}
+
+// Copies the leading part `part` holds between it and `whole` (to_whole: part into whole), a row of
+// positions at a time; to_whole also zeroes the positions of `whole` outside the part. oneDNN 2.6's
+// reorder of a channels-last sub-memory crashed, so these copies are this file's own.
+void copy_part(const memory& whole, const memory& part, bool to_whole) {
+  const std::optional<Arrangement> w = arrangement_of(whole.get_desc()), p = arrangement_of(part.get_desc());
+  const memory::dims dims = whole.get_desc().dims(), kept = part.get_desc().dims();
+  const std::size_t bytes = memory::data_type_size(whole.get_desc().data_type());
+  auto* whole_base = static_cast<std::byte*>(whole.get_data_handle());
+  auto* part_base = static_cast<std::byte*>(part.get_data_handle());
+  auto at = [bytes](std::byte* base, const Arrangement& a, std::int64_t n, std::int64_t g, std::int64_t h,
+                    std::int64_t c) { return base + static_cast<std::size_t>(n * a.n + g * a.group + h * a.row + c * a.col) * bytes; };
+  // A row's positions of one channel group follow each other (nhwc, nChw8c): a row at a time.
+  // Where groups interleave instead (strides oneDNN may pick), a position at a time.
+  const std::int64_t run = w->col == w->lanes && p->col == p->lanes ? dims[3] : 1;
+  const auto position = static_cast<std::size_t>(w->lanes) * bytes;  // a position's lanes of one group
+  for (std::int64_t n = 0; n < dims[0]; ++n)
+    for (std::int64_t g = 0; g < w->groups; ++g)
+      for (std::int64_t h = 0; h < dims[2]; ++h) {
+        const std::int64_t columns = h < kept[2] ? kept[3] : 0;
+        for (std::int64_t c = 0; c < columns; c += run) {
+          const auto size = position * static_cast<std::size_t>(std::min(run, columns - c));
+          std::byte* in_whole = at(whole_base, *w, n, g, h, c);
+          std::byte* in_part = at(part_base, *p, n, g, h, c);
+          if (to_whole) std::memcpy(in_whole, in_part, size);
+          else std::memcpy(in_part, in_whole, size);
+        }
+        for (std::int64_t c = columns; to_whole && c < dims[3]; c += run)
+          std::memset(at(whole_base, *w, n, g, h, c), 0, position * static_cast<std::size_t>(std::min(run, dims[3] - c)));
+      }
+}
+
+}  // namespace
 
 DnnlIO wrap_io(const OnednnContext& ctx, const nn::LayerIO& io) {
   DnnlIO out;
@@ -17,10 +67,18 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
                       const ActivationFn& act, WeightedOpPlan& p) {
   // Forward: src and kernel into the layouts the forward primitive chose; dst is the model's
   // memory, which the model allocated with exactly the primitive's dst layout.
-  memory src = layout_for(ctx, io.src, p.fwd_pd.src_desc(0), p.src_in, false);
+  // Cropped, the primitives compute on the leading parts (WeightedOpPlan::Crop).
+  if (p.crop) {
+    p.src_whole = io.src;
+    p.dst_whole = io.dst;
+    p.src_part = leading_part(ctx, io.src, p.crop->src);
+    p.dst_part = leading_part(ctx, io.dst, p.crop->dst);
+  }
+  memory src = layout_for(ctx, p.crop ? p.src_part : io.src, p.fwd_pd.src_desc(0), p.src_in, false);
   memory w_user = ctx.wrap(kernel_md, kernel.value.raw());
   memory w = layout_for(ctx, w_user, p.fwd_pd.weights_desc(0), p.weights_in, false);
-  p.fwd = {p.fwd_prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, io.dst}}};
+  memory dst = p.crop ? layout_for(ctx, p.dst_part, p.fwd_pd.dst_desc(0), p.dst_out, true) : io.dst;
+  p.fwd = {p.fwd_prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}}};
   memory bias_mem, dbias_mem;
   if (bias) {
     bias_mem = ctx.wrap(p.fwd_pd.weights_desc(1), bias->value.raw());
@@ -28,10 +86,15 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
     p.fwd.args.emplace(DNNL_ARG_BIAS, bias_mem);
   }
   act.bind(ctx, io.dst, io.diff_dst, p.act);
+  if (p.crop) {
+    p.pre_grad_whole = p.act.pre_grad;
+    p.pre_grad_part = leading_part(ctx, p.act.pre_grad, p.crop->dst);
+  }
+  const memory& pre_grad = p.crop ? p.pre_grad_part : p.act.pre_grad;
 
   // Backward weights: reads the forward's src and the gradient before the activation.
   memory bw_src = layout_for(ctx, src, p.bwd_weights_pd.src_desc(0), p.bw_src_in, false);
-  memory bw_ddst = layout_for(ctx, p.act.pre_grad, p.bwd_weights_pd.diff_dst_desc(0), p.bw_diff_dst_in, false);
+  memory bw_ddst = layout_for(ctx, pre_grad, p.bwd_weights_pd.diff_dst_desc(0), p.bw_diff_dst_in, false);
   memory dw_user = ctx.wrap(kernel_md, kernel.grad.raw());
   memory dw = layout_for(ctx, dw_user, p.bwd_weights_pd.diff_weights_desc(0), p.dw_out, true);
   p.bwd_weights = {p.bwd_weights_prim, {{DNNL_ARG_SRC, bw_src}, {DNNL_ARG_DIFF_DST, bw_ddst}, {DNNL_ARG_DIFF_WEIGHTS, dw}}};
@@ -41,22 +104,32 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
   p.has_diff_src = static_cast<bool>(io.diff_src);
   if (p.has_diff_src) {
     memory bd_w = layout_for(ctx, w, p.bwd_data_pd.weights_desc(0), p.bd_weights_in, false);
-    memory bd_ddst = layout_for(ctx, p.act.pre_grad, p.bwd_data_pd.diff_dst_desc(0), p.bd_diff_dst_in, false);
-    memory bd_dsrc = layout_for(ctx, io.diff_src, p.bwd_data_pd.diff_src_desc(0), p.bd_diff_src_out, true);
+    if (p.crop) {
+      p.diff_src_whole = io.diff_src;
+      p.diff_src_part = leading_part(ctx, io.diff_src, p.crop->src);
+    }
+    memory bd_ddst = layout_for(ctx, pre_grad, p.bwd_data_pd.diff_dst_desc(0), p.bd_diff_dst_in, false);
+    memory bd_dsrc = layout_for(ctx, p.crop ? p.diff_src_part : io.diff_src, p.bwd_data_pd.diff_src_desc(0),
+                                p.bd_diff_src_out, true);
     p.bwd_data = {p.bwd_data_prim, {{DNNL_ARG_WEIGHTS, bd_w}, {DNNL_ARG_DIFF_DST, bd_ddst}, {DNNL_ARG_DIFF_SRC, bd_dsrc}}};
   }
 }
 
 LayoutPtr WeightedOpKernel::keep(std::int64_t batch, const Shape& out, const dnnl::primitive_desc& fwd,
-                                 const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights) {
+                                 const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights,
+                                 const std::optional<WeightedOpPlan::Crop>& crop) {
   WeightedOpPlan& p = plans_.create(batch);
+  p.crop = crop;
   p.fwd_pd = fwd;
   p.bwd_data_pd = bwd_data;
   p.bwd_weights_pd = bwd_weights;
   p.fwd_prim = dnnl::primitive(fwd);
   p.bwd_data_prim = dnnl::primitive(bwd_data);
   p.bwd_weights_prim = dnnl::primitive(bwd_weights);
-  return make_layout(out, compute_, fwd.dst_desc());
+  if (!crop) return make_layout(out, compute_, fwd.dst_desc());
+  const std::optional<Arrangement> a = arrangement_of(fwd.dst_desc());
+  DTRAIN_CHECK(a.has_value(), "a cropped output is arranged with its channels innermost");
+  return make_layout(out, compute_, arranged_like(*a, {out[0], out[3], out[1], out[2]}, fwd.dst_desc().data_type()));
 }
 
 void WeightedOpKernel::bind_variables(std::int64_t batch, const nn::LayerIO& io, const memory::desc& kernel_md,
@@ -66,15 +139,21 @@ void WeightedOpKernel::bind_variables(std::int64_t batch, const nn::LayerIO& io,
 
 void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
   WeightedOpPlan& p = plans_.get(batch);
+  if (p.crop) copy_part(p.src_whole, p.src_part, false);
   p.src_in.run(ctx_);
   p.weights_in.run(ctx_);
   p.fwd.run(ctx_);
+  if (p.crop) {
+    p.dst_out.run(ctx_);
+    copy_part(p.dst_whole, p.dst_part, true);
+  }
   act_.forward(ctx_, p.act);
 }
 
 void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext& step) {
   WeightedOpPlan& p = plans_.get(batch);
   if (!activation_backward_elsewhere_) act_.backward(ctx_, p.act);
+  if (p.crop) copy_part(p.pre_grad_whole, p.pre_grad_part, false);
   // A layer's own weight loops come last: where the lanes share their items (nn::StepContext::
   // shared_work), the lanes leave them together, and the later in the step that is, the less
   // time is left for them to drift apart again before their gradients are summed.
@@ -98,6 +177,8 @@ void WeightedOpKernel::input_gradient(WeightedOpPlan& p) {
   p.bd_diff_dst_in.run(ctx_);
   p.bwd_data.run(ctx_);
   p.bd_diff_src_out.run(ctx_);
+  // The positions past the crop feed only outputs the layer above does not read: +0.
+  if (p.crop) copy_part(p.diff_src_whole, p.diff_src_part, true);
 }
 
 }  // namespace dtrain::backends::onednn

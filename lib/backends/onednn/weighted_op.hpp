@@ -4,6 +4,8 @@
 // Keras-layout variables. A reorder exists only where two layouts really differ.
 #pragma once
 
+#include <optional>
+
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "backends/onednn/activation_fn.hpp"
@@ -30,6 +32,20 @@ struct WeightedOpPlan {
   BoundPrimitive fwd, bwd_weights, bwd_data;
   ActivationFn::Plan act;
   bool has_diff_src = false;
+  // Where the layer above reads only the leading rows and columns of the output (LayerKernel::
+  // output_read_within), the three primitives compute on those alone: on copies of the input's
+  // leading `src` (N, C, H, W) and of the output gradient's leading `dst`, into copies of the
+  // output's and the input gradient's, each arranged as the model's memory it comes from or goes
+  // to (channels innermost), then reordered for the primitive where it chose otherwise. The
+  // output's other positions are +0, and so are the input gradient's past `src` (the layer above
+  // reads nothing they feed).
+  struct Crop {
+    dnnl::memory::dims src, dst;
+  };
+  std::optional<Crop> crop;
+  dnnl::memory src_whole, dst_whole, pre_grad_whole, diff_src_whole;  // the model's memories
+  dnnl::memory src_part, dst_part, pre_grad_part, diff_src_part;      // their leading parts
+  Reorder dst_out;
 };
 
 // kernel_md: the Keras layout of the kernel variable (hwio_md / io_md). bias may be null.
@@ -61,9 +77,11 @@ class WeightedOpKernel : public nn::LayerKernel {
     return dnnl::memory::desc(weights.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
   }
   // Keeps the primitive descriptors for `batch`, makes their primitives, and returns the layout of
-  // the output (`out`, the forward's dst).
+  // the output (`out`): the forward's dst, or where the primitives run cropped, `out` arranged as
+  // the forward's cropped dst is.
   LayoutPtr keep(std::int64_t batch, const Shape& out, const dnnl::primitive_desc& fwd,
-                 const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights);
+                 const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights,
+                 const std::optional<WeightedOpPlan::Crop>& crop = std::nullopt);
   void bind_variables(std::int64_t batch, const nn::LayerIO& io, const dnnl::memory::desc& kernel_md,
                       Variable& kernel, Variable* bias);
   // A layer's own loops for its variables' gradients, run in place of oneDNN's backward-weights
