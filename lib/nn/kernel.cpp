@@ -62,7 +62,9 @@ class CallScoped final : public LayerKernel {
     return inner_->take_output_max_pooling(pool, input_gradient);
   }
   void skip_pooling() override { inner_->skip_pooling(); }
-  void output_read_within(std::int64_t rows, std::int64_t columns) override { inner_->output_read_within(rows, columns); }
+  void output_read_within(std::int64_t rows, std::int64_t columns) override {
+    inner_->output_read_within(rows, columns);
+  }
   config::Activation output_activation() const override { return inner_->output_activation(); }
   bool take_input_activation_backward(config::Activation a) override { return inner_->take_input_activation_backward(a); }
   void skip_activation_backward() override { inner_->skip_activation_backward(); }

@@ -176,9 +176,12 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
       computed_below_[i] = true;
     }
   }
-  for (std::size_t i = 1; i < kernels_.size(); ++i)
-    if (!computed_below_[i])
-      if (const auto read = layers_[i]->input_extent_read()) kernels_[i - 1]->output_read_within(read->rows, read->columns);
+  // What each layer reads of its input, told to the kernel below (a pooling computed there is not
+  // a layer above it).
+  for (std::size_t i = 1; i < kernels_.size(); ++i) {
+    const auto read = computed_below_[i] ? std::nullopt : layers_[i]->input_extent_read();
+    if (read) kernels_[i - 1]->output_read_within(read->rows, read->columns);
+  }
   derivative_above_.assign(kernels_.size(), false);
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
     const config::Activation below = kernels_[i - 1]->output_activation();

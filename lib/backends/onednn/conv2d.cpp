@@ -39,9 +39,9 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <limits>
 #include <array>
 #include <bit>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -488,9 +488,10 @@ class Conv2DKernel final : public WeightedOpKernel {
     const Shape out = layer_.output_shape().with_batch(batch);
     const memory::dims strides{o.strides[0], o.strides[1]};
     const memory::dims pad_before{layer_.padding_h().before, layer_.padding_w().before};
-    memory::dims pad_after{layer_.padding_h().after, layer_.padding_w().after};
-    auto src = any_md(in.with_batch(batch), compute_);
-    auto dst = any_md(out, compute_);
+    const memory::dims whole_pad_after{layer_.padding_h().after, layer_.padding_w().after};
+    const memory::desc whole_src = any_md(in.with_batch(batch), compute_), whole_dst = any_md(out, compute_);
+    memory::dims pad_after = whole_pad_after;
+    memory::desc src = whole_src, dst = whole_dst;
     auto weights = memory::desc({o.filters, in[2], o.kernel_size[0], o.kernel_size[1]}, to_dnnl(compute_),
                                 memory::format_tag::any);
     auto bias = o.use_bias ? memory::desc({o.filters}, memory::data_type::f32, memory::format_tag::x) : memory::desc();
@@ -532,9 +533,9 @@ class Conv2DKernel final : public WeightedOpKernel {
     std::optional<Arrangement> dy = arrangement_of(fwd_pd.dst_desc());
     if (crop && !dy) {
       crop.reset();
-      src = any_md(in.with_batch(batch), compute_);
-      dst = any_md(out, compute_);
-      pad_after = {layer_.padding_h().after, layer_.padding_w().after};
+      src = whole_src;
+      dst = whole_dst;
+      pad_after = whole_pad_after;
       fwd_pd = forward_pd();
       dy = arrangement_of(fwd_pd.dst_desc());
     } else if (crop) {
@@ -552,14 +553,14 @@ class Conv2DKernel final : public WeightedOpKernel {
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd, crop);
   }
 
-  // The pooling's conditions (the loops at the top of this file) and the weight loops' (few input
-  // channels, f32, filter vectors of 8): known before any plan, so a taken pooling is always
-  // computed here.
   void output_read_within(std::int64_t rows, std::int64_t columns) override {
     rows_read_ = rows;
     columns_read_ = columns;
   }
 
+  // The pooling's conditions (the loops at the top of this file) and the weight loops' (few input
+  // channels, f32, filter vectors of 8): known before any plan, so a taken pooling is always
+  // computed here.
   bool take_output_max_pooling(const nn::MaxPool2D& pool, bool input_gradient) override {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
@@ -845,8 +846,8 @@ class Conv2DKernel final : public WeightedOpKernel {
   std::vector<WeightLoops> weight_loops_;  // per planned batch size that uses the loops above
   const nn::MaxPool2D* pool_ = nullptr;    // the max pooling this layer computes (take_output_max_pooling)
   // The output rows and columns the layer above reads (output_read_within): the weight loops sum
-  // over no others. A 2 x 2 pooling over the seed CNN's 11 x 11 second convolution reads 10 x 10,
-  // 17 % of the weight gradients' multiply-adds left out.
+  // over no others, and the primitives may run cropped to them (plan). A 2 x 2 pooling over the
+  // seed CNN's 11 x 11 second convolution reads 10 x 10: 17 % of the multiply-adds left out.
   std::int64_t rows_read_ = std::numeric_limits<std::int64_t>::max();
   std::int64_t columns_read_ = std::numeric_limits<std::int64_t>::max();
 };

@@ -31,7 +31,9 @@ void copy_part(const memory& whole, const memory& part, bool to_whole) {
   auto* whole_base = static_cast<std::byte*>(whole.get_data_handle());
   auto* part_base = static_cast<std::byte*>(part.get_data_handle());
   auto at = [bytes](std::byte* base, const Arrangement& a, std::int64_t n, std::int64_t g, std::int64_t h,
-                    std::int64_t c) { return base + static_cast<std::size_t>(n * a.n + g * a.group + h * a.row + c * a.col) * bytes; };
+                    std::int64_t c) {
+    return base + static_cast<std::size_t>(n * a.n + g * a.group + h * a.row + c * a.col) * bytes;
+  };
   // A row's positions of one channel group follow each other (nhwc, nChw8c): a row at a time.
   // Where groups interleave instead (strides oneDNN may pick), a position at a time.
   const std::int64_t run = w->col == w->lanes && p->col == p->lanes ? dims[3] : 1;
@@ -47,8 +49,10 @@ void copy_part(const memory& whole, const memory& part, bool to_whole) {
           if (to_whole) std::memcpy(in_whole, in_part, size);
           else std::memcpy(in_part, in_whole, size);
         }
-        for (std::int64_t c = columns; to_whole && c < dims[3]; c += run)
-          std::memset(at(whole_base, *w, n, g, h, c), 0, position * static_cast<std::size_t>(std::min(run, dims[3] - c)));
+        for (std::int64_t c = columns; to_whole && c < dims[3]; c += run) {
+          const auto size = position * static_cast<std::size_t>(std::min(run, dims[3] - c));
+          std::memset(at(whole_base, *w, n, g, h, c), 0, size);
+        }
       }
 }
 
