@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "backends/onednn/weighted_op.hpp"
+#include "core/bfloat16.hpp"
 #include "core/rng.hpp"
 #include "core/shared_work.hpp"
 #include "layer_oracle.hpp"
@@ -434,6 +436,171 @@ TEST_CASE("a first convolution computes the max pooling above it, as the two lay
                          3);
   inference.mode = nn::Mode::inference;
   check_case(inference);
+  if (testing::cpu().cannot_compute_in(DType::bf16).empty()) {  // (mixed_bfloat16's cases say where not)
+    Case bf16 = fused("bfloat16", Shape{10, 10, 1},
+                      {conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                       nn::FlattenOptions{}, dense(3, Activation::linear)},
+                      3);
+    bf16.compute = DType::bf16;
+    bf16.gradient_tolerance = kBf16RoutedGradientTolerance;
+    check_case(bf16);
+  }
+}
+
+namespace {
+
+// The kernel's gradient of a first convolution (layer 0) with the max pooling above it (layer 1),
+// in double, on x and a kernel already rounded to bfloat16: each position's activation rounded to
+// bfloat16, a window's max the first of its largest rounded values, its gradient (dy, pooled and
+// flattened) routed there (under relu, nowhere where that max is not positive).
+Vec<double> rounded_winner_kernel_gradient(const nn::Sequential& model, const Tensor& x, std::span<const float> dy,
+                                           std::int64_t batch) {
+  const auto& conv = static_cast<const nn::Conv2D&>(model.layer(0));
+  const auto& pool = static_cast<const nn::MaxPool2D&>(model.layer(1));
+  const auto& o = conv.options();
+  const auto rounded = [](double v) {
+    return static_cast<double>(std::bit_cast<float>(
+        f32_bits_from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(static_cast<float>(v))))));
+  };
+  const Shape in = conv.input_shape();
+  const std::int64_t h = in[0], w = in[1], c = in[2], f = o.filters, kh = o.kernel_size[0], kw = o.kernel_size[1];
+  const std::int64_t oh = conv.padding_h().out, ow = conv.padding_w().out;
+  const std::int64_t ph_n = pool.output_shape()[0], pw_n = pool.output_shape()[1];
+  const auto& win = pool.params().pool_size;
+  const auto& stride = pool.strides();
+  const bool relu = o.activation == Activation::relu;
+  const auto vars = model.layer(0).variables();
+  const auto kernel = vars[nn::Conv2D::kKernel].value.span<float>();  // HWIO
+  const auto xs = x.span<float>();
+  // Every output position's rounded activation, then the windows.
+  Vec<double> act(static_cast<std::size_t>(batch * oh * ow * f));
+  for (std::int64_t n = 0; n < batch; ++n)
+    for (std::int64_t r = 0; r < oh; ++r)
+      for (std::int64_t q = 0; q < ow; ++q)
+        for (std::int64_t k = 0; k < f; ++k) {
+          double sum = o.use_bias ? static_cast<double>(vars[nn::Conv2D::kBias].value.span<float>()[k]) : 0.0;
+          for (std::int64_t i = 0; i < kh; ++i)
+            for (std::int64_t j = 0; j < kw; ++j) {
+              const std::int64_t ih = r * o.strides[0] - conv.padding_h().before + i;
+              const std::int64_t iw = q * o.strides[1] - conv.padding_w().before + j;
+              if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+              for (std::int64_t ch = 0; ch < c; ++ch)
+                sum += static_cast<double>(xs[((n * h + ih) * w + iw) * c + ch]) *
+                       rounded(kernel[((i * kw + j) * c + ch) * f + k]);
+            }
+          act[((n * oh + r) * ow + q) * f + k] = rounded(relu ? std::max(sum, 0.0) : sum);
+        }
+  Vec<double> dw(kernel.size(), 0.0);
+  for (std::int64_t n = 0; n < batch; ++n)
+    for (std::int64_t pr = 0; pr < ph_n; ++pr)
+      for (std::int64_t pq = 0; pq < pw_n; ++pq)
+        for (std::int64_t k = 0; k < f; ++k) {
+          std::int64_t best_r = -1, best_q = -1;
+          double best = 0;
+          for (std::int64_t i = 0; i < win[0]; ++i)
+            for (std::int64_t j = 0; j < win[1]; ++j) {
+              const std::int64_t r = pr * stride[0] + i, q = pq * stride[1] + j;
+              const double a = act[((n * oh + r) * ow + q) * f + k];
+              if (best_r < 0 || a > best) best = a, best_r = r, best_q = q;
+            }
+          if (relu && !(best > 0)) continue;
+          const double g = dy[static_cast<std::size_t>(((n * ph_n + pr) * pw_n + pq) * f + k)];
+          for (std::int64_t i = 0; i < kh; ++i)
+            for (std::int64_t j = 0; j < kw; ++j) {
+              const std::int64_t ih = best_r * o.strides[0] - conv.padding_h().before + i;
+              const std::int64_t iw = best_q * o.strides[1] - conv.padding_w().before + j;
+              if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+              for (std::int64_t ch = 0; ch < c; ++ch)
+                dw[((i * kw + j) * c + ch) * f + k] += g * xs[((n * h + ih) * w + iw) * c + ch];
+            }
+        }
+  return dw;
+}
+
+}  // namespace
+
+TEST_CASE("in bfloat16 a first convolution computes the pooling above it as float32 does on rounded values") {
+  // The bfloat16 loops round x and the kernel to bfloat16, sum in f32 in the float32 loops' order,
+  // and round each position before it is pooled. So on x and a kernel already rounded (and an
+  // output gradient already rounded), the float32 loops compute the same sums: the bfloat16
+  // output is the float32 output rounded (rounding keeps order, so the max of the rounded values
+  // is the rounded max), bit for bit, and the bias's gradient is the same sum. Where two positions
+  // of a window round to the same max the first wins in bfloat16, as the pooling layer apart
+  // would pick it, so the kernel's gradient is checked against an oracle in double that routes
+  // each window's gradient that way.
+  if (!testing::cpu().cannot_compute_in(DType::bf16).empty()) {
+    MESSAGE("this CPU has no bfloat16 instructions: mixed_bfloat16 is refused here, its fused loops not run");
+    return;
+  }
+  const auto rounded = [](float v) { return std::bit_cast<float>(f32_bits_from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(v)))); };
+  struct Shapes {
+    std::string label;
+    Shape input;
+    std::vector<L> layers;
+    std::int64_t batch;
+  };
+  const std::vector<Shapes> cases{
+      {"the seed CNN's first layers, 2x2 windows pooled in registers", Shape{28, 28, 1},
+       {conv(32, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid)}, 9},
+      {"rgb, 'same', linear, 3x3 windows (the plane of sums), 24 filters", Shape{13, 11, 3},
+       {conv(24, 3, 2, Padding::same, Activation::linear), pool(3, 3, Padding::valid)}, 4},
+      {"gaps between windows, 5x5 kernel on 2 channels, no bias", Shape{12, 12, 2},
+       {conv(16, 5, 1, Padding::valid, Activation::relu, false), pool(2, 3, Padding::valid)}, 5},
+  };
+  for (const Shapes& c : cases) {
+    CAPTURE(c.label);
+    config::ModelConfig mc;
+    mc.input_shape = c.input.to_vector();
+    std::vector<L> layers = c.layers;
+    // Flatten computes in bfloat16 and passes the pooled output through; a last layer computes in f32.
+    layers.push_back(nn::FlattenOptions{});
+    layers.push_back(nn::ActivationOptions{Activation::linear});
+    for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
+    nn::Sequential bf16(mc, 7, testing::cpu(), nn::ModelOptions{.compute = DType::bf16, .input_gradient = false});
+    nn::Sequential f32(mc, 7, testing::cpu(), nn::ModelOptions{.compute = DType::f32, .input_gradient = false});
+    REQUIRE(bf16.computed_by_layer_below(1));
+    REQUIRE(f32.computed_by_layer_below(1));
+    Rng rng(23, RngStream::test);
+    for (std::size_t k = 0; k < bf16.layer(0).variables().size(); ++k) {
+      auto from = bf16.layer(0).variables()[k].value.span<float>();
+      auto to = f32.layer(0).variables()[k].value.span<float>();
+      const bool kernel = k == nn::Conv2D::kKernel;
+      for (std::size_t i = 0; i < from.size(); ++i) {
+        from[i] = rng.uniform(-1.0f, 1.0f);
+        to[i] = kernel ? rounded(from[i]) : from[i];  // (the bias stays f32 in both)
+      }
+    }
+    const nn::StepContext step = testing::step_of(nn::Mode::training, c.batch);
+    Tensor x(c.input.with_batch(c.batch)), x_rounded(c.input.with_batch(c.batch));
+    for (std::size_t i = 0; i < x.span<float>().size(); ++i) {
+      x.span<float>()[i] = rng.uniform(-1.0f, 1.0f);
+      x_rounded.span<float>()[i] = rounded(x.span<float>()[i]);
+    }
+    const auto y16 = bf16.forward(x, step).span<float>();
+    const auto y32 = f32.forward(x_rounded, step).span<float>();
+    REQUIRE(y16.size() == y32.size());
+    std::size_t unequal = 0;
+    for (std::size_t i = 0; i < y16.size(); ++i) unequal += std::bit_cast<std::uint32_t>(y16[i]) != std::bit_cast<std::uint32_t>(rounded(y32[i]));
+    CHECK(unequal == 0);
+
+    auto dy16 = bf16.output_gradient().span<float>(), dy32 = f32.output_gradient().span<float>();
+    for (std::size_t i = 0; i < dy16.size(); ++i) {
+      dy16[i] = rng.uniform(-1.0f, 1.0f);
+      dy32[i] = rounded(dy16[i]);  // as the bfloat16 model stores its gradient below its last layer
+    }
+    bf16.backward(step);
+    f32.backward(step);
+    const auto vars16 = bf16.layer(0).variables(), vars32 = f32.layer(0).variables();
+    const Vec<double> dw16 = to_double(vars16[nn::Conv2D::kKernel].grad);
+    const Vec<double> dw = rounded_winner_kernel_gradient(bf16, x_rounded, dy32, c.batch);
+    CHECK(rel_err(dw16, dw) < 1e-5);
+    // Near-ties are common enough that routing by the float32 max would miss this by far more.
+    MESSAGE(c.label, ": against the float32 routing, ", rel_err(dw16, to_double(vars32[nn::Conv2D::kKernel].grad)));
+    if (vars16.size() > nn::Conv2D::kBias) {
+      const auto db16 = vars16[nn::Conv2D::kBias].grad.span<float>(), db32 = vars32[nn::Conv2D::kBias].grad.span<float>();
+      for (std::size_t i = 0; i < db16.size(); ++i) CHECK(db16[i] == db32[i]);
+    }
+  }
 }
 
 TEST_CASE("a max pooling stays its own layer where the convolution below cannot compute it") {
@@ -462,12 +629,6 @@ TEST_CASE("a max pooling stays its own layer where the convolution below cannot 
                                                           dense(3, Activation::linear)}));
   check_case(apart("the pooling is the last layer", Shape{10, 10, 1},
                    {conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid)}));
-  if (testing::cpu().cannot_compute_in(DType::bf16).empty()) {  // (mixed_bfloat16's cases say where not)
-    Case bf16 = apart("bfloat16", Shape{10, 10, 1}, seed);
-    bf16.compute = DType::bf16;
-    bf16.gradient_tolerance = kBf16RoutedGradientTolerance;
-    check_case(bf16);
-  }
 }
 
 namespace {
@@ -492,9 +653,9 @@ nn::BatchNormalizationOptions batch_norm(bool center = true, bool scale = true) 
 TEST_CASE("a convolution computes only the output rows and columns the pooling above reads") {
   // The pooling's last window ends before its input does: the gradient there is zero. On 32 input
   // channels the convolution's oneDNN primitives run on copies cropped to the rows and columns
-  // read (where a tenth or more are left out) and its own weight loops (a sample's planes in the
-  // caches) sum over the positions read; the input's gradient past what the crop reads is +0.
-  // The oracle computes every position.
+  // read (where a tenth or more are left out), in float32 and bfloat16, and its own weight loops
+  // (float32, a sample's planes in the caches) sum over the positions read; the input's gradient
+  // past what the crop reads is +0. The oracle computes every position.
   struct Read {
     std::string label;
     Shape input;
@@ -534,6 +695,11 @@ TEST_CASE("a convolution computes only the output rows and columns the pooling a
     Case c{r.label, r.input, r.layers, 3};
     c.input_gradient = true;
     check_case(c);
+    if (testing::cpu().cannot_compute_in(DType::bf16).empty()) {  // (mixed_bfloat16's cases say where not)
+      c.compute = DType::bf16;
+      c.gradient_tolerance = kBf16RoutedGradientTolerance;
+      check_case(c);
+    }
   }
 }
 

@@ -67,6 +67,9 @@ struct WeightLoopsGeometry {
   std::int64_t filter_chunks;        // ceil(filters / L)
   int vectors;                       // V: filter vectors per pass, 1 or 2
   std::vector<std::int64_t> taps;    // offset of tap (kh, kw, c) in a padded sample, in HWIO order
+  // A bfloat16 layer's fused loops (take_output_max_pooling): x is rounded to bfloat16 as it is
+  // padded, as oneDNN's bfloat16 convolution reads it.
+  bool bf16 = false;
 };
 
 constexpr std::int64_t kSamplesPerChunk = 8;  // samples per partial sum
@@ -89,6 +92,18 @@ constexpr std::int64_t kFewInputChannels = 4;
 constexpr int kForwardVectors = 4;  // filter vectors a fused forward convolves at once (convolve_sample)
 constexpr std::int64_t kMaxTapsOfFewChannels = 64;
 
+// `count` floats rounded to bfloat16 in place (rounded_to_bf16), 8 at a time.
+DTRAIN_LANE_CLONES void round_to_bf16(float* __restrict p, std::int64_t count) {
+  using F = Vec<float, 8>;
+  std::int64_t i = 0;
+  for (; i + 8 <= count; i += 8) store(p + i, rounded_to_bf16<8>(load<F>(p + i)));
+  if (i == count) return;
+  float rest[8] = {};
+  std::copy(p + i, p + count, rest);
+  store(rest, rounded_to_bf16<8>(load<F>(rest)));
+  std::copy_n(rest, count - i, p + i);
+}
+
 // One sample of x, channels last, into the inside of `padded`: padded[(ih * padded_w + iw) * C + c].
 // The padding around it stays zero: it is zeroed once, when the buffer is sized, and never written.
 // Blocks of 8 channels move as vectors (a call to memmove per block cost as much as the copy).
@@ -100,15 +115,16 @@ DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __
     const float* from = x + ih * g.x.row;
     if (whole_rows) {  // a grayscale or RGB row one value at a time took 2 us per 28 x 28 sample
       std::copy_n(from, g.w * g.c, row);
-      continue;
+    } else {
+      for (std::int64_t iw = 0; iw < g.w; ++iw)
+        for (std::int64_t c = 0; c < g.c; c += whole_vectors ? 8 : 1) {
+          const float* value = from + iw * g.x.col + g.x.channel(c);
+          if (whole_vectors) store(row + iw * g.c + c, load<Vec<float, 8>>(value));
+          else row[iw * g.c + c] = *value;
+        }
     }
-    for (std::int64_t iw = 0; iw < g.w; ++iw)
-      for (std::int64_t c = 0; c < g.c; c += whole_vectors ? 8 : 1) {
-        const float* value = from + iw * g.x.col + g.x.channel(c);
-        if (whole_vectors) store(row + iw * g.c + c, load<Vec<float, 8>>(value));
-        else row[iw * g.c + c] = *value;
-      }
   }
+  if (g.bf16) round_to_bf16(padded, g.padded_h * g.padded_w * g.c);  // (the padding: zeros stay zero)
 }
 
 // Adds, for the G taps at `taps` and V filter vectors, sum over (oh, ow) of padded x at the tap
@@ -193,11 +209,13 @@ template <int L>
 // describes in a fused plan. The bias's gradient is summed here, in the weight loops' order
 // (accumulate_bias): adding the +0s of the other positions would not change a sum that starts at
 // +0. KW, SW: the window's width and stride when known when compiled (2 and 2 unrolled), 0 when not.
-template <int L, int KW, int SW>
+// T: the pooled gradient's element, float or std::uint16_t (bfloat16, widened exactly).
+template <int L, int KW, int SW, class T>
 DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, const PoolingGeometry& p, std::int64_t n,
-                                               std::int64_t first_lane, const float* __restrict diff_y,
+                                               std::int64_t first_lane, const void* pooled_gradient,
                                                const std::uint8_t* __restrict ws, float* __restrict into,
                                                float* __restrict bias_acc) {
+  const T* __restrict diff_y = static_cast<const T*>(pooled_gradient);
   using B = Mask<L>;
   using F = Vec<float, L>;
   F bias = load<F>(bias_acc);
@@ -213,7 +231,7 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
     }
     for (std::int64_t pw = 0; pw < p.ow; ++pw) {
       const std::int64_t at = base + ph * p.y.row + pw * p.y.col;
-      const B d = load<B>(diff_y + at);
+      const B d = std::bit_cast<B>(load_widened<L>(diff_y + at));
       const B which = load_bytes_widened<L>(ws + at);  // once per window
       // A lane's max is at one position: of the row's positions in the window, at most one is
       // not +0, so one addition of their bits' union adds what each would in turn.
@@ -231,12 +249,17 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
 }
 
 using ExpandPooledFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, std::int64_t, std::int64_t,
-                                const float*, const std::uint8_t*, float*, float*);
+                                const void*, const std::uint8_t*, float*, float*);
 
-ExpandPooledFn expand_pooled_fn(int lanes, const PoolingGeometry& p) {
+template <class T>
+ExpandPooledFn expand_pooled_fn_of(int lanes, const PoolingGeometry& p) {
   const bool pairs = p.kw == 2 && p.sw == 2;  // a window's two columns, then the next window's
-  if (lanes == 16) return pairs ? &expand_pooled_gradient<16, 2, 2> : &expand_pooled_gradient<16, 0, 0>;
-  return pairs ? &expand_pooled_gradient<8, 2, 2> : &expand_pooled_gradient<8, 0, 0>;
+  if (lanes == 16) return pairs ? &expand_pooled_gradient<16, 2, 2, T> : &expand_pooled_gradient<16, 0, 0, T>;
+  return pairs ? &expand_pooled_gradient<8, 2, 2, T> : &expand_pooled_gradient<8, 0, 0, T>;
+}
+
+ExpandPooledFn expand_pooled_fn(const WeightLoopsGeometry& g, const PoolingGeometry& p) {
+  return g.bf16 ? expand_pooled_fn_of<std::uint16_t>(g.lanes, p) : expand_pooled_fn_of<float>(g.lanes, p);
 }
 
 // z = sum over the taps of x at the tap times the tap's weights, for V vectors of L filters at
@@ -315,13 +338,17 @@ template <int L>
 
 // One position of a window into the window's running max: the bias added after the sum and the
 // activation applied, as oneDNN's post-op does; `position` counts the window's positions row by row.
-template <int L>
+// T: the output's element. In bfloat16 (std::uint16_t) the value is rounded before it is compared,
+// as the pooling layer apart would compare the convolution's bfloat16 output: a rounding tie goes
+// to the first position.
+template <int L, class T>
 [[gnu::always_inline]] inline void take_position(Vec<float, L> sum, const Vec<float, L>& bias, bool relu,
                                                  std::int32_t position, Vec<float, L>& best, Mask<L>& which) {
   using I = Mask<L>;
   Vec<float, L> a = sum + bias;
   // oneDNN's relu: a * 0 below zero (so -0 for a negative a), a above.
   if (relu) a = select<L>(a > 0.0f, a, a * 0.0f);
+  if constexpr (std::is_same_v<T, std::uint16_t>) a = rounded_to_bf16<L>(a);
   // Strictly greater: on a tie the first position wins, as in the pooling layer.
   const I more = position == 0 ? ~I{} : a > best;
   best = select<L>(more, a, best);
@@ -329,10 +356,11 @@ template <int L>
 }
 
 // The pooled output and workspace of one sample's L filters from their convolution's sums z
-// (OH, OW, L), for windows other than 2 x 2 (convolve_pool_2x2 pools those in registers).
-template <int L>
+// (OH, OW, L), for windows other than 2 x 2 (convolve_pool_2x2 pools those in registers). T: the
+// output's element, float or std::uint16_t (bfloat16).
+template <int L, class T>
 DTRAIN_LANE_CLONES void pool_sums(const WeightLoopsGeometry& g, const PoolingGeometry& p, const float* __restrict z,
-                                  const float* __restrict bias, float* __restrict y, std::uint8_t* __restrict ws) {
+                                  const float* __restrict bias, T* __restrict y, std::uint8_t* __restrict ws) {
   using F = Vec<float, L>;
   const F b = load<F>(bias);
   for (std::int64_t ph = 0; ph < p.oh; ++ph)
@@ -341,28 +369,33 @@ DTRAIN_LANE_CLONES void pool_sums(const WeightLoopsGeometry& g, const PoolingGeo
       Mask<L> which{};
       for (std::int64_t i = 0; i < p.kh; ++i)
         for (std::int64_t j = 0; j < p.kw; ++j)
-          take_position<L>(load<F>(z + ((ph * p.sh + i) * g.ow + pw * p.sw + j) * L), b, p.relu,
-                           static_cast<std::int32_t>(i * p.kw + j), best, which);
+          take_position<L, T>(load<F>(z + ((ph * p.sh + i) * g.ow + pw * p.sw + j) * L), b, p.relu,
+                              static_cast<std::int32_t>(i * p.kw + j), best, which);
       const std::int64_t at = ph * p.y.row + pw * p.y.col;
-      store(y + at, best);
+      store_narrowed<L>(y + at, best);  // (in bfloat16 already rounded: take_position)
       store(ws + at, winner_bytes<L>(best, which, p.relu));
     }
 }
 
-using PoolSumsFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float*, const float*, float*,
+template <class T>
+using PoolSumsFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float*, const float*, T*,
                            std::uint8_t*);
 
-PoolSumsFn pool_sums_fn(int lanes) { return lanes == 16 ? &pool_sums<16> : &pool_sums<8>; }
+template <class T>
+PoolSumsFn<T> pool_sums_fn(int lanes) {
+  return lanes == 16 ? &pool_sums<16, T> : &pool_sums<8, T>;
+}
 
 // The fused forward of 2 x 2 windows without the scratch plane: a window's 4 positions are
 // convolved in registers for V filter vectors (4 x V sums, each as convolve_block sums them) and
 // pooled there, so only the pooled output and its workspace are stored, and positions outside every
-// window are not computed. `y` and `ws` are the sample's; `first_lane` the first vector's filter.
-template <int L, int V>
+// window are not computed. `y` and `ws` are the sample's; `first_lane` the first vector's filter;
+// T the output's element, float or std::uint16_t (bfloat16).
+template <int L, int V, class T>
 DTRAIN_LANE_CLONES void convolve_pool_2x2(const WeightLoopsGeometry& g, const PoolingGeometry& p,
                                           const float* __restrict padded, const float* __restrict w,
                                           std::int64_t w_stride, const float* __restrict bias,
-                                          std::int64_t first_lane, float* __restrict y, std::uint8_t* __restrict ws) {
+                                          std::int64_t first_lane, T* __restrict y, std::uint8_t* __restrict ws) {
   using F = Vec<float, L>;
   constexpr int Q = 4;  // the window's positions, row by row
   const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
@@ -395,25 +428,27 @@ DTRAIN_LANE_CLONES void convolve_pool_2x2(const WeightLoopsGeometry& g, const Po
       for (int v = 0; v < V; ++v) {
         F best{};
         Mask<L> which{};
-        for (int q = 0; q < Q; ++q) take_position<L>(sum[q][v], b[v], p.relu, q, best, which);
-        store(y + window + out[v], best);
+        for (int q = 0; q < Q; ++q) take_position<L, T>(sum[q][v], b[v], p.relu, q, best, which);
+        store_narrowed<L>(y + window + out[v], best);
         store(ws + window + out[v], winner_bytes<L>(best, which, p.relu));
       }
     }
 }
 
+template <class T>
 using ConvolvePoolFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float*, const float*,
-                                std::int64_t, const float*, std::int64_t, float*, std::uint8_t*);
+                                std::int64_t, const float*, std::int64_t, T*, std::uint8_t*);
 
 // 2 vectors a window on AVX2 (8 sums, a broadcast and 2 weights of its 16 registers), 4 on AVX-512.
 constexpr int window_vectors(int lanes) { return lanes == 16 ? 4 : 2; }
 
-ConvolvePoolFn convolve_pool_fn(int lanes, int vectors) {
+template <class T>
+ConvolvePoolFn<T> convolve_pool_fn(int lanes, int vectors) {
   if (lanes == 16)
-    return vectors == 4   ? &convolve_pool_2x2<16, 4>
-           : vectors == 2 ? &convolve_pool_2x2<16, 2>
-                          : &convolve_pool_2x2<16, 1>;
-  return vectors == 2 ? &convolve_pool_2x2<8, 2> : &convolve_pool_2x2<8, 1>;
+    return vectors == 4   ? &convolve_pool_2x2<16, 4, T>
+           : vectors == 2 ? &convolve_pool_2x2<16, 2, T>
+                          : &convolve_pool_2x2<16, 1, T>;
+  return vectors == 2 ? &convolve_pool_2x2<8, 2, T> : &convolve_pool_2x2<8, 1, T>;
 }
 
 // One backward's weight loops as items: item = sample chunk * groups + filter group, where a group
@@ -421,16 +456,17 @@ ConvolvePoolFn convolve_pool_fn(int lanes, int vectors) {
 struct WeightJob {
   const WeightLoopsGeometry* g = nullptr;
   const float* x = nullptr;
-  const float* dy = nullptr;
+  const float* dy = nullptr;     // not fused: the output gradient
   float* partial = nullptr;      // per (sample chunk, filter chunk): taps x L, then the bias's L
   std::int64_t groups = 0;
   std::int64_t padded_size = 0;  // floats of one padded sample
   std::int64_t cached = 1;       // padded samples per worker
   float* padded = nullptr;       // per worker, `cached` padded samples
   std::int64_t* holds = nullptr; // per worker and cached sample: which sample it holds, -1 none
-  // Fused with a max pooling: dy is the pooled gradient, expanded per sample and filter vector
-  // into `expanded` (per worker, g->vectors planes of g->dy.n floats) from ws.
+  // Fused with a max pooling: the pooled gradient (float, or bfloat16 where g->bf16), expanded per
+  // sample and filter vector into `expanded` (per worker, g->vectors planes of g->dy.n floats) from ws.
   const PoolingGeometry* pool = nullptr;
+  const void* pooled_dy = nullptr;
   const std::uint8_t* ws = nullptr;
   float* expanded = nullptr;
 };
@@ -459,7 +495,7 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       if (j.pool) {
         float* into = j.expanded + (worker * g.vectors + v) * g.dy.n;
         float* bias = acc[v] + taps * g.lanes;
-        expand_pooled_fn(g.lanes, *j.pool)(g, *j.pool, n, first_lane, j.dy, j.ws, into, bias);
+        expand_pooled_fn(g, *j.pool)(g, *j.pool, n, first_lane, j.pooled_dy, j.ws, into, bias);
         dy_n[v] = into;
       } else {
         dy_n[v] = j.dy + n * g.dy.n + g.dy.channel(first_lane);
@@ -504,11 +540,12 @@ class Conv2DKernel final : public WeightedOpKernel {
     // channels (whose arithmetic pays for the copies) arranged with their channels innermost (the
     // copies' own loops). On the seed CNN's second convolution (one AVX2 thread, 32 samples) 10 x
     // 10 of 11 x 11 took 1.78 ms forward and 1.56 backward data against 2.10 and 2.16, its copies
-    // 0.13 and 0.125 (as oneDNN reorders, measured apart). float32 only: bfloat16 layers keep the
-    // whole planes until the crop is measured and tested on a CPU with bfloat16.
+    // 0.13 and 0.125 (as oneDNN reorders, measured apart). In bfloat16 on a 2-core Sapphire Rapids
+    // (AMX), `dtrain bench`, 3 alternating pairs: its backward 0.66-0.68 ms a step against
+    // 0.71-0.76, its forward 0.15-0.17 against 0.12-0.14 (AMX computes faster than the copies move).
     std::optional<WeightedOpPlan::Crop> crop;
     const std::int64_t rows = std::min(out[1], rows_read_), columns = std::min(out[2], columns_read_);
-    if (!pool_ && compute_ == DType::f32 && in[2] > kFewInputChannels && arrangement_of(md_of(src_layout)) &&
+    if (!pool_ && in[2] > kFewInputChannels && arrangement_of(md_of(src_layout)) &&
         rows * columns * 10 <= out[1] * out[2] * 9) {
       // The input rows the leading `rows` outputs reach, and what is left of the padding after them.
       const std::int64_t reach_h = (rows - 1) * o.strides[0] - pad_before[0] + o.kernel_size[0];
@@ -559,8 +596,10 @@ class Conv2DKernel final : public WeightedOpKernel {
   }
 
   // The pooling's conditions (the loops at the top of this file) and the weight loops' (few input
-  // channels, f32, filter vectors of 8): known before any plan, so a taken pooling is always
-  // computed here.
+  // channels, f32 or bf16, filter vectors of 8): known before any plan, so a taken pooling is always
+  // computed here. In bfloat16 the loops compute what oneDNN's bfloat16 convolution would (x and
+  // the kernel rounded, f32 sums, the output rounded) with f32 multiply-adds: on few channels its
+  // kernel took 4-8x this layer's bound (Sapphire Rapids, AMX), the f32 loops 1.9-2.6x.
   bool take_output_max_pooling(const nn::MaxPool2D& pool, bool input_gradient) override {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
@@ -568,7 +607,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     const auto& strides = pool.strides();
     const std::int64_t taps = std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2];
     const bool activation = act_.kind() == config::Activation::relu || act_.kind() == config::Activation::linear;
-    const bool fits = !input_gradient && compute_ == DType::f32 && activation && o.filters % 8 == 0 &&
+    const bool dtype = compute_ == DType::f32 || compute_ == DType::bf16;
+    const bool fits = !input_gradient && dtype && activation && o.filters % 8 == 0 &&
                       in[2] <= kFewInputChannels && taps <= kMaxTapsOfFewChannels &&
                       pool.params().padding == config::Padding::valid && strides[0] >= window[0] &&
                       strides[1] >= window[1] && window[0] * window[1] <= kNoWinner;  // positions 0..254
@@ -618,7 +658,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     j.x = static_cast<const float*>(s->src.get_data_handle());
     if (s->pool) {
       j.pool = &*s->pool;
-      j.dy = static_cast<const float*>(s->diff_y.get_data_handle());
+      j.pooled_dy = s->diff_y.get_data_handle();
       j.ws = s->workspace.data();
     } else {
       j.dy = static_cast<const float*>(pre_grad.get_data_handle());
@@ -696,7 +736,7 @@ class Conv2DKernel final : public WeightedOpKernel {
   WeightLoops* plan_weight_loops(std::int64_t batch, const memory::desc& src_md, const Arrangement& dy, bool fused) {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
-    if (compute_ != DType::f32) return nullptr;
+    if (compute_ != DType::f32 && !fused) return nullptr;
     const std::optional<Arrangement> x = arrangement_of(src_md);
     if (!x) return nullptr;
     // Vectors of 16 where the CPU has 512-bit registers; 8 (two 128-bit halves below AVX2) elsewhere.
@@ -741,6 +781,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     g.lanes = lanes;
     g.filter_chunks = filter_chunks;
     g.vectors = vectors;
+    g.bf16 = compute_ == DType::bf16;
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j)
         for (std::int64_t c = 0; c < g.c; ++c) g.taps.push_back((i * g.padded_w + j) * g.c + c);
@@ -748,14 +789,18 @@ class Conv2DKernel final : public WeightedOpKernel {
     return &s;
   }
 
-  // The pooled output's layout: the arrangement oneDNN picked for the convolution's output, or nhwc.
+  // The pooled output's layout: the arrangement oneDNN picked for the convolution's output, or nhwc;
+  // in the compute dtype. The input is the model's (no layer below wants a gradient): f32.
   LayoutPtr plan_pooled(std::int64_t batch, const memory::desc& src_md, const memory::desc& dst_md) {
+    DTRAIN_CHECK(src_md.data_type() == memory::data_type::f32,
+                 fmt::format("layer '{}': a pooling computed with the convolution wants a float32 input", layer_.name()));
     const Shape out = pool_->output_shape().with_batch(batch);
     const memory::dims dims{batch, out[3], out[1], out[2]};
     const std::optional<Arrangement> chosen = arrangement_of(dst_md);
+    const memory::data_type dt = to_dnnl(compute_);
     const memory::desc y_md = chosen && chosen->lanes % 8 == 0
-                                  ? arranged_like(*chosen, dims, memory::data_type::f32)
-                                  : memory::desc(dims, memory::data_type::f32, memory::format_tag::nhwc);
+                                  ? arranged_like(*chosen, dims, dt)
+                                  : memory::desc(dims, dt, memory::format_tag::nhwc);
     const Arrangement y = *arrangement_of(y_md);
     WeightLoops* s = plan_weight_loops(batch, src_md, y, true);
     DTRAIN_CHECK(s != nullptr,
@@ -773,15 +818,23 @@ class Conv2DKernel final : public WeightedOpKernel {
     p.ow = out[2];
     p.y = y;
     p.relu = act_.kind() == config::Activation::relu;
-    s->workspace.assign(y_md.get_size() / sizeof(float), 0);
+    s->workspace.assign(y_md.get_size() / memory::data_type_size(dt), 0);  // a byte per output element
     const std::int64_t channels = y.lanes * y.groups;  // the filters, padded to the arrangement
     s->kernel.assign(static_cast<std::size_t>(static_cast<std::int64_t>(g.taps.size()) * channels), 0.0f);
     s->bias.assign(static_cast<std::size_t>(channels), 0.0f);
-    return make_layout(out, DType::f32, y_md);
+    return make_layout(out, compute_, y_md);
   }
 
-  // The samples are independent; the replica's OpenMP team shares them.
   void pooled_forward(WeightLoops& s) {
+    if (s.geometry.bf16) pooled_forward_as<std::uint16_t>(s);
+    else pooled_forward_as<float>(s);
+  }
+
+  // The samples are independent; the replica's OpenMP team shares them. T: the pooled output's
+  // element, float or std::uint16_t (bfloat16: the input and the kernel rounded to bfloat16, the
+  // sums in f32, as oneDNN's bfloat16 convolution computes).
+  template <class T>
+  void pooled_forward_as(WeightLoops& s) {
     const WeightLoopsGeometry& g = s.geometry;
     const PoolingGeometry& p = *s.pool;
     const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
@@ -790,7 +843,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     const float* kernel = vars[nn::Conv2D::kKernel].value.address<float>();  // (taps, filters): HWIO
     for (std::int64_t t = 0; t < taps; ++t)
       std::copy_n(kernel + t * g.filters, g.filters, s.kernel.begin() + t * channels);
-    if (layer_.options().use_bias)
+    if (g.bf16) round_to_bf16(s.kernel.data(), static_cast<std::int64_t>(s.kernel.size()));
+    if (layer_.options().use_bias)  // (a float32 bias, as the primitive's)
       std::copy_n(vars[nn::Conv2D::kBias].value.address<float>(), g.filters, s.bias.begin());
     const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
     const std::int64_t plane = g.oh * g.ow * g.lanes;  // one filter vector's sums, where they are stored
@@ -801,13 +855,13 @@ class Conv2DKernel final : public WeightedOpKernel {
       if (!in_registers) s.forward_sums.resize(threads * static_cast<std::size_t>(kForwardVectors * plane));
     }
     const float* x = static_cast<const float*>(s.src.get_data_handle());
-    float* y = static_cast<float*>(s.y.get_data_handle());
+    T* y = static_cast<T*>(s.y.get_data_handle());
     std::uint8_t* ws = s.workspace.data();
     const float* w = s.kernel.data();
     const float* b = s.bias.data();
     float* scratch = s.forward_padded.data();
     float* sums = s.forward_sums.data();
-    const PoolSumsFn pool = pool_sums_fn(g.lanes);
+    const PoolSumsFn<T> pool = pool_sums_fn<T>(g.lanes);
     const int most = in_registers ? window_vectors(g.lanes) : kForwardVectors;
 #pragma omp parallel for schedule(static)
     for (std::int64_t n = 0; n < g.batch; ++n) {
@@ -818,7 +872,8 @@ class Conv2DKernel final : public WeightedOpKernel {
         const std::int64_t left = (channels - first_lane) / g.lanes;
         const int vectors = left >= most ? most : left >= 2 ? 2 : 1;
         if (in_registers) {
-          convolve_pool_fn(g.lanes, vectors)(g, p, padded, w, channels, b, first_lane, y + n * p.y.n, ws + n * p.y.n);
+          convolve_pool_fn<T>(g.lanes, vectors)(g, p, padded, w, channels, b, first_lane, y + n * p.y.n,
+                                                ws + n * p.y.n);
         } else {
           float* z = sums + thread * kForwardVectors * plane;
           convolve_sample_fn(g.lanes, vectors)(g, padded, w + first_lane, channels, z);

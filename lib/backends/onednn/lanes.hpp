@@ -192,13 +192,19 @@ template <int L>
 inline void store_rounded(float* p, const Vec<float, L>& v) {
   store(p, v);
 }
+// v rounded to bfloat16 as store_rounded rounds it, kept as f32 lanes (the low 16 bits zero): the
+// value a bfloat16 store then a load would give.
 template <int L>
-inline void store_rounded(std::uint16_t* p, const Vec<float, L>& v) {
+inline Vec<float, L> rounded_to_bf16(const Vec<float, L>& v) {
   using U = Vec<std::uint32_t, L>;
   const U bits = std::bit_cast<U>(v);
   const U nan = std::bit_cast<U>(v != v);
   const U rounded = ((bits + 0x7FFFu + ((bits >> 16) & 1u)) & ~nan) | ((bits | 0x00400000u) & nan);
-  store(p, __builtin_convertvector(rounded >> 16, Vec<std::uint16_t, L>));
+  return std::bit_cast<Vec<float, L>>(rounded & 0xFFFF0000u);
+}
+template <int L>
+inline void store_rounded(std::uint16_t* p, const Vec<float, L>& v) {
+  store_narrowed<L>(p, rounded_to_bf16<L>(v));
 }
 
 // Conversions between bytes and 32-bit lanes in two steps through 16 bits: GCC 12 vectorizes each
