@@ -449,6 +449,11 @@ TEST_CASE("a first convolution computes the max pooling above it, as the two lay
 
 namespace {
 
+// v rounded to bfloat16 (to nearest even) and widened back.
+float bf16_value(float v) {
+  return std::bit_cast<float>(f32_bits_from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(v))));
+}
+
 // The kernel's gradient of a first convolution (layer 0) with the max pooling above it (layer 1),
 // in double, on x and a kernel already rounded to bfloat16: each position's activation rounded to
 // bfloat16, a window's max the first of its largest rounded values, its gradient (dy, pooled and
@@ -458,10 +463,7 @@ Vec<double> rounded_winner_kernel_gradient(const nn::Sequential& model, const Te
   const auto& conv = static_cast<const nn::Conv2D&>(model.layer(0));
   const auto& pool = static_cast<const nn::MaxPool2D&>(model.layer(1));
   const auto& o = conv.options();
-  const auto rounded = [](double v) {
-    return static_cast<double>(std::bit_cast<float>(
-        f32_bits_from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(static_cast<float>(v))))));
-  };
+  const auto rounded = [](double v) { return static_cast<double>(bf16_value(static_cast<float>(v))); };
   const Shape in = conv.input_shape();
   const std::int64_t h = in[0], w = in[1], c = in[2], f = o.filters, kh = o.kernel_size[0], kw = o.kernel_size[1];
   const std::int64_t oh = conv.padding_h().out, ow = conv.padding_w().out;
@@ -532,7 +534,6 @@ TEST_CASE("in bfloat16 a first convolution computes the pooling above it as floa
     MESSAGE("this CPU has no bfloat16 instructions: mixed_bfloat16 is refused here, its fused loops not run");
     return;
   }
-  const auto rounded = [](float v) { return std::bit_cast<float>(f32_bits_from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(v)))); };
   struct Shapes {
     std::string label;
     Shape input;
@@ -567,37 +568,38 @@ TEST_CASE("in bfloat16 a first convolution computes the pooling above it as floa
       const bool kernel = k == nn::Conv2D::kKernel;
       for (std::size_t i = 0; i < from.size(); ++i) {
         from[i] = rng.uniform(-1.0f, 1.0f);
-        to[i] = kernel ? rounded(from[i]) : from[i];  // (the bias stays f32 in both)
+        to[i] = kernel ? bf16_value(from[i]) : from[i];  // (the bias stays f32 in both)
       }
     }
     const nn::StepContext step = testing::step_of(nn::Mode::training, c.batch);
     Tensor x(c.input.with_batch(c.batch)), x_rounded(c.input.with_batch(c.batch));
     for (std::size_t i = 0; i < x.span<float>().size(); ++i) {
       x.span<float>()[i] = rng.uniform(-1.0f, 1.0f);
-      x_rounded.span<float>()[i] = rounded(x.span<float>()[i]);
+      x_rounded.span<float>()[i] = bf16_value(x.span<float>()[i]);
     }
     const auto y16 = bf16.forward(x, step).span<float>();
     const auto y32 = f32.forward(x_rounded, step).span<float>();
     REQUIRE(y16.size() == y32.size());
     std::size_t unequal = 0;
-    for (std::size_t i = 0; i < y16.size(); ++i) unequal += std::bit_cast<std::uint32_t>(y16[i]) != std::bit_cast<std::uint32_t>(rounded(y32[i]));
+    for (std::size_t i = 0; i < y16.size(); ++i)
+      unequal += std::bit_cast<std::uint32_t>(y16[i]) != std::bit_cast<std::uint32_t>(bf16_value(y32[i]));
     CHECK(unequal == 0);
 
     auto dy16 = bf16.output_gradient().span<float>(), dy32 = f32.output_gradient().span<float>();
     for (std::size_t i = 0; i < dy16.size(); ++i) {
       dy16[i] = rng.uniform(-1.0f, 1.0f);
-      dy32[i] = rounded(dy16[i]);  // as the bfloat16 model stores its gradient below its last layer
+      dy32[i] = bf16_value(dy16[i]);  // as the bfloat16 model stores its gradient below its last layer
     }
     bf16.backward(step);
     f32.backward(step);
     const auto vars16 = bf16.layer(0).variables(), vars32 = f32.layer(0).variables();
     const Vec<double> dw16 = to_double(vars16[nn::Conv2D::kKernel].grad);
     const Vec<double> dw = rounded_winner_kernel_gradient(bf16, x_rounded, dy32, c.batch);
+    // (Routed by the float32 max instead, the seed CNN's shapes here differ by 4.9 %: near-ties.)
     CHECK(rel_err(dw16, dw) < 1e-5);
-    // Near-ties are common enough that routing by the float32 max would miss this by far more.
-    MESSAGE(c.label, ": against the float32 routing, ", rel_err(dw16, to_double(vars32[nn::Conv2D::kKernel].grad)));
     if (vars16.size() > nn::Conv2D::kBias) {
-      const auto db16 = vars16[nn::Conv2D::kBias].grad.span<float>(), db32 = vars32[nn::Conv2D::kBias].grad.span<float>();
+      const auto db16 = vars16[nn::Conv2D::kBias].grad.span<float>();
+      const auto db32 = vars32[nn::Conv2D::kBias].grad.span<float>();
       for (std::size_t i = 0; i < db16.size(); ++i) CHECK(db16[i] == db32[i]);
     }
   }

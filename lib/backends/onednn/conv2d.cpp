@@ -793,7 +793,8 @@ class Conv2DKernel final : public WeightedOpKernel {
   // in the compute dtype. The input is the model's (no layer below wants a gradient): f32.
   LayoutPtr plan_pooled(std::int64_t batch, const memory::desc& src_md, const memory::desc& dst_md) {
     DTRAIN_CHECK(src_md.data_type() == memory::data_type::f32,
-                 fmt::format("layer '{}': a pooling computed with the convolution wants a float32 input", layer_.name()));
+                 fmt::format("layer '{}': a pooling computed with the convolution wants a float32 input",
+                             layer_.name()));
     const Shape out = pool_->output_shape().with_batch(batch);
     const memory::dims dims{batch, out[3], out[1], out[2]};
     const std::optional<Arrangement> chosen = arrangement_of(dst_md);
