@@ -474,6 +474,19 @@ Vec<double> rounded_winner_kernel_gradient(const nn::Sequential& model, const Te
   const auto vars = model.layer(0).variables();
   const auto kernel = vars[nn::Conv2D::kKernel].value.span<float>();  // HWIO
   const auto xs = x.span<float>();
+  // fn(x's index, the kernel's index) for the taps of sample n's output position (r, q), filter k,
+  // that fall inside the input.
+  const auto each_tap = [&](std::int64_t n, std::int64_t r, std::int64_t q, std::int64_t k, auto&& fn) {
+    for (std::int64_t i = 0; i < kh; ++i)
+      for (std::int64_t j = 0; j < kw; ++j) {
+        const std::int64_t ih = r * o.strides[0] - conv.padding_h().before + i;
+        const std::int64_t iw = q * o.strides[1] - conv.padding_w().before + j;
+        if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+        for (std::int64_t ch = 0; ch < c; ++ch)
+          fn(static_cast<std::size_t>(((n * h + ih) * w + iw) * c + ch),
+             static_cast<std::size_t>(((i * kw + j) * c + ch) * f + k));
+      }
+  };
   // Every output position's rounded activation, then the windows.
   Vec<double> act(static_cast<std::size_t>(batch * oh * ow * f));
   for (std::int64_t n = 0; n < batch; ++n)
@@ -481,15 +494,7 @@ Vec<double> rounded_winner_kernel_gradient(const nn::Sequential& model, const Te
       for (std::int64_t q = 0; q < ow; ++q)
         for (std::int64_t k = 0; k < f; ++k) {
           double sum = o.use_bias ? static_cast<double>(vars[nn::Conv2D::kBias].value.span<float>()[k]) : 0.0;
-          for (std::int64_t i = 0; i < kh; ++i)
-            for (std::int64_t j = 0; j < kw; ++j) {
-              const std::int64_t ih = r * o.strides[0] - conv.padding_h().before + i;
-              const std::int64_t iw = q * o.strides[1] - conv.padding_w().before + j;
-              if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
-              for (std::int64_t ch = 0; ch < c; ++ch)
-                sum += static_cast<double>(xs[((n * h + ih) * w + iw) * c + ch]) *
-                       rounded(kernel[((i * kw + j) * c + ch) * f + k]);
-            }
+          each_tap(n, r, q, k, [&](std::size_t xi, std::size_t ki) { sum += double{xs[xi]} * rounded(kernel[ki]); });
           act[((n * oh + r) * ow + q) * f + k] = rounded(relu ? std::max(sum, 0.0) : sum);
         }
   Vec<double> dw(kernel.size(), 0.0);
@@ -507,14 +512,7 @@ Vec<double> rounded_winner_kernel_gradient(const nn::Sequential& model, const Te
             }
           if (relu && !(best > 0)) continue;
           const double g = dy[static_cast<std::size_t>(((n * ph_n + pr) * pw_n + pq) * f + k)];
-          for (std::int64_t i = 0; i < kh; ++i)
-            for (std::int64_t j = 0; j < kw; ++j) {
-              const std::int64_t ih = best_r * o.strides[0] - conv.padding_h().before + i;
-              const std::int64_t iw = best_q * o.strides[1] - conv.padding_w().before + j;
-              if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
-              for (std::int64_t ch = 0; ch < c; ++ch)
-                dw[((i * kw + j) * c + ch) * f + k] += g * xs[((n * h + ih) * w + iw) * c + ch];
-            }
+          each_tap(n, best_r, best_q, k, [&](std::size_t xi, std::size_t ki) { dw[ki] += g * xs[xi]; });
         }
   return dw;
 }
