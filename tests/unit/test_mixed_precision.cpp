@@ -89,3 +89,32 @@ TEST_CASE("mixed_bfloat16: the same seed gives the same bits, and every strategy
     for (int r = 1; r < t->strategy().num_local_replicas(); ++r) CHECK(weights(*t, r) == weights(*t, 0));
   }
 }
+
+TEST_CASE("mixed_bfloat16 under replica_invariant: the same bits on any lanes, threads and replicas") {
+  // The first convolution computes the max pooling above it in bfloat16 on the CPU backend's own
+  // loops (conv2d.cpp): a micro-batch's gradients must not depend on the lane or replica that
+  // computed them.
+  if (!cpu_has_bf16()) {
+    MESSAGE("this CPU has no bfloat16 instructions: skipped");
+    return;
+  }
+  const int global = 32;
+  const std::string invariant = "reproducibility: {mode: replica_invariant, micro_batch_size: 8}\n";
+  const auto on_threads = [](std::string yaml, int threads) {
+    const std::string one = "threads: 1,";
+    REQUIRE(yaml.find(one) != std::string::npos);
+    return yaml.replace(yaml.find(one), one.size(), fmt::format("threads: {},", threads));
+  };
+  auto reference = make_trainer(cnn("mixed_bfloat16", "{kind: default}", global) + invariant);
+  const auto losses = reference->train_steps(0, 3);
+  const std::vector<std::string> layouts = {
+      on_threads(cnn("mixed_bfloat16", "{kind: default}", global), 2) + invariant,
+      on_threads(cnn("mixed_bfloat16", "{kind: mirrored, devices: [cpu:0, cpu:1]}", global / 2), 2) + invariant,
+  };
+  for (const std::string& yaml : layouts) {
+    CAPTURE(yaml);
+    auto t = make_trainer(yaml);
+    CHECK(t->train_steps(0, 3) == losses);
+    CHECK(weights(*t) == weights(*reference));
+  }
+}
