@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/onednn/context.hpp"
@@ -97,7 +98,7 @@ double stored_as(DType dtype, double v) {
 // oracle's on the same values exactly, whatever the dtype and the ISA.
 void check_pooling(const PoolingCase& t, backends::onednn::LoopIsa isa) {
   CAPTURE(backends::onednn::name_of(isa));
-  CAPTURE(dtype_name(t.dtype));
+  CAPTURE(std::string(dtype_name(t.dtype)));
   CAPTURE(static_cast<int>(t.tag));
   CAPTURE(t.in.to_string());
   CAPTURE(t.relu_below);
@@ -195,7 +196,7 @@ struct BatchNormCase {
 // out zero in y and dx), against the oracle on the same values.
 void check_batch_norm(const BatchNormCase& t, backends::onednn::LoopIsa isa) {
   CAPTURE(backends::onednn::name_of(isa));
-  CAPTURE(dtype_name(t.dtype));
+  CAPTURE(std::string(dtype_name(t.dtype)));
   CAPTURE(static_cast<int>(t.tag));
   CAPTURE(t.in.to_string());
   const std::unique_ptr<device::Context> owned = device::make_context(Device{});
@@ -326,7 +327,7 @@ void check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
   CAPTURE(t.units);
   CAPTURE(static_cast<int>(t.activation));
   CAPTURE(t.bias);
-  CAPTURE(dtype_name(t.src));
+  CAPTURE(std::string(dtype_name(t.src)));
   REQUIRE(backends::onednn::dense_loops_pay(t.batch, t.in, t.units));
   const std::unique_ptr<device::Context> owned = device::make_context(Device{});
   device::Context& ctx = *owned;

@@ -102,7 +102,7 @@ constexpr double kBf16RoutedGradientTolerance = 0.2;
 // oracle does not depend on the dtype the backend computes in).
 void check_case(const Case& c) {
   CAPTURE(c.label);
-  CAPTURE(dtype_name(c.compute));
+  CAPTURE(std::string(dtype_name(c.compute)));
   const double tol = tolerance(c.compute);
   const double grad_tol = c.gradient_tolerance > 0 ? c.gradient_tolerance : tol;
   config::ModelConfig mc;
