@@ -540,9 +540,9 @@ class Conv2DKernel final : public WeightedOpKernel {
     // channels (whose arithmetic pays for the copies) arranged with their channels innermost (the
     // copies' own loops). On the seed CNN's second convolution (one AVX2 thread, 32 samples) 10 x
     // 10 of 11 x 11 took 1.78 ms forward and 1.56 backward data against 2.10 and 2.16, its copies
-    // 0.13 and 0.125 (as oneDNN reorders, measured apart). In bfloat16 on a 2-core Sapphire Rapids
-    // (AMX), `dtrain bench`, 3 alternating pairs: its backward 0.66-0.68 ms a step against
-    // 0.71-0.76, its forward 0.15-0.17 against 0.12-0.14 (AMX computes faster than the copies move).
+    // 0.13 and 0.125 (as oneDNN reorders, measured apart). In bfloat16 on a 2-core Intel Xeon with
+    // AMX, `dtrain bench`, 3 alternating pairs: its backward 0.66-0.68 ms a step against 0.71-0.76,
+    // its forward 0.15-0.17 against 0.12-0.14 (AMX computes faster than the copies move).
     std::optional<WeightedOpPlan::Crop> crop;
     const std::int64_t rows = std::min(out[1], rows_read_), columns = std::min(out[2], columns_read_);
     if (!pool_ && in[2] > kFewInputChannels && arrangement_of(md_of(src_layout)) &&
@@ -598,8 +598,9 @@ class Conv2DKernel final : public WeightedOpKernel {
   // The pooling's conditions (the loops at the top of this file) and the weight loops' (few input
   // channels, f32 or bf16, filter vectors of 8): known before any plan, so a taken pooling is always
   // computed here. In bfloat16 the loops compute what oneDNN's bfloat16 convolution would (x and
-  // the kernel rounded, f32 sums, the output rounded) with f32 multiply-adds: on few channels its
-  // kernel took 4-8x this layer's bound (Sapphire Rapids, AMX), the f32 loops 1.9-2.6x.
+  // the kernel rounded, f32 sums, the output rounded) with f32 multiply-adds: on the seed CNN's
+  // first convolution (one input channel, where AMX gains nothing) oneDNN's bfloat16 kernel and
+  // the pooling apart took 0.99 ms a step, these loops 0.42 (2-core Intel Xeon with AMX).
   bool take_output_max_pooling(const nn::MaxPool2D& pool, bool input_gradient) override {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
