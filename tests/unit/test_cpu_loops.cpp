@@ -87,7 +87,7 @@ struct PoolingCase {
 double stored_as(DType dtype, double v) {
   const auto f = static_cast<float>(v);
   if (dtype != DType::bf16) return f;
-  return from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(f)));
+  return testing::bf16_value(f);
 }
 
 // Runs one pooling kernel built with the loops of `isa` forward and backward and compares it with

@@ -19,7 +19,6 @@
 #include <fmt/format.h>
 
 #include "backends/onednn/weighted_op.hpp"
-#include "core/bfloat16.hpp"
 #include "core/rng.hpp"
 #include "core/shared_work.hpp"
 #include "layer_oracle.hpp"
@@ -37,6 +36,8 @@
 #include "test_support.hpp"
 
 using namespace dtrain;
+using testing::bf16_value;
+using testing::cpu_has_bf16;
 using testing::RefStack;
 using testing::Vec;
 using config::Activation;
@@ -436,7 +437,7 @@ TEST_CASE("a first convolution computes the max pooling above it, as the two lay
                          3);
   inference.mode = nn::Mode::inference;
   check_case(inference);
-  if (testing::cpu().cannot_compute_in(DType::bf16).empty()) {  // (mixed_bfloat16's cases say where not)
+  if (cpu_has_bf16()) {  // (mixed_bfloat16's cases say where not)
     Case bf16 = fused("bfloat16", Shape{10, 10, 1},
                       {conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
                        nn::FlattenOptions{}, dense(3, Activation::linear)},
@@ -448,11 +449,6 @@ TEST_CASE("a first convolution computes the max pooling above it, as the two lay
 }
 
 namespace {
-
-// v rounded to bfloat16 (to nearest even) and widened back.
-float bf16_value(float v) {
-  return std::bit_cast<float>(f32_bits_from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(v))));
-}
 
 // The kernel's gradient of a first convolution (layer 0) with the max pooling above it (layer 1),
 // in double, on x and a kernel already rounded to bfloat16: each position's activation rounded to
@@ -528,7 +524,7 @@ TEST_CASE("in bfloat16 a first convolution computes the pooling above it as floa
   // of a window round to the same max the first wins in bfloat16, as the pooling layer apart
   // would pick it, so the kernel's gradient is checked against an oracle in double that routes
   // each window's gradient that way.
-  if (!testing::cpu().cannot_compute_in(DType::bf16).empty()) {
+  if (!cpu_has_bf16()) {
     MESSAGE("this CPU has no bfloat16 instructions: mixed_bfloat16 is refused here, its fused loops not run");
     return;
   }
@@ -695,7 +691,7 @@ TEST_CASE("a convolution computes only the output rows and columns the pooling a
     Case c{r.label, r.input, r.layers, 3};
     c.input_gradient = true;
     check_case(c);
-    if (testing::cpu().cannot_compute_in(DType::bf16).empty()) {  // (mixed_bfloat16's cases say where not)
+    if (cpu_has_bf16()) {  // (mixed_bfloat16's cases say where not)
       c.compute = DType::bf16;
       c.gradient_tolerance = kBf16RoutedGradientTolerance;
       check_case(c);
@@ -997,8 +993,6 @@ TEST_CASE("backward hands each layer's final gradients over, last layer first, r
 }
 
 namespace {
-
-bool cpu_has_bf16() { return testing::cpu().cannot_compute_in(DType::bf16).empty(); }
 
 // Under mixed_bfloat16 a model's last layer computes in f32, so each case ends in a linear
 // Activation and the layers under test compute in bf16.

@@ -11,13 +11,12 @@
 #include "trainer_support.hpp"
 
 using namespace dtrain;
+using testing::cpu_has_bf16;
 using testing::make_trainer;
 using testing::rel_diff;
 using testing::weights;
 
 namespace {
-
-bool cpu_has_bf16() { return testing::cpu().cannot_compute_in(DType::bf16).empty(); }
 
 std::string cnn(const std::string& precision, const std::string& strategy, int per_replica) {
   return testing::small_data_experiment("bf16", 9, strategy, per_replica) + fmt::format(R"(precision: {}

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bfloat16.hpp"
 #include "device/context.hpp"
 #include "nn/conv2d.hpp"
 #include "nn/layer.hpp"
@@ -24,6 +26,14 @@ inline device::Context& cpu() {
   return *ctx;
 }
 inline device::Numerics& cpu_numerics() { return cpu().numerics(); }
+
+// Whether the CPU computes in bfloat16 (mixed_bfloat16's tests skip with a message where not).
+inline bool cpu_has_bf16() { return cpu().cannot_compute_in(DType::bf16).empty(); }
+
+// v rounded to bfloat16 (to nearest even, as the backends round) and widened back to float.
+inline float bf16_value(float v) {
+  return std::bit_cast<float>(f32_bits_from_bf16(bf16_from_f32_bits(std::bit_cast<std::uint32_t>(v))));
+}
 
 // n floats drawn uniformly from [lo, hi), the same for a given seed.
 inline std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
