@@ -170,9 +170,25 @@ case "$case_name" in
   roles)
     # An evaluator rank takes no part in training and evaluates each checkpoint; its figures for
     # the epoch-end checkpoint are the chief's Test figures of that epoch (same weights, same set).
+    # It takes the newest checkpoint when several arrived since its last look, so the two training
+    # ranks hold after the first step past the epoch-1 checkpoint (ckpt-16) until the evaluator
+    # has written its line for it: on a fast machine both checkpoints came within one look.
     common=(--set train.epochs=2 --set train.threads=1 --set train.progress=none)
-    mpi 3 "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored, roles: {evaluator: 1}}" \
-      --run-dir "$scratch/eval_role" >"$scratch/eval_role.out" 2>&1 || fail "run with an evaluator failed: $(tail -5 "$scratch/eval_role.out")"
+    hold_env "$scratch/eval_role.hold" 17
+    env "${hold[@]}" timeout 300 mpirun -n 3 --oversubscribe "$dtrain" run "$small" "${common[@]}" \
+      --set "strategy={kind: multi_worker_mirrored, roles: {evaluator: 1}}" --run-dir "$scratch/eval_role" \
+      >"$scratch/eval_role.out" 2>&1 &
+    launcher=$!
+    wait_held "$scratch/eval_role.hold" 2 "$launcher"
+    for _ in $(seq 1 6000); do
+      [ "$(wc -l <"$scratch/eval_role/evaluator.jsonl" 2>/dev/null || echo 0)" -ge 1 ] && break
+      kill -0 "$launcher" 2>/dev/null || fail "the run ended before the evaluator's first line"
+      sleep 0.05
+    done
+    grep -q '"checkpoint": "ckpt-16.h5"' "$scratch/eval_role/evaluator.jsonl" ||
+      fail "the evaluator's first line is not ckpt-16.h5: $(cat "$scratch/eval_role/evaluator.jsonl" 2>/dev/null)"
+    release_hold "$scratch/eval_role.hold"
+    wait "$launcher" || fail "run with an evaluator failed: $(tail -5 "$scratch/eval_role.out")"
     grep -q "roles (strategy.roles): 1 chief, 1 worker, 1 evaluator; rank 2 evaluates" "$scratch/eval_role.out" || fail "no roles line"
     grep -q "| workers 2 | replicas 2 " "$scratch/eval_role.out" || fail "the evaluator must not train: $(grep '^dtrain' "$scratch/eval_role.out")"
     [ "$(wc -l <"$scratch/eval_role/evaluator.jsonl")" -eq 2 ] || fail "wanted 2 evaluations: $(cat "$scratch/eval_role/evaluator.jsonl")"
