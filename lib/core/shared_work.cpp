@@ -26,15 +26,22 @@ namespace {
 constexpr std::uint64_t kClaimMask = 0xffffffffu;
 bool is_open(std::uint64_t state) { return ((state >> 32) & 1u) != 0; }
 
-void pause() {
+// The i-th look of a wait: spin a while, then leave the core to the thread waited for, in case it
+// was descheduled.
+void spin_or_yield(int i) {
+  if (i < 4096) {
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
+    __builtin_ia32_pause();
 #endif
+  } else {
+    std::this_thread::yield();
+  }
 }
 
 }  // namespace
 
-SharedWork::SharedWork(int workers) : workers_(workers), slots_(std::make_unique<Slot[]>(static_cast<std::size_t>(workers))) {
+SharedWork::SharedWork(int workers, FirstItem first_item)
+    : workers_(workers), first_item_(first_item), slots_(std::make_unique<Slot[]>(static_cast<std::size_t>(workers))) {
   DTRAIN_CHECK(workers >= 1, "shared work needs at least one worker, got " + std::to_string(workers));
 }
 
@@ -71,14 +78,13 @@ void SharedWork::run(int worker, std::int64_t items, void* job, Item fn) {
   mine.done.store(0, std::memory_order_relaxed);
   const std::uint64_t generation = (mine.state.load(std::memory_order_relaxed) >> 32) + 1;  // odd: open
   mine.state.store(generation << 32, std::memory_order_release);
+  if (first_item_ == FirstItem::helper && items > 0)
+    for (int i = 0; (mine.state.load(std::memory_order_acquire) & kClaimMask) == 0; ++i) spin_or_yield(i);
   drain(mine, worker);
   help(worker);
   // The items the others claimed: each is one item's work (tens of microseconds); spin, then
   // leave the core to the helper where it was descheduled.
-  for (int i = 0; mine.done.load(std::memory_order_acquire) < items; ++i) {
-    if (i < 4096) pause();
-    else std::this_thread::yield();
-  }
+  for (int i = 0; mine.done.load(std::memory_order_acquire) < items; ++i) spin_or_yield(i);
   // Closed (even generation): a helper's compare-and-swap on the open state now fails.
   mine.state.store((generation + 1) << 32, std::memory_order_release);
 }

@@ -23,7 +23,12 @@ class SharedWork {
   // needs, it takes from the job by worker. It must not throw: the job's owner waits for it.
   using Item = void (*)(void* job, std::int64_t item, int worker) noexcept;
 
-  explicit SharedWork(int workers);
+  // Who runs a job's first item. `helper` is for tests: the owner of a job leaves its first item
+  // to another worker and waits until one has claimed it, so that every job is shared whatever
+  // the scheduler does (a helper must be calling help() meanwhile, or run() waits for one).
+  enum class FirstItem { anyone, helper };
+
+  explicit SharedWork(int workers, FirstItem first_item = FirstItem::anyone);
   ~SharedWork();
   SharedWork(const SharedWork&) = delete;
   SharedWork& operator=(const SharedWork&) = delete;
@@ -43,6 +48,7 @@ class SharedWork {
   static std::int64_t drain(Slot& slot, int worker);
 
   int workers_;
+  FirstItem first_item_;
   std::unique_ptr<Slot[]> slots_;
 };
 

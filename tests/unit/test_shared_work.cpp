@@ -64,6 +64,26 @@ TEST_CASE("shared work: a worker with nothing of its own runs items of another's
   CHECK(work.help(1) == 0);
 }
 
+TEST_CASE("shared work: with FirstItem::helper the owner leaves each job's first item to a helper") {
+  SharedWork work(2, SharedWork::FirstItem::helper);
+  std::atomic<bool> owner_done{false};
+  std::thread helper([&] {
+    while (!owner_done.load(std::memory_order_acquire)) work.help(1);
+  });
+  for (int round = 0; round < 20; ++round) {
+    CAPTURE(round);
+    CountingJob job(1 + round % 5);
+    work.run(0, static_cast<std::int64_t>(job.runs.size()), &job, &count_item);
+    CHECK(all_ran_once(job));
+    CHECK(job.by[0].load() == 1);
+  }
+  // A job of no items does not wait for a helper.
+  CountingJob none(0);
+  work.run(0, 0, &none, &count_item);
+  owner_done.store(true, std::memory_order_release);
+  helper.join();
+}
+
 TEST_CASE("shared work: workers that each own a job and help the others run every item once, round after round") {
   constexpr int kWorkers = 3;
   constexpr int kRounds = 200;
