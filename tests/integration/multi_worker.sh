@@ -170,28 +170,33 @@ case "$case_name" in
   roles)
     # An evaluator rank takes no part in training and evaluates each checkpoint; its figures for
     # the epoch-end checkpoint are the chief's Test figures of that epoch (same weights, same set).
-    # It takes the newest checkpoint when several arrived since its last look, so the two training
-    # ranks hold after the first step past the epoch-1 checkpoint (ckpt-16) until the evaluator
-    # has written its line for it: on a fast machine both checkpoints came within one look.
     common=(--set train.epochs=2 --set train.threads=1 --set train.progress=none)
-    hold_env "$scratch/eval_role.hold" 17
-    env "${hold[@]}" timeout 300 mpirun -n 3 --oversubscribe "$dtrain" run "$small" "${common[@]}" \
-      --set "strategy={kind: multi_worker_mirrored, roles: {evaluator: 1}}" --run-dir "$scratch/eval_role" \
-      >"$scratch/eval_role.out" 2>&1 &
-    launcher=$!
-    wait_held "$scratch/eval_role.hold" 2 "$launcher"
-    for _ in $(seq 1 6000); do
-      [ "$(wc -l <"$scratch/eval_role/evaluator.jsonl" 2>/dev/null || echo 0)" -ge 1 ] && break
-      kill -0 "$launcher" 2>/dev/null || fail "the run ended before the evaluator's first line"
-      sleep 0.05
-    done
-    grep -q '"checkpoint": "ckpt-16.h5"' "$scratch/eval_role/evaluator.jsonl" ||
-      fail "the evaluator's first line is not ckpt-16.h5: $(cat "$scratch/eval_role/evaluator.jsonl" 2>/dev/null)"
-    release_hold "$scratch/eval_role.hold"
-    wait "$launcher" || fail "run with an evaluator failed: $(tail -5 "$scratch/eval_role.out")"
+    # evaluated_run NAME MPIRUN-ARGS...: 3 ranks, rank 2 the evaluator, into $scratch/NAME (output
+    # in $scratch/NAME.out); wants one evaluation per epoch. The evaluator takes the newest
+    # checkpoint when several arrived since its last look, so the two training ranks hold after
+    # the first step past the epoch-1 checkpoint (ckpt-16) until the evaluator has written its
+    # line for it: on a fast machine both checkpoints came within one look.
+    evaluated_run() {
+      local name=$1
+      shift
+      hold_env "$scratch/$name.hold" 17
+      env "${hold[@]}" timeout 300 mpirun -n 3 --oversubscribe "$@" --run-dir "$scratch/$name" >"$scratch/$name.out" 2>&1 &
+      local launcher=$!
+      wait_held "$scratch/$name.hold" 2 "$launcher"
+      for _ in $(seq 1 6000); do
+        [ "$(wc -l <"$scratch/$name/evaluator.jsonl" 2>/dev/null || echo 0)" -ge 1 ] && break
+        kill -0 "$launcher" 2>/dev/null || fail "$name: the run ended before the evaluator's first line"
+        sleep 0.05
+      done
+      grep -q '"checkpoint": "ckpt-16.h5"' "$scratch/$name/evaluator.jsonl" ||
+        fail "$name: the evaluator's first line is not ckpt-16.h5: $(cat "$scratch/$name/evaluator.jsonl" 2>/dev/null)"
+      release_hold "$scratch/$name.hold"
+      wait "$launcher" || fail "$name: the run failed: $(tail -5 "$scratch/$name.out")"
+      [ "$(wc -l <"$scratch/$name/evaluator.jsonl")" -eq 2 ] || fail "$name: wanted 2 evaluations: $(cat "$scratch/$name/evaluator.jsonl")"
+    }
+    evaluated_run eval_role "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored, roles: {evaluator: 1}}"
     grep -q "roles (strategy.roles): 1 chief, 1 worker, 1 evaluator; rank 2 evaluates" "$scratch/eval_role.out" || fail "no roles line"
     grep -q "| workers 2 | replicas 2 " "$scratch/eval_role.out" || fail "the evaluator must not train: $(grep '^dtrain' "$scratch/eval_role.out")"
-    [ "$(wc -l <"$scratch/eval_role/evaluator.jsonl")" -eq 2 ] || fail "wanted 2 evaluations: $(cat "$scratch/eval_role/evaluator.jsonl")"
     chief=$(sed -nE 's/^Epoch 2, .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/eval_role.out")
     evaluator=$(sed -nE 's/^Evaluator: ckpt-32.h5 .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/eval_role.out")
     [ -n "$chief" ] && [ "$chief" = "$evaluator" ] || fail "evaluator '$evaluator' differs from the chief's epoch 2 '$chief'"
@@ -206,8 +211,7 @@ export TF_CONFIG="{\"cluster\": {\"chief\": [\"h0:2222\"], \"worker\": [\"h1:222
 exec "$@"
 EOF
     chmod +x "$scratch/tf_config.sh"
-    mpi 3 "$scratch/tf_config.sh" "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored}" \
-      --run-dir "$scratch/tf" >"$scratch/tf.out" 2>&1 || fail "run under TF_CONFIG failed: $(tail -5 "$scratch/tf.out")"
+    evaluated_run tf "$scratch/tf_config.sh" "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored}"
     grep -q "roles (TF_CONFIG): 1 chief, 1 worker, 1 evaluator" "$scratch/tf.out" || fail "TF_CONFIG roles not used"
     # The chief's and the evaluator's lines each in their own order: how the two ranks' lines
     # interleave in mpirun's output is a race.
