@@ -78,6 +78,7 @@ struct BenchReport {
   Spread peak_gflops;             // per worker: the median of its rounds' peaks at peak.size
   double peak_gflops_total = 0.0; // summed over the workers: what the job's cores reach
   int rounds = 0;                 // of whole steps, each followed by the GEMM peak at peak.size
+  std::int64_t round_warmup_steps = 0;  // untimed steps before each round's
   struct PeakRound {
     double step_ms = 0.0;      // the round's whole steps, mean
     double peak_gflops = 0.0;  // the peak right after them

@@ -88,11 +88,12 @@ assert abs(r["untimed_gflops"] - r["flops_per_sample"] * r["untimed_samples_per_
 peak = r["gemm_peak"]
 assert peak["dtype"] == "f32" and peak["available"] is True, peak
 assert peak["size"] in (512, 1024, 2048) and peak["gflops"] > 0, peak
-# Five rounds of whole steps, each followed by the peak at the sweep's size: each round's fraction
-# is this worker's share of the job's FLOP rate then against that peak; one worker's fraction is
-# their median (several: the mean of the workers' medians).
+# Five rounds of whole steps (each after 3 untimed ones: no more than --warmup), each followed by
+# the peak at the sweep's size: each round's fraction is this worker's share of the job's FLOP rate
+# then against that peak; one worker's fraction is their median (several: the mean of the
+# workers' medians).
 rounds = peak["worker_rounds"]
-assert peak["rounds"] == 5 and len(rounds) == 5, peak
+assert peak["rounds"] == 5 and len(rounds) == 5 and peak["round_warmup_steps"] == 3, peak
 for x in rounds:
     share = r["flops_per_sample"] * r["global_batch"] / workers / (x["step_ms"] * 1e-3) * 1e-9
     assert x["gflops"] > 0 and abs(x["fraction"] - share / x["gflops"]) < 1e-9 * x["fraction"], x

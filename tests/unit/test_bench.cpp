@@ -166,6 +166,7 @@ TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases w
   // the median of the rounds' ratios, the peak the median of their peaks.
   REQUIRE(r.rounds == 3);
   REQUIRE(r.peak_rounds.size() == 3);
+  CHECK(r.round_warmup_steps == 1);  // 3 at most, and no more than --warmup
   std::vector<double> fractions, peaks;
   double round_ms = 0.0;
   for (const auto& round : r.peak_rounds) {
