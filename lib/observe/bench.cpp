@@ -23,10 +23,10 @@ namespace {
 // Rounds of whole steps, each followed by the GEMM peak (fewer where there are fewer steps).
 constexpr int kPeakRounds = 5;
 // Untimed steps before each round's (no more than --warmup): the first steps after a GEMM peak ran
-// slower, its matrices having pushed the model's data out of the caches. On a 2-core Intel Xeon
-// with AMX (float32, 50 steps: rounds of 10) the rounds' steps took 3.8-4.4 ms against 3.4-3.7
-// with 3 untimed steps before each, and "training reaches" counted that in full; training itself
-// never runs a peak between its steps.
+// slower (the caches full of its matrices, or the cores' state after it: not told apart; OpenMP's
+// spinning threads were not the cause). On a 2-core Intel Xeon with AMX (float32, 50 steps: rounds
+// of 10) the rounds' steps took 3.6-4.5 ms against 3.3-3.9 with 3 untimed steps before each, and
+// "training reaches" counted that in full; training itself never runs a peak between its steps.
 constexpr std::int64_t kRoundWarmupSteps = 3;
 
 // Runs `steps` training steps from the start of epoch `epoch` on, into the next epochs. With a
