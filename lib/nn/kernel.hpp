@@ -134,6 +134,10 @@ class PlanCache {
     auto it = plans_.find(batch);
     return it == plans_.end() ? nullptr : it->second.get();
   }
+  const Plan* find(std::int64_t batch) const {
+    auto it = plans_.find(batch);
+    return it == plans_.end() ? nullptr : it->second.get();
+  }
   void erase(std::int64_t batch) { plans_.erase(batch); }
 
  private:

@@ -1016,7 +1016,20 @@ TEST_CASE("mixed_bfloat16: every layer kind against the reference, to bfloat16's
   check_case(in_bf16({"conv 3x3 same relu", Shape{8, 8, 3}, {conv(16, 3, 1, Padding::same, Activation::relu)}, 4}));
   check_case(in_bf16({"conv 3x3 stride 2 valid tanh, no bias", Shape{9, 9, 4},
                       {conv(8, 3, 2, Padding::valid, Activation::tanh, false)}, 3}));
+  // On AMX a bfloat16 convolution's weights' gradients are matmuls over im2col copies of a few
+  // samples at a time (conv2d.cpp): 'same' padding on both sides, a kernel and strides that differ
+  // by direction, and a batch of 5 in copies of 3 samples (a shorter last copy). Elsewhere
+  // oneDNN's backward-weights primitive computes the same case.
+  nn::Conv2DOptions uneven = conv(40, 3, 1, Padding::same, Activation::relu);
+  uneven.kernel_size = {3, 5};
+  uneven.strides = {2, 1};
+  check_case(in_bf16({"conv 3x5 strides (2, 1) same relu, 24 channels", Shape{22, 20, 24}, {uneven}, 5},
+                     kBf16RoutedGradientTolerance));
   check_case(in_bf16({"dense sigmoid", Shape{20}, {dense(16, Activation::sigmoid)}, 5}));
+  // On AMX, from about 32 rows, a bfloat16 dense layer's kernel gradient is a matmul over x read
+  // transposed (dense.cpp); below, and elsewhere, oneDNN's backward-weights primitive.
+  check_case(in_bf16({"dense relu, 32 rows", Shape{200}, {dense(48, Activation::relu)}, 32},
+                     kBf16RoutedGradientTolerance));
   check_case(in_bf16({"dense softmax (a softmax computes in f32)", Shape{20}, {dense(10, Activation::softmax)}, 5}));
   check_case(in_bf16({"activation layers, softmax converts to f32", Shape{8},
                       {dense(6, Activation::linear), relu, softmax}, 3}));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <memory>
+#include <string_view>
 
 #include "backends/onednn/lanes.hpp"
 #include "core/error.hpp"
@@ -57,6 +59,37 @@ void copy_part(const memory& whole, const memory& part, bool to_whole) {
 }
 
 }  // namespace
+
+std::optional<dnnl::matmul::primitive_desc> amx_matmul(const OnednnContext& ctx, const memory::desc& a,
+                                                       const memory::desc& b, const memory::desc& c, bool accumulate) {
+  dnnl::post_ops sum;
+  if (accumulate) sum.append_sum(1.0f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(sum);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, ctx.engine);
+    if (std::string_view(pd.impl_info_str()).find("amx") == std::string_view::npos) return std::nullopt;
+    return pd;
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
+void* aligned_scratchpad(std::vector<std::byte>& storage, std::size_t bytes) {
+  constexpr std::size_t kLine = 64;
+  storage.assign(bytes + kLine, std::byte{0});
+  void* at = storage.data();
+  std::size_t space = storage.size();
+  return std::align(kLine, bytes, at, space);
+}
+
+DTRAIN_LANE_CLONES void bf16_column_sums(const std::uint16_t* __restrict dy, std::int64_t rows, std::int64_t columns,
+                                         float* __restrict db) {
+  for (std::int64_t f = 0; f < columns; ++f) db[f] = 0.0f;
+  for (std::int64_t p = 0; p < rows; ++p)
+    for (std::int64_t f = 0; f < columns; ++f) db[f] += widen(dy[p * columns + f]);
+}
 
 DnnlIO wrap_io(const OnednnContext& ctx, const nn::LayerIO& io) {
   DnnlIO out;

@@ -4,7 +4,9 @@
 // Keras-layout variables. A reorder exists only where two layouts really differ.
 #pragma once
 
+#include <cstddef>
 #include <optional>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -52,6 +54,23 @@ struct WeightedOpPlan {
 void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const dnnl::memory::desc& kernel_md, Variable& kernel,
                       Variable* bias, const ActivationFn& act, WeightedOpPlan& plan);
 
+// A matmul C (M, N) = A (M, K) B (K, N), or C += A B where `accumulate`, on descriptors with
+// explicit strides (a transposed operand is a stride), with a scratchpad the caller owns
+// (scratchpad_mode::user: oneDNN's own would be allocated and released on every call), where
+// oneDNN runs it on AMX; nothing elsewhere. The bfloat16 weights' gradients of Conv2D and Dense
+// are such matmuls where the CPU has AMX: oneDNN 2.6's backward-weights primitives there ran 2.5-8
+// times slower than its matmul on the same sums (2-core Intel Xeon with AMX).
+std::optional<dnnl::matmul::primitive_desc> amx_matmul(const OnednnContext& ctx, const dnnl::memory::desc& a,
+                                                       const dnnl::memory::desc& b, const dnnl::memory::desc& c,
+                                                       bool accumulate);
+
+// `bytes` of `storage` from an address aligned to a cache line, for a user-mode scratchpad.
+void* aligned_scratchpad(std::vector<std::byte>& storage, std::size_t bytes);
+
+// db[f] = the sum over p of dy[p][f], for `rows` rows of `columns` bfloat16 values, in row order:
+// a bias's gradient from the gradient before the activation.
+void bf16_column_sums(const std::uint16_t* dy, std::int64_t rows, std::int64_t columns, float* db);
+
 // Whether a Dense layer of `batch` rows, `in` inputs and `out` units is small enough for dense.cpp's
 // own loops (which it runs where its layouts and activation allow them); tests ask it to know
 // which path their shapes take.
@@ -89,6 +108,8 @@ class WeightedOpKernel : public nn::LayerKernel {
   // `pre_grad` is the gradient before the activation.
   virtual bool own_weight_gradients(std::int64_t /*batch*/) const { return false; }
   virtual void weight_gradients(std::int64_t /*batch*/, const dnnl::memory& /*pre_grad*/, const nn::StepContext&) {}
+  // The plan of a batch bind_variables bound, for a layer that computes from its memories.
+  WeightedOpPlan& plan_of(std::int64_t batch) { return plans_.get(batch); }
 
   OnednnContext& ctx_;
   DType compute_;
