@@ -527,3 +527,41 @@ TEST_CASE("bytes widen to 32-bit lanes exactly on every instruction set the CPU 
     for (std::size_t i = 0; i < 256; ++i) CHECK(out[i] == bytes[i]);
   }
 }
+
+TEST_CASE("a dense kernel converted to bfloat16 pair blocks has the bits oneDNN's reorder writes: odd sizes, "
+          "padding, ties, infinities and NaN") {
+  // Dense writes its bfloat16 weights itself where oneDNN's inner product reads them in these
+  // blocks (AMX); the reorder it replaces is the oracle, on any CPU.
+  using dnnl::memory;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1600, 64}, {33, 70}, {20, 10}, {64, 16}, {1, 1}};
+  const std::vector<std::pair<memory::format_tag, std::int64_t>> layouts = {
+      {memory::format_tag::AB16b64a2b, 64}, {memory::format_tag::AB16b32a2b, 32}, {memory::format_tag::AB16b16a2b, 16}};
+  const float specials[] = {1.0f + 0x1p-8f,  // a tie: to even (1)
+                            1.0f + 0x3p-8f,  // a tie: to even (up)
+                            -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::denorm_min(), 0x1.fffffep-127f};
+  Rng rng(3, RngStream::test);
+  for (const auto& [in, out] : shapes)
+    for (const auto& [format, block] : layouts) {
+      CAPTURE(in);
+      CAPTURE(out);
+      CAPTURE(block);
+      std::vector<float> kernel(static_cast<std::size_t>(in * out));
+      for (auto& v : kernel) v = rng.uniform(-2.0f, 2.0f);
+      for (std::size_t i = 0; i < std::size(specials) && i < kernel.size(); ++i) kernel[i * 7 % kernel.size()] = specials[i];
+      const memory::desc keras({out, in}, memory::data_type::f32, memory::format_tag::io);
+      const memory::desc blocks({out, in}, memory::data_type::bf16, format);
+      memory from(keras, engine, kernel.data()), expected(blocks, engine);
+      dnnl::reorder(from, expected).execute(stream, from, expected);
+      stream.wait();
+      std::vector<std::uint32_t> ours(blocks.get_size() / 4, 0xdeadbeefu);  // the padding too must be written
+      backends::onednn::kernel_to_pair_blocks(kernel.data(), in, out, block, ours.data());
+      const auto* want = static_cast<const std::uint32_t*>(expected.get_data_handle());
+      std::size_t unequal = 0;
+      for (std::size_t i = 0; i < ours.size(); ++i) unequal += ours[i] != want[i];
+      CHECK(unequal == 0);
+    }
+}
