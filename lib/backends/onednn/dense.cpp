@@ -273,8 +273,7 @@ class DenseKernel final : public WeightedOpKernel {
     Loops* s = loops(batch);
     if (!s) {
       if (const PairBlocks* b = pair_blocks_.find(batch))
-        kernel_to_pair_blocks(layer_.variables()[nn::Dense::kKernel].value.address<float>(), layer_.input_shape()[0],
-                              layer_.options().units, b->block, b->at);
+        kernel_to_pair_blocks(b->kernel, layer_.input_shape()[0], layer_.options().units, b->block, b->at);
       return WeightedOpKernel::forward(batch, step);
     }
     if (s->bf16_src) run_forward<std::uint16_t>(*s);
@@ -297,10 +296,12 @@ class DenseKernel final : public WeightedOpKernel {
  protected:
   bool own_weight_gradients(std::int64_t batch) const override { return weight_products_.find(batch) != nullptr; }
 
-  void weight_gradients(std::int64_t batch, const memory&, const nn::StepContext&) override {
+  void weight_gradients(std::int64_t batch, const memory& pre_grad, const nn::StepContext&) override {
     WeightProduct& w = *weight_products_.find(batch);
     w.product.run(ctx_);
-    if (w.db) bf16_column_sums(static_cast<const std::uint16_t*>(w.dz.get_data_handle()), batch, w.units, w.db);
+    if (w.db)
+      bf16_column_sums(static_cast<const std::uint16_t*>(pre_grad.get_data_handle()), batch, layer_.options().units,
+                       w.db);
   }
 
  private:
@@ -311,8 +312,6 @@ class DenseKernel final : public WeightedOpKernel {
   struct WeightProduct {
     BoundPrimitive product;
     std::vector<std::byte> scratchpad;
-    memory dz;  // the gradient before the activation
-    std::int64_t units = 0;
     float* db = nullptr;  // the bias's gradient, or null
   };
 
@@ -341,15 +340,14 @@ class DenseKernel final : public WeightedOpKernel {
                   {DNNL_ARG_WEIGHTS, ctx_.wrap(b, dz.get_data_handle())},
                   {DNNL_ARG_DST, ctx_.wrap(c, vars[nn::Dense::kKernel].grad.raw())},
                   {DNNL_ARG_SCRATCHPAD, ctx_.wrap(pd->scratchpad_desc(), scratchpad)}}};
-    w.dz = dz;
-    w.units = units;
     w.db = o.use_bias ? vars[nn::Dense::kBias].grad.address<float>() : nullptr;
   }
 
   // The bfloat16 weights written by kernel_to_pair_blocks in place of oneDNN's reorder.
   struct PairBlocks {
-    std::int64_t block = 0;       // outputs a block
-    std::uint32_t* at = nullptr;  // the forward's (and backward data's) weights
+    const float* kernel = nullptr;  // the variable, Keras (in, out)
+    std::int64_t block = 0;         // outputs a block
+    std::uint32_t* at = nullptr;    // the forward's (and backward data's) weights
   };
 
   // Where the forward reads its bfloat16 weights as AB16b16a2b, AB16b32a2b or AB16b64a2b.
@@ -363,7 +361,8 @@ class DenseKernel final : public WeightedOpKernel {
     for (const auto& [format, block] : {std::pair{tag::AB16b64a2b, 64}, {tag::AB16b32a2b, 32}, {tag::AB16b16a2b, 16}})
       if (w.get_desc() == memory::desc(dims, memory::data_type::bf16, format)) {
         p.weights_in.leave_to_kernel();
-        pair_blocks_.create(batch) = {block, static_cast<std::uint32_t*>(w.get_data_handle())};
+        pair_blocks_.create(batch) = {layer_.variables()[nn::Dense::kKernel].value.address<float>(), block,
+                                      static_cast<std::uint32_t*>(w.get_data_handle())};
         return;
       }
   }
