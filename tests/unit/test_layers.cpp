@@ -543,6 +543,12 @@ TEST_CASE("in bfloat16 a first convolution computes the pooling above it as floa
        {conv(24, 3, 2, Padding::same, Activation::linear), pool(3, 3, Padding::valid)}, 4},
       {"gaps between windows, 5x5 kernel on 2 channels, no bias", Shape{12, 12, 2},
        {conv(16, 5, 1, Padding::valid, Activation::relu, false), pool(2, 3, Padding::valid)}, 5},
+      // Vectors of 16 filters a window: two then one (48), four (64); a 7 x 7 output whose last
+      // row and column are in no window.
+      {"48 filters on 2 channels: a pair of vectors, then one", Shape{12, 11, 2},
+       {conv(48, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid)}, 3},
+      {"64 filters, odd output", Shape{9, 9, 1},
+       {conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid)}, 4},
   };
   for (const Shapes& c : cases) {
     CAPTURE(c.label);
