@@ -25,7 +25,8 @@
 // statistics (two collectives, mean then variance, as before: synchronized layers and replicas
 // without samples make the same calls) and once for y; backward reads x and dy once for its sums
 // and once more for dx. At 2 lanes on the 2-core EPYC that is 1.6-1.9x the bytes' bound for the
-// big layers, the rest of the bench's time being the lanes' collectives.
+// big layers, the rest of the bench's time being the lanes' collectives. With 16 lanes the sums
+// convert to double with AVX-512's instructions (plane_sums_16).
 #include <omp.h>
 
 #include <algorithm>
@@ -114,25 +115,95 @@ template <int L, class Body>
   body.template operator()<D, 1>();
 }
 
+// The 16-lane sums (L = 16: only the loops built for x86-64-v4 have it) in AVX-512's own
+// conversions. GCC 12 lowers a conversion to a vector of doubles 128 bits at a time: a position's
+// 16 bfloat16 lanes took 16 shuffles, all on one port, and the three passes of sums were most of
+// the layer's time (the bn_dropout experiment's first batch normalization: 0.63-0.66 ms forward in
+// float32 and in bfloat16, 2.4 and 5.5 times its bound, on a 2-core Intel Xeon with AMX). The
+// values and the order of the adds are plane_sums', so the bits are too. (No lambdas: a lambda
+// inside these functions would not be built for their target.)
+#define DTRAIN_X86_64_V4 gnu::target("arch=x86-64-v4")
+
+// 8 lanes from p as doubles, exactly. (The masked conversion: GCC 12 warns that the plain one's
+// undefined source operand is uninitialized.)
+[[DTRAIN_X86_64_V4, gnu::always_inline]] inline __m512d doubles_at(const float* p) {
+  return _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(p));
+}
+[[DTRAIN_X86_64_V4, gnu::always_inline]] inline __m512d doubles_at(const std::uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_maskz_cvtps_pd(0xFF, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+}
+
+enum class PlaneTerms { x, squared_deviations, gradient };
+
+// plane_sum, plane_squared_deviations or plane_gradient_sums (Terms) for 16 lanes at a time.
+template <PlaneTerms Terms, class T>
+[[DTRAIN_X86_64_V4]] void plane_sums_16(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
+                                        const float* __restrict dy, const double* __restrict mean_d,
+                                        const float* __restrict mean, const float* __restrict inv_std,
+                                        double* __restrict first, double* __restrict second) {
+  const std::int64_t base = g.offset(i, grp), rows = g.rows_of(i);
+  for (std::int64_t c0 = 0; c0 < g.lanes; c0 += 16) {
+    __m512d a[2], b[2], m[2], s[2];
+    for (int h = 0; h < 2; ++h) {
+      a[h] = b[h] = m[h] = s[h] = _mm512_setzero_pd();
+      if constexpr (Terms == PlaneTerms::squared_deviations) m[h] = _mm512_loadu_pd(mean_d + c0 + h * 8);
+      if constexpr (Terms == PlaneTerms::gradient) {
+        m[h] = doubles_at(mean + c0 + h * 8);
+        s[h] = doubles_at(inv_std + c0 + h * 8);
+      }
+    }
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < g.cols; ++c) {
+        const std::int64_t at = base + r * g.row + c * g.col + c0;
+        for (int h = 0; h < 2; ++h) {
+          const __m512d v = doubles_at(x + at + h * 8);
+          if constexpr (Terms == PlaneTerms::x) {
+            a[h] = _mm512_add_pd(a[h], v);
+          } else if constexpr (Terms == PlaneTerms::squared_deviations) {
+            const __m512d d = _mm512_sub_pd(v, m[h]);
+            a[h] = _mm512_add_pd(a[h], _mm512_mul_pd(d, d));
+          } else {
+            const __m512d d = doubles_at(dy + at + h * 8);
+            a[h] = _mm512_add_pd(a[h], d);
+            b[h] = _mm512_add_pd(b[h], _mm512_mul_pd(_mm512_mul_pd(d, _mm512_sub_pd(v, m[h])), s[h]));
+          }
+        }
+      }
+    for (int h = 0; h < 2; ++h) {
+      _mm512_storeu_pd(first + c0 + h * 8, a[h]);
+      if constexpr (Terms == PlaneTerms::gradient) _mm512_storeu_pd(second + c0 + h * 8, b[h]);
+    }
+  }
+}
+
 // sum[l] = sum of x over the plane.
 template <class T, int L>
 void plane_sum(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x, double* __restrict sum) {
-  with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
-    plane_sums<D, V, false>(g, i, grp, sum, nullptr,
-                            [&](std::int64_t at, std::int64_t) { return widened<D>(load_widened<D>(x + at)); });
-  });
+  if constexpr (L == 16) {
+    plane_sums_16<PlaneTerms::x, T>(g, i, grp, x, nullptr, nullptr, nullptr, nullptr, sum, nullptr);
+  } else {
+    with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
+      plane_sums<D, V, false>(g, i, grp, sum, nullptr,
+                              [&](std::int64_t at, std::int64_t) { return widened<D>(load_widened<D>(x + at)); });
+    });
+  }
 }
 
 // squares[l] = sum of (x - mean)^2 over the plane, in double (mean: the group's batch means).
 template <class T, int L>
 void plane_squared_deviations(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
                               const double* __restrict mean, double* __restrict squares) {
-  with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
-    plane_sums<D, V, false>(g, i, grp, squares, nullptr, [&](std::int64_t at, std::int64_t c) {
-      const Doubles<D> d = widened<D>(load_widened<D>(x + at)) - load<Doubles<D>>(mean + c);
-      return d * d;
+  if constexpr (L == 16) {
+    plane_sums_16<PlaneTerms::squared_deviations, T>(g, i, grp, x, nullptr, mean, nullptr, nullptr, squares, nullptr);
+  } else {
+    with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
+      plane_sums<D, V, false>(g, i, grp, squares, nullptr, [&](std::int64_t at, std::int64_t c) {
+        const Doubles<D> d = widened<D>(load_widened<D>(x + at)) - load<Doubles<D>>(mean + c);
+        return d * d;
+      });
     });
-  });
+  }
 }
 
 // dy_sum[l] = sum of dy, dy_xhat_sum[l] = sum of dy (x - mean) inv_std, over the plane in double
@@ -141,13 +212,17 @@ template <class T, int L>
 void plane_gradient_sums(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
                          const float* __restrict dy, const float* __restrict mean, const float* __restrict inv_std,
                          double* __restrict dy_sum, double* __restrict dy_xhat_sum) {
-  with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
-    plane_sums<D, V, true>(g, i, grp, dy_sum, dy_xhat_sum, [&](std::int64_t at, std::int64_t c) {
-      const Doubles<D> d = widened<D>(load<Vec<float, D>>(dy + at));
-      const Doubles<D> centered = widened<D>(load_widened<D>(x + at)) - widened<D>(load<Vec<float, D>>(mean + c));
-      return std::pair{d, d * centered * widened<D>(load<Vec<float, D>>(inv_std + c))};
+  if constexpr (L == 16) {
+    plane_sums_16<PlaneTerms::gradient, T>(g, i, grp, x, dy, nullptr, mean, inv_std, dy_sum, dy_xhat_sum);
+  } else {
+    with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
+      plane_sums<D, V, true>(g, i, grp, dy_sum, dy_xhat_sum, [&](std::int64_t at, std::int64_t c) {
+        const Doubles<D> d = widened<D>(load<Vec<float, D>>(dy + at));
+        const Doubles<D> centered = widened<D>(load_widened<D>(x + at)) - widened<D>(load<Vec<float, D>>(mean + c));
+        return std::pair{d, d * centered * widened<D>(load<Vec<float, D>>(inv_std + c))};
+      });
     });
-  });
+  }
 }
 
 // y = x * scale + shift per channel (layer_math's batch_norm_apply), then max(y, 0) with Relu (the
