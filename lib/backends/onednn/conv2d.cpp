@@ -137,14 +137,15 @@ DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __
 
 // Adds, for the G taps at `taps` and V filter vectors, sum over (oh, ow) of padded x at the tap
 // times dy's L lanes into acc[v][t * L + lane]; dy[v] is vector v's output gradient at (0, 0).
-template <int L, int V, int G>
+// T: the gradient's element, float or std::uint16_t (bfloat16, widened exactly).
+template <int L, int V, int G, class T>
 DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std::int64_t* taps,
-                                        const float* __restrict padded, const float* const* dy, float* const* acc) {
+                                        const float* __restrict padded, const void* const* dy, float* const* acc) {
   using F = Vec<float, L>;
   F sums[G][V];
   std::int64_t offset[G];
-  const float* __restrict gradient[V];
-  for (int v = 0; v < V; ++v) gradient[v] = dy[v];
+  const T* __restrict gradient[V];
+  for (int v = 0; v < V; ++v) gradient[v] = static_cast<const T*>(dy[v]);
   for (int t = 0; t < G; ++t) {
     offset[t] = taps[t];
     for (int v = 0; v < V; ++v) sums[t][v] = load<F>(acc[v] + t * L);
@@ -153,7 +154,7 @@ DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std:
     const float* row = padded + oh * g.sh * g.padded_w * g.c;
     for (std::int64_t ow = 0; ow < g.ow; ++ow) {
       F d[V];
-      for (int v = 0; v < V; ++v) d[v] = load<F>(gradient[v] + oh * g.dy.row + ow * g.dy.col);
+      for (int v = 0; v < V; ++v) d[v] = load_widened<L>(gradient[v] + oh * g.dy.row + ow * g.dy.col);
       const float* at = row + ow * g.sw * g.c;
       for (int t = 0; t < G; ++t) {
         const float xv = at[offset[t]];
@@ -165,32 +166,45 @@ DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std:
     for (int v = 0; v < V; ++v) store(acc[v] + t * L, sums[t][v]);
 }
 
-template <int L>
-DTRAIN_LANE_CLONES void accumulate_bias(const WeightLoopsGeometry& g, const float* __restrict dy, float* __restrict acc) {
+template <int L, class T>
+DTRAIN_LANE_CLONES void accumulate_bias(const WeightLoopsGeometry& g, const void* dy, float* __restrict acc) {
   using F = Vec<float, L>;
+  const T* __restrict gradient = static_cast<const T*>(dy);
   F sum = load<F>(acc);
   for (std::int64_t oh = 0; oh < g.oh; ++oh)
-    for (std::int64_t ow = 0; ow < g.ow; ++ow) sum += load<F>(dy + oh * g.dy.row + ow * g.dy.col);
+    for (std::int64_t ow = 0; ow < g.ow; ++ow) sum += load_widened<L>(gradient + oh * g.dy.row + ow * g.dy.col);
   store(acc, sum);
 }
 
-using AccumulateFn = void (*)(const WeightLoopsGeometry&, const std::int64_t*, const float*, const float* const*,
+void accumulate_bias_of(const WeightLoopsGeometry& g, const void* dy, float* acc) {
+  if (g.lanes == 16) return g.bf16 ? accumulate_bias<16, std::uint16_t>(g, dy, acc) : accumulate_bias<16, float>(g, dy, acc);
+  g.bf16 ? accumulate_bias<8, std::uint16_t>(g, dy, acc) : accumulate_bias<8, float>(g, dy, acc);
+}
+
+using AccumulateFn = void (*)(const WeightLoopsGeometry&, const std::int64_t*, const float*, const void* const*,
                               float* const*);
 
-template <int L, int V, std::size_t... G>
+template <int L, int V, class T, std::size_t... G>
 std::array<AccumulateFn, sizeof...(G)> accumulate_table(std::index_sequence<G...>) {
-  return {&accumulate_taps<L, V, static_cast<int>(G) + 1>...};
+  return {&accumulate_taps<L, V, static_cast<int>(G) + 1, T>...};
 }
 
 // The pass over `count` taps and `vectors` filter vectors, count in 1..accumulators(lanes) / vectors.
-AccumulateFn accumulate_fn(int lanes, int vectors, std::int64_t count) {
-  static const auto by8 = accumulate_table<8, 1>(std::make_index_sequence<kAccumulators>{});
-  static const auto by16 = accumulate_table<16, 1>(std::make_index_sequence<kWideAccumulators>{});
-  static const auto pairs_by8 = accumulate_table<8, 2>(std::make_index_sequence<kAccumulators / 2>{});
-  static const auto pairs_by16 = accumulate_table<16, 2>(std::make_index_sequence<kWideAccumulators / 2>{});
+template <class T>
+AccumulateFn accumulate_fn_of(int lanes, int vectors, std::int64_t count) {
+  static const auto by8 = accumulate_table<8, 1, T>(std::make_index_sequence<kAccumulators>{});
+  static const auto by16 = accumulate_table<16, 1, T>(std::make_index_sequence<kWideAccumulators>{});
+  static const auto pairs_by8 = accumulate_table<8, 2, T>(std::make_index_sequence<kAccumulators / 2>{});
+  static const auto pairs_by16 = accumulate_table<16, 2, T>(std::make_index_sequence<kWideAccumulators / 2>{});
   const auto i = static_cast<std::size_t>(count - 1);
   if (vectors == 2) return lanes == 16 ? pairs_by16[i] : pairs_by8[i];
   return lanes == 16 ? by16[i] : by8[i];
+}
+
+// The output gradient is bfloat16 where the layer computes in it (g.bf16), else float.
+AccumulateFn accumulate_fn(const WeightLoopsGeometry& g, int vectors, std::int64_t count) {
+  return g.bf16 ? accumulate_fn_of<std::uint16_t>(g.lanes, vectors, count)
+                : accumulate_fn_of<float>(g.lanes, vectors, count);
 }
 
 // A max pooling computed with the convolution: windows inside the output that do not overlap.
@@ -623,7 +637,7 @@ ConvolvePoolCodesFn convolve_pool_codes_fn(int vectors) {
 struct WeightJob {
   const WeightLoopsGeometry* g = nullptr;
   const float* x = nullptr;
-  const float* dy = nullptr;     // not fused: the output gradient
+  const void* dy = nullptr;      // not fused: the output gradient (float, or bfloat16 where g->bf16)
   float* partial = nullptr;      // per (sample chunk, filter chunk): taps x L, then the bias's L
   std::int64_t groups = 0;
   std::int64_t padded_size = 0;  // floats of one padded sample
@@ -668,17 +682,17 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       }
       continue;
     }
-    const float* dy_n[2] = {};
-    for (int v = 0; v < vectors; ++v) dy_n[v] = j.dy + n * g.dy.n + g.dy.channel((fc + v) * g.lanes);
+    const std::size_t element = g.bf16 ? sizeof(std::uint16_t) : sizeof(float);
+    const void* dy_n[2] = {};
+    for (int v = 0; v < vectors; ++v)
+      dy_n[v] = static_cast<const std::byte*>(j.dy) +
+                static_cast<std::size_t>(n * g.dy.n + g.dy.channel((fc + v) * g.lanes)) * element;
     for (std::int64_t t = 0; t < taps; t += per_pass) {
       const std::int64_t count = std::min(per_pass, taps - t);
       float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
-      accumulate_fn(g.lanes, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
+      accumulate_fn(g, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
     }
-    for (int v = 0; v < vectors; ++v) {
-      if (g.lanes == 16) accumulate_bias<16>(g, dy_n[v], acc[v] + taps * g.lanes);
-      else accumulate_bias<8>(g, dy_n[v], acc[v] + taps * g.lanes);
-    }
+    for (int v = 0; v < vectors; ++v) accumulate_bias_of(g, dy_n[v], acc[v] + taps * g.lanes);
   }
 }
 
@@ -838,8 +852,7 @@ class Conv2DKernel final : public WeightedOpKernel {
         dnnl::convolution_backward_weights::desc(algo, src, diff_weights_md(weights), bias, dst, strides, pad_before,
                                                  pad_after),
         ctx_.engine, fwd_pd);
-    if (dy && fwd_pd.dst_desc().data_type() == memory::data_type::f32)
-      plan_weight_loops(batch, md_of(src_layout), *dy, false);
+    if (dy) plan_weight_loops(batch, md_of(src_layout), *dy, false);
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd, crop);
   }
 
@@ -919,7 +932,7 @@ class Conv2DKernel final : public WeightedOpKernel {
       j.pooled_dy = s->diff_y.get_data_handle();
       j.ws = s->workspace.data();
     } else {
-      j.dy = static_cast<const float*>(pre_grad.get_data_handle());
+      j.dy = pre_grad.get_data_handle();
     }
     j.groups = (g.filter_chunks + g.vectors - 1) / g.vectors;
     j.padded_size = g.padded_h * g.padded_w * g.c;
@@ -996,7 +1009,7 @@ class Conv2DKernel final : public WeightedOpKernel {
   WeightLoops* plan_weight_loops(std::int64_t batch, const memory::desc& src_md, const Arrangement& dy, bool fused) {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
-    if (compute_ != DType::f32 && !fused) return nullptr;
+    if (compute_ != DType::f32 && compute_ != DType::bf16) return nullptr;
     const std::optional<Arrangement> x = arrangement_of(src_md);
     if (!x) return nullptr;
     // Vectors of 16 where the CPU has 512-bit registers; 8 (two 128-bit halves below AVX2) elsewhere.
@@ -1023,6 +1036,12 @@ class Conv2DKernel final : public WeightedOpKernel {
     const bool in_cache = padded_h * padded_w * in[2] * 4 <= kMaxPaddedSampleBytes &&
                           out_plane * vectors * lanes * 4 <= kMaxGradientPlaneBytes;
     if (!fused && (!(few_channels || in_cache) || partial > kMaxPartialFloats)) return nullptr;
+    // In bfloat16, a first layer on few channels (its input the model's, f32, rounded as it is
+    // padded; the output gradient read in bfloat16): oneDNN 2.6's bfloat16 kernel took 0.55 ms a
+    // step for the bn_dropout experiment's first convolution's weights (AMX, one input channel),
+    // these loops 0.2 (a 2-core Intel Xeon with AMX). Wider layers keep the AMX matmuls.
+    if (compute_ == DType::bf16 && !fused && (!few_channels || src_md.data_type() != memory::data_type::f32))
+      return nullptr;
     WeightLoops& s = weight_loops_.emplace_back();
     s.batch = batch;
     WeightLoopsGeometry& g = s.geometry;
