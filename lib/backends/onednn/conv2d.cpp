@@ -31,10 +31,11 @@
 // position won (as the pooling layer would): 2 x 2 windows are convolved and pooled in registers
 // (in bfloat16 on AVX512-BF16, pooled on the activations' 16-bit codes), other windows through a
 // per-thread scratch plane of the sums. Backward runs the weight loops above on the gradient the
-// pooling's backward would write, computed in registers from the pooled gradient and the winners
-// as the loops reach each position (accumulate_pooled_taps). It has the pooling layer's bits, and
-// the loops add its nonzero terms in the same order, so the weights' gradients are those of the
-// two layers computed apart.
+// pooling's backward would write, computed from the pooled gradient and the winners: in registers
+// as the loops reach each position (accumulate_pooled_taps) on 16 lanes, into a plane of one
+// sample and filter vector that stays in the caches (expand_pooled_gradient) on 8. It has the
+// pooling layer's bits, and the loops add its nonzero terms in the same order, so the weights'
+// gradients are those of the two layers computed apart.
 //   y (N, OH / sh, OW / sw, F)  the pooled output, arranged as oneDNN's dst would be (or nhwc)
 //   ws                           u8 per element of y: the window position of the max (kNoWinner
 //                                where a relu zeroed it)
@@ -201,10 +202,11 @@ AccumulateFn accumulate_fn_of(int lanes, int vectors, std::int64_t count) {
   return lanes == 16 ? by16[i] : by8[i];
 }
 
-// The output gradient is bfloat16 where the layer computes in it (g.bf16), else float.
-AccumulateFn accumulate_fn(const WeightLoopsGeometry& g, int vectors, std::int64_t count) {
-  return g.bf16 ? accumulate_fn_of<std::uint16_t>(g.lanes, vectors, count)
-                : accumulate_fn_of<float>(g.lanes, vectors, count);
+// The output gradient read: bfloat16 where the layer computes in it, else (and expanded from a
+// pooled gradient, expand_pooled_gradient) float.
+AccumulateFn accumulate_fn(const WeightLoopsGeometry& g, bool bf16_gradient, int vectors, std::int64_t count) {
+  return bf16_gradient ? accumulate_fn_of<std::uint16_t>(g.lanes, vectors, count)
+                       : accumulate_fn_of<float>(g.lanes, vectors, count);
 }
 
 // A max pooling computed with the convolution: windows inside the output that do not overlap.
@@ -222,6 +224,68 @@ template <int L>
 [[gnu::always_inline]] inline Vec<float, L> select(const Mask<L>& mask, const Vec<float, L>& a,
                                                    const Vec<float, L>& b) {
   return std::bit_cast<Vec<float, L>>((mask & std::bit_cast<Mask<L>>(a)) | (~mask & std::bit_cast<Mask<L>>(b)));
+}
+
+// One sample's gradient of the convolution's output for the L filters from `first_lane` on, as the
+// pooling's backward would write it (with the relu's derivative where there is one): the pooled
+// gradient where the window's max came from, +0 elsewhere and outside every window (and in windows
+// whose max the relu zeroed: their winner is kNoWinner). `into` is (OH, OW, L), the layout g.dy
+// describes in a fused plan. The bias's gradient is summed here, in the weight loops' order
+// (accumulate_bias): adding the +0s of the other positions would not change a sum that starts at
+// +0. KW, SW: the window's width and stride when known when compiled (2 and 2 unrolled), 0 when not.
+// T: the pooled gradient's element, float or std::uint16_t (bfloat16, widened exactly). The plane
+// stays in the caches; where vectors are 8 lanes, this then accumulate_taps over the plane beat
+// accumulate_pooled_taps (routes_pooled_gradient).
+template <int L, int KW, int SW, class T>
+DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, const PoolingGeometry& p, std::int64_t n,
+                                               std::int64_t first_lane, const void* pooled_gradient,
+                                               const std::uint8_t* __restrict ws, float* __restrict into,
+                                               float* __restrict bias_acc) {
+  const T* __restrict diff_y = static_cast<const T*>(pooled_gradient);
+  using B = Mask<L>;
+  using F = Vec<float, L>;
+  F bias = load<F>(bias_acc);
+  const std::int64_t base = n * p.y.n + p.y.channel(first_lane);
+  const std::int64_t kw = KW > 0 ? KW : p.kw, sw = SW > 0 ? SW : p.sw;
+  const std::int64_t covered_w = std::min(g.ow, p.ow * sw);
+  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+    float* row = into + oh * g.ow * L;
+    const std::int64_t ph = oh / p.sh, i = oh % p.sh;
+    if (ph >= p.oh || i >= p.kh) {
+      for (std::int64_t ow = 0; ow < g.ow; ++ow) store(row + ow * L, B{});
+      continue;
+    }
+    for (std::int64_t pw = 0; pw < p.ow; ++pw) {
+      const std::int64_t at = base + ph * p.y.row + pw * p.y.col;
+      const B d = std::bit_cast<B>(load_widened<L>(diff_y + at));
+      const B which = load_bytes_widened<L>(ws + at);  // once per window
+      // A lane's max is at one position: of the row's positions in the window, at most one is
+      // not +0, so one addition of their bits' union adds what each would in turn.
+      B in_row{};
+      for (std::int64_t j = 0; j < sw && pw * sw + j < g.ow; ++j) {
+        const B here = j < kw ? B(d & (which == static_cast<std::int32_t>(i * kw + j))) : B{};
+        store(row + (pw * sw + j) * L, here);
+        in_row |= here;
+      }
+      bias += std::bit_cast<F>(in_row);
+    }
+    for (std::int64_t ow = covered_w; ow < g.ow; ++ow) store(row + ow * L, B{});
+  }
+  store(bias_acc, bias);
+}
+
+using ExpandPooledFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, std::int64_t, std::int64_t,
+                                const void*, const std::uint8_t*, float*, float*);
+
+template <class T>
+ExpandPooledFn expand_pooled_fn_of(int lanes, const PoolingGeometry& p) {
+  const bool pairs = p.kw == 2 && p.sw == 2;  // a window's two columns, then the next window's
+  if (lanes == 16) return pairs ? &expand_pooled_gradient<16, 2, 2, T> : &expand_pooled_gradient<16, 0, 0, T>;
+  return pairs ? &expand_pooled_gradient<8, 2, 2, T> : &expand_pooled_gradient<8, 0, 0, T>;
+}
+
+ExpandPooledFn expand_pooled_fn(const WeightLoopsGeometry& g, const PoolingGeometry& p) {
+  return g.bf16 ? expand_pooled_fn_of<std::uint16_t>(g.lanes, p) : expand_pooled_fn_of<float>(g.lanes, p);
 }
 
 // Adds, for the G taps at `taps` and V filter vectors, what accumulate_taps would add over one
@@ -301,33 +365,36 @@ using AccumulatePooledFn = void (*)(const WeightLoopsGeometry&, const PoolingGeo
                                     const float*, const void*, const std::uint8_t*, std::int64_t, std::int64_t,
                                     float*, float* const*, float* const*);
 
-// Vectors held in registers per pass of the pooled loops: fewer than accumulate_taps' 12 and 24, as
+// Vectors of 16 held in registers per pass of the pooled loops: fewer than accumulate_taps' 24, as
 // each vector also keeps its pooled gradient, winners, and row union.
-constexpr int kPooledAccumulators = 8;
-constexpr int kWidePooledAccumulators = 20;
-constexpr int pooled_accumulators(int lanes) { return lanes == 16 ? kWidePooledAccumulators : kPooledAccumulators; }
+constexpr int kPooledAccumulators = 20;
+
+// Whether the fused backward routes the pooled gradient in registers (accumulate_pooled_taps) or
+// writes its plane first (expand_pooled_gradient, then accumulate_taps). Of 16 lanes the routing
+// saves the plane's stores and loads (the seed CNN's first convolution's backward: float32 0.157-0.185
+// -> 0.128-0.175 ms a step, a 2-core Intel Xeon with AMX). Of 8 (AVX2's 16 registers), the masks
+// crowd out the sums: nine taps no longer fit a pass, and the second pass redoes the masks for one
+// tap. There the same backward took 0.73-0.82 ms routed, 0.41-0.49 with nine taps a pass (spilling),
+// and 0.33-0.40 expanded (float32, a 2-core AVX2 AMD EPYC).
+bool routes_pooled_gradient(const WeightLoopsGeometry& g) { return g.lanes == 16; }
 
 template <int L, int V, class T, std::size_t... G>
 std::array<AccumulatePooledFn, sizeof...(G)> accumulate_pooled_table(std::index_sequence<G...>) {
   return {&accumulate_pooled_taps<L, V, static_cast<int>(G) + 1, T>...};
 }
 
-// The pass over `count` taps and `vectors` filter vectors (2 only of 16 lanes), count in
-// 1..pooled_accumulators(lanes) / vectors.
+// The pass over `count` taps and `vectors` filter vectors of 16 lanes, count in
+// 1..kPooledAccumulators / vectors.
 template <class T>
-AccumulatePooledFn accumulate_pooled_fn_of(int lanes, int vectors, std::int64_t count) {
-  static const auto by8 = accumulate_pooled_table<8, 1, T>(std::make_index_sequence<kPooledAccumulators>{});
-  static const auto by16 = accumulate_pooled_table<16, 1, T>(std::make_index_sequence<kWidePooledAccumulators>{});
-  static const auto pairs_by16 =
-      accumulate_pooled_table<16, 2, T>(std::make_index_sequence<kWidePooledAccumulators / 2>{});
+AccumulatePooledFn accumulate_pooled_fn_of(int vectors, std::int64_t count) {
+  static const auto by16 = accumulate_pooled_table<16, 1, T>(std::make_index_sequence<kPooledAccumulators>{});
+  static const auto pairs_by16 = accumulate_pooled_table<16, 2, T>(std::make_index_sequence<kPooledAccumulators / 2>{});
   const auto i = static_cast<std::size_t>(count - 1);
-  if (vectors == 2) return pairs_by16[i];
-  return lanes == 16 ? by16[i] : by8[i];
+  return vectors == 2 ? pairs_by16[i] : by16[i];
 }
 
 AccumulatePooledFn accumulate_pooled_fn(const WeightLoopsGeometry& g, int vectors, std::int64_t count) {
-  return g.bf16 ? accumulate_pooled_fn_of<std::uint16_t>(g.lanes, vectors, count)
-                : accumulate_pooled_fn_of<float>(g.lanes, vectors, count);
+  return g.bf16 ? accumulate_pooled_fn_of<std::uint16_t>(vectors, count) : accumulate_pooled_fn_of<float>(vectors, count);
 }
 
 // z = sum over the taps of x at the tap times the tap's weights, for V vectors of L filters at
@@ -645,12 +712,14 @@ struct WeightJob {
   float* padded = nullptr;       // per worker, `cached` padded samples
   std::int64_t* holds = nullptr; // per worker and cached sample: which sample it holds, -1 none
   // Fused with a max pooling: the pooled gradient (float, or bfloat16 where g->bf16) and the
-  // workspace, routed to the output positions as the weight loops read them (accumulate_pooled_taps).
+  // workspace, routed to the output positions as the weight loops read them (accumulate_pooled_taps)
+  // or expanded per sample and filter vector into a plane first (routes_pooled_gradient).
   const PoolingGeometry* pool = nullptr;
   const void* pooled_dy = nullptr;
   const std::uint8_t* ws = nullptr;
-  float* strips = nullptr;      // per worker, a row of windows' widened pooled gradients and winners
+  float* strips = nullptr;      // routed: per worker, a row of windows' widened pooled gradients and winners
   std::int64_t strip_size = 0;  // floats of one: p.ow * g->vectors * 2 vectors
+  float* expanded = nullptr;    // expanded: per worker, g->vectors planes of g->dy.n floats
 };
 
 void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
@@ -663,7 +732,8 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
   const int vectors = static_cast<int>(std::min<std::int64_t>(g.vectors, g.filter_chunks - fc));
   float* acc[2] = {};
   for (int v = 0; v < vectors; ++v) acc[v] = j.partial + (chunk * g.filter_chunks + fc + v) * per_item;
-  const std::int64_t per_pass = (j.pool ? pooled_accumulators(g.lanes) : accumulators(g.lanes)) / vectors;
+  const bool routed = j.pool && routes_pooled_gradient(g);
+  const std::int64_t per_pass = (routed ? kPooledAccumulators : accumulators(g.lanes)) / vectors;
   for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
     const std::int64_t slot = worker * j.cached + n % j.cached;
     float* padded = j.padded + slot * j.padded_size;
@@ -671,7 +741,7 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       pad_sample(g, j.x + n * g.x.n, padded);
       j.holds[slot] = n;
     }
-    if (j.pool) {
+    if (routed) {
       float* bias[2] = {acc[0] + taps * g.lanes, acc[1] ? acc[1] + taps * g.lanes : nullptr};
       for (std::int64_t t = 0; t < taps; t += per_pass) {
         const std::int64_t count = std::min(per_pass, taps - t);
@@ -682,17 +752,26 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       }
       continue;
     }
-    const std::size_t element = g.bf16 ? sizeof(std::uint16_t) : sizeof(float);
+    const bool bf16_gradient = g.bf16 && !j.pool;
+    const std::size_t element = bf16_gradient ? sizeof(std::uint16_t) : sizeof(float);
     const void* dy_n[2] = {};
-    for (int v = 0; v < vectors; ++v)
-      dy_n[v] = static_cast<const std::byte*>(j.dy) +
-                static_cast<std::size_t>(n * g.dy.n + g.dy.channel((fc + v) * g.lanes)) * element;
+    for (int v = 0; v < vectors; ++v) {
+      if (j.pool) {  // (expand_pooled_gradient sums the bias's gradient)
+        float* into = j.expanded + (worker * g.vectors + v) * g.dy.n;
+        expand_pooled_fn(g, *j.pool)(g, *j.pool, n, (fc + v) * g.lanes, j.pooled_dy, j.ws, into,
+                                     acc[v] + taps * g.lanes);
+        dy_n[v] = into;
+      } else {
+        dy_n[v] = static_cast<const std::byte*>(j.dy) +
+                  static_cast<std::size_t>(n * g.dy.n + g.dy.channel((fc + v) * g.lanes)) * element;
+      }
+    }
     for (std::int64_t t = 0; t < taps; t += per_pass) {
       const std::int64_t count = std::min(per_pass, taps - t);
       float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
-      accumulate_fn(g, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
+      accumulate_fn(g, bf16_gradient, vectors, count)(g, g.taps.data() + t, padded, dy_n, at);
     }
-    for (int v = 0; v < vectors; ++v) accumulate_bias_of(g, dy_n[v], acc[v] + taps * g.lanes);
+    for (int v = 0; v < vectors && !j.pool; ++v) accumulate_bias_of(g, dy_n[v], acc[v] + taps * g.lanes);
   }
 }
 
@@ -947,10 +1026,13 @@ class Conv2DKernel final : public WeightedOpKernel {
       s->holds.resize(slots);
     }
     std::fill(s->holds.begin(), s->holds.end(), -1);
-    if (s->pool) {
+    if (s->pool && routes_pooled_gradient(g)) {
       j.strip_size = s->pool->ow * g.vectors * 2 * g.lanes;
       s->strips.resize(static_cast<std::size_t>(workers * j.strip_size));
       j.strips = s->strips.data();
+    } else if (s->pool) {
+      s->expanded.resize(static_cast<std::size_t>(workers * g.vectors * g.dy.n));
+      j.expanded = s->expanded.data();
     }
     j.padded = s->padded.data();
     j.holds = s->holds.data();
@@ -995,11 +1077,12 @@ class Conv2DKernel final : public WeightedOpKernel {
     WeightJob job;
     // Fused with a max pooling (pool_): its geometry, the pooled output and its gradient, the
     // workspace, the kernel and bias padded to the arrangement's channels, each forward thread's
-    // padded sample (zero padding) and convolution sums, and the backward workers' strips (WeightJob).
+    // padded sample (zero padding) and convolution sums, and the backward workers' strips or
+    // expanded planes (WeightJob).
     std::optional<PoolingGeometry> pool;
     memory y, diff_y;
     std::vector<std::uint8_t> workspace;
-    std::vector<float> kernel, bias, forward_padded, forward_sums, strips;
+    std::vector<float> kernel, bias, forward_padded, forward_sums, strips, expanded;
     bool codes = false;  // the bfloat16 forward pools on the activations' codes (plan_codes)
   };
 
@@ -1194,7 +1277,12 @@ class Conv2DKernel final : public WeightedOpKernel {
     WeightLoops* s = plan_weight_loops(batch, src_md, y, true);
     DTRAIN_CHECK(s != nullptr,
                  fmt::format("layer '{}': the pooling it took cannot be computed with it", layer_.name()));
-    const WeightLoopsGeometry& g = s->geometry;
+    WeightLoopsGeometry& g = s->geometry;
+    // Where the pooled gradient is expanded (routes_pooled_gradient), the plane of one sample and
+    // filter vector: (OH, OW, L).
+    if (!routes_pooled_gradient(g))
+      g.dy = Arrangement{.lanes = g.lanes, .groups = 1, .n = g.oh * g.ow * g.lanes, .group = 0,
+                         .row = g.ow * g.lanes, .col = g.lanes};
     PoolingGeometry& p = s->pool.emplace();
     p.kh = pool_->params().pool_size[0];
     p.kw = pool_->params().pool_size[1];
