@@ -277,15 +277,15 @@ DTRAIN_LANE_CLONES void expand_pooled_gradient(const WeightLoopsGeometry& g, con
 using ExpandPooledFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, std::int64_t, std::int64_t,
                                 const void*, const std::uint8_t*, float*, float*);
 
+// Only of 8 lanes: 16 route the pooled gradient in registers (routes_pooled_gradient).
 template <class T>
-ExpandPooledFn expand_pooled_fn_of(int lanes, const PoolingGeometry& p) {
+ExpandPooledFn expand_pooled_fn_of(const PoolingGeometry& p) {
   const bool pairs = p.kw == 2 && p.sw == 2;  // a window's two columns, then the next window's
-  if (lanes == 16) return pairs ? &expand_pooled_gradient<16, 2, 2, T> : &expand_pooled_gradient<16, 0, 0, T>;
   return pairs ? &expand_pooled_gradient<8, 2, 2, T> : &expand_pooled_gradient<8, 0, 0, T>;
 }
 
 ExpandPooledFn expand_pooled_fn(const WeightLoopsGeometry& g, const PoolingGeometry& p) {
-  return g.bf16 ? expand_pooled_fn_of<std::uint16_t>(g.lanes, p) : expand_pooled_fn_of<float>(g.lanes, p);
+  return g.bf16 ? expand_pooled_fn_of<std::uint16_t>(p) : expand_pooled_fn_of<float>(p);
 }
 
 // Adds, for the G taps at `taps` and V filter vectors, what accumulate_taps would add over one
