@@ -16,7 +16,9 @@
 //                            neighbour's values: every replica thread adds and copies the same
 //                            share of the data.
 // Sums of doubles and int64s and the maximum use reduction_to_one_device's order whatever the op;
-// reduce_sum_to(root) adds ((x_root + x_0) + x_1) + ... over the other replicas in ascending
+// a sum of at most kPostedValues doubles or int64s (batch statistics, counters) crosses one barrier
+// instead of three: each replica posts a copy of its values to the group, waits once, and adds
+// every replica's copy in replica order itself (the same bits). reduce_sum_to(root) adds ((x_root + x_0) + x_1) + ... over the other replicas in ascending
 // order, on root only; each replica thread adds its own slice of the elements.
 //
 // No collective allocates. A replica that fails makes the strategy break barrier(): every
@@ -25,6 +27,7 @@
 // by every replica at the start of each collective, so all of them throw an InternalError or none.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,13 +66,22 @@ class ThreadCommunicator final : public Communicator, private RingTransport {
   void exchange(std::span<float> values, RingChunk send, RingChunk recv, bool accumulate, const char* what) override;
   template <class T>
   void broadcast_values(std::span<T> values, int root, const char* what);
+  template <class T>
+  void all_reduce_sum_small(std::span<T> values, const char* what);
 
   ThreadGroup& group_;
   int replica_;
+  // Posted sums this endpoint made (every replica makes the same ones): which of the group's two
+  // posting areas the next one uses.
+  std::uint64_t posted_sums_ = 0;
 };
 
 class ThreadGroup final : public ReplicaGroup {
  public:
+  // The most doubles or int64s a sum posts through the group's own memory (one barrier; larger
+  // sums take reduce_then_copy's three): 32 KiB per replica and area.
+  static constexpr std::size_t kPostedValues = 4096;
+
   // size >= 1, else InternalError.
   ThreadGroup(int size, CrossDeviceOp op);
   ThreadGroup(const ThreadGroup&) = delete;
@@ -91,6 +103,8 @@ class ThreadGroup final : public ReplicaGroup {
   // then checks that they agree.
   template <class T>
   void enter(int replica, std::span<T> values, const char* what);
+  // What enter() checks once every replica has published into `slots`.
+  void check_slots(const std::vector<Slot>& slots, const char* what) const;
   // Replica r's values of the collective under way (after enter).
   template <class T>
   std::span<T> values_of(int replica) const {
@@ -105,6 +119,12 @@ class ThreadGroup final : public ReplicaGroup {
   CrossDeviceOp op_;
   Barrier barrier_;
   std::vector<Slot> slots_;  // each replica writes only its own
+  // The posted sums' two areas, used in turn, so that a replica posting the next sum never writes
+  // what another still reads of the last one: between two sums in one area lies the other's
+  // barrier, which a replica reaches only after reading. Per area, each replica's slot (what it
+  // posted: its own values' address and length, for the checks) and kPostedValues words of copies.
+  std::vector<Slot> posted_slots_[2];
+  std::vector<std::uint64_t> posted_[2];
   std::vector<std::unique_ptr<ThreadCommunicator>> endpoints_;
 };
 

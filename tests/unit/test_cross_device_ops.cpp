@@ -508,6 +508,61 @@ TEST_CASE("double and int64 sums, the maximum and broadcast over threads, in rep
     }
 }
 
+TEST_CASE("small double and int64 sums back to back: every round's own values, in replica order") {
+  // Sums of up to kPostedValues values go through the group's two posting areas in turn, one
+  // barrier each; longer ones through reduce_then_copy. Rounds follow each other with nothing in
+  // between, so a replica posting round k + 1 races another still adding round k's copies unless
+  // the areas alternate (ThreadSanitizer runs this file too), and the lengths cross the limit.
+  constexpr std::size_t limit = ThreadGroup::kPostedValues;
+  const std::size_t lengths[] = {1, 3, 65, limit - 1, limit, limit + 1, 2 * limit + 7};
+  for (int n = 2; n <= 4; ++n) {
+    CAPTURE(n);
+    ThreadGroup group(n, CrossDeviceOp::reduction_to_one_device);
+    constexpr int kRounds = 120;
+    std::vector<int> wrong(static_cast<std::size_t>(n), 0);
+    run_replicas(n, [&](int r) {
+      std::vector<double> d;
+      std::vector<std::int64_t> k;
+      for (int round = 0; round < kRounds; ++round) {
+        const std::size_t count = lengths[static_cast<std::size_t>(round) % std::size(lengths)];
+        // Term of replica q at element e: large and small magnitudes mixed, so that any other
+        // order of the adds than ((x_0 + x_1) + x_2) + ... changes the bits somewhere.
+        const auto term = [&](int q, std::size_t e) {
+          return (q % 2 == 0 ? 1e16 : 1.0) * (q == 2 ? -1.0 : 1.0) + 0.125 * double(round) + double(e % 7);
+        };
+        d.assign(count, 0.0);
+        k.assign(count, 0);
+        for (std::size_t e = 0; e < count; ++e) {
+          d[e] = term(r, e);
+          k[e] = (std::int64_t{round} << 20) + r * 1000 + static_cast<std::int64_t>(e);
+        }
+        group.endpoint(r).all_reduce_sum(std::span<double>(d), "doubles");
+        group.endpoint(r).all_reduce_sum(std::span<std::int64_t>(k), "counts");
+        for (std::size_t e = 0; e < count; ++e) {
+          double want = term(0, e);
+          std::int64_t want_k = 0;
+          for (int q = 1; q < n; ++q) want += term(q, e);
+          for (int q = 0; q < n; ++q) want_k += (std::int64_t{round} << 20) + q * 1000 + static_cast<std::int64_t>(e);
+          if (std::memcmp(&d[e], &want, sizeof want) != 0 || k[e] != want_k) ++wrong[static_cast<std::size_t>(r)];
+        }
+      }
+    });
+    for (int r = 0; r < n; ++r) CHECK(wrong[static_cast<std::size_t>(r)] == 0);
+  }
+  // Their checks are reduce_then_copy's: mismatched lengths fail on every replica.
+  ThreadGroup pair(2, CrossDeviceOp::reduction_to_one_device);
+  std::atomic<int> internal_errors{0};
+  run_replicas(2, [&](int r) {
+    std::vector<double> values(r == 0 ? 4 : 5, 1.0);
+    try {
+      pair.endpoint(r).all_reduce_sum(std::span<double>(values), "test");
+    } catch (const InternalError&) {
+      ++internal_errors;
+    }
+  });
+  CHECK(internal_errors.load() == 2);
+}
+
 TEST_CASE("a group of one broadcasts from root 0 only") {
   distribute::SingleCommunicator alone;
   std::vector<float> f{1.5f, -2.0f};
