@@ -192,38 +192,51 @@ void ThreadCommunicator::all_reduce_sum(std::span<float> values, const char* wha
 // (its partner late by more than the spin) woke tens of microseconds after its partner arrived,
 // who by then waited at the second barrier, slept there too, and so on: on the 2-core EPYC the
 // first sum of a forward took 60-110 us at the median on each lane.
+// Every replica posts its values' address and length (and, up to kPostedValues, a copy of them)
+// before the one barrier all sums begin with, so all of them see the same lengths after it and
+// take the same way on: add the copies, or, for longer values, reduce_then_copy's last two phases.
 template <class T>
-void ThreadCommunicator::all_reduce_sum_small(std::span<T> values, const char* what) {
+void ThreadCommunicator::all_reduce_sum_posted(std::span<T> values, const char* what) {
   static_assert(sizeof(T) == sizeof(std::uint64_t));
   const int n = size();
+  if (n == 1) return;
   const std::size_t area = posted_sums_ % 2, count = values.size();
-  const auto posted = [&](int r) {
+  const auto copy_of = [&](int r) {
     return group_.posted_[area].data() + static_cast<std::size_t>(r) * ThreadGroup::kPostedValues;
   };
-  std::uint64_t* mine = posted(replica_);
-  for (std::size_t i = 0; i < count; ++i) mine[i] = std::bit_cast<std::uint64_t>(values[i]);
+  const std::vector<ThreadGroup::Slot>& slots = group_.posted_slots_[area];
+  const bool copied = count <= ThreadGroup::kPostedValues;
+  if (copied) {
+    std::uint64_t* mine = copy_of(replica_);
+    for (std::size_t i = 0; i < count; ++i) mine[i] = std::bit_cast<std::uint64_t>(values[i]);
+  }
   group_.posted_slots_[area][static_cast<std::size_t>(replica_)] = ThreadGroup::Slot{values.data(), count};
   group_.barrier().arrive_and_wait();
   ++posted_sums_;  // after the wait: a broken barrier leaves every replica's count as it was
-  group_.check_slots(group_.posted_slots_[area], what);
-  // Every replica adds the copies in replica order, as reduce_then_copy's replica 0 does.
-  for (std::size_t i = 0; i < count; ++i) {
-    T sum = std::bit_cast<T>(posted(0)[i]);
-    for (int r = 1; r < n; ++r) sum += std::bit_cast<T>(posted(r)[i]);
-    values[i] = sum;
+  group_.check_slots(slots, what);  // the same lengths everywhere from here on, or an error everywhere
+  if (copied) {
+    // Every replica adds the copies in replica order, as reduce_then_copy's replica 0 adds.
+    for (std::size_t i = 0; i < count; ++i) {
+      T sum = std::bit_cast<T>(copy_of(0)[i]);
+      for (int r = 1; r < n; ++r) sum += std::bit_cast<T>(copy_of(r)[i]);
+      values[i] = sum;
+    }
+    return;
   }
+  const auto values_of = [&](int r) { return std::span<T>(static_cast<T*>(slots[static_cast<std::size_t>(r)].data), count); };
+  if (replica_ == 0)
+    for (int r = 1; r < n; ++r) kAdd(values, values_of(r));
+  group_.barrier().arrive_and_wait();
+  if (replica_ != 0) copy_from(values, values_of(0));
+  group_.barrier().arrive_and_wait();  // replica 0's values stay as they are until every copy is made
 }
 
 void ThreadCommunicator::all_reduce_sum(std::span<double> values, const char* what) {
-  if (size() == 1) return;
-  if (values.size() <= ThreadGroup::kPostedValues) return all_reduce_sum_small(values, what);
-  group_.reduce_then_copy(replica_, values, what, kAdd);
+  all_reduce_sum_posted(values, what);
 }
 
 void ThreadCommunicator::all_reduce_sum(std::span<std::int64_t> values, const char* what) {
-  if (size() == 1) return;
-  if (values.size() <= ThreadGroup::kPostedValues) return all_reduce_sum_small(values, what);
-  group_.reduce_then_copy(replica_, values, what, kAdd);
+  all_reduce_sum_posted(values, what);
 }
 
 int ThreadCommunicator::all_reduce_max(int value, const char* what) {

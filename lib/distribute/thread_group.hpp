@@ -15,11 +15,12 @@
 //   ring                     the chunked ring of ring.hpp, each replica reading its left
 //                            neighbour's values: every replica thread adds and copies the same
 //                            share of the data.
-// Sums of doubles and int64s and the maximum use reduction_to_one_device's order whatever the op;
-// a sum of at most kPostedValues doubles or int64s (batch statistics, counters) crosses one barrier
+// Sums of doubles and int64s and the maximum use reduction_to_one_device's order whatever the op.
+// A sum of at most kPostedValues doubles or int64s (batch statistics, counters) crosses one barrier
 // instead of three: each replica posts a copy of its values to the group, waits once, and adds
-// every replica's copy in replica order itself (the same bits). reduce_sum_to(root) adds ((x_root + x_0) + x_1) + ... over the other replicas in ascending
-// order, on root only; each replica thread adds its own slice of the elements.
+// every replica's copy in replica order itself (the same bits). reduce_sum_to(root) adds
+// ((x_root + x_0) + x_1) + ... over the other replicas in ascending order, on root only; each
+// replica thread adds its own slice of the elements.
 //
 // No collective allocates. A replica that fails makes the strategy break barrier(): every
 // replica waiting inside a collective then throws BarrierBroken, and the values' contents are
@@ -67,7 +68,7 @@ class ThreadCommunicator final : public Communicator, private RingTransport {
   template <class T>
   void broadcast_values(std::span<T> values, int root, const char* what);
   template <class T>
-  void all_reduce_sum_small(std::span<T> values, const char* what);
+  void all_reduce_sum_posted(std::span<T> values, const char* what);
 
   ThreadGroup& group_;
   int replica_;
@@ -78,8 +79,8 @@ class ThreadCommunicator final : public Communicator, private RingTransport {
 
 class ThreadGroup final : public ReplicaGroup {
  public:
-  // The most doubles or int64s a sum posts through the group's own memory (one barrier; larger
-  // sums take reduce_then_copy's three): 32 KiB per replica and area.
+  // The most doubles or int64s a sum copies through the group's own memory (one barrier; longer
+  // sums take three, as reduce_then_copy does): 32 KiB per replica and area.
   static constexpr std::size_t kPostedValues = 4096;
 
   // size >= 1, else InternalError.

@@ -549,18 +549,24 @@ TEST_CASE("small double and int64 sums back to back: every round's own values, i
     });
     for (int r = 0; r < n; ++r) CHECK(wrong[static_cast<std::size_t>(r)] == 0);
   }
-  // Their checks are reduce_then_copy's: mismatched lengths fail on every replica.
+  // Mismatched lengths fail on every replica, also where one is short enough to copy and the
+  // other is not (the two would otherwise take different ways past the first barrier).
   ThreadGroup pair(2, CrossDeviceOp::reduction_to_one_device);
-  std::atomic<int> internal_errors{0};
-  run_replicas(2, [&](int r) {
-    std::vector<double> values(r == 0 ? 4 : 5, 1.0);
-    try {
-      pair.endpoint(r).all_reduce_sum(std::span<double>(values), "test");
-    } catch (const InternalError&) {
-      ++internal_errors;
-    }
-  });
-  CHECK(internal_errors.load() == 2);
+  for (const auto& [zero, one] : {std::pair{std::size_t{4}, std::size_t{5}}, std::pair{limit, limit + 1},
+                                  std::pair{limit + 2, limit + 1}}) {
+    CAPTURE(zero);
+    CAPTURE(one);
+    std::atomic<int> internal_errors{0};
+    run_replicas(2, [&](int r) {
+      std::vector<double> values(r == 0 ? zero : one, 1.0);
+      try {
+        pair.endpoint(r).all_reduce_sum(std::span<double>(values), "test");
+      } catch (const InternalError&) {
+        ++internal_errors;
+      }
+    });
+    CHECK(internal_errors.load() == 2);
+  }
 }
 
 TEST_CASE("a group of one broadcasts from root 0 only") {
