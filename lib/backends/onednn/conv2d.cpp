@@ -1105,11 +1105,13 @@ class Conv2DKernel final : public WeightedOpKernel {
     const std::int64_t taps = std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2];
     const std::int64_t filter_chunks = (o.filters + lanes - 1) / lanes;
     // Two vectors a pass where one pass would not hold every tap (each output gradient vector is
-    // read half as often); fused with a pooling, two of 16 lanes always (each input value feeds twice
-    // the multiply-adds: on the seed CNN's first convolution, 9 taps, the backward took 0.14-0.16 ms
-    // against 0.17-0.18 with one, float32 on a 2-core Intel Xeon with AMX).
+    // read half as often); fused with a pooling, two always (each input value feeds twice the
+    // multiply-adds: on the seed CNN's first convolution, 9 taps, the backward took 0.14-0.16 ms
+    // against 0.17-0.18 with one, float32 on a 2-core Intel Xeon with AMX; with 8 lanes, passes of
+    // 6 and 3 taps read 13 values a position for 18 multiply-adds where one vector read 20: 0.356-0.436
+    // ms against 0.397-0.475, 6 alternating pairs on a 2-core AVX2 AMD EPYC, a noisy hour).
     const int vectors = filter_chunks < 2 ? 1
-                        : fused       ? (lanes == 16 ? 2 : 1)
+                        : fused       ? 2
                                       : (taps > accumulators(lanes) ? 2 : 1);
     const std::int64_t sample_chunks = (batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
     const std::int64_t partial = sample_chunks * filter_chunks * (taps + 1) * lanes;
