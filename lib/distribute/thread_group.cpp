@@ -132,10 +132,15 @@ template <class T, class Combine>
 void ThreadGroup::reduce_then_copy(int replica, std::span<T> values, const char* what, Combine combine) {
   if (size_ == 1) return;
   enter(replica, values, what);
+  combine_then_copy(replica, values, slots_, combine);
+}
+
+template <class T, class Combine>
+void ThreadGroup::combine_then_copy(int replica, std::span<T> values, const std::vector<Slot>& slots, Combine combine) {
   if (replica == 0)
-    for (int r = 1; r < size_; ++r) combine(values, values_of<T>(r));
+    for (int r = 1; r < size_; ++r) combine(values, values_in<T>(slots, r));
   barrier_.arrive_and_wait();
-  if (replica != 0) copy_from(values, values_of<T>(0));
+  if (replica != 0) copy_from(values, values_in<T>(slots, 0));
   barrier_.arrive_and_wait();
 }
 
@@ -223,12 +228,7 @@ void ThreadCommunicator::all_reduce_sum_posted(std::span<T> values, const char* 
     }
     return;
   }
-  const auto values_of = [&](int r) { return std::span<T>(static_cast<T*>(slots[static_cast<std::size_t>(r)].data), count); };
-  if (replica_ == 0)
-    for (int r = 1; r < n; ++r) kAdd(values, values_of(r));
-  group_.barrier().arrive_and_wait();
-  if (replica_ != 0) copy_from(values, values_of(0));
-  group_.barrier().arrive_and_wait();  // replica 0's values stay as they are until every copy is made
+  group_.combine_then_copy(replica_, values, slots, kAdd);
 }
 
 void ThreadCommunicator::all_reduce_sum(std::span<double> values, const char* what) {

@@ -106,13 +106,21 @@ class ThreadGroup final : public ReplicaGroup {
   void enter(int replica, std::span<T> values, const char* what);
   // What enter() checks once every replica has published into `slots`.
   void check_slots(const std::vector<Slot>& slots, const char* what) const;
-  // Replica r's values of the collective under way (after enter).
+  // Replica r's values as published in `slots` (slots_ after enter).
+  template <class T>
+  static std::span<T> values_in(const std::vector<Slot>& slots, int replica) {
+    const Slot& slot = slots[static_cast<std::size_t>(replica)];
+    return {static_cast<T*>(slot.data), slot.count};
+  }
   template <class T>
   std::span<T> values_of(int replica) const {
-    return {static_cast<T*>(slots_[static_cast<std::size_t>(replica)].data), slots_[static_cast<std::size_t>(replica)].count};
+    return values_in<T>(slots_, replica);
   }
   template <class T, class Combine>
   void reduce_then_copy(int replica, std::span<T> values, const char* what, Combine combine);
+  // reduce_then_copy's phases after its opening, over the values published in `slots`.
+  template <class T, class Combine>
+  void combine_then_copy(int replica, std::span<T> values, const std::vector<Slot>& slots, Combine combine);
   void hierarchical_copy(int replica, std::span<float> values, const char* what);
   void check_root(int root, const char* what) const;
 
