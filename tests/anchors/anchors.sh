@@ -14,6 +14,12 @@
 # seed_default, seed_mirrored, seed_multi_worker: the same with the seed CNN itself
 #   (experiments/fashion_mnist.yaml: Adam, batch 64) for 20 steps of that file, shuffled as the
 #   experiment shuffles: TensorFlow takes dtrain's order (dtrain order).
+# varied_default, varied_mirrored, varied_multi_worker: as default, mirrored and multi_worker with
+#   a model of what the others leave out: strides, 'same' padding, a non-square kernel, tanh and
+#   sigmoid, average, overlapping max and global average pooling, batch normalization without
+#   scale, softmax probabilities (from_logits: false) and reduction sum; under default Adam with its
+#   other constants on 2 threads (the lanes), under mirrored RMSprop (centered, with momentum),
+#   across workers SGD with Nesterov momentum.
 # keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
 #   (load_weights, evaluate: dtrain eval's Test Loss and Accuracy), and weights Keras saved starting a dtrain
 #   run (model.initial_weights) that TensorFlow follows step for step.
@@ -74,6 +80,44 @@ seed_cnn() {
           --set checkpoint.every_steps=1 --set checkpoint.max_to_keep=100)
   order=(--order "$scratch/order.npy")
 }
+# The varied_* cases' model (see the top).
+varied_cnn() {
+  cat >"$scratch/varied.yaml" <<'YAML'
+name: varied
+seed: 13
+strategy: {kind: default}
+data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 96, shuffle_buffer: 0}
+model:
+  input_shape: [28, 28, 1]
+  layers:
+    - conv2d: {filters: 12, kernel_size: 5, strides: 2, padding: same, activation: tanh}
+    - batch_normalization: {momentum: 0.9, scale: false, synchronized: true}
+    - activation: {activation: relu}
+    - average_pooling2d: {pool_size: 2}
+    - conv2d: {filters: 20, kernel_size: [3, 2], padding: same, activation: sigmoid, kernel_regularizer: {l2: 1.0e-3}}
+    - max_pool2d: {pool_size: 3, strides: 2, padding: same}
+    - conv2d: {filters: 16, kernel_size: 2, strides: [2, 1], use_bias: false}
+    - batch_normalization: {momentum: 0.8, epsilon: 0.01}
+    - activation: {activation: tanh}
+    - global_average_pooling2d: {}
+    - dense: {units: 24, activation: relu}
+    - dense: {units: 10, activation: softmax}
+loss: {kind: sparse_categorical_crossentropy, from_logits: false, reduction: sum}
+optimizer: {kind: adam, learning_rate: 0.003, beta_1: 0.8, beta_2: 0.99, epsilon: 1.0e-6}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, threads: 1, progress: none}
+checkpoint: {every_steps: 1, max_to_keep: 100}
+YAML
+  experiment=$scratch/varied.yaml
+  # Each strategy with another optimizer: Adam on the lanes, RMSprop (centered, momentum) on
+  # mirrored replicas, SGD (Nesterov momentum) across workers.
+  case $kind in
+    default) common=(--set train.threads=2) ;;
+    mirrored) common=(--set "optimizer={kind: rmsprop, learning_rate: 0.001, rho: 0.8, momentum: 0.5, centered: true,
+                                        epsilon: 1.0e-5}") ;;
+    multi_worker) common=(--set "optimizer={kind: sgd, learning_rate: 0.0005, momentum: 0.9, nesterov: true}") ;;
+  esac
+}
 experiment=$scratch/anchors.yaml
 common=()
 order=()
@@ -101,9 +145,11 @@ follow() {
 }
 
 case "$case_name" in
-  default | mirrored | multi_worker | seed_default | seed_mirrored | seed_multi_worker)
-    kind=${case_name#seed_}
-    [ "$kind" != "$case_name" ] && seed_cnn
+  default | mirrored | multi_worker | seed_default | seed_mirrored | seed_multi_worker | varied_default | \
+  varied_mirrored | varied_multi_worker)
+    kind=${case_name##*_}  # default, mirrored, worker
+    case $case_name in *multi_worker) kind=multi_worker ;; esac
+    case $case_name in seed_*) seed_cnn ;; varied_*) varied_cnn ;; esac
     train "$kind" "$kind"
     "$dtrain" export --experiment "$scratch/$kind/config.yaml" --format keras -o "$scratch/initial.weights.h5" \
       >/dev/null || fail "exporting the initial model failed"
