@@ -20,6 +20,9 @@
 #   scale, softmax probabilities (from_logits: false) and reduction sum; under default Adam with its
 #   other constants on 2 threads (the lanes), under mirrored RMSprop (centered, with momentum),
 #   across workers SGD with Nesterov momentum.
+# losses: the other losses on 2 mirrored replicas, 10 steps each: categorical_crossentropy on
+#   one-hot rows, binary_crossentropy on a sigmoid's probabilities (is the item footwear or a bag:
+#   label 5 or more), mean_squared_error of a linear unit to the label's value.
 # keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
 #   (load_weights, evaluate: dtrain eval's Test Loss and Accuracy), and weights Keras saved starting a dtrain
 #   run (model.initial_weights) that TensorFlow follows step for step.
@@ -118,6 +121,34 @@ YAML
     multi_worker) common=(--set "optimizer={kind: sgd, learning_rate: 0.0005, momentum: 0.9, nesterov: true}") ;;
   esac
 }
+# loss_cnn LOSS: the losses case's experiment for LOSS (categorical, binary, squared).
+loss_cnn() {
+  local data=$scratch/onehot.h5 units=10 output=linear loss="{kind: categorical_crossentropy, from_logits: true"
+  case $1 in
+    binary) data=$scratch/binary.h5 units=1 output=sigmoid loss="{kind: binary_crossentropy, from_logits: false" ;;
+    squared) data=data/fashion_mnist_small.h5 units=1 loss="{kind: mean_squared_error" ;;
+  esac
+  cat >"$scratch/$1.yaml" <<YAML
+name: $1
+seed: 17
+strategy: {kind: default}
+data: {source: hdf5, path: $data, batch_size_per_replica: 96, shuffle_buffer: 0}
+model:
+  input_shape: [28, 28, 1]
+  layers:
+    - conv2d: {filters: 8, kernel_size: 3, activation: relu}
+    - max_pool2d: {pool_size: 2}
+    - flatten: {}
+    - dense: {units: 32, activation: relu, kernel_regularizer: {l2: 1.0e-3}}
+    - dense: {units: $units, activation: $output}
+loss: $loss, reduction: none}
+optimizer: {kind: adam, learning_rate: 0.001}
+metrics: []
+train: {epochs: 1, threads: 1, progress: none, steps_per_epoch: 10}
+checkpoint: {every_steps: 1, max_to_keep: 100}
+YAML
+  experiment=$scratch/$1.yaml
+}
 experiment=$scratch/anchors.yaml
 common=()
 order=()
@@ -158,6 +189,28 @@ case "$case_name" in
         || fail "dtrain order failed"
     fi
     follow "$kind" "$kind" "$scratch/initial.weights.h5"
+    ;;
+  losses)
+    # The subset's labels as one-hot rows and as a binary target (float32), beside the file.
+    "$python" - "$scratch" <<'EOF' || fail "could not write the losses case's data"
+import sys, h5py, numpy as np
+with h5py.File("data/fashion_mnist_small.h5", "r") as f:
+    splits = {s: (f[s]["x"][()], f[s]["y"][()]) for s in ("train", "test")}
+for name, target in (("onehot", lambda y: np.eye(10, dtype=np.float32)[y]),
+                     ("binary", lambda y: (y >= 5).astype(np.float32)[:, None])):
+    with h5py.File(f"{sys.argv[1]}/{name}.h5", "w") as out:
+        for split, (x, y) in splits.items():
+            out.create_dataset(f"{split}/x", data=x)
+            out.create_dataset(f"{split}/y", data=target(y))
+EOF
+    steps=10
+    for loss in categorical binary squared; do
+      loss_cnn "$loss"
+      train "$loss" mirrored
+      "$dtrain" export --experiment "$scratch/$loss/config.yaml" --format keras -o "$scratch/$loss.weights.h5" \
+        >/dev/null || fail "exporting the initial model failed ($loss)"
+      follow "$loss" mirrored "$scratch/$loss.weights.h5"
+    done
     ;;
   keras_weights)
     # dtrain -> Keras: a trained checkpoint, exported, evaluates in Keras as dtrain evaluates it.

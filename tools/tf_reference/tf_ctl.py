@@ -61,7 +61,8 @@ def read_idx(directory, stem):
 
 
 def load_data(data):
-    """(x_train, y_train, x_test, y_test): float32 images channels last, int32 labels."""
+    """(x_train, y_train, x_test, y_test): float32 images channels last; int32 labels, or float32
+    targets (N, k) (a float y of (N,) becomes (N, 1), as dtrain reads it)."""
     import numpy as np
     source = data.get("source", "fashion_mnist")
     if source == "fashion_mnist":
@@ -77,7 +78,9 @@ def load_data(data):
         sys.exit(f"tf_ctl.py: data.source {source} is not read here (fashion_mnist, hdf5)")
     # dtrain scales bytes by multiplying with float32(1/255), not by dividing: the same floats.
     scale = lambda x: x.astype(np.float32) * np.float32(1.0 / 255.0) if x.dtype == np.uint8 else x.astype(np.float32)
-    return scale(xs[0]), ys[0].astype(np.int32), scale(xs[1]), ys[1].astype(np.int32)
+    targets = lambda y: y.astype(np.int32) if np.issubdtype(y.dtype, np.integer) else \
+        y.astype(np.float32).reshape(len(y), -1)
+    return scale(xs[0]), targets(ys[0]), scale(xs[1]), targets(ys[1])
 
 
 def read_order(path):
@@ -198,6 +201,14 @@ def is_chief():
 
 # ---------------------------------------------------------------- the loop
 
+# dtrain's loss kinds: Keras' loss class and the accuracy Keras' "accuracy" resolves to with it
+# (a crossentropy reads a label as a one-hot row, binary crossentropy and the squared error read it
+# as the target value, as dtrain does).
+LOSSES = {"sparse_categorical_crossentropy": ("SparseCategoricalCrossentropy", "SparseCategoricalAccuracy"),
+          "categorical_crossentropy": ("CategoricalCrossentropy", "CategoricalAccuracy"),
+          "binary_crossentropy": ("BinaryCrossentropy", "BinaryAccuracy"),
+          "mean_squared_error": ("MeanSquaredError", None)}
+
 @contextlib.contextmanager
 def keras_floats(floatx):
     """Keras' float type and dtype policy set to `floatx` (float32, float64) for the block. Both:
@@ -235,8 +246,10 @@ class Loop:
             (batch_per_replica or self.data.get("batch_size_per_replica", 64)) * self.replicas
         self.x_train, self.y_train, self.x_test, self.y_test = load_data(self.data)
         loss = exp.get("loss", {})
-        if loss.get("kind", "sparse_categorical_crossentropy") != "sparse_categorical_crossentropy":
-            sys.exit(f"tf_ctl.py: loss {loss['kind']} is not translated here (sparse_categorical_crossentropy)")
+        kind = loss.get("kind", "sparse_categorical_crossentropy")
+        if kind not in LOSSES:
+            sys.exit(f"tf_ctl.py: loss {kind} is not translated here ({', '.join(LOSSES)})")
+        loss_class, accuracy_class = LOSSES[kind]
         self.reduction = loss.get("reduction", "auto")
         # Read as the layers, the optimizer, the loss (which casts its inputs to it) and the metrics are made.
         with keras_floats(floatx):
@@ -244,10 +257,11 @@ class Loop:
                 self.model = build_model(exp["model"])
                 self.optimizer = make_optimizer(exp.get("optimizer", {}))
                 self.optimizer.build(self.model.trainable_variables)
-                self.per_example = tf.keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=loss.get("from_logits", False), reduction=None)
-                self.train_accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
-                self.test_accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
+                logits = {"from_logits": loss.get("from_logits", False)} if kind != "mean_squared_error" else {}
+                self.per_example = getattr(tf.keras.losses, loss_class)(reduction=None, **logits)
+                # (A regression has no accuracy: None.)
+                self.train_accuracy = getattr(tf.keras.metrics, accuracy_class)() if accuracy_class else None
+                self.test_accuracy = getattr(tf.keras.metrics, accuracy_class)() if accuracy_class else None
                 self.test_loss = tf.keras.metrics.Sum()
         self.floatx = floatx
         self.train_step = tf.function(lambda *args: self._traced_in_floatx(self._distributed_train_step, *args))
@@ -272,7 +286,8 @@ class Loop:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
         grads = tape.gradient(loss, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        self.train_accuracy.update_state(y, logits)
+        if self.train_accuracy:
+            self.train_accuracy.update_state(y, logits)
         return loss
 
     def _distributed_train_step(self, batch, samples):
@@ -282,7 +297,8 @@ class Loop:
     def _replica_test_step(self, x, y):
         logits = self.model(x, training=False)
         self.test_loss.update_state(self.tf.reduce_sum(self.per_example(y, logits)))
-        self.test_accuracy.update_state(y, logits)
+        if self.test_accuracy:
+            self.test_accuracy.update_state(y, logits)
 
     def _distributed_test_step(self, batch):
         self.strategy.run(self._replica_test_step, args=batch)
@@ -380,6 +396,8 @@ def main():
                                     "strategy": args.strategy, "global_batch": loop.global_batch}), flush=True)
         return
 
+    if loop.test_accuracy is None:
+        sys.exit(f"tf_ctl.py: loss {exp['loss']['kind']} has no accuracy to train epochs against; use --steps")
     epochs = args.epochs or exp.get("train", {}).get("epochs", 10)
     to_90, n = None, len(loop.x_train)
     test = loop.batches(training=False)
