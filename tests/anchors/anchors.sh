@@ -18,8 +18,9 @@
 #   a model of what the others leave out: strides, 'same' padding, a non-square kernel, tanh and
 #   sigmoid, average, overlapping max and global average pooling, batch normalization without
 #   scale, softmax probabilities (from_logits: false) and reduction sum; under default Adam with its
-#   other constants on 2 threads (the lanes), under mirrored RMSprop (centered, with momentum),
-#   across workers SGD with Nesterov momentum.
+#   other constants and a cosine decay on 2 threads (the lanes), under mirrored RMSprop (centered,
+#   with momentum) and a piecewise constant rate, across workers SGD with Nesterov momentum and a
+#   staircase exponential decay.
 # losses: the other losses on 2 mirrored replicas, 10 steps each: categorical_crossentropy on
 #   one-hot rows, binary_crossentropy on a sigmoid's probabilities (is the item footwear or a bag:
 #   label 5 or more), mean_squared_error of a linear unit to the label's value.
@@ -114,11 +115,17 @@ YAML
   experiment=$scratch/varied.yaml
   # Each strategy with another optimizer: Adam on the lanes, RMSprop (centered, momentum) on
   # mirrored replicas, SGD (Nesterov momentum) across workers.
+  # Each with a learning-rate schedule that moves within the 21 steps.
   case $kind in
-    default) common=(--set train.threads=2) ;;
-    mirrored) common=(--set "optimizer={kind: rmsprop, learning_rate: 0.001, rho: 0.8, momentum: 0.5, centered: true,
-                                        epsilon: 1.0e-5}") ;;
-    multi_worker) common=(--set "optimizer={kind: sgd, learning_rate: 0.0005, momentum: 0.9, nesterov: true}") ;;
+    default) common=(--set train.threads=2
+                     --set "optimizer.learning_rate={schedule: cosine_decay, initial_learning_rate: 0.003,
+                                                     decay_steps: 15, alpha: 0.1}") ;;
+    mirrored) common=(--set "optimizer={kind: rmsprop, rho: 0.8, momentum: 0.5, centered: true, epsilon: 1.0e-5,
+                                        learning_rate: {schedule: piecewise_constant, boundaries: [5, 12],
+                                                        values: [0.001, 0.0005, 0.0002]}}") ;;
+    multi_worker) common=(--set "optimizer={kind: sgd, momentum: 0.9, nesterov: true,
+                                            learning_rate: {schedule: exponential_decay, initial_learning_rate: 0.0005,
+                                                            decay_steps: 4, decay_rate: 0.7, staircase: true}}") ;;
   esac
 }
 # loss_cnn LOSS: the losses case's experiment for LOSS (categorical, binary, squared).

@@ -135,11 +135,28 @@ def build_model(model_config):
     return keras.Sequential([keras.Input(tuple(model_config["input_shape"]))] + layers)
 
 
+def make_learning_rate(lr):
+    """A number, or dtrain's schedule map as the Keras 3 schedule of the same formula."""
+    import keras
+    if isinstance(lr, (int, float)):
+        return lr
+    schedules = keras.optimizers.schedules
+    kind = lr.get("schedule", "constant")
+    if kind == "constant":
+        return lr["initial_learning_rate"]
+    if kind == "exponential_decay":
+        return schedules.ExponentialDecay(lr["initial_learning_rate"], lr["decay_steps"], lr["decay_rate"],
+                                          staircase=lr.get("staircase", False))
+    if kind == "piecewise_constant":
+        return schedules.PiecewiseConstantDecay(lr["boundaries"], lr["values"])
+    if kind == "cosine_decay":
+        return schedules.CosineDecay(lr["initial_learning_rate"], lr["decay_steps"], alpha=lr.get("alpha", 0.0))
+    sys.exit(f"tf_ctl.py: learning-rate schedule {kind} is not translated here")
+
+
 def make_optimizer(o):
     import keras
-    lr = o.get("learning_rate", 0.001)
-    if not isinstance(lr, (int, float)):
-        sys.exit("tf_ctl.py: a learning-rate schedule is not translated here; give a number")
+    lr = make_learning_rate(o.get("learning_rate", 0.001))
     kind = o.get("kind", "adam")
     if kind == "adam":
         return keras.optimizers.Adam(lr, beta_1=o.get("beta_1", 0.9), beta_2=o.get("beta_2", 0.999),
