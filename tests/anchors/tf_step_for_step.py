@@ -11,9 +11,9 @@ that saved a checkpoint after every step (checkpoint.every_steps: 1): checkpoint
 from (dtrain export --experiment EXP --format keras, or Keras' own file it was given). The same
 custom training loop in TensorFlow (tools/tf_reference/tf_ctl.py) then runs:
 
-- step for step: before step k, every variable, Adam's slots and its iteration count are set to
-  dtrain's after step k-1 (INIT and fresh slots for the first); TensorFlow takes batch k, and its
-  variables are compared with dtrain's after step k: ||tf - dtrain|| / ||dtrain|| over every
+- step for step: before step k, every variable, the optimizer's slots and its iteration count are
+  set to dtrain's after step k-1 (INIT and fresh slots for the first); TensorFlow takes batch k, and
+  its variables are compared with dtrain's after step k: ||tf - dtrain|| / ||dtrain|| over every
   variable together (batch normalization's moving statistics included) and for each variable,
   and so are those of the same step taken in float64 from the same state;
 - free running: from INIT for N steps with nothing set in between, against ckpt-N;
@@ -268,7 +268,8 @@ def main():
     above_most = sum(1 for d in judged_by_step if d > args.most)
     allowed_above = math.ceil(args.few * len(judged_by_step))
     say("RESULT " + json.dumps({"strategy": args.strategy, "steps": args.steps,
-                                "step_for_step_median": median(overall_by_step), "step_for_step_worst": max(overall_by_step),
+                                "step_for_step_median": median(overall_by_step),
+                                "step_for_step_worst": max(overall_by_step),
                                 "steps_above_1e-5": sum(1 for d in overall_by_step if d > 1e-5),
                                 "worst_variable": worst_variable[1], "worst_variable_name": worst_variable[0],
                                 "judged_median": median(judged_by_step), "judged_worst": max(judged_by_step),
