@@ -145,7 +145,7 @@ model:
   layers:
     - conv2d: {filters: 8, kernel_size: 3, activation: relu}
     - max_pool2d: {pool_size: 2}
-    - flatten: {}
+    - reshape: {target_shape: [1352]}
     - dense: {units: 32, activation: relu, kernel_regularizer: {l2: 1.0e-3}}
     - dense: {units: $units, activation: $output}
 loss: $loss, reduction: none}
