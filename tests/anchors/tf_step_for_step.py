@@ -68,10 +68,23 @@ def slot_lists(opt):
             if getattr(opt, attribute, None)}
 
 
-def set_state(loop, names, checkpoint=None, initial=None):
-    """The variables and the optimizer's state from a dtrain checkpoint, or the initial weights and
-    fresh slots."""
+def read_checkpoint(path):
+    """A dtrain checkpoint's variables and optimizer slots, {dataset path: array}
+    (model/<layer>/<variable>, optimizer/<slot>/<layer>/<variable>), and its optimizer's iteration
+    count under "iterations"."""
     import h5py
+    out = {}
+    with h5py.File(path, "r") as f:
+        for group in ("model", "optimizer"):
+            f[group].visititems(lambda key, item, g=group: out.__setitem__(f"{g}/{key}", item[()])
+                                if isinstance(item, h5py.Dataset) else None)
+        out["iterations"] = int(f["optimizer"].attrs["iterations"])
+    return out
+
+
+def set_state(loop, names, state=None, initial=None):
+    """The variables and the optimizer's state from a checkpoint read by read_checkpoint, or the
+    initial weights and fresh slots."""
     import numpy as np
     opt = loop.optimizer
     slots = slot_lists(opt)
@@ -82,15 +95,14 @@ def set_state(loop, names, checkpoint=None, initial=None):
                 slot.assign(np.zeros(slot.shape, np.float32))
         opt.iterations.assign(0)
         return
-    with h5py.File(checkpoint, "r") as f:
-        for layer, name in zip(loop.model.layers, names):
-            for v in layer.weights:
-                v.assign(f[f"model/{name}/{v.name}"][()])
-                if v.trainable:
-                    i = opt._get_variable_index(v)
-                    for slot, variables in slots.items():
-                        variables[i].assign(f[f"optimizer/{slot}/{name}/{v.name}"][()])
-        opt.iterations.assign(int(f["optimizer"].attrs["iterations"]))
+    for layer, name in zip(loop.model.layers, names):
+        for v in layer.weights:
+            v.assign(state[f"model/{name}/{v.name}"])
+            if v.trainable:
+                i = opt._get_variable_index(v)
+                for slot, variables in slots.items():
+                    variables[i].assign(state[f"optimizer/{slot}/{name}/{v.name}"])
+    opt.iterations.assign(state["iterations"])
 
 
 def per_replica_moving_statistics(exp, replicas):
@@ -108,46 +120,42 @@ def per_replica_moving_statistics(exp, replicas):
     return out
 
 
-def differences(loop, names, checkpoint, apart):
-    """{variable: ||tf - dtrain|| / ||dtrain||}, the same over every variable together but those
-    `apart`, and over those."""
-    import h5py
+def model_values(loop, names):
+    """{<layer>/<variable>: its values in float64} of a loop's model."""
+    import numpy as np
+    return {f"{name}/{v.name}": np.asarray(v.numpy(), np.float64)
+            for layer, name in zip(loop.model.layers, names) for v in layer.weights}
+
+
+def distances(a, b, apart):
+    """({variable: ||a - b|| / ||b||} but those `apart`, the same over those variables together, and
+    over the variables `apart` together) for two {variable: values}."""
     import numpy as np
     out, sums = {}, {False: [0.0, 0.0], True: [0.0, 0.0]}
-    with h5py.File(checkpoint, "r") as f:
-        for layer, name in zip(loop.model.layers, names):
-            for v in layer.weights:
-                ours = np.asarray(f[f"model/{name}/{v.name}"][()], np.float64)
-                theirs = np.asarray(v.numpy(), np.float64)
-                d, n = float(np.sum((theirs - ours) ** 2)), float(np.sum(ours ** 2))
-                key = f"{name}/{v.name}"
-                out[key] = (d / n) ** 0.5 if n > 0 else d ** 0.5
-                sums[key in apart][0] += d
-                sums[key in apart][1] += n
-    overall = lambda d, n: (d / n) ** 0.5 if n > 0 else 0.0
-    return ({k: v for k, v in out.items() if k not in apart}, overall(*sums[False]), overall(*sums[True]))
+    for key, x in a.items():
+        y = np.asarray(b[key], np.float64)
+        d, n = float(np.sum((x - y) ** 2)), float(np.sum(y ** 2))
+        if key not in apart:
+            out[key] = (d / n) ** 0.5 if n > 0 else d ** 0.5
+        sums[key in apart][0] += d
+        sums[key in apart][1] += n
+    overall = lambda d, n: (d / n) ** 0.5 if n > 0 else d ** 0.5
+    return out, overall(*sums[False]), overall(*sums[True])
 
 
-def compare(a, b, names, apart):
-    """({variable: ||a - b|| / ||b||}, the same over the variables together) for two loops' models,
-    leaving out those `apart`."""
-    import numpy as np
-    out, d, n = {}, 0.0, 0.0
-    for la, lb, name in zip(a.model.layers, b.model.layers, names):
-        for va, vb in zip(la.weights, lb.weights):
-            key = f"{name}/{va.name}"
-            if key in apart:
-                continue
-            x, y = np.asarray(va.numpy(), np.float64), np.asarray(vb.numpy(), np.float64)
-            dv, nv = float(np.sum((x - y) ** 2)), float(np.sum(y ** 2))
-            out[key] = (dv / nv) ** 0.5 if nv > 0 else dv ** 0.5
-            d, n = d + dv, n + nv
-    return out, (d / n) ** 0.5 if n > 0 else d ** 0.5
+def checkpoint_model(state):
+    """{<layer>/<variable>: values} of a checkpoint read by read_checkpoint."""
+    return {key[len("model/"):]: values for key, values in state.items() if key.startswith("model/")}
+
+
+def differences(loop, names, state, apart):
+    """distances() of a loop's model from the variables of a checkpoint read by read_checkpoint."""
+    return distances(model_values(loop, names), checkpoint_model(state), apart)
 
 
 def distance(a, b, names, apart):
     """||a - b|| / ||b|| over the variables of two loops' models but those `apart`."""
-    return compare(a, b, names, apart)[1]
+    return distances(model_values(a, names), model_values(b, names), apart)[1]
 
 
 def free_run(loop, names, initial, steps, nudge_seed=None):
@@ -216,19 +224,23 @@ def main():
                         order=order)
     overall_by_step, judged_by_step, worst_variable, worst_judged, worst_apart = [], [], ("", 0.0), ("", 0.0), 0.0
     batches, exact_batches = iter(loop.batches()), iter(exact.batches())
+    before = dict(initial=args.initial_weights)  # then dtrain's state after the step before
     for k in range(args.steps):
-        state = dict(initial=args.initial_weights if k == 0 else None, checkpoint=checkpoint(k) if k > 0 else None)
-        set_state(loop, names, **state)
+        after = read_checkpoint(checkpoint(k + 1))
+        ours = checkpoint_model(after)
+        set_state(loop, names, **before)
         loop.train_step(next(batches), loop.samples_at(k))
-        per_variable, overall, moving = differences(loop, names, checkpoint(k + 1), apart)
+        theirs = model_values(loop, names)
+        per_variable, overall, moving = distances(theirs, ours, apart)
         # The same step from the same state in float64. A gradient that is a sum which nearly
         # cancels (a convolution's bias below tanh and batch normalization) comes out of any
         # float32 step with a relative error far above a typical one, TensorFlow's included: dtrain
         # is judged against the nearer of TensorFlow's float32 step and this exact one.
-        set_state(exact, names, **state)
+        set_state(exact, names, **before)
         exact.train_step(next(exact_batches), exact.samples_at(k))
-        from_exact, overall_from_exact, _ = differences(exact, names, checkpoint(k + 1), apart)
-        tf_from_exact, tf_overall_from_exact = compare(loop, exact, names, apart)
+        exact_values = model_values(exact, names)
+        from_exact, overall_from_exact, _ = distances(exact_values, ours, apart)
+        tf_from_exact, tf_overall_from_exact, _ = distances(theirs, exact_values, apart)
         judged = {v: min(d, from_exact[v]) for v, d in per_variable.items()}
         name, largest = max(per_variable.items(), key=lambda item: item[1])
         say(f"step {k + 1:3d} ({int(loop.samples_at(k))} samples): ||tf - dtrain|| / ||dtrain|| {overall:.2e} over the "
@@ -243,9 +255,11 @@ def main():
         worst_variable = max(worst_variable, (name, largest), key=lambda item: item[1])
         worst_judged = max(worst_judged, max(judged.items(), key=lambda item: item[1]), key=lambda item: item[1])
         worst_apart = max(worst_apart, moving)
+        before = dict(state=after)
 
     free_run(loop, names, args.initial_weights, args.steps)
-    per_variable, free, _ = differences(loop, names, checkpoint(args.steps), apart)
+    last = read_checkpoint(checkpoint(args.steps))
+    per_variable, free, _ = differences(loop, names, last, apart)
     say(f"free running, {args.steps} steps: ||tf - dtrain|| / ||dtrain|| {free:.2e} over the variables, largest "
         f"{max(per_variable.values()):.2e} ({max(per_variable, key=per_variable.get)})")
     # How far float32 rounding alone carries this training from exact arithmetic in N steps: the
@@ -255,7 +269,7 @@ def main():
     # more; whether it happens is chance, so the bound is the spread of TensorFlow's own float32
     # runs, and dtrain's free run is held to it.
     free_run(exact, names, args.initial_weights, args.steps)
-    _, dtrain_from_exact, _ = differences(exact, names, checkpoint(args.steps), apart)
+    _, dtrain_from_exact, _ = differences(exact, names, last, apart)
     tf_from_exact = [distance(loop, exact, names, apart)]
     for seed in range(args.nudged):
         free_run(loop, names, args.initial_weights, args.steps, nudge_seed=seed)

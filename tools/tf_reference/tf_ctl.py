@@ -274,11 +274,11 @@ class Loop:
                 self.model = build_model(exp["model"])
                 self.optimizer = make_optimizer(exp.get("optimizer", {}))
                 self.optimizer.build(self.model.trainable_variables)
-                logits = {"from_logits": loss.get("from_logits", False)} if kind != "mean_squared_error" else {}
-                self.per_example = getattr(tf.keras.losses, loss_class)(reduction=None, **logits)
+                options = {"from_logits": loss.get("from_logits", False)} if kind != "mean_squared_error" else {}
+                self.per_example = getattr(tf.keras.losses, loss_class)(reduction=None, **options)
                 # (A regression has no accuracy: None.)
-                self.train_accuracy = getattr(tf.keras.metrics, accuracy_class)() if accuracy_class else None
-                self.test_accuracy = getattr(tf.keras.metrics, accuracy_class)() if accuracy_class else None
+                accuracy = lambda: getattr(tf.keras.metrics, accuracy_class)() if accuracy_class else None
+                self.train_accuracy, self.test_accuracy = accuracy(), accuracy()
                 self.test_loss = tf.keras.metrics.Sum()
         self.floatx = floatx
         self.train_step = tf.function(lambda *args: self._traced_in_floatx(self._distributed_train_step, *args))
