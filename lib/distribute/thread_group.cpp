@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -87,6 +88,14 @@ ThreadGroup::ThreadGroup(int size, CrossDeviceOp op)
     posted_[area].resize(static_cast<std::size_t>(size_) * kPostedValues);
   }
   for (int r = 0; r < size_; ++r) endpoints_.push_back(std::unique_ptr<ThreadCommunicator>(new ThreadCommunicator(*this, r)));
+  waits_ = std::make_unique<Waited[]>(static_cast<std::size_t>(size_));
+}
+
+void ThreadGroup::arrive(int replica) {
+  const auto start = std::chrono::steady_clock::now();
+  barrier_.arrive_and_wait();
+  waits_[static_cast<std::size_t>(replica)].seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 ThreadCommunicator& ThreadGroup::endpoint(int replica) {
@@ -102,7 +111,7 @@ void ThreadGroup::check_root(int root, const char* what) const {
 template <class T>
 void ThreadGroup::enter(int replica, std::span<T> values, const char* what) {
   slots_[static_cast<std::size_t>(replica)] = Slot{values.data(), values.size()};
-  barrier_.arrive_and_wait();
+  arrive(replica);
   check_slots(slots_, what);
 }
 
@@ -139,9 +148,9 @@ template <class T, class Combine>
 void ThreadGroup::combine_then_copy(int replica, std::span<T> values, const std::vector<Slot>& slots, Combine combine) {
   if (replica == 0)
     for (int r = 1; r < size_; ++r) combine(values, values_in<T>(slots, r));
-  barrier_.arrive_and_wait();
+  arrive(replica);
   if (replica != 0) copy_from(values, values_in<T>(slots, 0));
-  barrier_.arrive_and_wait();
+  arrive(replica);
 }
 
 // Phases, each ended by a barrier (skipped where the phase is empty for every replica):
@@ -164,24 +173,26 @@ void ThreadGroup::hierarchical_copy(int replica, std::span<float> values, const 
   // so every replica makes the same one.
   const bool groups_have_members = size_ > 2;
   const bool second_group_has_members = size_ - second_leader > 1;
-  if (groups_have_members) barrier_.arrive_and_wait();
+  if (groups_have_members) arrive(replica);
 
   if (replica == 0) kAdd(values, values_of<float>(second_leader));
-  barrier_.arrive_and_wait();
+  arrive(replica);
 
   if (replica != 0 && (in_first_group || replica == second_leader))
     copy_from(values, values_of<float>(0));
-  barrier_.arrive_and_wait();
+  arrive(replica);
 
   if (!second_group_has_members) return;
   if (!in_first_group && replica != second_leader)
     copy_from(values, values_of<float>(second_leader));
-  barrier_.arrive_and_wait();
+  arrive(replica);
 }
 
 const char* ThreadCommunicator::name() const { return group_.name(); }
 
 int ThreadCommunicator::size() const { return group_.size(); }
+
+double ThreadCommunicator::waited_seconds() const { return group_.waits_[static_cast<std::size_t>(replica_)].seconds; }
 
 void ThreadCommunicator::all_reduce_sum(std::span<float> values, const char* what) {
   switch (group_.op()) {
@@ -216,7 +227,7 @@ void ThreadCommunicator::all_reduce_sum_posted(std::span<T> values, const char* 
     for (std::size_t i = 0; i < count; ++i) mine[i] = std::bit_cast<std::uint64_t>(values[i]);
   }
   group_.posted_slots_[area][static_cast<std::size_t>(replica_)] = ThreadGroup::Slot{values.data(), count};
-  group_.barrier().arrive_and_wait();
+  group_.arrive(replica_);
   ++posted_sums_;  // after the wait: a broken barrier leaves every replica's count as it was
   group_.check_slots(slots, what);  // the same lengths everywhere from here on, or an error everywhere
   if (copied) {
@@ -264,7 +275,7 @@ void ThreadCommunicator::reduce_sum_to(std::span<float> values, int root, const 
   for (int r = 0; r < size(); ++r)
     if (r != root) kAdd(into, group_.values_of<float>(r).subspan(begin, count));
   // The sources must stay untouched, and the root must not return, until every slice is added.
-  group_.barrier().arrive_and_wait();
+  group_.arrive(replica_);
 }
 
 template <class T>
@@ -273,7 +284,7 @@ void ThreadCommunicator::broadcast_values(std::span<T> values, int root, const c
   if (size() == 1) return;
   group_.enter(replica_, values, what);
   if (replica_ != root) copy_from(values, group_.values_of<T>(root));
-  group_.barrier().arrive_and_wait();
+  group_.arrive(replica_);
 }
 
 void ThreadCommunicator::broadcast(std::span<float> values, int root, const char* what) {
@@ -305,7 +316,7 @@ void ThreadCommunicator::exchange(std::span<float> values, RingChunk /*send: the
   } else {
     copy_from(mine, theirs);
   }
-  group_.barrier().arrive_and_wait();
+  group_.arrive(replica_);
 }
 
 }  // namespace dtrain::distribute

@@ -56,6 +56,9 @@ class ThreadCommunicator final : public Communicator, private RingTransport {
   void reduce_sum_to(std::span<float> values, int root, const char* what) override;
   void broadcast(std::span<float> values, int root, const char* what) override;
   void broadcast(std::span<double> values, int root, const char* what) override;
+  // Seconds this replica has spent in the group's barriers, waiting for the others to arrive, over
+  // every collective so far (dtrain bench tells a layer's own work from waiting for the lanes).
+  double waited_seconds() const;
 
  private:
   friend class ThreadGroup;
@@ -123,6 +126,8 @@ class ThreadGroup final : public ReplicaGroup {
   void combine_then_copy(int replica, std::span<T> values, const std::vector<Slot>& slots, Combine combine);
   void hierarchical_copy(int replica, std::span<float> values, const char* what);
   void check_root(int root, const char* what) const;
+  // Replica `replica` at the barrier: waits for every replica, and adds the time to its waits_.
+  void arrive(int replica);
 
   int size_;
   CrossDeviceOp op_;
@@ -135,6 +140,11 @@ class ThreadGroup final : public ReplicaGroup {
   std::vector<Slot> posted_slots_[2];
   std::vector<std::uint64_t> posted_[2];
   std::vector<std::unique_ptr<ThreadCommunicator>> endpoints_;
+  // Per replica, written by its own thread only (a line each: the threads do not share one).
+  struct alignas(64) Waited {
+    double seconds = 0.0;
+  };
+  std::unique_ptr<Waited[]> waits_;
 };
 
 }  // namespace dtrain::distribute

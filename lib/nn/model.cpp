@@ -61,6 +61,9 @@ class LayerMarks final : public BackwardMarks {
   double input_seconds_ = 0.0;
 };
 
+// Seconds this lane has waited so far in its replica's lane sums (0 with one lane).
+double lane_waits(const StepContext& step) { return step.lanes ? step.lanes->waited_seconds() : 0.0; }
+
 }  // namespace
 
 DType compute_dtype(config::Precision precision) {
@@ -314,8 +317,10 @@ const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
   if (times_) {
     auto t = Clock::now();
     for (std::size_t i = 0; i < kernels_.size(); ++i) {
+      const double waited = lane_waits(step);
       kernels_[i]->forward(batch, step);
       t = lap(ctx_, times_->forward[i], t);
+      times_->forward_waits[i] += lane_waits(step) - waited;
     }
   } else {
     for (auto& kernel : kernels_) kernel->forward(batch, step);
@@ -347,6 +352,7 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
   for (std::size_t i = layers_.size(); i-- > 0;) {
     Layer& layer = *layers_[i];
     if (marks) marks->begin(i, t);
+    const double waited = times_ ? lane_waits(step) : 0.0;
     kernels_[i]->backward(p.batch, marked ? *marked : step);
     if (!layer.variables().empty()) {
       // No wait here: the regularization's numerics and whatever the hand-over queues (a staging
@@ -361,6 +367,7 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
       const double before = times_->backward[i];
       t = lap(ctx_, times_->backward[i], t);
       marks->end(times_->backward[i] - before);
+      times_->backward_waits[i] += lane_waits(step) - waited;
     }
   }
   wait_for_host();
@@ -414,6 +421,8 @@ void Sequential::time_layers(LayerTimes* times) {
   times_->forward.resize(layers_.size(), 0.0);
   times_->backward.resize(layers_.size(), 0.0);
   times_->backward_weights.resize(layers_.size(), 0.0);
+  times_->forward_waits.resize(layers_.size(), 0.0);
+  times_->backward_waits.resize(layers_.size(), 0.0);
   times_->split.resize(layers_.size(), 0);
 }
 

@@ -63,8 +63,11 @@ struct BackwardOptions {
 // clock at all. A kernel that marks the end of one of its two gradients (nn::BackwardMarks) has
 // split[i] set and backward_weights[i], the weights' part of backward[i]: before the mark, or
 // after it where the input's gradient came first.
+// forward_waits[i] and backward_waits[i]: the part of forward[i] and backward[i] the lane spent
+// waiting for the replica's other lanes in the layer's sums (StepContext::lanes' waited_seconds).
 struct LayerTimes {
   std::vector<double> forward, backward, backward_weights;
+  std::vector<double> forward_waits, backward_waits;
   std::vector<char> split;
 };
 

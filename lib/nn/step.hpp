@@ -23,6 +23,10 @@ class CrossReplica {
  public:
   virtual ~CrossReplica() = default;
   virtual void all_reduce_sum(std::span<double> values, const char* what) = 0;
+  // Seconds the caller has spent in these sums waiting for the others to arrive, over every sum so
+  // far (0 where that is not measured). dtrain bench subtracts it from the layer that made the
+  // sum: the time belongs to the imbalance of the layers before, not to this layer's work.
+  virtual double waited_seconds() const { return 0.0; }
 };
 
 // dtrain bench's mark inside a layer's backward: a kernel that computes the gradients of its

@@ -178,6 +178,8 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.backward_weights[i] / steps);
   for (std::size_t i = 0; i < layers; ++i)
     mine.push_back(1e3 * (profile.layers.backward[i] - profile.layers.backward_weights[i]) / steps);
+  for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.forward_waits[i] / steps);
+  for (std::size_t i = 0; i < layers; ++i) mine.push_back(1e3 * profile.layers.backward_waits[i] / steps);
   mine.push_back(1e3 * whole_steps.step_seconds / static_cast<double>(whole_steps.steps));
   mine.push_back(r.bandwidth.available ? r.bandwidth.gb_per_s : 0.0);
   mine.push_back(median(round_peak));
@@ -237,6 +239,8 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
       l.backward_weights_ms = figure(1 + kPhases + 2 * layers + i);
       l.backward_data_ms = figure(1 + kPhases + 3 * layers + i);
     }
+    l.forward_wait_ms = figure(1 + kPhases + 4 * layers + i);
+    l.backward_wait_ms = figure(1 + kPhases + 5 * layers + i);
     l.flops = layer.flops_per_sample();
     l.backward_data = i > 0;  // training never needs d(loss)/d(input)
     const double backward = backward_flops(l);
@@ -373,24 +377,46 @@ std::string bench_table(const BenchReport& r) {
   // Each layer against its bound (bench.hpp): how far from what the machine allows it is.
   out += "\nlayers against their bounds: the longer of the FLOPs at the GEMM peak and the bytes at the copy\n"
          "bandwidth (x bound = the time over it; below 1 where the data stayed in the caches)\n";
-  out += fmt::format("{:<{}}{:>14}{:>8}{:>9}{:>14}{:>8}{:>9}{:>12}{:>12}\n", "layer", name_width, "fwd bound ms",
-                     "by", "x bound", "bwd bound ms", "by", "x bound", "fwd KB", "bwd KB");
+  // Lanes that wait for each other inside a layer's sums: the layer's own time is what is left.
+  double fwd_waits = 0.0, bwd_waits = 0.0;
+  for (const LayerBench& l : r.layers) {
+    fwd_waits += l.forward_wait_ms.mean;
+    bwd_waits += l.backward_wait_ms.mean;
+  }
+  const bool waits = fwd_waits + bwd_waits > 0.0;
+  out += fmt::format("{:<{}}{:>14}{:>8}{:>9}{:>14}{:>8}{:>9}{:>12}{:>12}{}\n", "layer", name_width, "fwd bound ms",
+                     "by", "x bound", "bwd bound ms", "by", "x bound", "fwd KB", "bwd KB",
+                     waits ? fmt::format("{:>11}{:>11}", "fwd wait", "bwd wait") : "");
   const auto times = [](double ms, double bound) { return bound > 0.0 ? fmt::format("{:.1f}", ms / bound) : "-"; };
   const auto by = [](bool memory) { return memory ? "memory" : "GEMM"; };
+  const auto wait_columns = [&](double forward, double backward) {
+    return waits ? fmt::format("{:>11.3f}{:>11.3f}", forward, backward) : std::string();
+  };
   double fwd_bound = 0.0, bwd_bound = 0.0;
+  const LayerBench* most_waited = nullptr;
   for (const LayerBench& l : r.layers) {
-    out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}{:>12.1f}{:>12.1f}\n", l.name, name_width,
-                       l.forward_bound_ms, by(l.forward_memory_bound), times(l.forward_ms.mean, l.forward_bound_ms),
-                       l.backward_bound_ms, by(l.backward_memory_bound), times(l.backward_ms.mean, l.backward_bound_ms),
-                       l.forward_bytes * 1e-3, l.backward_bytes * 1e-3);
+    out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}{:>12.1f}{:>12.1f}{}\n", l.name, name_width,
+                       l.forward_bound_ms, by(l.forward_memory_bound),
+                       times(l.forward_ms.mean - l.forward_wait_ms.mean, l.forward_bound_ms), l.backward_bound_ms,
+                       by(l.backward_memory_bound), times(l.backward_ms.mean - l.backward_wait_ms.mean, l.backward_bound_ms),
+                       l.forward_bytes * 1e-3, l.backward_bytes * 1e-3,
+                       wait_columns(l.forward_wait_ms.mean, l.backward_wait_ms.mean));
     fwd_bound += l.forward_bound_ms;
     bwd_bound += l.backward_bound_ms;
+    const auto waited = [](const LayerBench* b) { return b->forward_wait_ms.mean + b->backward_wait_ms.mean; };
+    if (!most_waited || waited(&l) > waited(most_waited)) most_waited = &l;
   }
-  out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}\n", "all layers", name_width, fwd_bound, "",
-                     times(fwd_total.mean, fwd_bound), bwd_bound, "", times(bwd_total.mean, bwd_bound));
+  out += fmt::format("{:<{}}{:>14.3f}{:>8}{:>9}{:>14.3f}{:>8}{:>9}{:>12}{:>12}{}\n", "all layers", name_width, fwd_bound,
+                     "", times(fwd_total.mean - fwd_waits, fwd_bound), bwd_bound, "",
+                     times(bwd_total.mean - bwd_waits, bwd_bound), "", "", wait_columns(fwd_waits, bwd_waits));
   out += "(KB: the bytes per sample each direction must move: input and output, their gradients, what backward needs "
          "of forward, the variables;\n a layer computed in the one below has its FLOPs and bytes on that layer's row; a "
          "relu's derivative applied by the layer above moves its bytes there)\n";
+  if (waits)
+    out += fmt::format(
+        "(wait: ms per step lane 0 spent in the layer's sums waiting for the replica's other lanes, {:.1f} % of the step,\n"
+        " most in {}: the lanes' imbalance in the layers before it; x bound is the layer's time without it)\n",
+        100.0 * (fwd_waits + bwd_waits) / r.step_ms.mean, most_waited->name);
   return out;
 }
 
@@ -412,7 +438,8 @@ std::string bench_json(const BenchReport& r) {
         "\"backward_data_ms\": {}, \"flops_per_sample\": {{\"forward\": {}, \"backward_data\": {}, \"backward_weights\": {}}}, "
         "\"backward_computes_data\": {}, \"forward_gflops\": {}, \"backward_gflops\": {}, "
         "\"bytes_per_sample\": {{\"forward\": {}, \"backward\": {}}}, "
-        "\"bound_ms\": {{\"forward\": {}, \"backward\": {}}}, \"bound_by\": {{\"forward\": \"{}\", \"backward\": \"{}\"}}}}",
+        "\"bound_ms\": {{\"forward\": {}, \"backward\": {}}}, \"bound_by\": {{\"forward\": \"{}\", \"backward\": \"{}\"}}, "
+        "\"lane_wait_ms\": {{\"forward\": {}, \"backward\": {}}}}}",
         i ? ", " : "", json_string(l.name), json_string(l.kind),
         l.computed_in.empty() ? std::string("null") : json_string(l.computed_in), json_spread(l.forward_ms),
         json_spread(l.backward_ms),
@@ -420,7 +447,7 @@ std::string bench_json(const BenchReport& r) {
         num(l.flops.forward), num(l.flops.backward_data), num(l.flops.backward_weights), l.backward_data ? "true" : "false",
         num(l.forward_gflops), num(l.backward_gflops), num(l.forward_bytes), num(l.backward_bytes),
         num(l.forward_bound_ms), num(l.backward_bound_ms), l.forward_memory_bound ? "memory" : "gemm",
-        l.backward_memory_bound ? "memory" : "gemm");
+        l.backward_memory_bound ? "memory" : "gemm", json_spread(l.forward_wait_ms), json_spread(l.backward_wait_ms));
   }
   out += fmt::format("], \"samples_per_s\": {}, \"flops_per_sample\": {}, \"gflops\": {}", num(r.samples_per_s),
                      num(r.flops_per_sample), num(r.gflops));

@@ -46,6 +46,10 @@ struct LayerBench {
   // split into the weights' part and the input's (a fused activation's backward goes with the first).
   bool split = false;
   Spread backward_weights_ms, backward_data_ms;
+  // The part of forward_ms and backward_ms the lane spent waiting for the replica's other lanes in
+  // the layer's sums (batch statistics): the imbalance of the layers before, which the layer's
+  // bound leaves out (nn::LayerTimes).
+  Spread forward_wait_ms, backward_wait_ms;
   nn::Flops flops;                 // per sample
   // Whether backward computes the gradient with respect to the input (every layer but the first).
   bool backward_data = true;

@@ -13,11 +13,16 @@ std::string_view phase_name(Phase phase) {
   return names[static_cast<std::size_t>(phase)];
 }
 
+namespace {
+// The per-layer seconds a step adds up.
+constexpr std::array kLayerSeries = {&nn::LayerTimes::forward, &nn::LayerTimes::backward,
+                                     &nn::LayerTimes::backward_weights, &nn::LayerTimes::forward_waits,
+                                     &nn::LayerTimes::backward_waits};
+}  // namespace
+
 void StepProfile::begin_step() {
   step_.fill(0.0);
-  std::fill(step_layers_.forward.begin(), step_layers_.forward.end(), 0.0);
-  std::fill(step_layers_.backward.begin(), step_layers_.backward.end(), 0.0);
-  std::fill(step_layers_.backward_weights.begin(), step_layers_.backward_weights.end(), 0.0);
+  for (auto series : kLayerSeries) std::fill((step_layers_.*series).begin(), (step_layers_.*series).end(), 0.0);
 }
 
 void StepProfile::end_step(double wall_seconds, std::int64_t step_samples, bool keep) {
@@ -29,14 +34,13 @@ void StepProfile::end_step(double wall_seconds, std::int64_t step_samples, bool 
   step_seconds += wall_seconds;
   ++steps;
   samples += step_samples;
-  layers.forward.resize(step_layers_.forward.size(), 0.0);
-  layers.backward.resize(step_layers_.backward.size(), 0.0);
-  layers.backward_weights.resize(step_layers_.backward_weights.size(), 0.0);
   layers.split = step_layers_.split;
-  for (std::size_t i = 0; i < step_layers_.forward.size(); ++i) layers.forward[i] += step_layers_.forward[i];
-  for (std::size_t i = 0; i < step_layers_.backward.size(); ++i) layers.backward[i] += step_layers_.backward[i];
-  for (std::size_t i = 0; i < step_layers_.backward_weights.size(); ++i)
-    layers.backward_weights[i] += step_layers_.backward_weights[i];
+  for (auto series : kLayerSeries) {
+    const std::vector<double>& step = step_layers_.*series;
+    std::vector<double>& total = layers.*series;
+    total.resize(step.size(), 0.0);
+    for (std::size_t i = 0; i < step.size(); ++i) total[i] += step[i];
+  }
 }
 
 }  // namespace dtrain::observe

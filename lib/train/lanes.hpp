@@ -71,6 +71,7 @@ class LaneStatistics final : public nn::CrossReplica {
   void all_reduce_sum(std::span<double> values, const char* what) override {
     lanes_.endpoint(lane_).all_reduce_sum(values, what);
   }
+  double waited_seconds() const override { return lanes_.endpoint(lane_).waited_seconds(); }
 
  private:
   Lanes& lanes_;

@@ -75,6 +75,8 @@ for l in r["layers"]:
     for k in ("backward_weights_ms", "backward_data_ms"):
         assert l[k] is None or 0 <= l[k]["mean"] <= l[k]["max"], (l["name"], k, l[k])
     assert set(l["flops_per_sample"]) == {"forward", "backward_data", "backward_weights"}, l
+    # No layer of this model sums anything over the lanes (one lane here): no waits.
+    assert l["lane_wait_ms"] == {"forward": {"mean": 0, "max": 0}, "backward": {"mean": 0, "max": 0}}, l
 assert r["layers"][0]["flops_per_sample"]["forward"] == 432640, r["layers"][0]
 assert r["layers"][0]["backward_computes_data"] is False and r["layers"][2]["backward_computes_data"] is True
 assert sum(l["forward_ms"]["mean"] for l in r["layers"]) <= r["phases_ms"]["forward"]["mean"] * (1 + 1e-9)
@@ -117,6 +119,25 @@ case "$case_name" in
       --set data.batch_size_per_replica=32 --json >"$scratch/mirrored" || fail "bench under mirrored failed"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["replicas_in_sync"] == 2 and r["replica_batch"] == 32, r' \
       "$scratch/mirrored" || fail "mirrored JSON"
+    # Batch normalization on 2 lanes: the time lane 0 waited in the statistics' sums is shown (and
+    # in the JSON) apart from the layer's own; it is part of the layer's time, never more.
+    "$dtrain" bench experiments/fashion_mnist_bn_dropout.yaml --steps 4 --warmup 1 --set train.threads=2 \
+      --set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 >"$scratch/bn_table" 2>&1 || fail "bench of the bn_dropout model failed: $(tail -3 "$scratch/bn_table")"
+    grep -Eq "^layer +fwd bound ms .* fwd wait +bwd wait$" "$scratch/bn_table" || fail "no wait columns: $(cat "$scratch/bn_table")"
+    grep -Eq "^\(wait: ms per step lane 0 spent in the layer's sums waiting for the replica's other lanes, [0-9.]+ % of the step,$" \
+      "$scratch/bn_table" || fail "no line saying what the waits are"
+    "$dtrain" bench experiments/fashion_mnist_bn_dropout.yaml --steps 4 --warmup 1 --set train.threads=2 \
+      --set data.source=hdf5 --set data.path=data/fashion_mnist_small.h5 --json >"$scratch/bn_json" || fail "bench --json of the bn_dropout model failed"
+    python3 - "$scratch/bn_json" <<'PY' || fail "the bn_dropout JSON's lane waits"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for l in r["layers"]:
+    for d in ("forward", "backward"):
+        w, t = l["lane_wait_ms"][d], l[d + "_ms"]
+        assert 0 <= w["mean"] <= t["mean"] * (1 + 1e-9), (l["name"], d, w, t)
+        # Only batch normalization sums over the lanes in this model.
+        assert w["mean"] == 0 or l["kind"] == "batch_normalization", (l["name"], d, w)
+PY
     # mixed_bfloat16: the peak is a bf16 matmul's (where the CPU has bfloat16; otherwise run stops at the key).
     if "$dtrain" bench "$small" --steps 3 --warmup 1 --set precision=mixed_bfloat16 --json >"$scratch/bf16" 2>"$scratch/bf16.err"; then
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r["gemm_peak"]; assert r["compute_dtype"] == "bf16" and p["dtype"] == "bf16" and p["available"] and "bf16 x bf16" in p["what"], r' \

@@ -11,7 +11,11 @@
 
 #include "device/gemm_peak.hpp"
 #include "backends/onednn/context.hpp"
+#include "nn/batch_normalization.hpp"
+#include "nn/dense.hpp"
+#include "nn/reshape.hpp"
 #include "nn/kernel.hpp"
+#include "nn/model.hpp"
 #include "nn/registry.hpp"
 #include "test_support.hpp"
 #include "observe/bench.hpp"
@@ -280,4 +284,44 @@ TEST_CASE("a kernel that marks the end of one of its two gradients gets its back
   CHECK(json.find("\"kind\": \"split_probe\", \"computed_in\": null, \"forward_ms\"") != std::string::npos);
   CHECK(json.find("\"backward_weights_ms\": null") != std::string::npos);
   CHECK(json.find("\"backward_weights_ms\": {\"mean\": ") != std::string::npos);
+}
+
+// Lanes that sum their batch statistics: a lane's sums report how long it waited for the others
+// (nn::CrossReplica::waited_seconds). This one is a lane alone (a sum is its own values) whose
+// every sum "waits" a quarter of a second, so that the waits the model charges are known exactly.
+class QuarterSecondSums final : public nn::CrossReplica {
+ public:
+  void all_reduce_sum(std::span<double>, const char*) override { waited_ += 0.25; }
+  double waited_seconds() const override { return waited_; }
+
+ private:
+  double waited_ = 0.0;
+};
+
+TEST_CASE("the layers' times: the waits in a layer's lane sums are charged to that layer, apart") {
+  config::ModelConfig mc;
+  mc.input_shape = {6, 6, 1};
+  mc.layers.push_back(nn::layer_config("conv2d", testing::conv_options(2, 3, 1, config::Padding::valid,
+                                                                        config::Activation::linear, false)));
+  mc.layers.push_back(nn::layer_config("batch_normalization", nn::BatchNormalizationOptions{}));
+  mc.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
+  mc.layers.push_back(nn::layer_config("dense", nn::DenseOptions{.units = 3}));
+  nn::Sequential model(mc, 1, testing::cpu());
+  nn::LayerTimes times;
+  model.time_layers(&times);
+  QuarterSecondSums lanes;
+  nn::StepContext step = testing::step_of(nn::Mode::training, 4);
+  step.lanes = &lanes;
+  Tensor x(Shape{4, 6, 6, 1});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i % 7) - 3.0f;
+  model.forward(x, step);
+  Tensor& dy = model.output_gradient();
+  for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = 0.1f * static_cast<float>(i % 5);
+  model.backward(step, {});
+  // Forward sums the batch's mean, then its variance; backward the gradient's two sums, in one.
+  CHECK(times.forward_waits == std::vector<double>{0.0, 0.5, 0.0, 0.0});
+  CHECK(times.backward_waits == std::vector<double>{0.0, 0.25, 0.0, 0.0});
+  // The waits were not spent (the sums returned at once): the layers' times are their own work.
+  CHECK(times.forward[1] < 0.25);
+  model.time_layers(nullptr);
 }
