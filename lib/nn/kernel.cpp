@@ -62,6 +62,9 @@ class CallScoped final : public LayerKernel {
     return inner_->take_output_max_pooling(pool, input_gradient);
   }
   void skip_pooling() override { inner_->skip_pooling(); }
+  bool take_output_relu_and_max_pooling(const MaxPool2D& pool) override {
+    return inner_->take_output_relu_and_max_pooling(pool);
+  }
   void output_read_within(std::int64_t rows, std::int64_t columns) override {
     inner_->output_read_within(rows, columns);
   }

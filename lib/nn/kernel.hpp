@@ -61,6 +61,14 @@ class LayerKernel {
   virtual const MaxPool2D* max_pooling_to_offer() const { return nullptr; }
   virtual bool take_output_max_pooling(const MaxPool2D&, bool /*input_gradient*/) { return false; }
   virtual void skip_pooling() {}
+  // The same through a relu Activation layer between the two (called in the same loop, where the
+  // layer below the pooling did not take it): batch normalization, relu, max pooling, the three
+  // bound by the bytes of the unpooled output and its gradient. The model offers the pooling to
+  // the layer below the Activation (take_output_relu_and_max_pooling: true when its output will be
+  // the relu's, pooled, and its backward will start from the pooled gradient, applying the relu's
+  // derivative itself), then tells the pooling (skip_pooling) and the Activation
+  // (skip_activation_forward and skip_activation_backward): both pass their memories through.
+  virtual bool take_output_relu_and_max_pooling(const MaxPool2D&) { return false; }
 
   // The layer above reads only the leading `rows` x `columns` of this layer's output
   // (Layer::input_extent_read; called once, before the first plan, for a layer above that is not

@@ -170,19 +170,26 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   kernels_ = make_kernels(layers, ctx_, compute);
   // A pooling that passes through shares its memories with the layer below, so it needs a layer
   // above it (the last layer's output is the model's output tensor).
-  computed_below_.assign(kernels_.size(), false);
+  computed_in_.assign(kernels_.size(), std::nullopt);
   for (std::size_t i = 1; i + 1 < kernels_.size(); ++i) {
     const MaxPool2D* pool = kernels_[i]->max_pooling_to_offer();
+    if (!pool) continue;
     const bool input_gradient = i > 1 || options_.input_gradient;
-    if (pool && kernels_[i - 1]->take_output_max_pooling(*pool, input_gradient)) {
+    if (kernels_[i - 1]->take_output_max_pooling(*pool, input_gradient)) {
       kernels_[i]->skip_pooling();
-      computed_below_[i] = true;
+      computed_in_[i] = i - 1;
+    } else if (i >= 2 && kernels_[i - 1]->standalone_activation() == config::Activation::relu &&
+               kernels_[i - 2]->take_output_relu_and_max_pooling(*pool)) {
+      kernels_[i]->skip_pooling();
+      kernels_[i - 1]->skip_activation_forward();
+      kernels_[i - 1]->skip_activation_backward();
+      computed_in_[i] = i - 2;
     }
   }
   // What each layer reads of its input, told to the kernel below (a pooling computed there is not
   // a layer above it).
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
-    const auto read = computed_below_[i] ? std::nullopt : layers_[i]->input_extent_read();
+    const auto read = computed_in_[i] ? std::nullopt : layers_[i]->input_extent_read();
     if (read) kernels_[i - 1]->output_read_within(read->rows, read->columns);
   }
   derivative_above_.assign(kernels_.size(), false);

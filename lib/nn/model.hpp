@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -133,9 +134,12 @@ class Sequential {
   // Whether some layer sums over the replicas during training (synchronized batch normalization).
   bool synchronizes_replicas() const;
 
-  // Whether layer i is a pooling the layer below computes with its own output (LayerKernel::
-  // take_output_max_pooling): its own kernel computes nothing.
-  bool computed_by_layer_below(std::size_t i) const { return computed_below_[i]; }
+  // Whether layer i is a pooling a layer below computes with its own output (LayerKernel::
+  // take_output_max_pooling, take_output_relu_and_max_pooling): its own kernel computes nothing.
+  bool computed_by_layer_below(std::size_t i) const { return computed_in_[i].has_value(); }
+  // The layer that computes layer i (computed_by_layer_below): the one below it, or below the relu
+  // Activation between them (LayerKernel::take_output_relu_and_max_pooling).
+  std::size_t computing_layer(std::size_t i) const { return computed_in_[i].value(); }
   // Whether layer i's backward applies the derivative of layer i - 1's activation (LayerKernel::
   // take_input_activation_backward), and whether layer i's backward then moves nothing (an
   // Activation layer whose derivative the layer above applies: LayerKernel::gradient_passes_through).
@@ -174,7 +178,7 @@ class Sequential {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<config::SourceLocation> layer_where_;  // each layer's place in the experiment
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
-  std::vector<bool> computed_below_;  // per layer: computed_by_layer_below
+  std::vector<std::optional<std::size_t>> computed_in_;  // per layer: computing_layer, if any
   std::vector<bool> derivative_above_;  // per layer: applies_activation_backward_below
   std::vector<Variable*> variables_, trainable_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_

@@ -230,8 +230,9 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     LayerBench l;
     l.name = layer.name();
     l.kind = std::string(layer.kind());
-    // Its time is in the layer below's figures (and its bound is not).
-    if (model.computed_by_layer_below(i)) l.computed_in = model.layer(i - 1).name();
+    // Its time is in the computing layer's figures (and its bound is not).
+    const bool computed = model.computed_by_layer_below(i);
+    if (computed) l.computed_in = model.layer(model.computing_layer(i)).name();
     l.forward_ms = figure(1 + kPhases + i);
     l.backward_ms = figure(1 + kPhases + layers + i);
     l.split = profile.layers.split[i] != 0;
@@ -255,19 +256,24 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     r.flops_per_sample += l.flops.forward + backward;
-    if (!l.computed_in.empty()) {
-      // The layer below computes both and moves only its input, this layer's output (and which
-      // window position won, a byte per element), the output's gradient and its variables: the
-      // pair's bound goes on its row, this one's times and bound are in it.
-      LayerBench& below = r.layers.back();
-      const nn::Layer& conv = model.layer(i - 1);
+    if (computed) {
+      // The computing layer moves only its input, this layer's output (and which window position
+      // won, a byte per element), the output's gradient, its variables and, where it computes it,
+      // its input's gradient: the pair's bound goes on its row, this one's times and bound are in
+      // it (and a relu Activation between them moves nothing).
+      const std::size_t at = model.computing_layer(i);
+      LayerBench& below = r.layers[at];
+      const nn::Layer& computing = model.layer(at);
+      // What the computing layer reads and writes: its input in the compute dtype, its output
+      // (the pooled one) in float32 for batch normalization, which computes in float32.
       const double size = static_cast<double>(dtype_size(dtype));
-      const double in = static_cast<double>(conv.input_shape().numel()) * size;
+      const double out_size = computing.kind() == "batch_normalization" ? 4.0 : size;
+      const double in = static_cast<double>(computing.input_shape().numel()) * size;
       const double pooled = static_cast<double>(layer.output_shape().numel());
-      const double per_sample = variable_bytes(conv) / static_cast<double>(r.replica_batch);
-      below.forward_bytes = in + pooled * (size + 1.0) + per_sample;
+      const double per_sample = variable_bytes(computing) / static_cast<double>(r.replica_batch);
+      below.forward_bytes = in + pooled * (out_size + 1.0) + per_sample;
       // Backward: x, the pooled gradient and the winner (which also holds the relu's derivative).
-      below.backward_bytes = in + pooled * (size + 1.0) + 2.0 * per_sample;
+      below.backward_bytes = in + pooled * (out_size + 1.0) + (below.backward_data ? in : 0.0) + 2.0 * per_sample;
       below.forward_bound_ms =
           bound(below.flops.forward + l.flops.forward, below.forward_bytes, below.forward_memory_bound);
       below.backward_bound_ms =

@@ -305,7 +305,9 @@ TEST_CASE("the layers' times: the waits in a layer's lane sums are charged to th
                                                                         config::Activation::linear, false)));
   mc.layers.push_back(nn::layer_config("batch_normalization", nn::BatchNormalizationOptions{}));
   mc.layers.push_back(nn::layer_config("flatten", nn::FlattenOptions{}));
-  mc.layers.push_back(nn::layer_config("dense", nn::DenseOptions{.units = 3}));
+  nn::DenseOptions dense;
+  dense.units = 3;
+  mc.layers.push_back(nn::layer_config("dense", dense));
   nn::Sequential model(mc, 1, testing::cpu());
   nn::LayerTimes times;
   model.time_layers(&times);

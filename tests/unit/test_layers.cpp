@@ -652,6 +652,13 @@ nn::BatchNormalizationOptions batch_norm(bool center = true, bool scale = true) 
   return b;
 }
 
+// The layers batch normalization (layer 1) computes above it in conv, bn, relu, max pool: the
+// pooling (layer 3), on loops of up to 8 lanes; nothing on AVX-512's 16.
+std::vector<std::size_t> batch_norm_pools_on(device::Context& ctx) {
+  if (backends::onednn::OnednnContext::of(ctx).loop_isa() == backends::onednn::LoopIsa::x86_64_v4) return {};
+  return {3};
+}
+
 }  // namespace
 
 TEST_CASE("a convolution computes only the output rows and columns the pooling above reads") {
@@ -756,19 +763,25 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
   check_case({"inference on a blocked layout with padding lanes", Shape{6, 6, 3},
               {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm()},
               2, nn::Mode::inference});
-  // The experiment's block: the relu layer's derivative goes to the max pooling above it, and the
-  // relu's backward becomes one memory for both gradients (nothing moved).
-  check_case({"conv, bn, relu layer, max pool (the pool applies the relu's derivative)", Shape{8, 8, 3},
-              {conv(32, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
-               nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid), nn::FlattenOptions{},
-               dense(3, Activation::linear)},
-              3});
+  // The experiment's block: batch normalization computes the relu and the max pooling above it
+  // (the two layers pass their memories through), or where its loops have 16 lanes (AVX-512) the
+  // relu layer's derivative goes to the max pooling and its backward becomes one memory for both
+  // gradients (nothing moved).
+  Case block{"conv, bn, relu layer, max pool", Shape{8, 8, 3},
+             {conv(32, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+              nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid), nn::FlattenOptions{},
+              dense(3, Activation::linear)},
+             3};
+  block.computed_below = batch_norm_pools_on(testing::cpu());
+  check_case(block);
   // Batch normalization applies the relu layer's activation as it writes (the relu layer then
   // moves nothing forward), in inference too; 2-D input, relu backward its own (no pooling above).
-  check_case({"conv, bn, relu layer in inference", Shape{6, 6, 3},
-              {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
-               nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid)},
-              2, nn::Mode::inference});
+  Case inference{"conv, bn, relu layer, max pool in inference", Shape{6, 6, 3},
+                 {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+                  nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid)},
+                 2, nn::Mode::inference};
+  // (The pooling is the last layer here: the model's output, which no layer computes below.)
+  check_case(inference);
   check_case({"dense, bn, relu layer, dense", Shape{9},
               {dense(12, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
                dense(3, Activation::linear)},
@@ -787,6 +800,110 @@ TEST_CASE("batch_normalization's statistics and gradients have the same bits on 
   const std::vector<float> one = step_bits_on_threads(mc, 11, 1);
   CHECK(step_bits_on_threads(mc, 11, 2) == one);
   CHECK(step_bits_on_threads(mc, 11, 3) == one);
+}
+
+namespace {
+
+// One step of a model on `ctx` with variables and data drawn from fixed seeds (a variance
+// positive): the output and, training, every variable's gradient (moving statistics' shares too)
+// and the input's gradient, in model order.
+std::vector<float> step_values(const config::ModelConfig& mc, device::Context& ctx, DType compute, nn::Mode mode,
+                               std::int64_t batch) {
+  nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = true});
+  Rng init(17, RngStream::test);
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables()) {
+      const bool variance = v.name.ends_with("moving_variance");
+      for (float& value : v.value.span<float>()) value = variance ? init.uniform(0.5f, 1.5f) : init.uniform(-1.0f, 1.0f);
+    }
+  Tensor x(model.input_shape().with_batch(batch));
+  Rng rng(5, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const nn::StepContext step = testing::step_of(mode, batch);
+  const Tensor& y = model.forward(x, step);
+  std::vector<float> values(y.span<float>().begin(), y.span<float>().end());
+  if (mode == nn::Mode::inference) return values;
+  for (auto& v : model.output_gradient().span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  model.backward(step);
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables()) values.insert(values.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+  const auto dx = model.input_gradient().span<float>();
+  values.insert(values.end(), dx.begin(), dx.end());
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("batch normalization computing the relu and max pooling above it gives the values of the three apart") {
+  // Apart: a linear Activation between the relu and the pooling keeps them from being fused (the
+  // relu layer then applies its own derivative, the pooling none). Windows that leave a row and a
+  // column out (their gradient is zero, their dx is not), 3 x 3 and 2 x 3 windows, 20 channels
+  // (padding lanes in channel blocks), a first layer on the raw input (canonical nhwc, 3 channels:
+  // a lane at a time), synchronized or not, center/scale off; training and inference; on every loop
+  // level the machine has up to AVX2 (AVX-512's 16 lanes leave the layers apart).
+  struct Block {
+    std::string label;
+    Shape input;
+    std::vector<L> below;  // layers before the batch normalization
+    nn::MaxPool2DOptions pooling;
+    nn::BatchNormalizationOptions norm = batch_norm();
+  };
+  nn::MaxPool2DOptions two_by_three = pool(2, 2, Padding::valid);
+  two_by_three.pool_size = {2, 3};
+  two_by_three.strides = std::array<int, 2>{2, 3};
+  nn::BatchNormalizationOptions synchronized_plain = batch_norm(false, false);
+  synchronized_plain.synchronized = true;
+  const std::vector<Block> blocks{
+      {"2 x 2 over 7 x 9 after a conv of 32 filters", Shape{9, 11, 2},
+       {conv(32, 3, 1, Padding::valid, Activation::linear, false)}, pool(2, 2, Padding::valid)},
+      {"3 x 3 over 10 x 10, 20 channels", Shape{12, 12, 3}, {conv(20, 3, 1, Padding::valid, Activation::linear, false)},
+       pool(3, 3, Padding::valid)},
+      {"2 x 3 windows, no center or scale, synchronized", Shape{8, 9, 3},
+       {conv(16, 3, 1, Padding::same, Activation::linear, false)}, two_by_three, synchronized_plain},
+      {"the raw input, 3 channels", Shape{7, 6, 3}, {}, pool(2, 2, Padding::valid)},
+  };
+  const auto model_of = [](const Block& b, bool apart) {
+    std::vector<L> layers = b.below;
+    layers.push_back(b.norm);
+    layers.push_back(nn::ActivationOptions{Activation::relu});
+    if (apart) layers.push_back(nn::ActivationOptions{Activation::linear});
+    layers.push_back(b.pooling);
+    layers.push_back(nn::FlattenOptions{});
+    layers.push_back(dense(3, Activation::linear));
+    config::ModelConfig mc;
+    mc.input_shape = b.input.to_vector();
+    for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
+    return mc;
+  };
+  std::vector<backends::onednn::LoopIsa> levels{backends::onednn::LoopIsa::x86_64};
+  if (backends::onednn::widest_loop_isa() != backends::onednn::LoopIsa::x86_64)
+    levels.push_back(backends::onednn::LoopIsa::x86_64_v3);
+  std::vector<DType> dtypes{DType::f32};
+  if (cpu_has_bf16()) dtypes.push_back(DType::bf16);
+  for (const Block& b : blocks)
+    for (const backends::onednn::LoopIsa isa : levels)
+      for (const DType compute : dtypes)
+        for (const nn::Mode mode : {nn::Mode::training, nn::Mode::inference}) {
+          CAPTURE(b.label);
+          CAPTURE(backends::onednn::name_of(isa));
+          CAPTURE(std::string(dtype_name(compute)));
+          CAPTURE(mode == nn::Mode::training);
+          const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+          backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
+          const config::ModelConfig fused = model_of(b, false), apart = model_of(b, true);
+          {
+            const nn::Sequential model(fused, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = true});
+            const std::size_t pooling = b.below.size() + 2;
+            REQUIRE(model.computed_by_layer_below(pooling));
+            CHECK(model.computing_layer(pooling) == b.below.size());
+          }
+          const std::vector<float> one = step_values(fused, *owned, compute, mode, 5);
+          const std::vector<float> other = step_values(apart, *owned, compute, mode, 5);
+          REQUIRE(one.size() == other.size());
+          std::size_t unequal = 0;
+          for (std::size_t i = 0; i < one.size(); ++i) unequal += !(one[i] == other[i]);  // +0 == -0
+          CHECK(unequal == 0);
+        }
 }
 
 TEST_CASE("conv with relu below max pooling, batch norm and dropout, with the input gradient (the GPU tests' CNN)") {

@@ -7,6 +7,10 @@
 //   y, dy  f32, arranged as x is (y through a relu when the Activation layer above leaves it here);
 //   dx  x's layout and dtype
 //   mean, inv_std (C) kept from forward for backward
+// With the relu and the max pooling above computed here (take_output_relu_and_max_pooling):
+//   y, dy  f32 (N, OH, OW, C), the pooled output and its gradient, arranged as x is
+//   ws     u8 per element of y: the window position of the max, kNoWinner where the max is not
+//          positive (the relu's derivative is zero there)
 //
 // Why loops on the layer below's own layout: batch normalization reads and writes each value a few
 // times and computes almost nothing, so its time is its passes over memory. It used to reorder a
@@ -27,17 +31,30 @@
 // and once more for dx. At 2 lanes on the 2-core EPYC that is 1.6-1.9x the bytes' bound for the
 // big layers, the rest of the bench's time being the lanes' collectives. With 16 lanes the sums
 // convert to double with AVX-512's instructions (plane_sums_16).
+//
+// Why the pooling here: in bn_dropout's first block (batch normalization, relu, 2 x 2 max pooling)
+// the normalized output is four times the pooled one; computed apart, forward wrote it and the
+// pooling read it again, and backward the pooling wrote its gradient (three quarters zeros) that
+// batch normalization then read twice. Computed here, only the pooled output, its gradient and a
+// byte per pooled element reach memory; each position's gradient is worked out from its window's
+// as the sums and dx reach it. The values, and the order of every sum, are those of the three
+// layers computed apart, so the bits are too. Windows that do not overlap and lie inside the
+// input ('valid' padding), and loops of up to 8 lanes: the 16-lane sums (plane_sums_16, AVX-512)
+// have no pooled form, so on AVX-512 the layers stay apart.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backends/onednn/lanes.hpp"
 #include "core/error.hpp"
 #include "nn/batch_normalization.hpp"
 #include "nn/kernel.hpp"
+#include "nn/max_pool2d.hpp"
 
 namespace dtrain::backends::onednn {
 
@@ -58,6 +75,19 @@ struct Geometry {
   std::int64_t rows_of(std::int64_t i) const { return i + 1 == planes ? last_rows : rows; }
   std::int64_t offset(std::int64_t i, std::int64_t g) const { return i * n + g * group; }
 };
+
+// The max pooling computed with the layer: kh x kw windows at strides kh, kw, from the top left,
+// oh x ow of them, every one inside the plane; pooled plane (i, g) at i * n + g * group, window
+// (r, c) of it at r * row + c * col, arranged as the input is.
+struct Pooled {
+  std::int64_t kh = 0, kw = 0, oh = 0, ow = 0;
+  std::int64_t n = 0, group = 0, row = 0, col = 0;
+  std::int64_t offset(std::int64_t i, std::int64_t g) const { return i * n + g * group; }
+};
+
+// The workspace's winner where the max is not positive: no position's, so every position's
+// gradient is zero (relu's derivative), as max pooling's backward masks it by the pooled output.
+constexpr std::int32_t kNoWinner = 255;
 
 // Calls body(offset) for every position of plane (i, g), in order.
 template <class Body>
@@ -274,6 +304,144 @@ void plane_input_gradient(const Geometry& g, std::int64_t i, std::int64_t grp, c
   }
 }
 
+// y = max over each window of relu(x * scale + shift) (zero in the padding lanes), and which
+// window position won (strictly greater: on a tie the first), as plane_normalize<T, L, true> and
+// max pooling's forward compute them one after the other; kNoWinner where the max is not positive.
+template <class T, int L>
+void plane_normalize_pooled(const Geometry& g, const Pooled& pool, std::int64_t i, std::int64_t grp,
+                            const T* __restrict x, const float* __restrict scale, const float* __restrict shift,
+                            const std::int32_t* __restrict live, float* __restrict y, std::uint8_t* __restrict ws) {
+  using F = Vec<float, L>;
+  using I = Vec<std::int32_t, L>;
+  const std::int64_t base = g.offset(i, grp), pooled = pool.offset(i, grp);
+  for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+    const F a = load<F>(scale + c0), b = load<F>(shift + c0);
+    const I on = load<I>(live + c0) != 0;
+    const auto relu_at = [&](std::int64_t r, std::int64_t c) {
+      const F v = load_widened<L>(x + base + r * g.row + c * g.col + c0) * a + b;
+      const I bits = std::bit_cast<I>(v);
+      return on ? std::bit_cast<F>(bits & ~(bits >> 31)) : F{};
+    };
+    for (std::int64_t pr = 0; pr < pool.oh; ++pr)
+      for (std::int64_t pc = 0; pc < pool.ow; ++pc) {
+        F best = relu_at(pr * pool.kh, pc * pool.kw);
+        I which{};
+        for (std::int64_t k = 1; k < pool.kh * pool.kw; ++k) {
+          const F v = relu_at(pr * pool.kh + k / pool.kw, pc * pool.kw + k % pool.kw);
+          const I more = v > best;
+          best = more ? v : best;
+          which = more ? I{} + static_cast<std::int32_t>(k) : which;
+        }
+        which = best > 0.0f ? which : I{} + kNoWinner;
+        const std::int64_t at = pooled + pr * pool.row + pc * pool.col + c0;
+        store(y + at, best);
+        store(ws + at, narrow_to_bytes<L>(which));
+      }
+  }
+}
+
+// Calls body(at, window, position, inside) for every position of plane (i, g) in plane_sums'
+// order (row by row): `at` its offset in x, `window` its window's offset in the pooled memories,
+// `position` its place in the window, and `inside` (std::true_type, or std::false_type for the
+// rows and columns past the last window, whose gradient is zero) whether it is in a window.
+template <class Body>
+[[gnu::always_inline]] inline void for_pooled_positions(const Geometry& g, const Pooled& pool, std::int64_t i,
+                                                        std::int64_t grp, Body&& body) {
+  const std::int64_t base = g.offset(i, grp), pooled = pool.offset(i, grp);
+  for (std::int64_t r = 0; r < g.rows_of(i); ++r) {
+    const std::int64_t row = base + r * g.row;
+    std::int64_t c = 0;
+    if (r < pool.oh * pool.kh) {
+      const std::int64_t window_row = pooled + r / pool.kh * pool.row;
+      const std::int32_t first = static_cast<std::int32_t>(r % pool.kh * pool.kw);
+      for (std::int64_t pc = 0; pc < pool.ow; ++pc)
+        for (std::int32_t j = 0; j < pool.kw; ++j, ++c)
+          body(row + c * g.col, window_row + pc * pool.col, first + j, std::true_type{});
+    }
+    for (; c < g.cols; ++c) body(row + c * g.col, std::int64_t{0}, std::int32_t{0}, std::false_type{});
+  }
+}
+
+// L lanes of the gradient at a position in a window (for_pooled_positions) as max pooling's
+// backward wrote it through the relu: the window's where its max came from, +0 elsewhere.
+template <int L>
+[[gnu::always_inline]] inline Vec<float, L> pooled_gradient(std::int64_t window, std::int32_t position,
+                                                           const float* __restrict dy, const std::uint8_t* __restrict ws) {
+  using I = Vec<std::int32_t, L>;
+  const I here = load_bytes_widened<L>(ws + window) == position;
+  return std::bit_cast<Vec<float, L>>(I(load<I>(dy + window) & here));
+}
+
+// Lanes [First, First + D) of v, in a register (a shuffle: through an array, GCC 12 sent them
+// through the stack and widened them to doubles two at a time).
+template <int First, int D, int L>
+[[gnu::always_inline]] inline Vec<float, D> lanes_from(const Vec<float, L>& v) {
+  if constexpr (D == L) {
+    return v;
+  } else {
+    return [&]<std::size_t... k>(std::index_sequence<k...>) {
+      return __builtin_shufflevector(v, v, (First + static_cast<int>(k))...);
+    }(std::make_index_sequence<D>{});
+  }
+}
+
+// plane_gradient_sums with the gradient from the pooled one (pooled_gradient), each lane's terms
+// in the same order. The gradient is worked out L lanes at a time, once per position, and summed
+// as two halves of doubles (as plane_sums widens half a register of floats).
+template <class T, int L>
+void plane_gradient_sums_pooled(const Geometry& g, const Pooled& pool, std::int64_t i, std::int64_t grp,
+                                const T* __restrict x, const float* __restrict dy, const std::uint8_t* __restrict ws,
+                                const float* __restrict mean, const float* __restrict inv_std,
+                                double* __restrict dy_sum, double* __restrict dy_xhat_sum) {
+  constexpr int H = L >= 2 ? 2 : 1, D = L / H;
+  using F = Vec<float, L>;
+  for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+    Doubles<D> a[H] = {}, b[H] = {}, m[H], s[H];
+    for (int h = 0; h < H; ++h) {
+      m[h] = widened<D>(load<Vec<float, D>>(mean + c0 + h * D));
+      s[h] = widened<D>(load<Vec<float, D>>(inv_std + c0 + h * D));
+    }
+    for_pooled_positions(g, pool, i, grp, [&](std::int64_t at, std::int64_t window, std::int32_t position, auto inside) {
+      F dyv{};
+      if constexpr (decltype(inside)::value) dyv = pooled_gradient<L>(window + c0, position, dy, ws);
+      const auto add = [&]<int h>() {
+        const Doubles<D> dd = widened<D>(lanes_from<h * D, D, L>(dyv));
+        const Doubles<D> centered = widened<D>(load_widened<D>(x + at + c0 + h * D)) - m[h];
+        a[h] += dd;
+        b[h] += dd * centered * s[h];
+      };
+      add.template operator()<0>();
+      if constexpr (H == 2) add.template operator()<1>();
+    });
+    for (int h = 0; h < H; ++h) {
+      store(dy_sum + c0 + h * D, a[h]);
+      store(dy_xhat_sum + c0 + h * D, b[h]);
+    }
+  }
+}
+
+// plane_input_gradient with the gradient from the pooled one (pooled_gradient).
+template <class T, int L>
+void plane_input_gradient_pooled(const Geometry& g, const Pooled& pool, std::int64_t i, std::int64_t grp,
+                                 const T* __restrict x, const float* __restrict dy, const std::uint8_t* __restrict ws,
+                                 const float* __restrict mean, const float* __restrict inv_std,
+                                 const float* __restrict scale, const float* __restrict mean_dy,
+                                 const float* __restrict mean_dy_xhat, const std::int32_t* __restrict live,
+                                 T* __restrict dx) {
+  using F = Vec<float, L>;
+  for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+    const F m = load<F>(mean + c0), s = load<F>(inv_std + c0), a = load<F>(scale + c0);
+    const F mdy = load<F>(mean_dy + c0), mdx = load<F>(mean_dy_xhat + c0);
+    const Vec<std::int32_t, L> on = load<Vec<std::int32_t, L>>(live + c0) != 0;
+    for_pooled_positions(g, pool, i, grp, [&](std::int64_t at, std::int64_t window, std::int32_t position, auto inside) {
+      F dyv{};
+      if constexpr (decltype(inside)::value) dyv = pooled_gradient<L>(window + c0, position, dy, ws);
+      const F xhat = (load_widened<L>(x + at + c0) - m) * s;
+      store_rounded<L>(dx + at + c0, on ? F(a * ((dyv - mdy) - xhat * mdx)) : F{});
+    });
+  }
+}
+
 class BatchNormalizationKernel final : public nn::LayerKernel {
  public:
   // Computes in f32 under every precision policy, as Keras keeps batch statistics in float32.
@@ -291,7 +459,9 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     p.dtype = dtype_of(src_md) == DType::bf16 ? DType::bf16 : DType::f32;
     const Shape out = layer_.output_shape().with_batch(batch);
     LayoutPtr dst;
-    if (const std::optional<Arrangement> a = arrangement_of(src_md); a && out.rank() == 4) {
+    if (pool_) {
+      dst = plan_pooled(p, batch, src_md);
+    } else if (const std::optional<Arrangement> a = arrangement_of(src_md); a && out.rank() == 4) {
       // y arranged as x; its descriptor's strides must be x's (they are, for a dense x).
       const memory::desc dst_md = arranged_like(*a, {batch, out[3], out[1], out[2]}, memory::data_type::f32);
       const std::optional<Arrangement> d = arrangement_of(dst_md);
@@ -311,7 +481,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
         dst = make_layout(out, DType::f32, dst_md);
       }
     }
-    if (!p.own_layout) {
+    if (!p.own_layout && !pool_) {
       // Canonical rows of C channels, in fixed chunks of kFlatRows rows.
       Geometry& g = p.geometry;
       const std::int64_t rows = batch * (layer_.input_shape().numel() / channels_);
@@ -373,6 +543,14 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
       p.scale[idx(k)] = p.inv_std[idx(k)] * (gamma ? gamma[k] : 1.0f);
       p.shift[idx(k)] = (beta ? beta[k] : 0.0f) - p.mean[idx(k)] * p.scale[idx(k)];
     }
+    if (p.pooled) {
+      each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
+        const std::int64_t c = g * p.geometry.lanes;
+        plane_normalize_pooled<T, L>(p.geometry, *p.pooled, i, g, p.input<T>(), p.scale.data() + c, p.shift.data() + c,
+                                     p.live.data() + c, p.y, p.ws.data());
+      });
+      return;
+    }
     each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
       const std::int64_t c = g * p.geometry.lanes;
       if (relu_) {
@@ -392,8 +570,13 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
       const std::int64_t at = g * p.geometry.lanes;
       double* out = plane_sums_of(p, i, g);
-      plane_gradient_sums<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at, out,
-                                out + p.geometry.lanes);
+      if (p.pooled) {
+        plane_gradient_sums_pooled<T, L>(p.geometry, *p.pooled, i, g, p.input<T>(), p.dy, p.ws.data(),
+                                         p.mean.data() + at, p.inv_std.data() + at, out, out + p.geometry.lanes);
+      } else {
+        plane_gradient_sums<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at, out,
+                                  out + p.geometry.lanes);
+      }
     });
     add_planes(p, true);
     if (layer_.gamma_index() >= 0) store(grad(static_cast<std::size_t>(layer_.gamma_index())), sums_.data() + c);
@@ -410,9 +593,16 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     }
     each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
       const std::int64_t at = g * p.geometry.lanes;
-      plane_input_gradient<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at,
-                                 p.scale.data() + at, p.mean_dy.data() + at, p.mean_dy_xhat.data() + at,
-                                 p.live.data() + at, static_cast<T*>(p.dx.get_data_handle()));
+      T* dx = static_cast<T*>(p.dx.get_data_handle());
+      if (p.pooled) {
+        plane_input_gradient_pooled<T, L>(p.geometry, *p.pooled, i, g, p.input<T>(), p.dy, p.ws.data(),
+                                          p.mean.data() + at, p.inv_std.data() + at, p.scale.data() + at,
+                                          p.mean_dy.data() + at, p.mean_dy_xhat.data() + at, p.live.data() + at, dx);
+      } else {
+        plane_input_gradient<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at,
+                                   p.scale.data() + at, p.mean_dy.data() + at, p.mean_dy_xhat.data() + at,
+                                   p.live.data() + at, dx);
+      }
     });
     p.dx_out.run(ctx_);
   }
@@ -423,6 +613,22 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   bool take_output_activation(config::Activation a) override {
     relu_ = a == config::Activation::relu;
     return relu_;
+  }
+
+  // The relu and the max pooling above, computed here (nn/kernel.hpp; the file's header says
+  // which): windows that do not overlap, every one inside the input, of at most 255 positions (a
+  // byte each), on loops of up to 8 lanes.
+  bool take_output_relu_and_max_pooling(const nn::MaxPool2D& pool) override {
+    const Shape& in = layer_.input_shape();
+    const auto& size = pool.params().pool_size;
+    const bool fits = in.rank() == 3 && pool.strides()[0] == size[0] && pool.strides()[1] == size[1] &&
+                      pool.padding_h().before == 0 && pool.padding_w().before == 0 &&
+                      pool.padding_h().out * size[0] <= in[0] && pool.padding_w().out * size[1] <= in[1] &&
+                      size[0] * size[1] < kNoWinner && ctx_.loop_isa() != LoopIsa::x86_64_v4;
+    if (!fits) return false;
+    pool_ = &pool;
+    relu_ = true;
+    return true;
   }
 
   // A replica without samples still makes the collectives of a synchronized layer.
@@ -442,6 +648,8 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
  private:
   struct Plan {
     Geometry geometry;
+    std::optional<Pooled> pooled;    // with the relu and max pooling above computed here
+    std::vector<std::uint8_t> ws;    // their winners (kNoWinner: none), a byte per pooled element
     DType dtype = DType::f32;
     bool own_layout = false;  // x's own layout (else canonical rows, copied in when x is not)
     memory x, dx;
@@ -460,6 +668,34 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
       return static_cast<const T*>(x.get_data_handle());
     }
   };
+
+  // The plan with the pooling: per-sample planes on x's own arrangement, or on canonical (nhwc)
+  // memory x is copied into (where the layer alone sums canonical rows in chunks of kFlatRows: the
+  // same sums in another order); y arranged as x is, with the pooled shape. Returns y's layout.
+  LayoutPtr plan_pooled(Plan& p, std::int64_t batch, const memory::desc& src_md) {
+    const Shape in = layer_.input_shape().with_batch(batch), out = pool_->output_shape().with_batch(batch);
+    const std::optional<Arrangement> own = arrangement_of(src_md);
+    p.own_layout = own.has_value();
+    const Arrangement a = own ? *own : *arrangement_of(canonical_md(in, p.dtype));
+    const memory::desc y_md = own ? arranged_like(a, {batch, out[3], out[1], out[2]}, memory::data_type::f32)
+                                  : canonical_md(out, DType::f32);
+    const Arrangement y = *arrangement_of(y_md);
+    Geometry& g = p.geometry;
+    g.planes = batch;
+    g.groups = a.groups;
+    g.lanes = a.lanes;
+    g.rows = g.last_rows = in[1];
+    g.cols = in[2];
+    g.n = a.n;
+    g.group = a.group;
+    g.row = a.row;
+    g.col = a.col;
+    const auto& size = pool_->params().pool_size;
+    p.pooled = Pooled{.kh = size[0], .kw = size[1], .oh = out[1], .ow = out[2],
+                      .n = y.n, .group = y.group, .row = y.row, .col = y.col};
+    p.ws.assign(y_md.get_size() / sizeof(float), 0);
+    return own ? make_layout(out, DType::f32, y_md) : ctx_.canonical_layout(out, DType::f32);
+  }
 
   // Who the batch statistics are summed over: every replica (and lane) when synchronized, else
   // the lanes of this replica, which together are one replica; null when alone.
@@ -571,6 +807,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   // asks the model for the input's gradient, which binds first).
   bool input_gradient_ = layer_.position() > 0;
   bool relu_ = false;  // the Activation above left its relu to this layer (take_output_activation)
+  const nn::MaxPool2D* pool_ = nullptr;  // the max pooling above it, computed here
   nn::PlanCache<Plan> plans_;
 };
 
