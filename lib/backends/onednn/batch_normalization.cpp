@@ -38,9 +38,11 @@
 // batch normalization then read twice. Computed here, only the pooled output, its gradient and a
 // byte per pooled element reach memory; each position's gradient is worked out from its window's
 // as the sums and dx reach it. The values, and the order of every sum, are those of the three
-// layers computed apart, so the bits are too. Windows that do not overlap and lie inside the
-// input ('valid' padding), and loops of up to 8 lanes: the 16-lane sums (plane_sums_16, AVX-512)
-// have no pooled form, so on AVX-512 the layers stay apart.
+// layers computed apart (test_layers compares them), except on an input whose channels are not
+// innermost, copied to canonical memory: there the sums run per sample, where the layer alone sums
+// chunks of rows. Windows that do not overlap and lie inside the input ('valid' padding), and loops
+// of up to 8 lanes: the 16-lane sums (plane_sums_16, AVX-512) have no pooled form, so on AVX-512
+// the layers stay apart.
 #include <omp.h>
 
 #include <algorithm>
