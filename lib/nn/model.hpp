@@ -145,6 +145,9 @@ class Sequential {
   // Activation layer whose derivative the layer above applies: LayerKernel::gradient_passes_through).
   bool applies_activation_backward_below(std::size_t i) const { return derivative_above_[i]; }
   bool backward_moves_nothing(std::size_t i) const { return kernels_[i]->gradient_passes_through(); }
+  // Whether layer i's forward moves nothing (an Activation layer whose relu the layer below applies:
+  // LayerKernel::forward_passes_through; a pooling the layer below computes).
+  bool forward_moves_nothing(std::size_t i) const { return kernels_[i]->forward_passes_through(); }
 
   // Attaches `times` (sized to the layers here) or, with null, detaches it.
   void time_layers(LayerTimes* times);

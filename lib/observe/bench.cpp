@@ -250,11 +250,13 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     std::tie(l.forward_bytes, l.backward_bytes) =
         layer_bytes(layer, l.backward_data, dtype_size(dtype), static_cast<double>(r.replica_batch));
     // A relu's derivative applied here (by the layer above it) moves its bytes in this backward;
-    // a layer whose backward is then the identity (the relu's) moves none.
+    // a layer whose backward is then the identity (the relu's) moves none and has no bound ('-'),
+    // nor one whose forward the layer below applies.
     if (model.applies_activation_backward_below(i)) l.backward_bytes += derivative_bytes(layer, dtype_size(dtype));
-    if (model.backward_moves_nothing(i)) l.backward_bytes = 0.0;
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
+    if (model.forward_moves_nothing(i)) l.forward_bytes = l.forward_bound_ms = 0.0;
+    if (model.backward_moves_nothing(i)) l.backward_bytes = l.backward_bound_ms = 0.0;
     r.flops_per_sample += l.flops.forward + backward;
     if (computed) {
       // The computing layer moves only its input, this layer's output (and which window position

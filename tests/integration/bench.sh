@@ -140,6 +140,11 @@ for l in r["layers"]:
 # The first batch normalization computes the relu and the max pooling above it, where its loops
 # have at most 8 lanes (not on AVX-512): the pair's bytes on its row, the relu moving nothing.
 layers = {l["name"]: l for l in r["layers"]}
+# The relu layers pass their memories through: batch normalization applies the relu forward, the
+# pooling above (or batch normalization, where it pools) its derivative.
+for name in ("activation", "activation_1"):
+    assert layers[name]["bytes_per_sample"] == {"forward": 0, "backward": 0}, layers[name]
+    assert layers[name]["bound_ms"] == {"forward": 0, "backward": 0}, layers[name]
 if "avx512" not in r["header"]:
     assert layers["max_pooling2d"]["computed_in"] == "batch_normalization", layers["max_pooling2d"]
     assert layers["max_pooling2d"]["bound_ms"] == {"forward": 0, "backward": 0}, layers["max_pooling2d"]
