@@ -1,5 +1,6 @@
 #include "distribute/barrier.hpp"
 
+#include <chrono>
 #include <string>
 
 #include "core/error.hpp"
@@ -11,7 +12,7 @@ Barrier::Barrier(int participants) : participants_(participants) {
                "a barrier needs at least one participant, got " + std::to_string(participants));
 }
 
-void Barrier::arrive_and_wait() {
+double Barrier::arrive_and_wait() {
   std::unique_lock lock(mutex_);
   if (broken_) throw BarrierBroken{};
   const std::uint64_t arrival_generation = generation_;
@@ -21,16 +22,19 @@ void Barrier::arrive_and_wait() {
     released_.store(generation_, std::memory_order_release);
     lock.unlock();
     cv_.notify_all();
-    return;
+    return 0.0;
   }
   lock.unlock();
+  // Only a waiter reads the clock, while it has nothing else to do.
+  const auto waiting_since = std::chrono::steady_clock::now();
   spin_until([&] {
     return released_.load(std::memory_order_acquire) != arrival_generation || broken_seen_.load(std::memory_order_relaxed);
   });
   lock.lock();
   cv_.wait(lock, [&] { return generation_ != arrival_generation || broken_; });
   // A round that completed before the break still counts: its writes were all published.
-  if (generation_ != arrival_generation) return;
+  if (generation_ != arrival_generation)
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting_since).count();
   --waiting_;
   // reset() may be waiting for the last broken waiter to leave.
   if (waiting_ == 0) cv_.notify_all();

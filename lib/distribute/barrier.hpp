@@ -21,8 +21,9 @@ class Barrier {
   // Blocks until all participants arrived (then returns) or the barrier is broken (then throws
   // BarrierBroken). Also publishes every write made before arrive_and_wait to every participant.
   // A waiter spins for a few microseconds before it sleeps: the participants usually arrive
-  // within that time (the lanes of a step), and waking a sleeping thread costs more.
-  void arrive_and_wait();
+  // within that time (the lanes of a step), and waking a sleeping thread costs more. Returns the
+  // seconds the caller waited for the others (0 for the last to arrive, who reads no clock).
+  double arrive_and_wait();
   // Wakes every waiter with BarrierBroken; later calls throw at once until reset().
   void break_barrier();
   // Makes a broken barrier usable again, starting a fresh round. Waits for the waiters woken by

@@ -311,20 +311,25 @@ TEST_CASE("the barrier is reusable and publishes writes across many rounds") {
   constexpr int participants = 4, rounds = 500;
   Barrier barrier(participants);
   std::vector<int> slots(participants, -1);  // plain ints: TSan would flag a missing ordering
-  std::atomic<int> wrong{0};
+  std::atomic<int> wrong{0}, negative_waits{0}, unwaited{0};
   run_replicas(participants, [&](int t) {
     for (int round = 0; round < rounds; ++round) {
       slots[static_cast<std::size_t>(t)] = round;
-      barrier.arrive_and_wait();
+      const double waited = barrier.arrive_and_wait();
+      negative_waits += waited < 0.0;
+      unwaited += waited == 0.0;
       for (int other = 0; other < participants; ++other)
         if (slots[static_cast<std::size_t>(other)] != round) ++wrong;
       barrier.arrive_and_wait();  // nobody writes the next round while others still read
     }
   });
   CHECK(wrong == 0);
+  // The last to arrive in each round waited for nobody (and read no clock).
+  CHECK(negative_waits == 0);
+  CHECK(unwaited >= rounds);
   CHECK_THROWS_AS(Barrier(0), InternalError);
   Barrier alone(1);
-  CHECK_NOTHROW(alone.arrive_and_wait());
+  CHECK(alone.arrive_and_wait() == 0.0);
 }
 
 namespace {

@@ -98,6 +98,15 @@ double tolerance(DType compute) { return compute == DType::bf16 ? 2e-2 : 1e-5; }
 // would be off by 100 %.
 constexpr double kBf16RoutedGradientTolerance = 0.2;
 
+// Every variable of `model` drawn from `rng`, in [-1, 1]; a variance in [0.5, 1.5] (positive).
+void randomize_variables(nn::Sequential& model, Rng& rng) {
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables()) {
+      const bool variance = v.name.ends_with("moving_variance");
+      for (float& value : v.value.span<float>()) value = variance ? rng.uniform(0.5f, 1.5f) : rng.uniform(-1.0f, 1.0f);
+    }
+}
+
 // Runs one case: the backend vs the oracle (to the compute dtype's precision) for outputs, every
 // gradient and dx; then a finite-difference check of the oracle in double (f32 cases: the
 // oracle does not depend on the dtype the backend computes in).
@@ -120,12 +129,7 @@ void check_case(const Case& c) {
   Rng rng(11, RngStream::test);
 
   // Random variables (biases too: zero biases would hide bias bugs), shared by both paths.
-  // A variance is positive.
-  for (std::size_t l = 0; l < model.num_layers(); ++l)
-    for (auto& v : model.layer(l).variables()) {
-      const bool variance = v.name.ends_with("moving_variance");
-      for (float& value : v.value.span<float>()) value = variance ? rng.uniform(0.5f, 1.5f) : rng.uniform(-1.0f, 1.0f);
-    }
+  randomize_variables(model, rng);
   RefStack ref = RefStack::of(model, c.batch, step);
   REQUIRE(model.output_shape() == ref.layers.back()->output_shape());
 
@@ -804,18 +808,13 @@ TEST_CASE("batch_normalization's statistics and gradients have the same bits on 
 
 namespace {
 
-// One step of a model on `ctx` with variables and data drawn from fixed seeds (a variance
-// positive): the output and, training, every variable's gradient (moving statistics' shares too)
+// One step of a model on `ctx` with variables and data drawn from fixed seeds: the output and, training, every variable's gradient (moving statistics' shares too)
 // and the input's gradient, in model order.
 std::vector<float> step_values(const config::ModelConfig& mc, device::Context& ctx, DType compute, nn::Mode mode,
                                std::int64_t batch) {
   nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = true});
   Rng init(17, RngStream::test);
-  for (std::size_t l = 0; l < model.num_layers(); ++l)
-    for (auto& v : model.layer(l).variables()) {
-      const bool variance = v.name.ends_with("moving_variance");
-      for (float& value : v.value.span<float>()) value = variance ? init.uniform(0.5f, 1.5f) : init.uniform(-1.0f, 1.0f);
-    }
+  randomize_variables(model, init);
   Tensor x(model.input_shape().with_batch(batch));
   Rng rng(5, RngStream::test);
   for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);

@@ -618,8 +618,8 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   }
 
   // The relu and the max pooling above, computed here (nn/kernel.hpp; the file's header says
-  // which): windows that do not overlap, every one inside the input, of at most 255 positions (a
-  // byte each), on loops of up to 8 lanes.
+  // which): windows that do not overlap, every one inside the input, of at most 254 positions (a
+  // byte each, kNoWinner apart), on loops of up to 8 lanes.
   bool take_output_relu_and_max_pooling(const nn::MaxPool2D& pool) override {
     const Shape& in = layer_.input_shape();
     const auto& size = pool.params().pool_size;
