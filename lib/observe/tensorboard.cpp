@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -22,22 +26,42 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr std::string_view kEventFilePrefix = "events.out.tfevents.";
+
 double wall_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// TensorFlow's name: events.out.tfevents.<10-digit seconds>.<host>[...]. Readers order a
-// directory's files by name, so a resumed run's file (later seconds) is read after the first.
+// The seconds in a TensorFlow event file's name, events.out.tfevents.<10-digit seconds>.<host>...;
+// nullopt for another name.
+std::optional<long long> event_file_seconds(std::string_view name) {
+  if (!name.starts_with(kEventFilePrefix) || name.size() < kEventFilePrefix.size() + 10) return std::nullopt;
+  const std::string_view digits = name.substr(kEventFilePrefix.size(), 10);
+  long long seconds = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), seconds);
+  if (error != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return seconds;
+}
+
+// Readers (TensorBoard, tf.summary) take a directory's event files in name order, so a resumed
+// run's file must sort after every file already there. Within one second the names would order by
+// host and pid, which need not grow (a quick resume, a recycled pid, a resume on another host whose
+// clock is behind), and TensorBoard would show the resumed run's steps first. So the seconds in the
+// new name are past every existing name's; the events inside keep their true wall times.
 std::string new_event_file_name(const fs::path& directory) {
   char host[256] = "localhost";
   if (::gethostname(host, sizeof host) != 0) host[0] = '\0';
   host[sizeof host - 1] = '\0';
-  const auto seconds = static_cast<long long>(wall_time());
-  const std::string base = fmt::format("events.out.tfevents.{:010d}.{}.{}", seconds, host, static_cast<long>(::getpid()));
-  std::string name = base;
+  auto seconds = static_cast<long long>(wall_time());
   std::error_code ec;
-  for (int n = 1; fs::exists(directory / name, ec); ++n) name = fmt::format("{}.{}", base, n);
-  return (directory / name).string();
+  for (const auto& entry : fs::directory_iterator(directory, ec)) {
+    if (const auto existing = event_file_seconds(entry.path().filename().string())) {
+      seconds = std::max(seconds, *existing + 1);
+    }
+  }
+  if (ec) throw IoError(fmt::format("cannot list {}: {}", directory.string(), ec.message()));
+  return (directory / fmt::format("{}{:010d}.{}.{}", kEventFilePrefix, seconds, host, static_cast<long>(::getpid())))
+      .string();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // schema gives. (tests/integration/tensorboard.sh reads a real run's files with Python's protobuf.)
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <tensorflow/core/util/event.pb.h>
 
 #include "config/parse.hpp"
@@ -102,6 +104,7 @@ TEST_CASE("tensorboard: an event file starts with the file version, then the sca
     second = again.path();
   }
   CHECK(first != second);
+  CHECK(fs::path(second).filename() > fs::path(first).filename());  // read after it
   CHECK(fs::path(first).filename().string().starts_with("events.out.tfevents."));
   const std::vector<std::string> records = read_records(first);
   REQUIRE(records.size() == 2);
@@ -122,6 +125,29 @@ TEST_CASE("tensorboard: an event file starts with the file version, then the sca
   REQUIRE(start.ParseFromString(resumed[1]));
   CHECK(start.step() == 8);
   CHECK(start.session_log().status() == tensorflow::SessionLog::START);
+}
+
+TEST_CASE("tensorboard: a new event file's name sorts after every event file already in the directory") {
+  // TensorBoard reads a directory's files in name order; a resume within the same second, by a pid
+  // that sorts lower, or on a host whose clock is behind, must still be read after the first run.
+  testing::ScratchDir dir("tensorboard_order");
+  const fs::path logdir = dir.path() / "tensorboard";
+  fs::create_directories(logdir);
+  const auto now = static_cast<long long>(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  const std::string ahead = fmt::format("events.out.tfevents.{:010d}.zzzz.999999999", now + 100);
+  std::ofstream(logdir / ahead) << "";
+  // Another tool's file with no seconds in its name sorts where it does and is left alone.
+  std::ofstream(logdir / "events.out.tfevents.notes") << "";
+  const std::string made = fs::path(EventFileWriter(logdir.string()).path()).filename().string();
+  CHECK(made > ahead);
+  CHECK(made.starts_with(fmt::format("events.out.tfevents.{:010d}.", now + 101)));
+  // With no file ahead of the clock the name carries the clock's seconds.
+  testing::ScratchDir fresh("tensorboard_fresh");
+  const std::string plain = fs::path(EventFileWriter((fresh.path() / "tb").string()).path()).filename().string();
+  const long long named = std::stoll(plain.substr(std::string("events.out.tfevents.").size(), 10));
+  CHECK(named >= now);
+  CHECK(named <= now + 60);
 }
 
 TEST_CASE("tensorboard: train.tensorboard and train.log_every_steps are read, written back and checked") {
