@@ -120,8 +120,8 @@ class Layer {
   virtual BackwardReads backward_reads() const { return BackwardReads::nothing; }
   // What backward reads besides to apply the derivative of a relu below it, where its kernel takes
   // that derivative over (LayerKernel::take_input_activation_backward): the relu's output where its
-  // gradient goes. A max pooling has it in its own output (the max is the relu's output where it
-  // came from); an average pooling reads its input.
+  // gradient goes. An average pooling reads its input; a max pooling needs nothing more (the max is
+  // the relu's output where it came from, and forward marks a max not above zero as no winner).
   virtual BackwardReads derivative_below_reads() const { return BackwardReads::nothing; }
   // The leading rows and columns of a (height, width, channels) input that forward reads, where
   // fewer than all: a pooling whose last window ends before its input does (2 x 2 windows over 11

@@ -23,7 +23,9 @@ class MaxPool2D final : public Pool2DLayer {
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
   Flops flops_per_sample() const override;
-  BackwardReads derivative_below_reads() const override { return BackwardReads::output; }
+  // The CPU loops mark the relu's derivative in the winner byte forward keeps anyway (no winner
+  // where the max is not above zero): nothing more to read.
+  BackwardReads derivative_below_reads() const override { return BackwardReads::nothing; }
 };
 
 }  // namespace dtrain::nn

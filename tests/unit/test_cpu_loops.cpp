@@ -421,9 +421,13 @@ TEST_CASE("max pooling moves values exactly on every instruction set the CPU has
       {DType::f32, nhwc, Shape{6, 7, 5}, 2, 2, valid, false},
       {DType::f32, nChw8c, Shape{8, 8, 12}, 2, 3, valid, true},
       {DType::f32, nChw16c, Shape{10, 8, 32}, 3, 3, same, false},
-      // Overlapping windows add gradients (f32 only).
+      // Overlapping windows add gradients (f32 only), gathered per input position; below a relu,
+      // the winner byte carries its derivative. 3x3 at stride 2 over 8-channel blocks: the
+      // ResNet-style stem pooling, up to 4 windows per input position.
       {DType::f32, nhwc, Shape{7, 6, 24}, 3, 1, valid, true},
       {DType::f32, nChw16c, Shape{7, 7, 16}, 3, 2, same, false},
+      {DType::f32, nChw8c, Shape{9, 10, 16}, 3, 2, valid, true},
+      {DType::f32, nChw8c, Shape{9, 10, 16}, 3, 2, same, true},
       {DType::bf16, nhwc, Shape{6, 7, 5}, 2, 2, valid, false},
       {DType::bf16, nhwc, Shape{8, 10, 32}, 2, 2, valid, true},
       {DType::bf16, nChw16c, Shape{10, 8, 32}, 3, 3, same, true},

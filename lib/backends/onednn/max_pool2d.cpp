@@ -31,9 +31,15 @@ namespace dtrain::backends::onednn {
 
 namespace {
 
+// Which window position won, in a workspace byte, where a backward finds no winner: below a relu
+// (Relu), where the max is not above zero, whose gradient the relu's derivative stops. Backward then
+// applies that derivative from the workspace alone, without reading the pooled output again.
+// (Windows have at most 255 positions, 0 to 254: covers().)
+constexpr std::uint8_t kNoWinner = 255;
+
 // L channel lanes at a time (lanes.hpp), the argmax kept in 32-bit lanes beside the float maxima
 // and narrowed when stored.
-template <class T, int L>
+template <class T, int L, bool Relu>
 void forward_plane(const PoolGeometry& g, const PoolWindows& win, const T* __restrict src, T* __restrict dst,
                    std::uint8_t* __restrict ws) {
   using F = Vec<float, L>;
@@ -48,6 +54,10 @@ void forward_plane(const PoolGeometry& g, const PoolWindows& win, const T* __res
       best = more ? v : best;
       which = more ? I{} + static_cast<std::int32_t>(win.position[static_cast<std::size_t>(k)]) : which;
     }
+    if constexpr (Relu) {
+      const I positive = best > 0.0f;
+      which = (which & positive) | (~positive & kNoWinner);
+    }
     store_narrowed<L>(dst + at + c0, best);
     store(ws + at + c0, narrow_to_bytes<L>(which));
   });
@@ -56,14 +66,12 @@ void forward_plane(const PoolGeometry& g, const PoolWindows& win, const T* __res
 // Windows that do not overlap: every input position belongs to at most one window, so each
 // window's positions are written once (the gradient where the max came from, zero elsewhere) and
 // only positions outside every window need zeroing. T's bits are copied, never computed on.
-// Relu: the input is a relu's output whose derivative this backward applies (nn/kernel.hpp): the
-// gradient goes through only where the max, which is that relu's output, is above zero.
 // Where each lane's max came from: bf16's 16-bit lanes compare the positions widened once per
 // window (bytes to 16 bits, a 2x conversion); f32's compare them as bytes and widen the byte mask
 // in two steps (comparing 32-bit lanes widened from bytes, GCC 12 went lane by lane on AVX-512).
-template <class T, int L, bool Relu>
-void backward_plane_disjoint(const PoolGeometry& g, const PoolWindows& win, const T* __restrict dst,
-                             const T* __restrict diff_dst, const std::uint8_t* __restrict ws, T* __restrict diff_src) {
+template <class T, int L>
+void backward_plane_disjoint(const PoolGeometry& g, const PoolWindows& win, const T* __restrict diff_dst,
+                             const std::uint8_t* __restrict ws, T* __restrict diff_src) {
   using Bits = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int16_t>;
   using B = Vec<Bits, L>;
   zero_positions<T, L>(g, diff_src, g.uncovered_rows, g.uncovered_cols);
@@ -71,8 +79,7 @@ void backward_plane_disjoint(const PoolGeometry& g, const PoolWindows& win, cons
   const std::int64_t* const offset = win.offset.data();
   const std::uint8_t* const position = win.position.data();
   for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
-    B dy = load<B>(diff_dst + at + c0);
-    if constexpr (Relu) dy &= __builtin_convertvector(load_widened<L>(dst + at + c0) > 0.0f, B);
+    const B dy = load<B>(diff_dst + at + c0);
     const auto which = load<Vec<std::uint8_t, L>>(ws + at + c0);
     const auto here = [&](std::uint8_t p) -> B {
       if constexpr (sizeof(Bits) == 2) return __builtin_convertvector(which, B) == static_cast<Bits>(p);
@@ -82,26 +89,32 @@ void backward_plane_disjoint(const PoolGeometry& g, const PoolWindows& win, cons
   });
 }
 
-// Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
-// window's gradient at its max.
-template <int L, bool Relu>
-void backward_plane_overlapping(const PoolGeometry& g, const PoolWindows& win, const float* __restrict dst,
-                                const float* __restrict diff_dst, const std::uint8_t* __restrict ws,
-                                float* __restrict diff_src) {
+// Overlapping windows (stride below the pool size), f32 only: each input position's gradient is
+// the sum of its windows' gradients where their max came from it, added in window order from +0
+// (the order, and so the bits, of adding each window's in place after zeroing the plane), and
+// written once (PoolWindows' covering lists).
+template <int L>
+void backward_plane_overlapping(const PoolGeometry& g, const PoolWindows& win, const float* __restrict diff_dst,
+                                const std::uint8_t* __restrict ws, float* __restrict diff_src) {
   using F = Vec<float, L>;
   using I = Vec<std::int32_t, L>;
-  zero_positions<float, L>(g, diff_src, g.all_rows, {});
-  for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
-    // Masks as bit operations: GCC 12 computes a 16-lane float select (?:) lane by lane on AVX-512.
-    I dy = load<I>(diff_dst + at + c0);
-    if constexpr (Relu) dy &= load<F>(dst + at + c0) > 0.0f;
-    const auto which = load<Vec<std::uint8_t, L>>(ws + at + c0);
-    for (std::int64_t k = first; k < last; ++k) {
-      float* dx = diff_src + win.offset[static_cast<std::size_t>(k)] + c0;
-      const I here = widen_mask<I, L>(which == win.position[static_cast<std::size_t>(k)]);
-      store(dx, F(load<F>(dx) + std::bit_cast<F>(I(here & dy))));  // + 0.0f where the max is not here
+  const std::int64_t* const first = win.covering_first.data();
+  const std::int64_t* const window_at = win.covering_at.data();
+  const std::uint8_t* const position = win.covering_position.data();
+  for (std::int64_t ih = 0, p = 0; ih < g.h; ++ih)
+    for (std::int64_t iw = 0; iw < g.w; ++iw, ++p) {
+      float* const dx = diff_src + ih * g.src.row + iw * g.src.col;
+      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
+        F sum{};
+        for (std::int64_t k = first[p]; k < first[p + 1]; ++k) {
+          // Masks as bit operations: GCC 12 computes a 16-lane float select (?:) lane by lane on AVX-512.
+          const std::int64_t at = window_at[k] + c0;
+          const I here = widen_mask<I, L>(load<Vec<std::uint8_t, L>>(ws + at) == position[k]);
+          sum += std::bit_cast<F>(I(here & load<I>(diff_dst + at)));  // + 0.0f where the max is not here
+        }
+        store(dx + c0, sum);
+      }
     }
-  });
 }
 
 class MaxPool2DKernel final : public OwnPool2DKernel {
@@ -140,33 +153,28 @@ class MaxPool2DKernel final : public OwnPool2DKernel {
     void* const src = p.src.get_data_handle();
     void* const dst = p.dst.get_data_handle();
     std::uint8_t* const ws = p.workspace.data();
+    const bool relu = relu_below();
     run_planes(p, [&]<class T, int L>(std::int64_t in, std::int64_t out) {
-      forward_plane<T, L>(p.geometry, *p.windows, static_cast<const T*>(src) + in, static_cast<T*>(dst) + out,
-                          ws + out);
+      const T* x = static_cast<const T*>(src) + in;
+      T* y = static_cast<T*>(dst) + out;
+      if (relu) forward_plane<T, L, true>(p.geometry, *p.windows, x, y, ws + out);
+      else forward_plane<T, L, false>(p.geometry, *p.windows, x, y, ws + out);
     });
   }
 
+  // Below a relu, its derivative is in the workspace already (forward_plane).
   void backward_planes(Plan& p) override {
-    void* const dst = p.dst.get_data_handle();
     void* const diff_dst = p.diff_dst.get_data_handle();
     void* const diff_src = p.diff_src.get_data_handle();
     const std::uint8_t* const ws = p.workspace.data();
-    const bool relu = relu_below();
     run_planes(p, [&]<class T, int L>(std::int64_t in, std::int64_t out) {
       const PoolGeometry& g = p.geometry;
-      const PoolWindows& win = *p.windows;
-      const T* y = static_cast<const T*>(dst) + out;
       const T* dy = static_cast<const T*>(diff_dst) + out;
       T* dx = static_cast<T*>(diff_src) + in;
       if constexpr (std::is_same_v<T, float>) {
-        if (g.overlapping) {
-          if (relu) backward_plane_overlapping<L, true>(g, win, y, dy, ws + out, dx);
-          else backward_plane_overlapping<L, false>(g, win, y, dy, ws + out, dx);
-          return;
-        }
+        if (g.overlapping) return backward_plane_overlapping<L>(g, *p.windows, dy, ws + out, dx);
       }
-      if (relu) backward_plane_disjoint<T, L, true>(g, win, y, dy, ws + out, dx);
-      else backward_plane_disjoint<T, L, false>(g, win, y, dy, ws + out, dx);
+      backward_plane_disjoint<T, L>(g, *p.windows, dy, ws + out, dx);
     });
   }
 

@@ -42,6 +42,9 @@ std::optional<PoolGeometry> pool_geometry(const nn::Pool2DLayer& layer, const me
 }
 
 PoolWindows::PoolWindows(const PoolGeometry& g) {
+  // Overlapping: each input position's (window's dst offset, position in it), windows in order.
+  std::vector<std::vector<std::pair<std::int64_t, std::uint8_t>>> covering(
+      g.overlapping ? static_cast<std::size_t>(g.h * g.w) : 0);
   for (std::int64_t oh = 0; oh < g.oh; ++oh)
     for (std::int64_t ow = 0; ow < g.ow; ++ow) {
       first.push_back(static_cast<std::int64_t>(offset.size()));
@@ -53,10 +56,23 @@ PoolWindows::PoolWindows(const PoolGeometry& g) {
           if (iw < 0 || iw >= g.w) continue;
           offset.push_back(ih * g.src.row + iw * g.src.col);
           position.push_back(static_cast<std::uint8_t>(i * g.kw + j));
+          if (g.overlapping) {
+            covering[static_cast<std::size_t>(ih * g.w + iw)].emplace_back(oh * g.dst.row + ow * g.dst.col,
+                                                                            position.back());
+          }
         }
       }
     }
   first.push_back(static_cast<std::int64_t>(offset.size()));
+  if (!g.overlapping) return;
+  for (const auto& windows : covering) {
+    covering_first.push_back(static_cast<std::int64_t>(covering_at.size()));
+    for (const auto& [at, p] : windows) {
+      covering_at.push_back(at);
+      covering_position.push_back(p);
+    }
+  }
+  covering_first.push_back(static_cast<std::int64_t>(covering_at.size()));
 }
 
 OwnPool2DKernel::OwnPool2DKernel(nn::Pool2DLayer& layer, OnednnContext& ctx, dnnl::algorithm algorithm)

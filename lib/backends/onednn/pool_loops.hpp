@@ -39,11 +39,21 @@ struct PoolGeometry {
 std::optional<PoolGeometry> pool_geometry(const nn::Pool2DLayer& layer, const dnnl::memory::desc& src_md);
 
 // Every output position's window, as the input offsets of its valid positions (the same in every
-// plane, so worked out once when planned): the loops then carry no bounds checks.
+// plane, so worked out once when planned): the loops then carry no bounds checks. Where windows
+// overlap, also the other way round: every input position's windows, in window order, which a
+// backward gathers from so that each input gradient is written once (adding each window's part
+// in place instead, after zeroing the plane, took max pooling's 3x3 stride 2 backward to three
+// times its bytes' bound: the plane written twice, a read-modify-write per window position).
 struct PoolWindows {
   std::vector<std::int64_t> first;      // per output position (oh * OW + ow), then one past the last
   std::vector<std::int64_t> offset;     // src offset of each valid position
   std::vector<std::uint8_t> position;   // its index in the kh x kw window (max pooling's workspace)
+  // Overlapping windows only: per input position (ih * W + iw) and one past the last, the range of
+  // its windows in covering_at (each window's dst offset, oh * dst.row + ow * dst.col) and
+  // covering_position (the input position's index in that window).
+  std::vector<std::int64_t> covering_first;
+  std::vector<std::int64_t> covering_at;
+  std::vector<std::uint8_t> covering_position;
 
   explicit PoolWindows(const PoolGeometry& g);
 };
