@@ -15,6 +15,7 @@
 // relu's layer moves nothing in backward. Elsewhere oneDNN's kernel (pooling_avg_exclude_padding).
 #include <bit>
 #include <type_traits>
+#include <vector>
 
 #include "backends/onednn/pool_loops.hpp"
 #include "nn/average_pooling2d.hpp"
@@ -35,8 +36,8 @@ void forward_plane(const PoolGeometry& g, const PoolWindows& win, const T* __res
   });
 }
 
-// A window's share of its gradient at input position `x`: zero where the relu below (Relu) had a
-// zero output there. A mask of bits: GCC 12 computes a 16-lane float select lane by lane on AVX-512.
+// A gradient at input position `x` (a window's share, or the sum of them): zero where the relu
+// below (Relu) had a zero output there. A mask of bits: GCC 12 computes a 16-lane float select lane by lane on AVX-512.
 template <int L, bool Relu, class T>
 [[gnu::always_inline]] inline Vec<float, L> share_at(const Vec<float, L>& share, const T* x) {
   if constexpr (!Relu) {
@@ -62,20 +63,25 @@ void backward_plane_disjoint(const PoolGeometry& g, const PoolWindows& win, cons
   });
 }
 
-// Overlapping windows (stride below the pool size), f32 only: zero the plane, then add each
-// window's share at its valid positions, windows in order.
+// Overlapping windows (stride below the pool size), f32 only: each window's share once into
+// `shares` (the plane's outputs, scratch), then each input position's gradient as the sum of its
+// windows' shares, added in window order from +0 (PoolWindows' covering lists) and written once;
+// below a relu, zero where the relu's output was. Adding each window's share in place after
+// zeroing the plane, as before, made the same adds in the same order (the same bits) but wrote
+// the plane twice and read it back at every window position.
 template <int L, bool Relu>
 void backward_plane_overlapping(const PoolGeometry& g, const PoolWindows& win, const float* __restrict src,
-                                const float* __restrict diff_dst, float* __restrict diff_src) {
+                                const float* __restrict diff_dst, float* __restrict shares,
+                                float* __restrict diff_src) {
   using F = Vec<float, L>;
-  zero_positions<float, L>(g, diff_src, g.all_rows, {});
-  const std::int64_t* const offset = win.offset.data();
   for_each_window<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
-    const F share = load<F>(diff_dst + at + c0) / static_cast<float>(last - first);
-    for (std::int64_t k = first; k < last; ++k) {
-      float* dx = diff_src + offset[k] + c0;
-      store(dx, F(load<F>(dx) + share_at<L, Relu>(share, src + offset[k] + c0)));
-    }
+    store(shares + at + c0, F(load<F>(diff_dst + at + c0) / static_cast<float>(last - first)));
+  });
+  const std::int64_t* const window_at = win.covering_at.data();
+  for_each_input<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    F sum{};
+    for (std::int64_t k = first; k < last; ++k) sum += load<F>(shares + window_at[k] + c0);
+    store(diff_src + at + c0, share_at<L, Relu>(sum, src + at + c0));
   });
 }
 
@@ -85,6 +91,13 @@ class AveragePooling2DKernel final : public OwnPool2DKernel {
       : OwnPool2DKernel(layer, ctx, dnnl::algorithm::pooling_avg_exclude_padding) {}
 
  private:
+  // Overlapping windows: room for every plane's shares (backward_plane_overlapping), the largest
+  // plan's outputs.
+  void planned(Plan& p) override {
+    if (p.geometry.overlapping && shares_.size() < static_cast<std::size_t>(p.dst_elements))
+      shares_.resize(static_cast<std::size_t>(p.dst_elements));
+  }
+
   void forward_planes(Plan& p) override {
     void* const src = p.src.get_data_handle();
     void* const dst = p.dst.get_data_handle();
@@ -106,8 +119,9 @@ class AveragePooling2DKernel final : public OwnPool2DKernel {
       T* dx = static_cast<T*>(diff_src) + in;
       if constexpr (std::is_same_v<T, float>) {
         if (g.overlapping) {
-          if (relu) backward_plane_overlapping<L, true>(g, win, x, dy, dx);
-          else backward_plane_overlapping<L, false>(g, win, x, dy, dx);
+          float* shares = shares_.data() + out;
+          if (relu) backward_plane_overlapping<L, true>(g, win, x, dy, shares, dx);
+          else backward_plane_overlapping<L, false>(g, win, x, dy, shares, dx);
           return;
         }
       }
@@ -115,6 +129,8 @@ class AveragePooling2DKernel final : public OwnPool2DKernel {
       else backward_plane_disjoint<T, L, false>(g, win, x, dy, dx);
     });
   }
+
+  std::vector<float> shares_;
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType) {

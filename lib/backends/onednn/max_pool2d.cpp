@@ -98,23 +98,18 @@ void backward_plane_overlapping(const PoolGeometry& g, const PoolWindows& win, c
                                 const std::uint8_t* __restrict ws, float* __restrict diff_src) {
   using F = Vec<float, L>;
   using I = Vec<std::int32_t, L>;
-  const std::int64_t* const first = win.covering_first.data();
   const std::int64_t* const window_at = win.covering_at.data();
   const std::uint8_t* const position = win.covering_position.data();
-  for (std::int64_t ih = 0, p = 0; ih < g.h; ++ih)
-    for (std::int64_t iw = 0; iw < g.w; ++iw, ++p) {
-      float* const dx = diff_src + ih * g.src.row + iw * g.src.col;
-      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
-        F sum{};
-        for (std::int64_t k = first[p]; k < first[p + 1]; ++k) {
-          // Masks as bit operations: GCC 12 computes a 16-lane float select (?:) lane by lane on AVX-512.
-          const std::int64_t at = window_at[k] + c0;
-          const I here = widen_mask<I, L>(load<Vec<std::uint8_t, L>>(ws + at) == position[k]);
-          sum += std::bit_cast<F>(I(here & load<I>(diff_dst + at)));  // + 0.0f where the max is not here
-        }
-        store(dx + c0, sum);
-      }
+  for_each_input<L>(g, win, [&](std::int64_t at, std::int64_t first, std::int64_t last, std::int64_t c0) {
+    F sum{};
+    for (std::int64_t k = first; k < last; ++k) {
+      // Masks as bit operations: GCC 12 computes a 16-lane float select (?:) lane by lane on AVX-512.
+      const std::int64_t from = window_at[k] + c0;
+      const I here = widen_mask<I, L>(load<Vec<std::uint8_t, L>>(ws + from) == position[k]);
+      sum += std::bit_cast<F>(I(here & load<I>(diff_dst + from)));  // + 0.0f where the max is not here
     }
+    store(diff_src + at + c0, sum);
+  });
 }
 
 class MaxPool2DKernel final : public OwnPool2DKernel {

@@ -63,12 +63,31 @@ struct PoolWindows {
 // positions in `win`. Inlined into each build of the loops, so the body is compiled for its ISA.
 template <int L, class Body>
 [[gnu::always_inline]] inline void for_each_window(const PoolGeometry& g, const PoolWindows& win, Body&& body) {
-  for (std::int64_t oh = 0; oh < g.oh; ++oh)
-    for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-      const std::int64_t first = win.first[static_cast<std::size_t>(oh * g.ow + ow)];
-      const std::int64_t last = win.first[static_cast<std::size_t>(oh * g.ow + ow + 1)];
-      const std::int64_t at = oh * g.dst.row + ow * g.dst.col;
-      for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) body(at, first, last, c0);
+  // Copied out once: the body's vector stores may alias anything (for_each_input).
+  const std::int64_t* const window_first = win.first.data();
+  const std::int64_t oh_end = g.oh, ow_end = g.ow, row = g.dst.row, col = g.dst.col, lanes = g.lanes;
+  for (std::int64_t oh = 0, p = 0; oh < oh_end; ++oh)
+    for (std::int64_t ow = 0; ow < ow_end; ++ow, ++p) {
+      const std::int64_t first = window_first[p], last = window_first[p + 1];
+      const std::int64_t at = oh * row + ow * col;
+      for (std::int64_t c0 = 0; c0 < lanes; c0 += L) body(at, first, last, c0);
+    }
+}
+
+// Overlapping windows: calls body(at, first, last, c0) for every input position of a plane and
+// every L lanes of its channels: `at` is the position's offset in the input plane, [first, last)
+// the range of its covering windows in `win` (covering_at, covering_position), in window order.
+template <int L, class Body>
+[[gnu::always_inline]] inline void for_each_input(const PoolGeometry& g, const PoolWindows& win, Body&& body) {
+  // Copied out once: the body's vector stores may alias anything, and reloading these after each
+  // one took the gather's loop overhead to the cost of the sums.
+  const std::int64_t* const covering = win.covering_first.data();
+  const std::int64_t h = g.h, w = g.w, row = g.src.row, col = g.src.col, lanes = g.lanes;
+  for (std::int64_t ih = 0, p = 0; ih < h; ++ih)
+    for (std::int64_t iw = 0; iw < w; ++iw, ++p) {
+      const std::int64_t first = covering[p], last = covering[p + 1];
+      const std::int64_t at = ih * row + iw * col;
+      for (std::int64_t c0 = 0; c0 < lanes; c0 += L) body(at, first, last, c0);
     }
 }
 
