@@ -58,37 +58,36 @@ struct PoolWindows {
   explicit PoolWindows(const PoolGeometry& g);
 };
 
-// Calls body(at, first, last, c0) for every output position of a plane and every L lanes of its
-// channels: `at` is the position's offset in the output plane, [first, last) its window's valid
-// positions in `win`. Inlined into each build of the loops, so the body is compiled for its ISA.
+// Calls body(at, first, last, c0) for each of a plane's rows x cols positions (offsets
+// `row` and `col` apart) and each L of its `lanes` channels, [first, last) = ranges[p],
+// ranges[p + 1] for the p-th position. Everything arrives by value: the body's vector stores may
+// alias anything (lanes.hpp's vectors are may_alias), and GCC reloaded a geometry read through
+// references after each one, which took the overlapping gather's loop overhead to the cost of its
+// sums. Inlined into each build of the loops, so the body is compiled for its ISA.
 template <int L, class Body>
-[[gnu::always_inline]] inline void for_each_window(const PoolGeometry& g, const PoolWindows& win, Body&& body) {
-  // Copied out once: the body's vector stores may alias anything (for_each_input).
-  const std::int64_t* const window_first = win.first.data();
-  const std::int64_t oh_end = g.oh, ow_end = g.ow, row = g.dst.row, col = g.dst.col, lanes = g.lanes;
-  for (std::int64_t oh = 0, p = 0; oh < oh_end; ++oh)
-    for (std::int64_t ow = 0; ow < ow_end; ++ow, ++p) {
-      const std::int64_t first = window_first[p], last = window_first[p + 1];
-      const std::int64_t at = oh * row + ow * col;
+[[gnu::always_inline]] inline void for_each_range(std::int64_t rows, std::int64_t cols, std::int64_t row,
+                                                  std::int64_t col, std::int64_t lanes,
+                                                  const std::int64_t* ranges, Body&& body) {
+  for (std::int64_t r = 0, p = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c, ++p) {
+      const std::int64_t first = ranges[p], last = ranges[p + 1];
+      const std::int64_t at = r * row + c * col;
       for (std::int64_t c0 = 0; c0 < lanes; c0 += L) body(at, first, last, c0);
     }
 }
 
-// Overlapping windows: calls body(at, first, last, c0) for every input position of a plane and
-// every L lanes of its channels: `at` is the position's offset in the input plane, [first, last)
-// the range of its covering windows in `win` (covering_at, covering_position), in window order.
+// Every output position of a plane: `at` its offset in the output plane, [first, last) its
+// window's valid positions in `win` (offset, position).
+template <int L, class Body>
+[[gnu::always_inline]] inline void for_each_window(const PoolGeometry& g, const PoolWindows& win, Body&& body) {
+  for_each_range<L>(g.oh, g.ow, g.dst.row, g.dst.col, g.lanes, win.first.data(), body);
+}
+
+// Overlapping windows, every input position of a plane: `at` its offset in the input plane,
+// [first, last) its covering windows in `win` (covering_at, covering_position), in window order.
 template <int L, class Body>
 [[gnu::always_inline]] inline void for_each_input(const PoolGeometry& g, const PoolWindows& win, Body&& body) {
-  // Copied out once: the body's vector stores may alias anything, and reloading these after each
-  // one took the gather's loop overhead to the cost of the sums.
-  const std::int64_t* const covering = win.covering_first.data();
-  const std::int64_t h = g.h, w = g.w, row = g.src.row, col = g.src.col, lanes = g.lanes;
-  for (std::int64_t ih = 0, p = 0; ih < h; ++ih)
-    for (std::int64_t iw = 0; iw < w; ++iw, ++p) {
-      const std::int64_t first = covering[p], last = covering[p + 1];
-      const std::int64_t at = ih * row + iw * col;
-      for (std::int64_t c0 = 0; c0 < lanes; c0 += L) body(at, first, last, c0);
-    }
+  for_each_range<L>(g.h, g.w, g.src.row, g.src.col, g.lanes, win.covering_first.data(), body);
 }
 
 // Zeroes the input positions of a plane: `rows` whole (every column), then `cols` whole; L lanes
