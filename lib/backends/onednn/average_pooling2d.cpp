@@ -37,7 +37,8 @@ void forward_plane(const PoolGeometry& g, const PoolWindows& win, const T* __res
 }
 
 // A gradient at input position `x` (a window's share, or the sum of them): zero where the relu
-// below (Relu) had a zero output there. A mask of bits: GCC 12 computes a 16-lane float select lane by lane on AVX-512.
+// below (Relu) had a zero output there. A mask of bits: GCC 12 computes a 16-lane float select
+// lane by lane on AVX-512.
 template <int L, bool Relu, class T>
 [[gnu::always_inline]] inline Vec<float, L> share_at(const Vec<float, L>& share, const T* x) {
   if constexpr (!Relu) {

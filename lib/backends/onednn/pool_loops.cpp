@@ -37,7 +37,6 @@ std::optional<PoolGeometry> pool_geometry(const nn::Pool2DLayer& layer, const me
   };
   g.uncovered_rows = uncovered(g.h, g.oh, g.kh, g.sh, g.pad_top);
   g.uncovered_cols = uncovered(g.w, g.ow, g.kw, g.sw, g.pad_left);
-  for (std::int64_t ih = 0; ih < g.h; ++ih) g.all_rows.push_back(ih);
   return g;
 }
 

@@ -29,7 +29,6 @@ struct PoolGeometry {
   std::int64_t h, w, oh, ow, kh, kw, sh, sw, pad_top, pad_left, lanes;
   Arrangement src, dst;  // dst's arrangement is also diff_dst's (and a workspace's); src's is diff_src's
   std::vector<std::int64_t> uncovered_rows, uncovered_cols;  // input rows/columns no window reads
-  std::vector<std::int64_t> all_rows;                        // 0 .. h - 1
   bool overlapping = false;
 };
 
