@@ -74,6 +74,9 @@ class CallScoped final : public LayerKernel {
   bool gradient_passes_through() const override { return inner_->gradient_passes_through(); }
   config::Activation standalone_activation() const override { return inner_->standalone_activation(); }
   bool take_output_activation(config::Activation a) override { return inner_->take_output_activation(a); }
+  bool take_output_activation_derivative(config::Activation a) override {
+    return inner_->take_output_activation_derivative(a);
+  }
   void skip_activation_forward() override { inner_->skip_activation_forward(); }
   bool forward_passes_through() const override { return inner_->forward_passes_through(); }
 

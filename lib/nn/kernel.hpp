@@ -92,14 +92,22 @@ class LayerKernel {
   virtual bool gradient_passes_through() const { return false; }
 
   // Fusing an Activation layer's forward into the layer below (called once, before the first plan,
-  // after the backward fusion above). An Activation layer reads its input and writes its output
+  // before the backward fusion above). An Activation layer reads its input and writes its output
   // once more, for an operation the layer below could apply while it writes: the model offers the
   // layer's activation (standalone_activation) to the layer below (take_output_activation: true
   // when its output will have it applied) and tells the Activation (skip_activation_forward); its
   // forward is then the identity, and the model gives it one memory as src and dst where their
-  // layouts agree, so it moves nothing. Its backward is unchanged: it computes from its output.
+  // layouts agree, so it moves nothing. Its backward is unchanged (it computes from its output),
+  // unless the layer below takes the derivative too: the model then asks it right away
+  // (take_output_activation_derivative: true when its backward will start from the gradient of the
+  // activation's output and apply the derivative as it reads it) and tells the Activation
+  // (skip_activation_backward), whose backward then moves nothing either; no layer above is then
+  // offered the derivative. The layer below goes first because it reads nothing more (batch
+  // normalization recomputes the relu's input from x, which its backward reads anyway), where a
+  // layer above may have to read the activation's output (an average pooling does).
   virtual config::Activation standalone_activation() const { return config::Activation::linear; }
   virtual bool take_output_activation(config::Activation) { return false; }
+  virtual bool take_output_activation_derivative(config::Activation) { return false; }
   virtual void skip_activation_forward() {}
   virtual bool forward_passes_through() const { return false; }
 };

@@ -192,18 +192,25 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     const auto read = computed_in_[i] ? std::nullopt : layers_[i]->input_extent_read();
     if (read) kernels_[i - 1]->output_read_within(read->rows, read->columns);
   }
+  // An Activation's relu into the layer below, forward and, where that layer takes it too, the
+  // derivative (nn/kernel.hpp: before the layer above is offered the derivative). One already in
+  // a pooling's fusion passes its memories through.
+  for (std::size_t i = 1; i < kernels_.size(); ++i) {
+    const config::Activation own = kernels_[i]->standalone_activation();
+    if (own == config::Activation::linear || kernels_[i]->forward_passes_through() ||
+        !kernels_[i - 1]->take_output_activation(own))
+      continue;
+    kernels_[i]->skip_activation_forward();
+    if (kernels_[i - 1]->take_output_activation_derivative(own)) kernels_[i]->skip_activation_backward();
+  }
   derivative_above_.assign(kernels_.size(), false);
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
     const config::Activation below = kernels_[i - 1]->output_activation();
-    if (below != config::Activation::linear && kernels_[i]->take_input_activation_backward(below)) {
+    if (below != config::Activation::linear && !kernels_[i - 1]->gradient_passes_through() &&
+        kernels_[i]->take_input_activation_backward(below)) {
       kernels_[i - 1]->skip_activation_backward();
       derivative_above_[i] = true;
     }
-  }
-  for (std::size_t i = 1; i < kernels_.size(); ++i) {
-    const config::Activation own = kernels_[i]->standalone_activation();
-    if (own != config::Activation::linear && kernels_[i - 1]->take_output_activation(own))
-      kernels_[i]->skip_activation_forward();
   }
 }
 

@@ -140,12 +140,17 @@ for l in r["layers"]:
 # The first batch normalization computes the relu and the max pooling above it, where its loops
 # have at most 8 lanes (not on AVX-512): the pair's bytes on its row, the relu moving nothing.
 layers = {l["name"]: l for l in r["layers"]}
-# The relu layers pass their memories through: batch normalization applies the relu forward, the
-# pooling above (or batch normalization, where it pools) its derivative.
+# The relu layers pass their memories through: batch normalization applies the relu forward, and
+# its derivative (where it pools, or on up to 8 lanes) or the pooling above does.
 for name in ("activation", "activation_1"):
     assert layers[name]["bytes_per_sample"] == {"forward": 0, "backward": 0}, layers[name]
     assert layers[name]["bound_ms"] == {"forward": 0, "backward": 0}, layers[name]
 if "avx512" not in r["header"]:
+    # On up to 8 lanes batch normalization applies the derivative of the relu above it too (from
+    # x, which it reads anyway): the average pooling's backward reads only its gradients (5 x 5 x
+    # 64 in, 11 x 11 x 64 out), not the relu's output, and the last relu moves nothing either.
+    assert layers["average_pooling2d"]["bytes_per_sample"]["backward"] == (5 * 5 + 11 * 11) * 64 * 4, layers["average_pooling2d"]
+    assert layers["activation_2"]["bytes_per_sample"] == {"forward": 0, "backward": 0}, layers["activation_2"]
     assert layers["max_pooling2d"]["computed_in"] == "batch_normalization", layers["max_pooling2d"]
     assert layers["max_pooling2d"]["bound_ms"] == {"forward": 0, "backward": 0}, layers["max_pooling2d"]
     # x (26 x 26 x 32 f32), the pooled output (13 x 13 x 32 f32) and a byte per pooled element,

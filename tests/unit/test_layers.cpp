@@ -84,6 +84,8 @@ struct Case {
   bool input_gradient = true;
   // The layers each model must compute with the one below (computed_by_layer_below), checked.
   std::vector<std::size_t> computed_below = {};
+  // Where given, the layers whose backward must move nothing (backward_moves_nothing), checked.
+  std::optional<std::vector<std::size_t>> backward_moves_nothing = std::nullopt;
 };
 
 // bfloat16 keeps 8 significant bits: one rounding is 2^-9 relative, and a layer rounds its
@@ -124,6 +126,10 @@ void check_case(const Case& c) {
     CAPTURE(l);
     const bool expected = std::find(c.computed_below.begin(), c.computed_below.end(), l) != c.computed_below.end();
     CHECK(model.computed_by_layer_below(l) == expected);
+    if (c.backward_moves_nothing) {
+      const auto& nothing = *c.backward_moves_nothing;
+      CHECK(model.backward_moves_nothing(l) == (std::find(nothing.begin(), nothing.end(), l) != nothing.end()));
+    }
   }
   const nn::StepContext step = testing::step_of(c.mode, c.batch);
   Rng rng(11, RngStream::test);
@@ -663,6 +669,14 @@ std::vector<std::size_t> batch_norm_pools_on(device::Context& ctx) {
   return {3};
 }
 
+// The relu Activation layer (layer `relu`) right above batch normalization, whose derivative batch
+// normalization applies on loops of up to 8 lanes, so that its backward moves nothing; on
+// AVX-512's 16 it keeps its own backward.
+std::vector<std::size_t> batch_norm_takes_relu_on(device::Context& ctx, std::size_t relu) {
+  if (backends::onednn::OnednnContext::of(ctx).loop_isa() == backends::onednn::LoopIsa::x86_64_v4) return {};
+  return {relu};
+}
+
 }  // namespace
 
 TEST_CASE("a convolution computes only the output rows and columns the pooling above reads") {
@@ -750,6 +764,29 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
               {conv(16, 3, 1, Padding::same, Activation::linear, false), batch_norm(),
                nn::ActivationOptions{Activation::relu}},
               3});
+  // Batch normalization applies the relu layer's derivative (the relu layer's backward moves
+  // nothing): on the blocked layout with padding lanes and 'same' convolutions around it, on 2-D
+  // input, and below an average pooling, which would otherwise apply it reading the relu's output.
+  const std::vector<std::size_t> relu_in_bn = batch_norm_takes_relu_on(testing::cpu(), 2);
+  Case between{"conv, bn, relu layer, conv (20 channels: padding lanes)", Shape{7, 7, 3},
+               {conv(20, 3, 1, Padding::same, Activation::linear, false), batch_norm(),
+                nn::ActivationOptions{Activation::relu}, conv(6, 3, 1, Padding::same, Activation::linear)},
+               3};
+  between.backward_moves_nothing = relu_in_bn;
+  check_case(between);
+  Case flat{"dense, bn, relu layer, dense (2-D)", Shape{9},
+            {dense(12, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
+             dense(3, Activation::linear)},
+            6};
+  flat.backward_moves_nothing = relu_in_bn;
+  check_case(flat);
+  Case averaged{"conv, bn, relu layer, average pooling", Shape{8, 8, 2},
+                {conv(16, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
+                 nn::ActivationOptions{Activation::relu}, avg_pool(2, 2, Padding::valid), nn::FlattenOptions{},
+                 dense(3, Activation::linear)},
+                4};
+  averaged.backward_moves_nothing = relu_in_bn;
+  check_case(averaged);
   check_case({"no center, no scale", Shape{4, 4, 3}, {batch_norm(false, false)}, 2});
   check_case({"scale only", Shape{5}, {batch_norm(false, true)}, 4});
   check_case({"inference uses the moving statistics", Shape{4, 4, 3}, {batch_norm()}, 2, nn::Mode::inference});
@@ -779,17 +816,13 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
   block.computed_below = batch_norm_pools_on(testing::cpu());
   check_case(block);
   // Batch normalization applies the relu layer's activation as it writes (the relu layer then
-  // moves nothing forward), in inference too; 2-D input, relu backward its own (no pooling above).
+  // moves nothing forward), in inference too.
   Case inference{"conv, bn, relu layer, max pool in inference", Shape{6, 6, 3},
                  {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
                   nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid)},
                  2, nn::Mode::inference};
   // (The pooling is the last layer here: the model's output, which no layer computes below.)
   check_case(inference);
-  check_case({"dense, bn, relu layer, dense", Shape{9},
-              {dense(12, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
-               dense(3, Activation::linear)},
-              6});
   // 2-D input over more rows than one plane of the kernel's sums (256).
   check_case({"dense features, 300 rows", Shape{6}, {dense(5, Activation::linear, false), batch_norm()}, 300});
 }

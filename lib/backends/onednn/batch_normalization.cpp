@@ -4,7 +4,9 @@
 //   x  (N, H, W, C) f32 or bf16, in the layout the layer below produced when its channels are
 //      innermost (nhwc, or blocks of 4, 8 or 16: channel = group * lanes + lane); any other input
 //      (2-D (N, C), ...) as canonical rows of C channels
-//   y, dy  f32, arranged as x is (y through a relu when the Activation layer above leaves it here);
+//   y, dy  f32, arranged as x is (y through a relu when the Activation layer above leaves it here,
+//          and then, on up to 8 lanes, dy the gradient of the relu's output: backward applies the
+//          relu's derivative, recomputing its input from x)
 //   dx  x's layout and dtype
 //   mean, inv_std (C) kept from forward for backward
 // With the relu and the max pooling above computed here (take_output_relu_and_max_pooling):
@@ -238,20 +240,39 @@ void plane_squared_deviations(const Geometry& g, std::int64_t i, std::int64_t gr
   }
 }
 
+// The relu's derivative applied to D lanes of dy at a position: dy where the relu's input, x *
+// scale + shift as plane_normalize computed it (the same float operations, so the same bits), is
+// above zero, +0 elsewhere (as the pooled gradient masks it).
+template <int D>
+[[gnu::always_inline]] inline Vec<float, D> through_relu(const Vec<float, D>& dy, const Vec<float, D>& x,
+                                                        const Vec<float, D>& scale, const Vec<float, D>& shift) {
+  using I = Vec<std::int32_t, D>;
+  const I positive = x * scale + shift > 0.0f;
+  return std::bit_cast<Vec<float, D>>(I(std::bit_cast<I>(dy) & positive));
+}
+
 // dy_sum[l] = sum of dy, dy_xhat_sum[l] = sum of dy (x - mean) inv_std, over the plane in double
-// (layer_math's batch_norm_dy_xhat); mean and inv_std are the group's, in float.
-template <class T, int L>
+// (layer_math's batch_norm_dy_xhat); mean and inv_std are the group's, in float. With Relu, dy is
+// the gradient of the relu's output, taken through its derivative (through_relu; scale and shift
+// are forward's). The 16-lane build has no Relu form (take_output_activation_derivative).
+template <class T, int L, bool Relu>
 void plane_gradient_sums(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
                          const float* __restrict dy, const float* __restrict mean, const float* __restrict inv_std,
-                         double* __restrict dy_sum, double* __restrict dy_xhat_sum) {
+                         const float* __restrict scale, const float* __restrict shift, double* __restrict dy_sum,
+                         double* __restrict dy_xhat_sum) {
   if constexpr (L == 16) {
+    static_assert(!Relu, "the 16-lane sums take no relu derivative");
     plane_sums_16<PlaneTerms::gradient, T>(g, i, grp, x, dy, nullptr, mean, inv_std, dy_sum, dy_xhat_sum);
   } else {
     with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
+      using F = Vec<float, D>;
       plane_sums<D, V, true>(g, i, grp, dy_sum, dy_xhat_sum, [&](std::int64_t at, std::int64_t c) {
-        const Doubles<D> d = widened<D>(load<Vec<float, D>>(dy + at));
-        const Doubles<D> centered = widened<D>(load_widened<D>(x + at)) - widened<D>(load<Vec<float, D>>(mean + c));
-        return std::pair{d, d * centered * widened<D>(load<Vec<float, D>>(inv_std + c))};
+        const F xv = load_widened<D>(x + at);
+        F dyv = load<F>(dy + at);
+        if constexpr (Relu) dyv = through_relu<D>(dyv, xv, load<F>(scale + c), load<F>(shift + c));
+        const Doubles<D> d = widened<D>(dyv);
+        const Doubles<D> centered = widened<D>(xv) - widened<D>(load<F>(mean + c));
+        return std::pair{d, d * centered * widened<D>(load<F>(inv_std + c))};
       });
     });
   }
@@ -285,22 +306,26 @@ void plane_normalize(const Geometry& g, std::int64_t i, std::int64_t grp, const 
 
 // dx = scale ((dy - mean(dy)) - xhat mean(dy xhat)), xhat = (x - mean) inv_std, in float
 // (layer_math's batch_norm_input_gradient); zero in the padding lanes, which oneDNN expects zero
-// (a NaN there, from a gradient's padding, would reach the convolution below).
-template <class T, int L>
+// (a NaN there, from a gradient's padding, would reach the convolution below). With Relu, dy
+// through the relu's derivative (through_relu: forward's scale and its shift).
+template <class T, int L, bool Relu>
 void plane_input_gradient(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
                           const float* __restrict dy, const float* __restrict mean, const float* __restrict inv_std,
-                          const float* __restrict scale, const float* __restrict mean_dy,
-                          const float* __restrict mean_dy_xhat, const std::int32_t* __restrict live,
-                          T* __restrict dx) {
+                          const float* __restrict scale, const float* __restrict shift,
+                          const float* __restrict mean_dy, const float* __restrict mean_dy_xhat,
+                          const std::int32_t* __restrict live, T* __restrict dx) {
   using F = Vec<float, L>;
   const std::int64_t base = g.offset(i, grp);
   for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
-    const F m = load<F>(mean + c0), s = load<F>(inv_std + c0), a = load<F>(scale + c0);
+    const F m = load<F>(mean + c0), s = load<F>(inv_std + c0), a = load<F>(scale + c0), b = load<F>(shift + c0);
     const F mdy = load<F>(mean_dy + c0), mdx = load<F>(mean_dy_xhat + c0);
     const Vec<std::int32_t, L> on = load<Vec<std::int32_t, L>>(live + c0) != 0;
     for_positions(g, i, base + c0, [&](std::int64_t at) {
-      const F xhat = (load_widened<L>(x + at) - m) * s;
-      const F v = a * ((load<F>(dy + at) - mdy) - xhat * mdx);
+      const F xv = load_widened<L>(x + at);
+      F dyv = load<F>(dy + at);
+      if constexpr (Relu) dyv = through_relu<L>(dyv, xv, a, b);
+      const F xhat = (xv - m) * s;
+      const F v = a * ((dyv - mdy) - xhat * mdx);
       store_rounded<L>(dx + at, on ? v : F{});
     });
   }
@@ -444,6 +469,16 @@ void plane_input_gradient_pooled(const Geometry& g, const Pooled& pool, std::int
   }
 }
 
+// body.template operator()<Relu>() with Relu = `relu`, which the 16-lane sums never have
+// (BatchNormalizationKernel::take_output_activation_derivative).
+template <int L, class Body>
+[[gnu::always_inline]] inline void with_relu_derivative(bool relu, const Body& body) {
+  if constexpr (L != 16) {
+    if (relu) return body.template operator()<true>();
+  }
+  body.template operator()<false>();
+}
+
 class BatchNormalizationKernel final : public nn::LayerKernel {
  public:
   // Computes in f32 under every precision policy, as Keras keeps batch statistics in float32.
@@ -576,8 +611,11 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
         plane_gradient_sums_pooled<T, L>(p.geometry, *p.pooled, i, g, p.input<T>(), p.dy, p.ws.data(),
                                          p.mean.data() + at, p.inv_std.data() + at, out, out + p.geometry.lanes);
       } else {
-        plane_gradient_sums<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at, out,
-                                  out + p.geometry.lanes);
+        with_relu_derivative<L>(relu_derivative_, [&]<bool Relu>() {
+          plane_gradient_sums<T, L, Relu>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at,
+                                          p.inv_std.data() + at, p.scale.data() + at, p.shift.data() + at, out,
+                                          out + p.geometry.lanes);
+        });
       }
     });
     add_planes(p, true);
@@ -601,20 +639,30 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
                                           p.mean.data() + at, p.inv_std.data() + at, p.scale.data() + at,
                                           p.mean_dy.data() + at, p.mean_dy_xhat.data() + at, p.live.data() + at, dx);
       } else {
-        plane_input_gradient<T, L>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at, p.inv_std.data() + at,
-                                   p.scale.data() + at, p.mean_dy.data() + at, p.mean_dy_xhat.data() + at,
-                                   p.live.data() + at, dx);
+        with_relu_derivative<L>(relu_derivative_, [&]<bool Relu>() {
+          plane_input_gradient<T, L, Relu>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at,
+                                           p.inv_std.data() + at, p.scale.data() + at, p.shift.data() + at,
+                                           p.mean_dy.data() + at, p.mean_dy_xhat.data() + at, p.live.data() + at, dx);
+        });
       }
     });
     p.dx_out.run(ctx_);
   }
 
   // A relu layer above: y comes out with the relu applied, and that layer does nothing forward
-  // (nn/kernel.hpp). Backward is unchanged: it never reads y, and the gradient it receives is
-  // already through the relu's derivative.
+  // (nn/kernel.hpp).
   bool take_output_activation(config::Activation a) override {
     relu_ = a == config::Activation::relu;
     return relu_;
+  }
+  // And its derivative: backward receives the gradient of the relu's output and zeroes it where
+  // the relu's input was not above zero, recomputed from x (read anyway) with forward's scale and
+  // shift, so the relu layer's backward (a pass that read y and dy and wrote its gradient) moves
+  // nothing. Not on loops of 16 lanes (AVX-512), whose sums are their own intrinsics; there the
+  // relu layer keeps its backward (or a layer above applies it).
+  bool take_output_activation_derivative(config::Activation a) override {
+    relu_derivative_ = relu_ && !pool_ && a == config::Activation::relu && ctx_.loop_isa() != LoopIsa::x86_64_v4;
+    return relu_derivative_;
   }
 
   // The relu and the max pooling above, computed here (nn/kernel.hpp; the file's header says
@@ -809,6 +857,9 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   // asks the model for the input's gradient, which binds first).
   bool input_gradient_ = layer_.position() > 0;
   bool relu_ = false;  // the Activation above left its relu to this layer (take_output_activation)
+  // and its derivative too (take_output_activation_derivative; not with the pooling, whose
+  // winners carry it)
+  bool relu_derivative_ = false;
   const nn::MaxPool2D* pool_ = nullptr;  // the max pooling above it, computed here
   nn::PlanCache<Plan> plans_;
 };
