@@ -774,12 +774,15 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
                3};
   between.backward_moves_nothing = relu_in_bn;
   check_case(between);
-  Case flat{"dense, bn, relu layer, dense (2-D)", Shape{9},
-            {dense(12, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
-             dense(3, Activation::linear)},
-            6};
-  flat.backward_moves_nothing = relu_in_bn;
-  check_case(flat);
+  // 2-D: 12 features (vectors of 4 lanes), and 5 (one lane a vector).
+  for (const int features : {12, 5}) {
+    Case flat{fmt::format("dense, bn over {} features, relu layer, dense", features), Shape{9},
+              {dense(features, Activation::linear, false), batch_norm(), nn::ActivationOptions{Activation::relu},
+               dense(3, Activation::linear)},
+              6};
+    flat.backward_moves_nothing = relu_in_bn;
+    check_case(flat);
+  }
   Case averaged{"conv, bn, relu layer, average pooling", Shape{8, 8, 2},
                 {conv(16, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
                  nn::ActivationOptions{Activation::relu}, avg_pool(2, 2, Padding::valid), nn::FlattenOptions{},

@@ -603,6 +603,10 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   void backward(std::int64_t batch, const nn::StepContext& step) override {
     Plan& p = plans_.get(batch);
     const std::int64_t c = channels_;
+    // (The 16-lane loops have no relu derivative: with_relu_derivative would leave it out.)
+    DTRAIN_CHECK(!relu_derivative_ || ctx_.loop_isa() != LoopIsa::x86_64_v4,
+                 "batch normalization took the relu's derivative for loops of up to 8 lanes, and its context now runs "
+                 "AVX-512's: choose the loops' level before the model is built");
     // Local sums of dy and dy * xhat: this replica's dbeta and dgamma.
     each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
       const std::int64_t at = g * p.geometry.lanes;
@@ -773,12 +777,12 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     const std::int64_t planes = g.planes * g.groups;
     const LoopIsa isa = ctx_.loop_isa();
     const bool bf16 = p.dtype == DType::bf16;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t q = 0; q < planes; ++q)
+    for_each_item(planes, [&](std::int64_t q) {
       run_with_lanes(isa, g.lanes, [&]<int L>() {
         if (bf16) return body.template operator()<std::uint16_t, L>(q / g.groups, q % g.groups);
         body.template operator()<float, L>(q / g.groups, q % g.groups);
       });
+    });
   }
 
   // sums_[k] = the planes' first sums of channel k added in plane order; with `both`, sums_[C + k]

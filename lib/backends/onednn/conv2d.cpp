@@ -1043,8 +1043,7 @@ class Conv2DKernel final : public WeightedOpKernel {
       step.shared_work->run(step.lane, items, &j, &run_weight_item);
     } else {
       // Consecutive items (a chunk's filter groups) on one thread reuse its padded samples.
-#pragma omp parallel for schedule(static)
-      for (std::int64_t item = 0; item < items; ++item) run_weight_item(&j, item, omp_get_thread_num());
+      for_each_item(items, [&](std::int64_t item) { run_weight_item(&j, item, omp_get_thread_num()); });
     }
     // The chunks' partial sums, added in chunk order, into the Keras-layout gradients.
     auto vars = layer_.variables();
@@ -1361,8 +1360,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     float* sums = s.forward_sums.data();
     const PoolSumsFn<T> pool = pool_sums_fn<T>(g.lanes);
     const int most = in_registers ? window_vectors(g.lanes) : kForwardVectors;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t n = 0; n < g.batch; ++n) {
+    for_each_item(g.batch, [&](std::int64_t n) {
       const int thread = omp_get_thread_num();
       float* padded = scratch + thread * padded_size;
       pad_sample(g, x + n * g.x.n, padded);
@@ -1389,7 +1387,7 @@ class Conv2DKernel final : public WeightedOpKernel {
         }
         first_lane += vectors * g.lanes;
       }
-    }
+    });
   }
 
   template <class Loops>

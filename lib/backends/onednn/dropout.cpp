@@ -138,8 +138,7 @@ class DropoutKernel final : public nn::LayerKernel {
     std::uint8_t* keep = p.mask.data();
     float* y = p.io.y;
     // Each sample's mask is its own counter range: samples split over threads draw the same bits.
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < batch; ++i) {
+    for_each_item(batch, [&](std::int64_t i) {
       std::uint8_t* k = keep + i * elements;
       const PhiloxInput in = sample_philox_input(step.seed, RngStream::dropout, static_cast<std::uint64_t>(step.global_step),
                                                  static_cast<std::uint64_t>(nn::sample_id(step, i)), layer);
@@ -147,7 +146,7 @@ class DropoutKernel final : public nn::LayerKernel {
         draw_mask<I>(in, threshold, elements, k);
         apply_mask<I>(x + i * elements, k, scale, elements, y + i * elements);
       });
-    }
+    });
   }
 
   void backward(std::int64_t batch, const nn::StepContext&) override {
@@ -161,8 +160,7 @@ class DropoutKernel final : public nn::LayerKernel {
       const float scale = static_cast<float>(1.0 / (1.0 - layer_.rate()));
       const std::uint8_t* keep = p.mask.data();
       const float* dy = p.io.dy;
-#pragma omp parallel for schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) dx[i] = dy[i] * scale * static_cast<float>(keep[i]);
+      for_each_item(n, [&](std::int64_t i) { dx[i] = dy[i] * scale * static_cast<float>(keep[i]); });
     }
     p.io.store_input_gradient(ctx_);
   }

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -38,6 +39,21 @@ namespace dtrain::backends::onednn {
 // on AVX2, or with any byte-to-float conversion, ran 4-10 times slower than with native lanes).
 constexpr int float_lanes(LoopIsa isa) {
   return isa == LoopIsa::x86_64_v4 ? 16 : isa == LoopIsa::x86_64_v3 ? 8 : 4;
+}
+
+// fn(item) for item in [0, count), shared by the calling thread's OpenMP team (static schedule:
+// items must not depend on which thread runs them), or a plain loop where that team has one
+// thread, as each lane's does (train/lanes.cpp): entering a parallel region costs about 0.5 us
+// even for one thread (2-core AVX2 EPYC), a tenth of a layer of a few microseconds, paid once per
+// pass. Not inside target_clones functions: the lambda would not be built for their target.
+template <class Fn>
+void for_each_item(std::int64_t count, const Fn& fn) {
+  if (count <= 1 || omp_get_max_threads() == 1) {
+    for (std::int64_t item = 0; item < count; ++item) fn(item);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (std::int64_t item = 0; item < count; ++item) fn(item);
 }
 
 // run_for(isa, loop) calls loop.template operator()<isa>() inside a function built for `isa` that

@@ -158,12 +158,11 @@ class OwnPool2DKernel : public nn::LayerKernel {
     const PoolGeometry& g = p.geometry;
     const std::int64_t groups = g.src.groups, planes = p.batch * groups;
     const LoopIsa isa = isa_;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t q = 0; q < planes; ++q) {
+    for_each_item(planes, [&](std::int64_t q) {
       const std::int64_t n = q / groups, group = q % groups;
       const std::int64_t in = n * g.src.n + group * g.src.group, out = n * g.dst.n + group * g.dst.group;
       run_with_lanes(isa, g.lanes, [&]<int L>() { body.template operator()<T, L>(in, out); });
-    }
+    });
   }
 
   Plan* own_plan(std::int64_t batch);
