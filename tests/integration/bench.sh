@@ -137,29 +137,26 @@ for l in r["layers"]:
         assert 0 <= w["mean"] <= t["mean"] * (1 + 1e-9), (l["name"], d, w, t)
         # Only batch normalization sums over the lanes in this model.
         assert w["mean"] == 0 or l["kind"] == "batch_normalization", (l["name"], d, w)
-# The first batch normalization computes the relu and the max pooling above it, where its loops
-# have at most 8 lanes (not on AVX-512): the pair's bytes on its row, the relu moving nothing.
+# The first batch normalization computes the relu and the max pooling above it: the pair's bytes
+# on its row, the relu moving nothing.
 layers = {l["name"]: l for l in r["layers"]}
 # The relu layers pass their memories through: batch normalization applies the relu forward, and
-# its derivative (where it pools, or on up to 8 lanes) or the pooling above does.
-for name in ("activation", "activation_1"):
+# its derivative (pooled or not).
+for name in ("activation", "activation_1", "activation_2"):
     assert layers[name]["bytes_per_sample"] == {"forward": 0, "backward": 0}, layers[name]
     assert layers[name]["bound_ms"] == {"forward": 0, "backward": 0}, layers[name]
-if "avx512" not in r["header"]:
-    # On up to 8 lanes batch normalization applies the derivative of the relu above it too (from
-    # x, which it reads anyway): the average pooling's backward reads only its gradients (5 x 5 x
-    # 64 in, 11 x 11 x 64 out), not the relu's output, and the last relu moves nothing either.
-    assert layers["average_pooling2d"]["bytes_per_sample"]["backward"] == (5 * 5 + 11 * 11) * 64 * 4, layers["average_pooling2d"]
-    assert layers["activation_2"]["bytes_per_sample"] == {"forward": 0, "backward": 0}, layers["activation_2"]
-    assert layers["max_pooling2d"]["computed_in"] == "batch_normalization", layers["max_pooling2d"]
-    assert layers["max_pooling2d"]["bound_ms"] == {"forward": 0, "backward": 0}, layers["max_pooling2d"]
-    # x (26 x 26 x 32 f32), the pooled output (13 x 13 x 32 f32) and a byte per pooled element,
-    # and the four variables (gamma, beta and the moving statistics) over the replica's samples;
-    # backward also writes dx.
-    variables = 4 * 32 * 4 / r["replica_batch"]
-    fused = layers["batch_normalization"]["bytes_per_sample"]
-    assert abs(fused["forward"] - (26 * 26 * 32 * 4 + 13 * 13 * 32 * 5 + variables)) < 1e-6, fused
-    assert abs(fused["backward"] - (2 * 26 * 26 * 32 * 4 + 13 * 13 * 32 * 5 + 2 * variables)) < 1e-6, fused
+# The average pooling's backward reads only its gradients (5 x 5 x 64 in, 11 x 11 x 64 out), not
+# the relu's output.
+assert layers["average_pooling2d"]["bytes_per_sample"]["backward"] == (5 * 5 + 11 * 11) * 64 * 4, layers["average_pooling2d"]
+assert layers["max_pooling2d"]["computed_in"] == "batch_normalization", layers["max_pooling2d"]
+assert layers["max_pooling2d"]["bound_ms"] == {"forward": 0, "backward": 0}, layers["max_pooling2d"]
+# x (26 x 26 x 32 f32), the pooled output (13 x 13 x 32 f32) and a byte per pooled element, and
+# the four variables (gamma, beta and the moving statistics) over the replica's samples; backward
+# also writes dx.
+variables = 4 * 32 * 4 / r["replica_batch"]
+fused = layers["batch_normalization"]["bytes_per_sample"]
+assert abs(fused["forward"] - (26 * 26 * 32 * 4 + 13 * 13 * 32 * 5 + variables)) < 1e-6, fused
+assert abs(fused["backward"] - (2 * 26 * 26 * 32 * 4 + 13 * 13 * 32 * 5 + 2 * variables)) < 1e-6, fused
 PY
     # mixed_bfloat16: the peak is a bf16 matmul's (where the CPU has bfloat16; otherwise run stops at the key).
     if "$dtrain" bench "$small" --steps 3 --warmup 1 --set precision=mixed_bfloat16 --json >"$scratch/bf16" 2>"$scratch/bf16.err"; then

@@ -662,21 +662,6 @@ nn::BatchNormalizationOptions batch_norm(bool center = true, bool scale = true) 
   return b;
 }
 
-// The layers batch normalization (layer 1) computes above it in conv, bn, relu, max pool: the
-// pooling (layer 3), on loops of up to 8 lanes; nothing on AVX-512's 16.
-std::vector<std::size_t> batch_norm_pools_on(device::Context& ctx) {
-  if (backends::onednn::OnednnContext::of(ctx).loop_isa() == backends::onednn::LoopIsa::x86_64_v4) return {};
-  return {3};
-}
-
-// The relu Activation layer (layer `relu`) right above batch normalization, whose derivative batch
-// normalization applies on loops of up to 8 lanes, so that its backward moves nothing; on
-// AVX-512's 16 it keeps its own backward.
-std::vector<std::size_t> batch_norm_takes_relu_on(device::Context& ctx, std::size_t relu) {
-  if (backends::onednn::OnednnContext::of(ctx).loop_isa() == backends::onednn::LoopIsa::x86_64_v4) return {};
-  return {relu};
-}
-
 }  // namespace
 
 TEST_CASE("a convolution computes only the output rows and columns the pooling above reads") {
@@ -767,7 +752,7 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
   // Batch normalization applies the relu layer's derivative (the relu layer's backward moves
   // nothing): on the blocked layout with padding lanes and 'same' convolutions around it, on 2-D
   // input, and below an average pooling, which would otherwise apply it reading the relu's output.
-  const std::vector<std::size_t> relu_in_bn = batch_norm_takes_relu_on(testing::cpu(), 2);
+  const std::vector<std::size_t> relu_in_bn{2};
   Case between{"conv, bn, relu layer, conv (20 channels: padding lanes)", Shape{7, 7, 3},
                {conv(20, 3, 1, Padding::same, Activation::linear, false), batch_norm(),
                 nn::ActivationOptions{Activation::relu}, conv(6, 3, 1, Padding::same, Activation::linear)},
@@ -808,15 +793,13 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
               {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm()},
               2, nn::Mode::inference});
   // The experiment's block: batch normalization computes the relu and the max pooling above it
-  // (the two layers pass their memories through), or where its loops have 16 lanes (AVX-512) the
-  // relu layer's derivative goes to the max pooling and its backward becomes one memory for both
-  // gradients (nothing moved).
+  // (the two layers pass their memories through).
   Case block{"conv, bn, relu layer, max pool", Shape{8, 8, 3},
              {conv(32, 3, 1, Padding::valid, Activation::linear, false), batch_norm(),
               nn::ActivationOptions{Activation::relu}, pool(2, 2, Padding::valid), nn::FlattenOptions{},
               dense(3, Activation::linear)},
              3};
-  block.computed_below = batch_norm_pools_on(testing::cpu());
+  block.computed_below = {3};
   check_case(block);
   // Batch normalization applies the relu layer's activation as it writes (the relu layer then
   // moves nothing forward), in inference too.
@@ -846,6 +829,21 @@ namespace {
 
 // One step of a model on `ctx` with variables and data drawn from fixed seeds: the output and, training, every variable's gradient (moving statistics' shares too)
 // and the input's gradient, in model order.
+// Every level of the CPU loops this machine runs (16 lanes on AVX-512, 8 on AVX2, 4 on plain
+// x86-64), narrowest first; one line for each it does not.
+std::vector<backends::onednn::LoopIsa> loop_levels_here() {
+  using backends::onednn::LoopIsa;
+  std::vector<LoopIsa> levels;
+  for (const LoopIsa isa : {LoopIsa::x86_64, LoopIsa::x86_64_v3, LoopIsa::x86_64_v4}) {
+    if (static_cast<int>(isa) <= static_cast<int>(backends::onednn::widest_loop_isa())) {
+      levels.push_back(isa);
+    } else {
+      MESSAGE("skipped: this CPU has no " << backends::onednn::name_of(isa) << " for the loops' build");
+    }
+  }
+  return levels;
+}
+
 std::vector<float> step_values(const config::ModelConfig& mc, device::Context& ctx, DType compute, nn::Mode mode,
                                std::int64_t batch) {
   nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = true});
@@ -875,7 +873,7 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
   // column out (their gradient is zero, their dx is not), 3 x 3 and 2 x 3 windows, 20 channels
   // (padding lanes in channel blocks), a first layer on the raw input (canonical nhwc, 3 channels:
   // a lane at a time), synchronized or not, center/scale off; training and inference; on every loop
-  // level the machine has up to AVX2 (AVX-512's 16 lanes leave the layers apart).
+  // level the machine has (loop_levels_here).
   struct Block {
     std::string label;
     Shape input;
@@ -910,13 +908,10 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
     for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
     return mc;
   };
-  std::vector<backends::onednn::LoopIsa> levels{backends::onednn::LoopIsa::x86_64};
-  if (backends::onednn::widest_loop_isa() != backends::onednn::LoopIsa::x86_64)
-    levels.push_back(backends::onednn::LoopIsa::x86_64_v3);
   std::vector<DType> dtypes{DType::f32};
   if (cpu_has_bf16()) dtypes.push_back(DType::bf16);
   for (const Block& b : blocks)
-    for (const backends::onednn::LoopIsa isa : levels)
+    for (const backends::onednn::LoopIsa isa : loop_levels_here())
       for (const DType compute : dtypes)
         for (const nn::Mode mode : {nn::Mode::training, nn::Mode::inference}) {
           CAPTURE(b.label);
@@ -939,6 +934,63 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
           for (std::size_t i = 0; i < one.size(); ++i) unequal += !(one[i] == other[i]);  // +0 == -0
           CHECK(unequal == 0);
         }
+}
+
+TEST_CASE("batch normalization applying the relu layer's derivative gives the values of the layers apart") {
+  // Apart: a linear Activation between batch normalization and the relu keeps the relu to its own
+  // layer, forward and backward. The relu's input is recomputed from x in backward; its bits must
+  // be forward's for the derivative to match. A blocked layout with padding lanes (20 channels), 32
+  // channels (two blocks of 16), 2-D input with odd feature counts, and an average pooling above
+  // (which would otherwise apply the derivative itself); f32 and, where the CPU has it, bfloat16;
+  // on every loop level the machine has.
+  struct Block {
+    std::string label;
+    Shape input;
+    std::vector<L> below, above;  // the layers before batch normalization, and after the relu
+  };
+  const std::vector<Block> blocks{
+      {"conv of 20 filters, then a conv", Shape{7, 7, 3}, {conv(20, 3, 1, Padding::same, Activation::linear, false)},
+       {conv(6, 3, 1, Padding::same, Activation::linear)}},
+      {"conv of 32 filters, then average pooling", Shape{8, 8, 2},
+       {conv(32, 3, 1, Padding::valid, Activation::linear, false)},
+       {avg_pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(3, Activation::linear)}},
+      {"dense of 12 features", Shape{9}, {dense(12, Activation::linear, false)}, {dense(3, Activation::linear)}},
+      {"dense of 5 features", Shape{9}, {dense(5, Activation::linear, false)}, {dense(3, Activation::linear)}},
+  };
+  const auto model_of = [](const Block& b, bool apart) {
+    std::vector<L> layers = b.below;
+    layers.push_back(batch_norm());
+    if (apart) layers.push_back(nn::ActivationOptions{Activation::linear});
+    layers.push_back(nn::ActivationOptions{Activation::relu});
+    layers.insert(layers.end(), b.above.begin(), b.above.end());
+    config::ModelConfig mc;
+    mc.input_shape = b.input.to_vector();
+    for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
+    return mc;
+  };
+  std::vector<DType> dtypes{DType::f32};
+  if (cpu_has_bf16()) dtypes.push_back(DType::bf16);
+  for (const Block& b : blocks)
+    for (const backends::onednn::LoopIsa isa : loop_levels_here())
+      for (const DType compute : dtypes) {
+        CAPTURE(b.label);
+        CAPTURE(backends::onednn::name_of(isa));
+        CAPTURE(std::string(dtype_name(compute)));
+        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+        backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
+        const config::ModelConfig fused = model_of(b, false), apart = model_of(b, true);
+        {
+          const nn::Sequential model(fused, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = true});
+          const std::size_t relu = b.below.size() + 1;
+          CHECK(model.backward_moves_nothing(relu));
+        }
+        const std::vector<float> one = step_values(fused, *owned, compute, nn::Mode::training, 5);
+        const std::vector<float> other = step_values(apart, *owned, compute, nn::Mode::training, 5);
+        REQUIRE(one.size() == other.size());
+        std::size_t unequal = 0;
+        for (std::size_t i = 0; i < one.size(); ++i) unequal += !(one[i] == other[i]);  // +0 == -0
+        CHECK(unequal == 0);
+      }
 }
 
 TEST_CASE("conv with relu below max pooling, batch norm and dropout, with the input gradient (the GPU tests' CNN)") {
@@ -1215,12 +1267,14 @@ TEST_CASE("mixed_bfloat16: every layer kind against the reference, to bfloat16's
                        dense(3, Activation::linear)},
                       4},
                      kBf16RoutedGradientTolerance));
-  check_case(in_bf16({"conv with 20 channels (padding lanes), bn, relu, max pool, dense",
-                      Shape{8, 8, 3},
-                      {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(), relu,
-                       pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(3, Activation::linear)},
-                      4},
-                     kBf16RoutedGradientTolerance));
+  // (Batch normalization computes the relu and the max pooling: layer 3 passes through.)
+  Case pooled_in_bn = in_bf16({"conv with 20 channels (padding lanes), bn, relu, max pool, dense", Shape{8, 8, 3},
+                               {conv(20, 3, 1, Padding::valid, Activation::linear, false), batch_norm(), relu,
+                                pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(3, Activation::linear)},
+                               4},
+                              kBf16RoutedGradientTolerance);
+  pooled_in_bn.computed_below = {3};
+  check_case(pooled_in_bn);
   check_case(in_bf16({"dense, bn (2-D bf16 input)", Shape{12},
                       {dense(8, Activation::linear, false), batch_norm(), dense(3, Activation::linear)},
                       5},

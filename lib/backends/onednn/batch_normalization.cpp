@@ -5,8 +5,8 @@
 //      innermost (nhwc, or blocks of 4, 8 or 16: channel = group * lanes + lane); any other input
 //      (2-D (N, C), ...) as canonical rows of C channels
 //   y, dy  f32, arranged as x is (y through a relu when the Activation layer above leaves it here,
-//          and then, on up to 8 lanes, dy the gradient of the relu's output: backward applies the
-//          relu's derivative, recomputing its input from x)
+//          and then dy the gradient of the relu's output: backward applies the relu's
+//          derivative, recomputing its input from x)
 //   dx  x's layout and dtype
 //   mean, inv_std (C) kept from forward for backward
 // With the relu and the max pooling above computed here (take_output_relu_and_max_pooling):
@@ -32,7 +32,8 @@
 // without samples make the same calls) and once for y; backward reads x and dy once for its sums
 // and once more for dx. At 2 lanes on the 2-core EPYC that is 1.6-1.9x the bytes' bound for the
 // big layers, the rest of the bench's time being the lanes' collectives. With 16 lanes the sums
-// convert to double with AVX-512's instructions (plane_sums_16).
+// convert to double with AVX-512's instructions (plane_sums_16, which also applies the relu's
+// derivative and the pooled gradient there).
 //
 // Why the pooling here: in bn_dropout's first block (batch normalization, relu, 2 x 2 max pooling)
 // the normalized output is four times the pooled one; computed apart, forward wrote it and the
@@ -42,9 +43,7 @@
 // as the sums and dx reach it. The values, and the order of every sum, are those of the three
 // layers computed apart (test_layers compares them), except on an input whose channels are not
 // innermost, copied to canonical memory: there the sums run per sample, where the layer alone sums
-// chunks of rows. Windows that do not overlap and lie inside the input ('valid' padding), and loops
-// of up to 8 lanes: the 16-lane sums (plane_sums_16, AVX-512) have no pooled form, so on AVX-512
-// the layers stay apart.
+// chunks of rows. Windows that do not overlap and lie inside the input ('valid' padding).
 #include <omp.h>
 
 #include <algorithm>
@@ -168,28 +167,89 @@ template <int L, class Body>
   return _mm512_maskz_cvtps_pd(0xFF, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
 }
 
-enum class PlaneTerms { x, squared_deviations, gradient };
+// 16 floats from p: x's lanes widened from bfloat16, or as they are. (Here and below, the
+// zero-masked forms with every lane kept, as in doubles_at.)
+[[DTRAIN_X86_64_V4, gnu::always_inline]] inline __m512 floats_at(const float* p) { return _mm512_loadu_ps(p); }
+[[DTRAIN_X86_64_V4, gnu::always_inline]] inline __m512 floats_at(const std::uint16_t* p) {
+  const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, wide, 16));
+}
+// Half h (lanes 8h .. 8h + 7) of 16 floats as doubles, exactly. (The halves as a shuffle: GCC 12's
+// _mm512_castps512_ps256 is an extraction with an undefined operand, which it warns about.)
+[[DTRAIN_X86_64_V4, gnu::always_inline]] inline __m512d half_as_doubles(__m512 v, int h) {
+  const __m256 half = h == 0 ? __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+                             : __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_maskz_cvtps_pd(0xFF, half);
+}
 
-// plane_sum, plane_squared_deviations or plane_gradient_sums (Terms) for 16 lanes at a time.
+// What the 16-lane sums add: x (plane_sum), (x - mean)^2 (plane_squared_deviations), or the pair
+// dy, dy (x - mean) inv_std (plane_gradient_sums) with dy as it is, through the relu's derivative
+// (through_relu's mask), or from the pooled gradient (pooled_gradient's).
+enum class PlaneTerms { x, squared_deviations, gradient, gradient_through_relu, pooled_gradient };
+
+// What the 16-lane sums read besides x, for the terms that need it (the rest null).
+struct PlaneInputs16 {
+  const float* dy = nullptr;          // the gradient (the pooled one for pooled_gradient)
+  const double* mean_d = nullptr;     // squared_deviations: the group's batch means in double
+  const float* mean = nullptr;        // the gradients: the group's mean and inv_std
+  const float* inv_std = nullptr;
+  const float* scale = nullptr;       // gradient_through_relu: forward's scale and shift
+  const float* shift = nullptr;
+  const Pooled* pool = nullptr;       // pooled_gradient: the windows and their winners
+  const std::uint8_t* ws = nullptr;
+};
+
+// The sums of Terms for 16 lanes at a time, each lane's terms added in the plane's position order
+// (with the pooling, for_pooled_positions' order, the same).
 template <PlaneTerms Terms, class T>
 [[DTRAIN_X86_64_V4]] void plane_sums_16(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
-                                        const float* __restrict dy, const double* __restrict mean_d,
-                                        const float* __restrict mean, const float* __restrict inv_std,
-                                        double* __restrict first, double* __restrict second) {
+                                        const PlaneInputs16& in, double* __restrict first,
+                                        double* __restrict second) {
+  constexpr bool pair = Terms != PlaneTerms::x && Terms != PlaneTerms::squared_deviations;
   const std::int64_t base = g.offset(i, grp), rows = g.rows_of(i);
   for (std::int64_t c0 = 0; c0 < g.lanes; c0 += 16) {
     __m512d a[2], b[2], m[2], s[2];
     for (int h = 0; h < 2; ++h) {
       a[h] = b[h] = m[h] = s[h] = _mm512_setzero_pd();
-      if constexpr (Terms == PlaneTerms::squared_deviations) m[h] = _mm512_loadu_pd(mean_d + c0 + h * 8);
-      if constexpr (Terms == PlaneTerms::gradient) {
-        m[h] = doubles_at(mean + c0 + h * 8);
-        s[h] = doubles_at(inv_std + c0 + h * 8);
+      if constexpr (Terms == PlaneTerms::squared_deviations) m[h] = _mm512_loadu_pd(in.mean_d + c0 + h * 8);
+      if constexpr (pair) {
+        m[h] = doubles_at(in.mean + c0 + h * 8);
+        s[h] = doubles_at(in.inv_std + c0 + h * 8);
       }
     }
-    for (std::int64_t r = 0; r < rows; ++r)
+    __m512 scale = _mm512_setzero_ps(), shift = _mm512_setzero_ps();
+    if constexpr (Terms == PlaneTerms::gradient_through_relu) {
+      scale = _mm512_loadu_ps(in.scale + c0);
+      shift = _mm512_loadu_ps(in.shift + c0);
+    }
+    // The pooled gradient: from the window over each position (none past the last window).
+    const std::int64_t pooled = Terms == PlaneTerms::pooled_gradient ? in.pool->offset(i, grp) + c0 : 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::int64_t window = 0, windowed = 0;
+      std::int32_t first_position = 0;
+      if constexpr (Terms == PlaneTerms::pooled_gradient) {
+        if (r < in.pool->oh * in.pool->kh) {
+          window = pooled + r / in.pool->kh * in.pool->row;
+          windowed = in.pool->ow * in.pool->kw;
+          first_position = static_cast<std::int32_t>(r % in.pool->kh * in.pool->kw);
+        }
+      }
       for (std::int64_t c = 0; c < g.cols; ++c) {
         const std::int64_t at = base + r * g.row + c * g.col + c0;
+        __m512 dy16 = _mm512_setzero_ps();
+        if constexpr (Terms == PlaneTerms::gradient) {
+          dy16 = _mm512_loadu_ps(in.dy + at);
+        } else if constexpr (Terms == PlaneTerms::gradient_through_relu) {
+          const __m512 relu_input = _mm512_add_ps(_mm512_mul_ps(floats_at(x + at), scale), shift);
+          dy16 = _mm512_maskz_loadu_ps(_mm512_cmp_ps_mask(relu_input, _mm512_setzero_ps(), _CMP_GT_OQ), in.dy + at);
+        } else if constexpr (Terms == PlaneTerms::pooled_gradient) {
+          if (c < windowed) {
+            const std::int64_t w = window + c / in.pool->kw * in.pool->col;
+            const std::int32_t position = first_position + static_cast<std::int32_t>(c % in.pool->kw);
+            const __m512i winners = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.ws + w)));
+            dy16 = _mm512_maskz_loadu_ps(_mm512_cmpeq_epi32_mask(winners, _mm512_set1_epi32(position)), in.dy + w);
+          }
+        }
         for (int h = 0; h < 2; ++h) {
           const __m512d v = doubles_at(x + at + h * 8);
           if constexpr (Terms == PlaneTerms::x) {
@@ -198,15 +258,16 @@ template <PlaneTerms Terms, class T>
             const __m512d d = _mm512_sub_pd(v, m[h]);
             a[h] = _mm512_add_pd(a[h], _mm512_mul_pd(d, d));
           } else {
-            const __m512d d = doubles_at(dy + at + h * 8);
+            const __m512d d = half_as_doubles(dy16, h);
             a[h] = _mm512_add_pd(a[h], d);
             b[h] = _mm512_add_pd(b[h], _mm512_mul_pd(_mm512_mul_pd(d, _mm512_sub_pd(v, m[h])), s[h]));
           }
         }
       }
+    }
     for (int h = 0; h < 2; ++h) {
       _mm512_storeu_pd(first + c0 + h * 8, a[h]);
-      if constexpr (Terms == PlaneTerms::gradient) _mm512_storeu_pd(second + c0 + h * 8, b[h]);
+      if constexpr (pair) _mm512_storeu_pd(second + c0 + h * 8, b[h]);
     }
   }
 }
@@ -215,7 +276,7 @@ template <PlaneTerms Terms, class T>
 template <class T, int L>
 void plane_sum(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x, double* __restrict sum) {
   if constexpr (L == 16) {
-    plane_sums_16<PlaneTerms::x, T>(g, i, grp, x, nullptr, nullptr, nullptr, nullptr, sum, nullptr);
+    plane_sums_16<PlaneTerms::x, T>(g, i, grp, x, {}, sum, nullptr);
   } else {
     with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
       plane_sums<D, V, false>(g, i, grp, sum, nullptr,
@@ -229,7 +290,7 @@ template <class T, int L>
 void plane_squared_deviations(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
                               const double* __restrict mean, double* __restrict squares) {
   if constexpr (L == 16) {
-    plane_sums_16<PlaneTerms::squared_deviations, T>(g, i, grp, x, nullptr, mean, nullptr, nullptr, squares, nullptr);
+    plane_sums_16<PlaneTerms::squared_deviations, T>(g, i, grp, x, {.mean_d = mean}, squares, nullptr);
   } else {
     with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
       plane_sums<D, V, false>(g, i, grp, squares, nullptr, [&](std::int64_t at, std::int64_t c) {
@@ -254,15 +315,17 @@ template <int D>
 // dy_sum[l] = sum of dy, dy_xhat_sum[l] = sum of dy (x - mean) inv_std, over the plane in double
 // (layer_math's batch_norm_dy_xhat); mean and inv_std are the group's, in float. With Relu, dy is
 // the gradient of the relu's output, taken through its derivative (through_relu; scale and shift
-// are forward's). The 16-lane build has no Relu form (take_output_activation_derivative).
+// are forward's).
 template <class T, int L, bool Relu>
 void plane_gradient_sums(const Geometry& g, std::int64_t i, std::int64_t grp, const T* __restrict x,
                          const float* __restrict dy, const float* __restrict mean, const float* __restrict inv_std,
                          const float* __restrict scale, const float* __restrict shift, double* __restrict dy_sum,
                          double* __restrict dy_xhat_sum) {
   if constexpr (L == 16) {
-    static_assert(!Relu, "the 16-lane sums take no relu derivative");
-    plane_sums_16<PlaneTerms::gradient, T>(g, i, grp, x, dy, nullptr, mean, inv_std, dy_sum, dy_xhat_sum);
+    constexpr PlaneTerms terms = Relu ? PlaneTerms::gradient_through_relu : PlaneTerms::gradient;
+    plane_sums_16<terms, T>(g, i, grp, x,
+                            {.dy = dy, .mean = mean, .inv_std = inv_std, .scale = scale, .shift = shift}, dy_sum,
+                            dy_xhat_sum);
   } else {
     with_double_vectors<L>(g.lanes, [&]<int D, int V>() {
       using F = Vec<float, D>;
@@ -414,12 +477,18 @@ template <int First, int D, int L>
 
 // plane_gradient_sums with the gradient from the pooled one (pooled_gradient), each lane's terms
 // in the same order. The gradient is worked out L lanes at a time, once per position, and summed
-// as two halves of doubles (as plane_sums widens half a register of floats).
+// as two halves of doubles (as plane_sums widens half a register of floats; 16 lanes in
+// plane_sums_16).
 template <class T, int L>
 void plane_gradient_sums_pooled(const Geometry& g, const Pooled& pool, std::int64_t i, std::int64_t grp,
                                 const T* __restrict x, const float* __restrict dy, const std::uint8_t* __restrict ws,
                                 const float* __restrict mean, const float* __restrict inv_std,
                                 double* __restrict dy_sum, double* __restrict dy_xhat_sum) {
+  if constexpr (L == 16) {
+    plane_sums_16<PlaneTerms::pooled_gradient, T>(
+        g, i, grp, x, {.dy = dy, .mean = mean, .inv_std = inv_std, .pool = &pool, .ws = ws}, dy_sum, dy_xhat_sum);
+    return;
+  }
   constexpr int H = L >= 2 ? 2 : 1, D = L / H;
   using F = Vec<float, L>;
   for (std::int64_t c0 = 0; c0 < g.lanes; c0 += L) {
@@ -467,16 +536,6 @@ void plane_input_gradient_pooled(const Geometry& g, const Pooled& pool, std::int
       store_rounded<L>(dx + at + c0, on ? F(a * ((dyv - mdy) - xhat * mdx)) : F{});
     });
   }
-}
-
-// body.template operator()<Relu>() with Relu = `relu`, which the 16-lane sums never have
-// (BatchNormalizationKernel::take_output_activation_derivative).
-template <int L, class Body>
-[[gnu::always_inline]] inline void with_relu_derivative(bool relu, const Body& body) {
-  if constexpr (L != 16) {
-    if (relu) return body.template operator()<true>();
-  }
-  body.template operator()<false>();
 }
 
 class BatchNormalizationKernel final : public nn::LayerKernel {
@@ -603,10 +662,6 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   void backward(std::int64_t batch, const nn::StepContext& step) override {
     Plan& p = plans_.get(batch);
     const std::int64_t c = channels_;
-    // (The 16-lane loops have no relu derivative: with_relu_derivative would leave it out.)
-    DTRAIN_CHECK(!relu_derivative_ || ctx_.loop_isa() != LoopIsa::x86_64_v4,
-                 "batch normalization took the relu's derivative for loops of up to 8 lanes, and its context now runs "
-                 "AVX-512's: choose the loops' level before the model is built");
     // Local sums of dy and dy * xhat: this replica's dbeta and dgamma.
     each_plane(p, [&]<class T, int L>(std::int64_t i, std::int64_t g) {
       const std::int64_t at = g * p.geometry.lanes;
@@ -615,7 +670,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
         plane_gradient_sums_pooled<T, L>(p.geometry, *p.pooled, i, g, p.input<T>(), p.dy, p.ws.data(),
                                          p.mean.data() + at, p.inv_std.data() + at, out, out + p.geometry.lanes);
       } else {
-        with_relu_derivative<L>(relu_derivative_, [&]<bool Relu>() {
+        with_relu_derivative([&]<bool Relu>() {
           plane_gradient_sums<T, L, Relu>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at,
                                           p.inv_std.data() + at, p.scale.data() + at, p.shift.data() + at, out,
                                           out + p.geometry.lanes);
@@ -643,7 +698,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
                                           p.mean.data() + at, p.inv_std.data() + at, p.scale.data() + at,
                                           p.mean_dy.data() + at, p.mean_dy_xhat.data() + at, p.live.data() + at, dx);
       } else {
-        with_relu_derivative<L>(relu_derivative_, [&]<bool Relu>() {
+        with_relu_derivative([&]<bool Relu>() {
           plane_input_gradient<T, L, Relu>(p.geometry, i, g, p.input<T>(), p.dy, p.mean.data() + at,
                                            p.inv_std.data() + at, p.scale.data() + at, p.shift.data() + at,
                                            p.mean_dy.data() + at, p.mean_dy_xhat.data() + at, p.live.data() + at, dx);
@@ -662,23 +717,22 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   // And its derivative: backward receives the gradient of the relu's output and zeroes it where
   // the relu's input was not above zero, recomputed from x (read anyway) with forward's scale and
   // shift, so the relu layer's backward (a pass that read y and dy and wrote its gradient) moves
-  // nothing. Not on loops of 16 lanes (AVX-512), whose sums are their own intrinsics; there the
-  // relu layer keeps its backward (or a layer above applies it).
+  // nothing.
   bool take_output_activation_derivative(config::Activation a) override {
-    relu_derivative_ = relu_ && !pool_ && a == config::Activation::relu && ctx_.loop_isa() != LoopIsa::x86_64_v4;
+    relu_derivative_ = relu_ && !pool_ && a == config::Activation::relu;
     return relu_derivative_;
   }
 
   // The relu and the max pooling above, computed here (nn/kernel.hpp; the file's header says
   // which): windows that do not overlap, every one inside the input, of at most 254 positions (a
-  // byte each, kNoWinner apart), on loops of up to 8 lanes.
+  // byte each, kNoWinner apart).
   bool take_output_relu_and_max_pooling(const nn::MaxPool2D& pool) override {
     const Shape& in = layer_.input_shape();
     const auto& size = pool.params().pool_size;
     const bool fits = in.rank() == 3 && pool.strides()[0] == size[0] && pool.strides()[1] == size[1] &&
                       pool.padding_h().before == 0 && pool.padding_w().before == 0 &&
                       pool.padding_h().out * size[0] <= in[0] && pool.padding_w().out * size[1] <= in[1] &&
-                      size[0] * size[1] < kNoWinner && ctx_.loop_isa() != LoopIsa::x86_64_v4;
+                      size[0] * size[1] < kNoWinner;
     if (!fits) return false;
     pool_ = &pool;
     relu_ = true;
@@ -783,6 +837,13 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
         body.template operator()<float, L>(q / g.groups, q % g.groups);
       });
     });
+  }
+
+  // body.template operator()<Relu>(), Relu whether backward applies the relu's derivative.
+  template <class Body>
+  void with_relu_derivative(const Body& body) const {
+    if (relu_derivative_) return body.template operator()<true>();
+    body.template operator()<false>();
   }
 
   // sums_[k] = the planes' first sums of channel k added in plane order; with `both`, sums_[C + k]
