@@ -865,6 +865,33 @@ std::vector<float> step_values(const config::ModelConfig& mc, device::Context& c
   return values;
 }
 
+// A model of `layers` (named l0, l1, ...) on `input`.
+config::ModelConfig model_of_layers(const Shape& input, const std::vector<L>& layers) {
+  config::ModelConfig mc;
+  mc.input_shape = input.to_vector();
+  for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
+  return mc;
+}
+
+// float32, and bfloat16 where the CPU has it.
+std::vector<DType> compute_dtypes_here() {
+  std::vector<DType> dtypes{DType::f32};
+  if (cpu_has_bf16()) dtypes.push_back(DType::bf16);
+  return dtypes;
+}
+
+// How many of step_values' values (outputs, then in training every gradient and dx) differ
+// between the two models (+0 and -0 equal).
+std::size_t unequal_step_values(const config::ModelConfig& one, const config::ModelConfig& other, device::Context& ctx,
+                                DType compute, nn::Mode mode) {
+  const std::vector<float> a = step_values(one, ctx, compute, mode, 5);
+  const std::vector<float> b = step_values(other, ctx, compute, mode, 5);
+  REQUIRE(a.size() == b.size());
+  std::size_t unequal = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) unequal += !(a[i] == b[i]);
+  return unequal;
+}
+
 }  // namespace
 
 TEST_CASE("batch normalization computing the relu and max pooling above it gives the values of the three apart") {
@@ -903,16 +930,11 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
     layers.push_back(b.pooling);
     layers.push_back(nn::FlattenOptions{});
     layers.push_back(dense(3, Activation::linear));
-    config::ModelConfig mc;
-    mc.input_shape = b.input.to_vector();
-    for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
-    return mc;
+    return model_of_layers(b.input, layers);
   };
-  std::vector<DType> dtypes{DType::f32};
-  if (cpu_has_bf16()) dtypes.push_back(DType::bf16);
   for (const Block& b : blocks)
     for (const backends::onednn::LoopIsa isa : loop_levels_here())
-      for (const DType compute : dtypes)
+      for (const DType compute : compute_dtypes_here())
         for (const nn::Mode mode : {nn::Mode::training, nn::Mode::inference}) {
           CAPTURE(b.label);
           CAPTURE(backends::onednn::name_of(isa));
@@ -927,12 +949,7 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
             REQUIRE(model.computed_by_layer_below(pooling));
             CHECK(model.computing_layer(pooling) == b.below.size());
           }
-          const std::vector<float> one = step_values(fused, *owned, compute, mode, 5);
-          const std::vector<float> other = step_values(apart, *owned, compute, mode, 5);
-          REQUIRE(one.size() == other.size());
-          std::size_t unequal = 0;
-          for (std::size_t i = 0; i < one.size(); ++i) unequal += !(one[i] == other[i]);  // +0 == -0
-          CHECK(unequal == 0);
+          CHECK(unequal_step_values(fused, apart, *owned, compute, mode) == 0);
         }
 }
 
@@ -963,16 +980,11 @@ TEST_CASE("batch normalization applying the relu layer's derivative gives the va
     if (apart) layers.push_back(nn::ActivationOptions{Activation::linear});
     layers.push_back(nn::ActivationOptions{Activation::relu});
     layers.insert(layers.end(), b.above.begin(), b.above.end());
-    config::ModelConfig mc;
-    mc.input_shape = b.input.to_vector();
-    for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
-    return mc;
+    return model_of_layers(b.input, layers);
   };
-  std::vector<DType> dtypes{DType::f32};
-  if (cpu_has_bf16()) dtypes.push_back(DType::bf16);
   for (const Block& b : blocks)
     for (const backends::onednn::LoopIsa isa : loop_levels_here())
-      for (const DType compute : dtypes) {
+      for (const DType compute : compute_dtypes_here()) {
         CAPTURE(b.label);
         CAPTURE(backends::onednn::name_of(isa));
         CAPTURE(std::string(dtype_name(compute)));
@@ -984,12 +996,7 @@ TEST_CASE("batch normalization applying the relu layer's derivative gives the va
           const std::size_t relu = b.below.size() + 1;
           CHECK(model.backward_moves_nothing(relu));
         }
-        const std::vector<float> one = step_values(fused, *owned, compute, nn::Mode::training, 5);
-        const std::vector<float> other = step_values(apart, *owned, compute, nn::Mode::training, 5);
-        REQUIRE(one.size() == other.size());
-        std::size_t unequal = 0;
-        for (std::size_t i = 0; i < one.size(); ++i) unequal += !(one[i] == other[i]);  // +0 == -0
-        CHECK(unequal == 0);
+        CHECK(unequal_step_values(fused, apart, *owned, compute, nn::Mode::training) == 0);
       }
 }
 
