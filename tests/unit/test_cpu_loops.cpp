@@ -29,6 +29,7 @@
 #include "core/bfloat16.hpp"
 #include "nn/average_pooling2d.hpp"
 #include "nn/max_pool2d.hpp"
+#include "loop_levels.hpp"
 #include "test_support.hpp"
 
 using namespace dtrain;
@@ -393,20 +394,6 @@ void check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
   }
 }
 
-// Every level of the loops this CPU runs, narrowest first; one line for each it does not.
-std::vector<backends::onednn::LoopIsa> loop_isas_here() {
-  using backends::onednn::LoopIsa;
-  std::vector<LoopIsa> isas;
-  for (LoopIsa isa : {LoopIsa::x86_64, LoopIsa::x86_64_v3, LoopIsa::x86_64_v4}) {
-    if (static_cast<int>(isa) <= static_cast<int>(backends::onednn::widest_loop_isa())) {
-      isas.push_back(isa);
-    } else {
-      MESSAGE("skipped: this CPU (oneDNN isa " << backends::onednn::effective_isa() << ") has no "
-                                               << backends::onednn::name_of(isa) << " for the loops' build");
-    }
-  }
-  return isas;
-}
 
 }  // namespace
 
@@ -433,7 +420,7 @@ TEST_CASE("max pooling moves values exactly on every instruction set the CPU has
       {DType::bf16, nChw16c, Shape{10, 8, 32}, 3, 3, same, true},
       {DType::bf16, nChw8c, Shape{8, 8, 12}, 2, 3, valid, false},
   };
-  for (const auto isa : loop_isas_here())
+  for (const auto isa : testing::loop_isas_here())
     for (const PoolingCase& t : cases) check_pooling(t, isa);
 }
 
@@ -457,7 +444,7 @@ TEST_CASE("average pooling on every instruction set the CPU has: f32 and bfloat1
       {DType::bf16, nChw16c, Shape{10, 8, 32}, 3, 3, same, true, true},
       {DType::bf16, nChw8c, Shape{8, 8, 12}, 2, 3, valid, false, true},
   };
-  for (const auto isa : loop_isas_here())
+  for (const auto isa : testing::loop_isas_here())
     for (const PoolingCase& t : cases) check_pooling(t, isa);
 }
 
@@ -470,12 +457,12 @@ TEST_CASE("batch normalization on every instruction set the CPU has: f32 and bfl
       {DType::f32, nhwc, Shape{4, 4, 64}},    {DType::bf16, nChw16c, Shape{5, 5, 20}},
       {DType::bf16, nhwc, Shape{6, 5, 5}},
   };
-  for (const auto isa : loop_isas_here())
+  for (const auto isa : testing::loop_isas_here())
     for (const BatchNormCase& t : cases) check_batch_norm(t, isa);
 }
 
 TEST_CASE("dropout draws nn::dropout_mask's masks on every instruction set the CPU has") {
-  for (const auto isa : loop_isas_here())
+  for (const auto isa : testing::loop_isas_here())
     for (const std::int64_t elements : {1, 3, 4, 5, 31, 32, 33, 64, 127, 1600}) check_dropout_masks(elements, isa);
 }
 
@@ -499,7 +486,7 @@ TEST_CASE("small dense layers' own loops match the oracle on every instruction s
       {32, 64, 10, Activation::linear, true, DType::bf16},
       {33, 19, 21, Activation::relu, false, DType::bf16},
   };
-  for (const auto isa : loop_isas_here())
+  for (const auto isa : testing::loop_isas_here())
     for (const DenseCase& t : cases) check_dense(t, isa);
 }
 
@@ -526,7 +513,7 @@ struct WidenBytes {
 TEST_CASE("bytes widen to 32-bit lanes exactly on every instruction set the CPU has (the pooling's winners)") {
   std::vector<std::uint8_t> bytes(256 + 16);
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 37 + 11);
-  for (const auto isa : loop_isas_here()) {
+  for (const auto isa : testing::loop_isas_here()) {
     std::vector<std::int32_t> out(bytes.size(), -1);
     backends::onednn::run_for(isa, WidenBytes{bytes.data(), out.data()});
     for (std::size_t i = 0; i < 256; ++i) CHECK(out[i] == bytes[i]);

@@ -33,6 +33,7 @@
 #include "nn/model.hpp"
 #include "nn/registry.hpp"
 #include "nn/reshape.hpp"
+#include "loop_levels.hpp"
 #include "test_support.hpp"
 
 using namespace dtrain;
@@ -829,21 +830,6 @@ namespace {
 
 // One step of a model on `ctx` with variables and data drawn from fixed seeds: the output and, training, every variable's gradient (moving statistics' shares too)
 // and the input's gradient, in model order.
-// Every level of the CPU loops this machine runs (16 lanes on AVX-512, 8 on AVX2, 4 on plain
-// x86-64), narrowest first; one line for each it does not.
-std::vector<backends::onednn::LoopIsa> loop_levels_here() {
-  using backends::onednn::LoopIsa;
-  std::vector<LoopIsa> levels;
-  for (const LoopIsa isa : {LoopIsa::x86_64, LoopIsa::x86_64_v3, LoopIsa::x86_64_v4}) {
-    if (static_cast<int>(isa) <= static_cast<int>(backends::onednn::widest_loop_isa())) {
-      levels.push_back(isa);
-    } else {
-      MESSAGE("skipped: this CPU has no " << backends::onednn::name_of(isa) << " for the loops' build");
-    }
-  }
-  return levels;
-}
-
 std::vector<float> step_values(const config::ModelConfig& mc, device::Context& ctx, DType compute, nn::Mode mode,
                                std::int64_t batch) {
   nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = true});
@@ -900,7 +886,7 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
   // column out (their gradient is zero, their dx is not), 3 x 3 and 2 x 3 windows, 20 channels
   // (padding lanes in channel blocks), a first layer on the raw input (canonical nhwc, 3 channels:
   // a lane at a time), synchronized or not, center/scale off; training and inference; on every loop
-  // level the machine has (loop_levels_here).
+  // level the machine has (testing::loop_isas_here).
   struct Block {
     std::string label;
     Shape input;
@@ -933,7 +919,7 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
     return model_of_layers(b.input, layers);
   };
   for (const Block& b : blocks)
-    for (const backends::onednn::LoopIsa isa : loop_levels_here())
+    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
       for (const DType compute : compute_dtypes_here())
         for (const nn::Mode mode : {nn::Mode::training, nn::Mode::inference}) {
           CAPTURE(b.label);
@@ -983,7 +969,7 @@ TEST_CASE("batch normalization applying the relu layer's derivative gives the va
     return model_of_layers(b.input, layers);
   };
   for (const Block& b : blocks)
-    for (const backends::onednn::LoopIsa isa : loop_levels_here())
+    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
       for (const DType compute : compute_dtypes_here()) {
         CAPTURE(b.label);
         CAPTURE(backends::onednn::name_of(isa));

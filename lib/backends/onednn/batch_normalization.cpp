@@ -225,13 +225,15 @@ template <PlaneTerms Terms, class T>
     // The pooled gradient: from the window over each position (none past the last window).
     const std::int64_t pooled = Terms == PlaneTerms::pooled_gradient ? in.pool->offset(i, grp) + c0 : 0;
     for (std::int64_t r = 0; r < rows; ++r) {
+      // The window over column c of this row (window, at `position` in it), advanced column by
+      // column as for_pooled_positions does; `windowed` columns lie in a window.
       std::int64_t window = 0, windowed = 0;
-      std::int32_t first_position = 0;
+      std::int32_t first_position = 0, position = 0;
       if constexpr (Terms == PlaneTerms::pooled_gradient) {
         if (r < in.pool->oh * in.pool->kh) {
           window = pooled + r / in.pool->kh * in.pool->row;
           windowed = in.pool->ow * in.pool->kw;
-          first_position = static_cast<std::int32_t>(r % in.pool->kh * in.pool->kw);
+          first_position = position = static_cast<std::int32_t>(r % in.pool->kh * in.pool->kw);
         }
       }
       for (std::int64_t c = 0; c < g.cols; ++c) {
@@ -244,10 +246,13 @@ template <PlaneTerms Terms, class T>
           dy16 = _mm512_maskz_loadu_ps(_mm512_cmp_ps_mask(relu_input, _mm512_setzero_ps(), _CMP_GT_OQ), in.dy + at);
         } else if constexpr (Terms == PlaneTerms::pooled_gradient) {
           if (c < windowed) {
-            const std::int64_t w = window + c / in.pool->kw * in.pool->col;
-            const std::int32_t position = first_position + static_cast<std::int32_t>(c % in.pool->kw);
-            const __m512i winners = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.ws + w)));
-            dy16 = _mm512_maskz_loadu_ps(_mm512_cmpeq_epi32_mask(winners, _mm512_set1_epi32(position)), in.dy + w);
+            const __m512i winners =
+                _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.ws + window)));
+            dy16 = _mm512_maskz_loadu_ps(_mm512_cmpeq_epi32_mask(winners, _mm512_set1_epi32(position)), in.dy + window);
+            if (++position == first_position + in.pool->kw) {  // the next window
+              position = first_position;
+              window += in.pool->col;
+            }
           }
         }
         for (int h = 0; h < 2; ++h) {
