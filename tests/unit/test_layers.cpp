@@ -830,14 +830,24 @@ namespace {
 
 // One step of a model on `ctx` with variables and data drawn from fixed seeds: the output and, training, every variable's gradient (moving statistics' shares too)
 // and the input's gradient, in model order.
+// `powers_of_two`: every variable and input a power of two from 2^-12 to 2^12 with its sign, so
+// that products are exact and sums cancel often: a sum taken in another order then rounds to
+// another value, even in bfloat16 (a small term added before the large ones cancel is lost).
 std::vector<float> step_values(const config::ModelConfig& mc, device::Context& ctx, DType compute, nn::Mode mode,
-                               std::int64_t batch) {
-  nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = true});
+                               std::int64_t batch, bool input_gradient = true, bool powers_of_two = false) {
+  nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = input_gradient});
   Rng init(17, RngStream::test);
   randomize_variables(model, init);
+  const auto scaled = [powers_of_two](float v, Rng& rng) {
+    if (!powers_of_two) return v;
+    return std::ldexp(v < 0 ? -1.0f : 1.0f, static_cast<int>(std::floor(rng.uniform(-12.0f, 13.0f))));
+  };
+  for (std::size_t l = 0; l < model.num_layers() && powers_of_two; ++l)
+    for (auto& v : model.layer(l).variables())
+      for (float& value : v.value.span<float>()) value = scaled(value, init);
   Tensor x(model.input_shape().with_batch(batch));
   Rng rng(5, RngStream::test);
-  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  for (auto& v : x.span<float>()) v = scaled(rng.uniform(-1.0f, 1.0f), rng);
   const nn::StepContext step = testing::step_of(mode, batch);
   const Tensor& y = model.forward(x, step);
   std::vector<float> values(y.span<float>().begin(), y.span<float>().end());
@@ -846,6 +856,7 @@ std::vector<float> step_values(const config::ModelConfig& mc, device::Context& c
   model.backward(step);
   for (std::size_t l = 0; l < model.num_layers(); ++l)
     for (auto& v : model.layer(l).variables()) values.insert(values.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+  if (!input_gradient) return values;
   const auto dx = model.input_gradient().span<float>();
   values.insert(values.end(), dx.begin(), dx.end());
   return values;
@@ -984,6 +995,72 @@ TEST_CASE("batch normalization applying the relu layer's derivative gives the va
         }
         CHECK(unequal_step_values(fused, apart, *owned, compute, nn::Mode::training) == 0);
       }
+}
+
+TEST_CASE("a first convolution computing the max pooling above it gives the same bits on every loop level") {
+  // The fused loops (conv2d.cpp) sum each output and each weight's gradient in one order whatever
+  // their vectors: 16 lanes on AVX-512, 8 below. In bfloat16 on CPUs with AVX512-BF16 and no AMX,
+  // the 16-lane loops take their products two an instruction (VDPBF16PS: two taps forward, a
+  // window row's two positions backward), which adds them in that order too: the same bits as the
+  // narrower levels' one multiply-add a product. Cases: the seed CNN's first layers (32 filters:
+  // two vectors of 16), 27 taps (the last pair a tap alone) with 'same' padding and 48 filters
+  // (a pair of vectors, then one), 50 taps on 2 channels with gaps between 2 x 2 windows, no bias,
+  // 64 filters (four vectors a window), a linear activation at stride 2 (no pooling on codes; the
+  // backward's pairs still), and 2 x 3 windows (no pairs). Powers of two of far apart exponents, so that
+  // an order changed shows in bfloat16's rounded outputs too (step_values' powers_of_two). The levels with FMA: plain x86-64's
+  // loops (the dense layer's above, here) round a product before adding it.
+  struct Block {
+    std::string label;
+    Shape input;
+    nn::Conv2DOptions conv;
+    nn::MaxPool2DOptions pooling;
+  };
+  nn::MaxPool2DOptions gaps = pool(2, 2, Padding::valid);
+  gaps.strides = std::array<int, 2>{3, 3};
+  nn::MaxPool2DOptions two_by_three = pool(2, 2, Padding::valid);
+  two_by_three.pool_size = {2, 3};
+  two_by_three.strides = std::array<int, 2>{2, 3};
+  const std::vector<Block> blocks{
+      {"the seed CNN's first layers", Shape{28, 28, 1}, conv(32, 3, 1, Padding::valid, Activation::relu),
+       pool(2, 2, Padding::valid)},
+      {"27 taps, 'same', 48 filters", Shape{10, 9, 3}, conv(48, 3, 1, Padding::same, Activation::relu),
+       pool(2, 2, Padding::valid)},
+      {"50 taps, gaps between windows, no bias, 64 filters", Shape{13, 13, 2},
+       conv(64, 5, 1, Padding::valid, Activation::relu, false), gaps},
+      {"linear at stride 2", Shape{12, 11, 1}, conv(16, 3, 2, Padding::valid, Activation::linear),
+       pool(2, 2, Padding::valid)},
+      {"2 x 3 windows", Shape{9, 10, 1}, conv(16, 3, 1, Padding::valid, Activation::relu), two_by_three},
+  };
+  std::vector<backends::onednn::LoopIsa> isas = testing::loop_isas_here();
+  std::erase(isas, backends::onednn::LoopIsa::x86_64);
+  if (isas.size() < 2) MESSAGE("skipped: this CPU's loops have one level with FMA");
+  for (const Block& b : blocks)
+    for (const DType compute : compute_dtypes_here()) {
+      CAPTURE(b.label);
+      CAPTURE(std::string(dtype_name(compute)));
+      const config::ModelConfig mc =
+          model_of_layers(b.input, {b.conv, b.pooling, nn::FlattenOptions{}, dense(3, Activation::linear)});
+      std::vector<float> widest;
+      for (auto isa = isas.rbegin(); isa != isas.rend(); ++isa) {
+        CAPTURE(backends::onednn::name_of(*isa));
+        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+        backends::onednn::OnednnContext::of(*owned).set_loop_isa(*isa);
+        {
+          const nn::Sequential model(mc, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = false});
+          REQUIRE(model.computed_by_layer_below(1));
+        }
+        const std::vector<float> values = step_values(mc, *owned, compute, nn::Mode::training, 9, false, true);
+        if (widest.empty()) {
+          widest = values;
+          continue;
+        }
+        REQUIRE(values.size() == widest.size());
+        std::size_t unequal = 0;
+        for (std::size_t i = 0; i < values.size(); ++i)
+          unequal += std::bit_cast<std::uint32_t>(values[i]) != std::bit_cast<std::uint32_t>(widest[i]);
+        CHECK(unequal == 0);
+      }
+    }
 }
 
 TEST_CASE("conv with relu below max pooling, batch norm and dropout, with the input gradient (the GPU tests' CNN)") {

@@ -74,6 +74,9 @@ struct WeightLoopsGeometry {
   // A bfloat16 layer's fused loops (take_output_max_pooling): x is rounded to bfloat16 as it is
   // padded, as oneDNN's bfloat16 convolution reads it.
   bool bf16 = false;
+  // Its products two an instruction (cpu_multiplies_bf16_pairs): the forward's taps in pairs
+  // (TapPairs), the backward's 2-wide windows' positions (accumulate_pooled_pairs).
+  bool pairs = false;
 };
 
 constexpr std::int64_t kSamplesPerChunk = 8;  // samples per partial sum
@@ -589,53 +592,114 @@ ConvolvePoolFn<T> convolve_pool_fn(int lanes, int vectors) {
 // The bfloat16 fused forward's pooling on the activations' bfloat16 codes (Conv2DKernel::
 // plan_codes): 2 x 2 windows over a relu convolution, vectors of 16 filters, on CPUs with
 // AVX512-BF16 (and so AVX512-BW). The sums are convolve_pool_2x2's, the same multiply-adds in the
-// same order; VCVTNE2PS2BF16 rounds two vectors of activations to one of 32 codes, which compare as
-// 16-bit integers: positive values' codes order as the values do, and under relu a window whose
-// max is not positive has no winner and the pooled value is the first position's zero (a * 0,
-// with its sign). On the seed CNN's first convolution take_position's f32 lanes (add, relu,
-// round, compare, two selects a position and vector) were most of the layer's instructions: its
-// forward took 0.19-0.23 ms a step, 0.12-0.15 this way (a 2-core Intel Xeon with AMX). The
-// conversion flushes a denormal activation (below 1.2e-38) to zero, as oneDNN's bfloat16
+// same order (or their pairs, below); VCVTNE2PS2BF16 rounds two vectors of activations to one of
+// 32 codes, which compare as 16-bit integers: positive values' codes order as the values do, and
+// under relu a window whose max is not positive has no winner and the pooled value is the first
+// position's zero (a * 0, with its sign). On the seed CNN's first convolution take_position's f32
+// lanes (add, relu, round, compare, two selects a position and vector) were most of the layer's
+// instructions: its forward took 0.19-0.23 ms a step, 0.12-0.15 this way (a 2-core Intel Xeon with
+// AMX). The conversion flushes a denormal activation (below 1.2e-38) to zero, as oneDNN's bfloat16
 // convolution's does on these CPUs; rounded_to_bf16 keeps it, so only there do the bits differ
-// from take_position's. (The sums as VDPBF16PS pair dot products, two taps an instruction, took
-// longer on that Xeon: it runs them at a quarter of its multiply-adds' rate, half their products.)
+// from take_position's.
 #define DTRAIN_AVX512_BF16 gnu::target("arch=x86-64-v4,avx512bf16")
 
 bool cpu_converts_bf16_pairs() {
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
 }
 
+// Whether the bfloat16 fused loops multiply two taps (forward) or two positions (backward) an
+// instruction, VDPBF16PS, instead of one each with f32 multiply-adds. VDPBF16PS adds the product
+// of its words' high halves first, then the low halves', each addition rounded as a multiply-add
+// rounds it (bfloat16 products are exact in f32; measured on the AVX512-BF16 EPYC: 3.2 M random
+// lanes all equal to that order's), so a pair taken in the loops' order gives their bits, apart
+// from denormals, which it reads and writes as zero. The AVX512-BF16 EPYC (Zen 4) computes twice
+// the products a cycle this way (its bfloat16 GEMM peak is twice its f32 one); the AMX Xeon half
+// (its multiply-adds issue on two ports, VDPBF16PS on one): there the pairs took longer.
+bool cpu_multiplies_bf16_pairs() { return cpu_converts_bf16_pairs() && !__builtin_cpu_supports("amx-bf16"); }
+
+// A padded sample's pair image at distance d: word i holds x[i]'s bfloat16 code in its high half
+// and x[i + d]'s in its low half (x already rounded: a code is its float's high half), so that one
+// 32-bit broadcast reads two values VDPBF16PS multiplies; the last d words hold x[i] alone. Stored
+// as floats, as the loops read them.
+DTRAIN_LANE_CLONES void pair_image(const float* __restrict padded, std::int64_t size, std::int64_t d,
+                                   float* __restrict image) {
+  for (std::int64_t i = 0; i < size; ++i) {
+    const std::uint32_t low = i + d < size ? std::bit_cast<std::uint32_t>(padded[i + d]) >> 16 : 0;
+    image[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(padded[i]) | low);
+  }
+}
+
+// The forward's taps two at a time (cpu_multiplies_bf16_pairs): taps (2k, 2k + 1) in tap order,
+// and the last alone where they are odd, each pair read from the pair image at its taps' distance
+// (the second's offset less the first's), at its first tap's offset. A tap alone reads the padded
+// sample itself: its words' low halves are zero, and so are its weights'.
+struct TapPairs {
+  std::vector<std::int64_t> distances;  // the images', each once
+  std::vector<std::int64_t> first;      // per pair: its first tap's offset
+  std::vector<int> image;               // per pair: its image's index in distances, or -1 (a tap alone)
+
+  explicit TapPairs(const std::vector<std::int64_t>& taps) {
+    for (std::size_t t = 0; t < taps.size(); t += 2) {
+      first.push_back(taps[t]);
+      if (t + 1 == taps.size()) {
+        image.push_back(-1);
+        continue;
+      }
+      const std::int64_t d = taps[t + 1] - taps[t];  // > 0: taps in HWIO order are in memory order
+      const auto found = std::find(distances.begin(), distances.end(), d);
+      image.push_back(static_cast<int>(found - distances.begin()));
+      if (found == distances.end()) distances.push_back(d);
+    }
+  }
+  std::int64_t count() const { return static_cast<std::int64_t>(first.size()); }
+};
+
+// The weights of the pairs: word (k, f) holds tap 2k's weight for filter f in its high half and tap
+// 2k + 1's in its low half (zero for a tap alone). `w` (taps, stride), rounded to bfloat16.
+void pair_weights(const float* w, std::int64_t taps, std::int64_t stride, float* pairs) {
+  for (std::int64_t t = 0; t < taps; t += 2)
+    for (std::int64_t f = 0; f < stride; ++f) {
+      const std::uint32_t low = t + 1 < taps ? std::bit_cast<std::uint32_t>(w[(t + 1) * stride + f]) >> 16 : 0;
+      pairs[t / 2 * stride + f] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(w[t * stride + f]) | low);
+    }
+}
+
 // W neighbouring windows of a row (1 or 2: 4 x V x W independent sums keep the multiply-adds'
-// latency hidden) for V vectors of 16 filters (1, 2 or 4) from `first_lane`, as
-// convolve_pool_2x2<16, V, std::uint16_t> computes them.
-template <int V, int W>
+// latency hidden) for V vectors of 16 filters (1, 2 or 4) from the first of `w` (rows of w_stride),
+// as convolve_pool_2x2<16, V, std::uint16_t> computes them. Term t of every sum reads
+// source[t][the position's offset in the padded sample] times w's row t: a tap (the padded sample
+// at the tap, one multiply-add) or, where Pairs, a pair of taps (TapPairs: a word of its image,
+// VDPBF16PS).
+template <int V, int W, bool Pairs>
 [[DTRAIN_AVX512_BF16, gnu::always_inline]] inline void convolve_windows_codes(
-    const WeightLoopsGeometry& g, const PoolingGeometry& p, const float* __restrict at, const float* __restrict w,
-    std::int64_t w_stride, const __m512* b, const std::int64_t* out, std::uint16_t* __restrict y,
-    std::uint8_t* __restrict ws, std::int64_t window) {
+    const WeightLoopsGeometry& g, const PoolingGeometry& p, const float* const* source, std::int64_t terms,
+    std::int64_t at, const float* __restrict w, std::int64_t w_stride, const __m512* b, const std::int64_t* out,
+    std::uint16_t* __restrict y, std::uint8_t* __restrict ws, std::int64_t window) {
   constexpr int Q = 4;  // a window's positions, row by row
-  const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
-  const std::int64_t* tap = g.taps.data();
   const std::int64_t col = g.sw * g.c, row = g.sh * g.padded_w * g.c, next = p.sw * col;
-  const float* x[W][Q];
+  std::int64_t position[W][Q];
   for (int k = 0; k < W; ++k) {
-    const float* start = at + k * next;
-    x[k][0] = start;
-    x[k][1] = start + col;
-    x[k][2] = start + row;
-    x[k][3] = start + row + col;
+    const std::int64_t start = at + k * next;
+    position[k][0] = start;
+    position[k][1] = start + col;
+    position[k][2] = start + row;
+    position[k][3] = start + row + col;
   }
   __m512 sum[W][Q][V];
   for (int k = 0; k < W; ++k)
     for (int q = 0; q < Q; ++q)
       for (int v = 0; v < V; ++v) sum[k][q][v] = _mm512_setzero_ps();
-  for (std::int64_t t = 0; t < taps; ++t) {
+  for (std::int64_t t = 0; t < terms; ++t) {
     __m512 weight[V];
     for (int v = 0; v < V; ++v) weight[v] = _mm512_loadu_ps(w + t * w_stride + v * 16);
+    const float* from = source[t];
     for (int k = 0; k < W; ++k)
       for (int q = 0; q < Q; ++q) {
-        const __m512 value = _mm512_set1_ps(x[k][q][tap[t]]);
-        for (int v = 0; v < V; ++v) sum[k][q][v] = _mm512_fmadd_ps(value, weight[v], sum[k][q][v]);
+        const __m512 value = _mm512_set1_ps(from[position[k][q]]);
+        for (int v = 0; v < V; ++v) {
+          if constexpr (Pairs) sum[k][q][v] = _mm512_dpbf16_ps(sum[k][q][v], (__m512bh)value, (__m512bh)weight[v]);
+          else sum[k][q][v] = _mm512_fmadd_ps(value, weight[v], sum[k][q][v]);
+        }
       }
   }
   const __m512i sign = _mm512_set1_epi16(static_cast<std::int16_t>(0x8000)), none = _mm512_set1_epi16(kNoWinner);
@@ -667,12 +731,14 @@ template <int V, int W>
     }
 }
 
-template <int V>
+// One sample's pooled output and workspace for V vectors of 16 filters from `first_lane`: `terms`
+// sources and rows of `w` (convolve_windows_codes), w's row from the first filter.
+template <int V, bool Pairs>
 [[DTRAIN_AVX512_BF16]] void convolve_pool_codes(const WeightLoopsGeometry& g, const PoolingGeometry& p,
-                                                const float* __restrict padded, const float* __restrict w,
-                                                std::int64_t w_stride, const float* __restrict bias,
-                                                std::int64_t first_lane, std::uint16_t* __restrict y,
-                                                std::uint8_t* __restrict ws) {
+                                                const float* const* source, std::int64_t terms,
+                                                const float* __restrict w, std::int64_t w_stride,
+                                                const float* __restrict bias, std::int64_t first_lane,
+                                                std::uint16_t* __restrict y, std::uint8_t* __restrict ws) {
   __m512 b[V];
   std::int64_t out[V];
   for (int v = 0; v < V; ++v) {
@@ -681,22 +747,105 @@ template <int V>
   }
   const std::int64_t col = g.sw * g.c, row = g.sh * g.padded_w * g.c;
   for (std::int64_t ph = 0; ph < p.oh; ++ph) {
-    const float* start = padded + ph * p.sh * row;
     std::int64_t pw = 0;
     for (; pw + 2 <= p.ow; pw += 2)
-      convolve_windows_codes<V, 2>(g, p, start + pw * p.sw * col, w + first_lane, w_stride, b, out, y, ws,
-                                   ph * p.y.row + pw * p.y.col);
+      convolve_windows_codes<V, 2, Pairs>(g, p, source, terms, ph * p.sh * row + pw * p.sw * col, w + first_lane,
+                                          w_stride, b, out, y, ws, ph * p.y.row + pw * p.y.col);
     if (pw < p.ow)
-      convolve_windows_codes<V, 1>(g, p, start + pw * p.sw * col, w + first_lane, w_stride, b, out, y, ws,
-                                   ph * p.y.row + pw * p.y.col);
+      convolve_windows_codes<V, 1, Pairs>(g, p, source, terms, ph * p.sh * row + pw * p.sw * col, w + first_lane,
+                                          w_stride, b, out, y, ws, ph * p.y.row + pw * p.y.col);
   }
 }
 
-using ConvolvePoolCodesFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float*, const float*,
-                                     std::int64_t, const float*, std::int64_t, std::uint16_t*, std::uint8_t*);
+using ConvolvePoolCodesFn = void (*)(const WeightLoopsGeometry&, const PoolingGeometry&, const float* const*,
+                                     std::int64_t, const float*, std::int64_t, const float*, std::int64_t,
+                                     std::uint16_t*, std::uint8_t*);
 
-ConvolvePoolCodesFn convolve_pool_codes_fn(int vectors) {
-  return vectors == 4 ? &convolve_pool_codes<4> : vectors == 2 ? &convolve_pool_codes<2> : &convolve_pool_codes<1>;
+template <bool Pairs>
+ConvolvePoolCodesFn convolve_pool_codes_of(int vectors) {
+  return vectors == 4   ? &convolve_pool_codes<4, Pairs>
+         : vectors == 2 ? &convolve_pool_codes<2, Pairs>
+                        : &convolve_pool_codes<1, Pairs>;
+}
+
+ConvolvePoolCodesFn convolve_pool_codes_fn(int vectors, bool pairs) {
+  return pairs ? convolve_pool_codes_of<true>(vectors) : convolve_pool_codes_of<false>(vectors);
+}
+
+// What accumulate_pooled_taps<16, V, G, std::uint16_t> adds, with the products of a window row's
+// two positions (2-wide windows) taken by one VDPBF16PS (cpu_multiplies_bf16_pairs): the first
+// position's in the high halves, added first. `image` is the padded sample's pair image at the
+// distance of one output column (pair_image), so a tap's word holds the input values of both
+// positions; the gradient's word holds the pooled gradient in the half of the position that won
+// (zero in the other: a lane's max is at one position). So one of the two products is zero, and
+// the sum is the multiply-adds' whichever is added first.
+template <int V, int G>
+[[DTRAIN_AVX512_BF16]] void accumulate_pooled_pairs(const WeightLoopsGeometry& g, const PoolingGeometry& p,
+                                                    const std::int64_t* taps, const float* __restrict image,
+                                                    const void* pooled_gradient, const std::uint8_t* __restrict ws,
+                                                    std::int64_t n, std::int64_t first_lane, float* __restrict strip,
+                                                    float* const* acc, float* const* bias) {
+  const auto* diff_y = static_cast<const std::uint16_t*>(pooled_gradient);
+  __m512 sums[G][V], bias_sums[V];
+  std::int64_t offset[G], base[V];
+  for (int t = 0; t < G; ++t) {
+    offset[t] = taps[t];
+    for (int v = 0; v < V; ++v) sums[t][v] = _mm512_loadu_ps(acc[v] + t * 16);
+  }
+  for (int v = 0; v < V; ++v) {
+    base[v] = n * p.y.n + p.y.channel(first_lane + v * 16);
+    bias_sums[v] = bias ? _mm512_loadu_ps(bias[v]) : _mm512_setzero_ps();
+  }
+  const __mmask16 all = 0xFFFF;  // (the masked forms: see convolve_windows_codes)
+  for (std::int64_t ph = 0; ph < p.oh; ++ph) {
+    // The row of windows' pooled gradients (each code in its word's high half) and winners.
+    for (std::int64_t pw = 0; pw < p.ow; ++pw)
+      for (int v = 0; v < V; ++v) {
+        const std::int64_t at = base[v] + ph * p.y.row + pw * p.y.col;
+        const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(diff_y + at));
+        const __m128i winners = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + at));
+        float* into = strip + (pw * V + v) * 2 * 16;
+        _mm512_storeu_si512(into, _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, codes), 16));
+        _mm512_storeu_si512(into + 16, _mm512_maskz_cvtepu8_epi32(all, winners));
+      }
+    for (std::int64_t i = 0; i < p.kh && ph * p.sh + i < g.oh; ++i) {
+      const float* row = image + (ph * p.sh + i) * g.sh * g.padded_w * g.c;
+      const __m512i left = _mm512_set1_epi32(static_cast<std::int32_t>(i * 2)), right = _mm512_set1_epi32(static_cast<std::int32_t>(i * 2 + 1));
+      for (std::int64_t pw = 0; pw < p.ow; ++pw) {
+        __m512i d[V];
+        for (int v = 0; v < V; ++v) {
+          const float* from = strip + (pw * V + v) * 2 * 16;
+          const __m512i code = _mm512_loadu_si512(from), which = _mm512_loadu_si512(from + 16);
+          const __mmask16 first = _mm512_cmpeq_epi32_mask(which, left), second = _mm512_cmpeq_epi32_mask(which, right);
+          d[v] = _mm512_or_si512(_mm512_maskz_mov_epi32(first, code), _mm512_maskz_srli_epi32(second, code, 16));
+          // The bias's gradient: the row's winning gradient, as the union of its positions'.
+          bias_sums[v] = _mm512_add_ps(bias_sums[v], _mm512_castsi512_ps(_mm512_maskz_mov_epi32(first | second, code)));
+        }
+        const float* at = row + pw * p.sw * g.sw * g.c;
+        for (int t = 0; t < G; ++t) {
+          const __m512 x = _mm512_set1_ps(at[offset[t]]);
+          for (int v = 0; v < V; ++v) sums[t][v] = _mm512_dpbf16_ps(sums[t][v], (__m512bh)x, (__m512bh)d[v]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < G; ++t)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc[v] + t * 16, sums[t][v]);
+  if (bias)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(bias[v], bias_sums[v]);
+}
+
+template <int V, std::size_t... G>
+std::array<AccumulatePooledFn, sizeof...(G)> accumulate_pooled_pairs_table(std::index_sequence<G...>) {
+  return {&accumulate_pooled_pairs<V, static_cast<int>(G) + 1>...};
+}
+
+// The pass over `count` taps and `vectors` filter vectors, count in 1..kPooledAccumulators / vectors.
+AccumulatePooledFn accumulate_pooled_pairs_fn(int vectors, std::int64_t count) {
+  static const auto by16 = accumulate_pooled_pairs_table<1>(std::make_index_sequence<kPooledAccumulators>{});
+  static const auto pairs_by16 = accumulate_pooled_pairs_table<2>(std::make_index_sequence<kPooledAccumulators / 2>{});
+  const auto i = static_cast<std::size_t>(count - 1);
+  return vectors == 2 ? pairs_by16[i] : by16[i];
 }
 
 // One backward's weight loops as items: item = sample chunk * groups + filter group, where a group
@@ -708,8 +857,9 @@ struct WeightJob {
   float* partial = nullptr;      // per (sample chunk, filter chunk): taps x L, then the bias's L
   std::int64_t groups = 0;
   std::int64_t padded_size = 0;  // floats of one padded sample
+  std::int64_t slot_size = 0;    // floats of one cached sample: padded, then (g->pairs) its pair image
   std::int64_t cached = 1;       // padded samples per worker
-  float* padded = nullptr;       // per worker, `cached` padded samples
+  float* padded = nullptr;       // per worker, `cached` slots
   std::int64_t* holds = nullptr; // per worker and cached sample: which sample it holds, -1 none
   // Fused with a max pooling: the pooled gradient (float, or bfloat16 where g->bf16) and the
   // workspace, routed to the output positions as the weight loops read them (accumulate_pooled_taps)
@@ -736,9 +886,11 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
   const std::int64_t per_pass = (routed ? kPooledAccumulators : accumulators(g.lanes)) / vectors;
   for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
     const std::int64_t slot = worker * j.cached + n % j.cached;
-    float* padded = j.padded + slot * j.padded_size;
+    float* padded = j.padded + slot * j.slot_size;
+    float* image = padded + j.padded_size;  // (g.pairs) the positions' pairs, a column apart
     if (j.holds[slot] != n) {
       pad_sample(g, j.x + n * g.x.n, padded);
+      if (g.pairs) pair_image(padded, j.padded_size, g.sw * g.c, image);
       j.holds[slot] = n;
     }
     if (routed) {
@@ -746,9 +898,10 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       for (std::int64_t t = 0; t < taps; t += per_pass) {
         const std::int64_t count = std::min(per_pass, taps - t);
         float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
-        accumulate_pooled_fn(g, vectors, count)(g, *j.pool, g.taps.data() + t, padded, j.pooled_dy, j.ws, n,
-                                                fc * g.lanes, j.strips + worker * j.strip_size, at,
-                                                t == 0 ? bias : nullptr);
+        const AccumulatePooledFn pass =
+            g.pairs ? accumulate_pooled_pairs_fn(vectors, count) : accumulate_pooled_fn(g, vectors, count);
+        pass(g, *j.pool, g.taps.data() + t, g.pairs ? image : padded, j.pooled_dy, j.ws, n, fc * g.lanes,
+             j.strips + worker * j.strip_size, at, t == 0 ? bias : nullptr);
       }
       continue;
     }
@@ -1015,14 +1168,15 @@ class Conv2DKernel final : public WeightedOpKernel {
     }
     j.groups = (g.filter_chunks + g.vectors - 1) / g.vectors;
     j.padded_size = g.padded_h * g.padded_w * g.c;
-    j.cached = std::clamp<std::int64_t>(kPaddedCacheBytes / (j.padded_size * 4), 1, kSamplesPerChunk);
+    j.slot_size = j.padded_size * (g.pairs ? 2 : 1);
+    j.cached = std::clamp<std::int64_t>(kPaddedCacheBytes / (j.slot_size * 4), 1, kSamplesPerChunk);
     // Scratch for every thread that may run an item: this lane's OpenMP team, or every lane. Sized
     // by the first backward of the plan (most plans are evaluation's); grows, zeroed (the padding
     // stays zero), only if the workers grew since.
     const int workers = std::max(std::max(1, omp_get_max_threads()), step.shared_work ? step.shared_work->size() : 1);
     const auto slots = static_cast<std::size_t>(workers * j.cached);
-    if (s->padded.size() < slots * static_cast<std::size_t>(j.padded_size)) {
-      s->padded.resize(slots * static_cast<std::size_t>(j.padded_size), 0.0f);
+    if (s->padded.size() < slots * static_cast<std::size_t>(j.slot_size)) {
+      s->padded.resize(slots * static_cast<std::size_t>(j.slot_size), 0.0f);
       s->holds.resize(slots);
     }
     std::fill(s->holds.begin(), s->holds.end(), -1);
@@ -1083,6 +1237,10 @@ class Conv2DKernel final : public WeightedOpKernel {
     std::vector<std::uint8_t> workspace;
     std::vector<float> kernel, bias, forward_padded, forward_sums, strips, expanded;
     bool codes = false;  // the bfloat16 forward pools on the activations' codes (plan_codes)
+    // Where the codes' sums take the taps in pairs (geometry.pairs): the pairs, their weights
+    // (TapPairs, pair_weights), and each forward thread's pair images, after its padded sample.
+    std::optional<TapPairs> tap_pairs;
+    std::vector<float> kernel_pairs;
   };
 
   // Whether this batch's weight gradients are this file's loops: f32, x and the output gradient
@@ -1094,8 +1252,9 @@ class Conv2DKernel final : public WeightedOpKernel {
     if (compute_ != DType::f32 && compute_ != DType::bf16) return nullptr;
     const std::optional<Arrangement> x = arrangement_of(src_md);
     if (!x) return nullptr;
-    // Vectors of 16 where the CPU has 512-bit registers; 8 (two 128-bit halves below AVX2) elsewhere.
-    const bool wide = dy.lanes % 16 == 0 && __builtin_cpu_supports("avx512f");
+    // Vectors of 16 where the loops run on AVX-512 (the context's loop_isa: a test may pick a
+    // narrower level); 8 (two 128-bit halves below AVX2) elsewhere.
+    const bool wide = dy.lanes % 16 == 0 && ctx_.loop_isa() == LoopIsa::x86_64_v4;
     const int lanes = wide ? 16 : dy.lanes % 8 == 0 ? 8 : 0;
     if (lanes == 0) return nullptr;
     const std::int64_t padded_h = in[0] + layer_.padding_h().before + layer_.padding_h().after;
@@ -1314,12 +1473,19 @@ class Conv2DKernel final : public WeightedOpKernel {
   }
 
   // The pooling on bfloat16 codes where it computes what take_position does (convolve_pool_codes):
-  // bfloat16, relu, 2 x 2 windows, vectors of 16 filters, and a CPU with AVX512-BF16.
+  // bfloat16, relu, 2 x 2 windows, vectors of 16 filters, and a CPU with AVX512-BF16. And the
+  // products in pairs where the CPU computes them faster (cpu_multiplies_bf16_pairs): the
+  // forward's where it pools on codes, the backward's where windows are 2 wide and routed.
   void plan_codes(WeightLoops& s) const {
-    const WeightLoopsGeometry& g = s.geometry;
+    WeightLoopsGeometry& g = s.geometry;
     const PoolingGeometry& p = *s.pool;
-    static const bool converts = cpu_converts_bf16_pairs();
+    static const bool converts = cpu_converts_bf16_pairs(), multiplies = cpu_multiplies_bf16_pairs();
     s.codes = converts && g.bf16 && p.relu && p.kh == 2 && p.kw == 2 && g.lanes == 16 && s.bias.size() % 16 == 0;
+    g.pairs = multiplies && g.bf16 && p.kw == 2 && routes_pooled_gradient(g);
+    if (s.codes && g.pairs) {
+      s.tap_pairs.emplace(g.taps);
+      s.kernel_pairs.assign(static_cast<std::size_t>(s.tap_pairs->count()) * s.bias.size(), 0.0f);
+    }
   }
 
   void pooled_forward(WeightLoops& s) {
@@ -1341,14 +1507,19 @@ class Conv2DKernel final : public WeightedOpKernel {
     for (std::int64_t t = 0; t < taps; ++t)
       std::copy_n(kernel + t * g.filters, g.filters, s.kernel.begin() + t * channels);
     if (g.bf16) round_to_bf16(s.kernel.data(), static_cast<std::int64_t>(s.kernel.size()));
+    const TapPairs* pairs = s.codes && g.pairs ? &*s.tap_pairs : nullptr;
+    if (pairs) pair_weights(s.kernel.data(), taps, channels, s.kernel_pairs.data());
     if (layer_.options().use_bias)  // (a float32 bias, as the primitive's)
       std::copy_n(vars[nn::Conv2D::kBias].value.address<float>(), g.filters, s.bias.begin());
     const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
     const std::int64_t plane = g.oh * g.ow * g.lanes;  // one filter vector's sums, where they are stored
     const bool in_registers = p.kh == 2 && p.kw == 2;  // convolve_pool_2x2
     const auto threads = static_cast<std::size_t>(std::max(1, omp_get_max_threads()));
-    if (s.forward_padded.size() < threads * static_cast<std::size_t>(padded_size)) {
-      s.forward_padded.resize(threads * static_cast<std::size_t>(padded_size), 0.0f);  // zero: the padding
+    // A thread's padded sample, then its pair images.
+    const std::int64_t scratch_size =
+        padded_size * (1 + (pairs ? static_cast<std::int64_t>(pairs->distances.size()) : 0));
+    if (s.forward_padded.size() < threads * static_cast<std::size_t>(scratch_size)) {
+      s.forward_padded.resize(threads * static_cast<std::size_t>(scratch_size), 0.0f);  // zero: the padding
       if (!in_registers) s.forward_sums.resize(threads * static_cast<std::size_t>(kForwardVectors * plane));
     }
     const float* x = static_cast<const float*>(s.src.get_data_handle());
@@ -1362,14 +1533,30 @@ class Conv2DKernel final : public WeightedOpKernel {
     const int most = in_registers ? window_vectors(g.lanes) : kForwardVectors;
     for_each_item(g.batch, [&](std::int64_t n) {
       const int thread = omp_get_thread_num();
-      float* padded = scratch + thread * padded_size;
+      float* padded = scratch + thread * scratch_size;
       pad_sample(g, x + n * g.x.n, padded);
+      // The codes' terms: the taps, or their pairs read from the pair images.
+      const float* source[kMaxTapsOfFewChannels];
+      std::int64_t terms = taps;
+      if (pairs) {
+        float* images = padded + padded_size;
+        for (std::size_t i = 0; i < pairs->distances.size(); ++i)
+          pair_image(padded, padded_size, pairs->distances[i], images + static_cast<std::int64_t>(i) * padded_size);
+        terms = pairs->count();
+        for (std::int64_t k = 0; k < terms; ++k) {
+          const int image = pairs->image[static_cast<std::size_t>(k)];
+          source[k] = (image < 0 ? padded : images + image * padded_size) + pairs->first[static_cast<std::size_t>(k)];
+        }
+      } else if (s.codes) {
+        for (std::int64_t t = 0; t < taps; ++t) source[t] = padded + g.taps[static_cast<std::size_t>(t)];
+      }
       for (std::int64_t first_lane = 0; first_lane < channels;) {
         const std::int64_t left = (channels - first_lane) / g.lanes;
         const int vectors = left >= most ? most : left >= 2 ? 2 : 1;
         if constexpr (std::is_same_v<T, std::uint16_t>)
           if (s.codes) {
-            convolve_pool_codes_fn(vectors)(g, p, padded, w, channels, b, first_lane, y + n * p.y.n, ws + n * p.y.n);
+            convolve_pool_codes_fn(vectors, pairs != nullptr)(g, p, source, terms, pairs ? s.kernel_pairs.data() : w,
+                                                              channels, b, first_lane, y + n * p.y.n, ws + n * p.y.n);
             first_lane += vectors * g.lanes;
             continue;
           }
