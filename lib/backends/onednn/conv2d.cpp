@@ -29,13 +29,14 @@
 // the convolution's output and its gradient are the bytes such a layer is bound by, and most of
 // the gradient is the zeros the pooling writes. Forward stores only the pooled maximum and which
 // position won (as the pooling layer would): 2 x 2 windows are convolved and pooled in registers
-// (in bfloat16 on AVX512-BF16, pooled on the activations' 16-bit codes), other windows through a
-// per-thread scratch plane of the sums. Backward runs the weight loops above on the gradient the
-// pooling's backward would write, computed from the pooled gradient and the winners: in registers
-// as the loops reach each position (accumulate_pooled_taps) on 16 lanes, into a plane of one
-// sample and filter vector that stays in the caches (expand_pooled_gradient) on 8. It has the
-// pooling layer's bits, and the loops add its nonzero terms in the same order, so the weights'
-// gradients are those of the two layers computed apart.
+// (in bfloat16 on AVX512-BF16, pooled on the activations' 16-bit codes, and without AMX two taps
+// an instruction: cpu_multiplies_bf16_pairs), other windows through a per-thread scratch plane of
+// the sums. Backward runs the weight loops above on the gradient the pooling's backward would
+// write, computed from the pooled gradient and the winners: in registers as the loops reach each
+// position (accumulate_pooled_taps; accumulate_pooled_pairs, two positions an instruction) on 16
+// lanes, into a plane of one sample and filter vector that stays in the caches
+// (expand_pooled_gradient) on 8. It has the pooling layer's bits, and the loops add its nonzero
+// terms in the same order, so the weights' gradients are those of the two layers computed apart.
 //   y (N, OH / sh, OW / sw, F)  the pooled output, arranged as oneDNN's dst would be (or nhwc)
 //   ws                           u8 per element of y: the window position of the max (kNoWinner
 //                                where a relu zeroed it)
@@ -1096,7 +1097,8 @@ class Conv2DKernel final : public WeightedOpKernel {
   // The pooling's conditions (the loops at the top of this file) and the weight loops' (few input
   // channels, f32 or bf16, filter vectors of 8): known before any plan, so a taken pooling is always
   // computed here. In bfloat16 the loops compute what oneDNN's bfloat16 convolution would (x and
-  // the kernel rounded, f32 sums, the output rounded) with f32 multiply-adds: on the seed CNN's
+  // the kernel rounded, f32 sums, the output rounded) with f32 multiply-adds (or their pairs,
+  // cpu_multiplies_bf16_pairs): on the seed CNN's
   // first convolution (one input channel, where AMX gains nothing) oneDNN's bfloat16 kernel and
   // the pooling apart took 0.99 ms a step, these loops 0.42 (2-core Intel Xeon with AMX).
   bool take_output_max_pooling(const nn::MaxPool2D& pool, bool input_gradient) override {
