@@ -799,7 +799,8 @@ template <int V, int G>
   }
   const __mmask16 all = 0xFFFF;  // (the masked forms: see convolve_windows_codes)
   for (std::int64_t ph = 0; ph < p.oh; ++ph) {
-    // The row of windows' pooled gradients (each code in its word's high half) and winners.
+    // The row of windows' pooled gradients (each code in its word's high half) and winners
+    // times 16 (a shift of the code: below).
     for (std::int64_t pw = 0; pw < p.ow; ++pw)
       for (int v = 0; v < V; ++v) {
         const std::int64_t at = base[v] + ph * p.y.row + pw * p.y.col;
@@ -807,20 +808,26 @@ template <int V, int G>
         const __m128i winners = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + at));
         float* into = strip + (pw * V + v) * 2 * 16;
         _mm512_storeu_si512(into, _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, codes), 16));
-        _mm512_storeu_si512(into + 16, _mm512_maskz_cvtepu8_epi32(all, winners));
+        _mm512_storeu_si512(into + 16, _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu8_epi32(all, winners), 4));
       }
     for (std::int64_t i = 0; i < p.kh && ph * p.sh + i < g.oh; ++i) {
       const float* row = image + (ph * p.sh + i) * g.sh * g.padded_w * g.c;
-      const __m512i left = _mm512_set1_epi32(static_cast<std::int32_t>(i * 2)), right = _mm512_set1_epi32(static_cast<std::int32_t>(i * 2 + 1));
+      // Row i's first position is the window's 2i: shifted right by 16 (winner - 2i) bits, the
+      // code stays in the high half where that position won, moves to the low half where the
+      // next one did, and leaves the word (a shift of 32 or more, or negative, gives 0) elsewhere
+      // and where no position won (kNoWinner). Rounded down to a multiple of 32, the shift keeps
+      // the code in the high half where either won: the row's gradient, for the bias's.
+      const __m512i row_shift = _mm512_set1_epi32(static_cast<std::int32_t>(i * 32));
+      const __m512i whole_words = _mm512_set1_epi32(~31);
       for (std::int64_t pw = 0; pw < p.ow; ++pw) {
         __m512i d[V];
         for (int v = 0; v < V; ++v) {
           const float* from = strip + (pw * V + v) * 2 * 16;
-          const __m512i code = _mm512_loadu_si512(from), which = _mm512_loadu_si512(from + 16);
-          const __mmask16 first = _mm512_cmpeq_epi32_mask(which, left), second = _mm512_cmpeq_epi32_mask(which, right);
-          d[v] = _mm512_or_si512(_mm512_maskz_mov_epi32(first, code), _mm512_maskz_srli_epi32(second, code, 16));
-          // The bias's gradient: the row's winning gradient, as the union of its positions'.
-          bias_sums[v] = _mm512_add_ps(bias_sums[v], _mm512_castsi512_ps(_mm512_maskz_mov_epi32(first | second, code)));
+          const __m512i code = _mm512_loadu_si512(from);
+          const __m512i shift = _mm512_sub_epi32(_mm512_loadu_si512(from + 16), row_shift);
+          d[v] = _mm512_maskz_srlv_epi32(all, code, shift);
+          const __m512i in_row = _mm512_maskz_srlv_epi32(all, code, _mm512_and_si512(shift, whole_words));
+          bias_sums[v] = _mm512_add_ps(bias_sums[v], _mm512_castsi512_ps(in_row));
         }
         const float* at = row + pw * p.sw * g.sw * g.c;
         for (int t = 0; t < G; ++t) {
