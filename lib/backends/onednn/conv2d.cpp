@@ -622,12 +622,15 @@ bool cpu_multiplies_bf16_pairs() { return cpu_converts_bf16_pairs() && !__builti
 // and x[i + d]'s in its low half (x already rounded: a code is its float's high half), so that one
 // 32-bit broadcast reads two values VDPBF16PS multiplies; the last d words hold x[i] alone. Stored
 // as floats, as the loops read them.
+// The word VDPBF16PS reads as a pair: `high`'s bfloat16 code (a value already rounded: its float's
+// high half), then `low`'s.
+inline float pair_word(float high, float low) {
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(high) | std::bit_cast<std::uint32_t>(low) >> 16);
+}
+
 DTRAIN_LANE_CLONES void pair_image(const float* __restrict padded, std::int64_t size, std::int64_t d,
                                    float* __restrict image) {
-  for (std::int64_t i = 0; i < size; ++i) {
-    const std::uint32_t low = i + d < size ? std::bit_cast<std::uint32_t>(padded[i + d]) >> 16 : 0;
-    image[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(padded[i]) | low);
-  }
+  for (std::int64_t i = 0; i < size; ++i) image[i] = pair_word(padded[i], i + d < size ? padded[i + d] : 0.0f);
 }
 
 // The forward's taps two at a time (cpu_multiplies_bf16_pairs): taps (2k, 2k + 1) in tap order,
@@ -659,10 +662,8 @@ struct TapPairs {
 // 2k + 1's in its low half (zero for a tap alone). `w` (taps, stride), rounded to bfloat16.
 void pair_weights(const float* w, std::int64_t taps, std::int64_t stride, float* pairs) {
   for (std::int64_t t = 0; t < taps; t += 2)
-    for (std::int64_t f = 0; f < stride; ++f) {
-      const std::uint32_t low = t + 1 < taps ? std::bit_cast<std::uint32_t>(w[(t + 1) * stride + f]) >> 16 : 0;
-      pairs[t / 2 * stride + f] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(w[t * stride + f]) | low);
-    }
+    for (std::int64_t f = 0; f < stride; ++f)
+      pairs[t / 2 * stride + f] = pair_word(w[t * stride + f], t + 1 < taps ? w[(t + 1) * stride + f] : 0.0f);
 }
 
 // W neighbouring windows of a row (1 or 2: 4 x V x W independent sums keep the multiply-adds'
