@@ -68,6 +68,9 @@ class CallScoped final : public LayerKernel {
   void output_read_within(std::int64_t rows, std::int64_t columns) override {
     inner_->output_read_within(rows, columns);
   }
+  bool wants_canonical_input() const override { return inner_->wants_canonical_input(); }
+  void prefer_canonical_output() override { inner_->prefer_canonical_output(); }
+  bool reinterprets_input() const override { return inner_->reinterprets_input(); }
   config::Activation output_activation() const override { return inner_->output_activation(); }
   bool take_input_activation_backward(config::Activation a) override { return inner_->take_input_activation_backward(a); }
   void skip_activation_backward() override { inner_->skip_activation_backward(); }

@@ -76,6 +76,18 @@ class LayerKernel {
   // over the output's positions may leave those out, as the +0 terms they would add.
   virtual void output_read_within(std::int64_t /*rows*/, std::int64_t /*columns*/) {}
 
+  // A reshape (Flatten, Reshape) whose input lies in the canonical layout of its input shape needs
+  // to move nothing: its output, in the canonical layout of its own shape, is the same bytes. The
+  // model asks each kernel whether it wants its input that way (wants_canonical_input) and tells
+  // the kernel below (prefer_canonical_output, once, before the first plan), which writes its
+  // output canonical where that costs it nothing (a pooling on its own loops). After a plan,
+  // reinterprets_input says whether this kernel's output is its input's bytes read as another
+  // shape; the model then gives it its input's memory as its output, and its output gradient's
+  // as its input gradient's (with forward_passes_through and gradient_passes_through true).
+  virtual bool wants_canonical_input() const { return false; }
+  virtual void prefer_canonical_output() {}
+  virtual bool reinterprets_input() const { return false; }
+
   // Fusing an activation's backward into the layer above (called once, before the first plan).
   // A relu's derivative zeroes the gradient where the relu's output is zero; a max pooling above it
   // writes its input gradient only where its max came from, and that max is the relu's output, so

@@ -192,6 +192,9 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     const auto read = computed_in_[i] ? std::nullopt : layers_[i]->input_extent_read();
     if (read) kernels_[i - 1]->output_read_within(read->rows, read->columns);
   }
+  // A reshape above: the layer below writes its output canonical where it can (nn/kernel.hpp).
+  for (std::size_t i = 1; i < kernels_.size(); ++i)
+    if (kernels_[i]->wants_canonical_input()) kernels_[i - 1]->prefer_canonical_output();
   // An Activation's relu into the layer below, forward and, where that layer takes it too, the
   // derivative (nn/kernel.hpp: before the layer above is offered the derivative). One already in
   // a pooling's fusion passes its memories through.
@@ -289,8 +292,10 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
       p.diff.push_back({layouts[i], p.output_grad.raw()});
     } else {
       // An identity forward (or backward) shares the memory of the layer below's output (or its
-      // gradient): nothing to move (LayerKernel::forward_passes_through, gradient_passes_through).
-      const bool same = !last && i > 0 && layouts[i]->same_as(*layouts[i - 1]);
+      // gradient): nothing to move (LayerKernel::forward_passes_through, gradient_passes_through),
+      // also where the output is the input's bytes as another shape (reinterprets_input).
+      const bool same =
+          !last && i > 0 && (layouts[i]->same_as(*layouts[i - 1]) || kernels_[i]->reinterprets_input());
       const auto own = [&] {
         p.buffers.push_back(ctx_.allocate(layouts[i]->bytes()));
         return p.buffers.back().get();

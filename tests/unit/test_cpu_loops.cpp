@@ -523,7 +523,7 @@ TEST_CASE("bytes widen to 32-bit lanes exactly on every instruction set the CPU 
 TEST_CASE("a dense kernel converted to bfloat16 pair blocks has the bits oneDNN's reorder writes: odd sizes, "
           "padding, ties, infinities and NaN") {
   // Dense writes its bfloat16 weights itself where oneDNN's inner product reads them in these
-  // blocks (AMX). On every CPU the positions are oneDNN's (its float32 reorder of each element's
+  // blocks (16 pairs on AMX, 8 with AVX512-BF16). On every CPU the positions are oneDNN's (its float32 reorder of each element's
   // index) and the bits a scalar rounding's; where the CPU has bfloat16 instructions, oneDNN's own
   // bfloat16 reorder, the one Dense replaces, is the oracle for every bit. (oneDNN 2.6.3's reorder
   // on an AVX2-only CPU writes -0 as +0, so it is no oracle there.)
@@ -536,8 +536,14 @@ TEST_CASE("a dense kernel converted to bfloat16 pair blocks has the bits oneDNN'
     return static_cast<std::uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
   };
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1600, 64}, {33, 70}, {20, 10}, {64, 16}, {1, 1}};
-  const std::vector<std::pair<memory::format_tag, std::int64_t>> layouts = {
-      {memory::format_tag::AB16b64a2b, 64}, {memory::format_tag::AB16b32a2b, 32}, {memory::format_tag::AB16b16a2b, 16}};
+  struct Blocks {
+    memory::format_tag format;
+    std::int64_t pairs, block;
+  };
+  const std::vector<Blocks> layouts = {
+      {memory::format_tag::AB16b64a2b, 16, 64}, {memory::format_tag::AB16b32a2b, 16, 32},
+      {memory::format_tag::AB16b16a2b, 16, 16}, {memory::format_tag::AB8b64a2b, 8, 64},
+      {memory::format_tag::AB8b32a2b, 8, 32},   {memory::format_tag::AB8b16a2b, 8, 16}};
   const float specials[] = {1.0f + 0x1p-8f,  // a tie: to even (1)
                             1.0f + 0x3p-8f,  // a tie: to even (up)
                             -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
@@ -545,9 +551,10 @@ TEST_CASE("a dense kernel converted to bfloat16 pair blocks has the bits oneDNN'
                             std::numeric_limits<float>::denorm_min(), 0x1.fffffep-127f};
   Rng rng(3, RngStream::test);
   for (const auto& [in, out] : shapes)
-    for (const auto& [format, block] : layouts) {
+    for (const auto& [format, pairs, block] : layouts) {
       CAPTURE(in);
       CAPTURE(out);
+      CAPTURE(pairs);
       CAPTURE(block);
       std::vector<float> kernel(static_cast<std::size_t>(in * out));
       for (auto& v : kernel) v = rng.uniform(-2.0f, 2.0f);
@@ -555,7 +562,7 @@ TEST_CASE("a dense kernel converted to bfloat16 pair blocks has the bits oneDNN'
       const memory::desc keras({out, in}, memory::data_type::f32, memory::format_tag::io);
       const memory::desc blocks({out, in}, memory::data_type::bf16, format);
       std::vector<std::uint32_t> ours(blocks.get_size() / 4, 0xdeadbeefu);  // the padding too must be written
-      backends::onednn::kernel_to_pair_blocks(kernel.data(), in, out, block, ours.data());
+      backends::onednn::kernel_to_pair_blocks(kernel.data(), in, out, pairs, block, ours.data());
 
       std::vector<float> index_plus_one(kernel.size());  // exact in float32 for these sizes
       std::iota(index_plus_one.begin(), index_plus_one.end(), 1.0f);

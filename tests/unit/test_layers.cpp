@@ -85,8 +85,10 @@ struct Case {
   bool input_gradient = true;
   // The layers each model must compute with the one below (computed_by_layer_below), checked.
   std::vector<std::size_t> computed_below = {};
-  // Where given, the layers whose backward must move nothing (backward_moves_nothing), checked.
+  // Where given, the layers whose backward (forward) must move nothing (backward_moves_nothing,
+  // forward_moves_nothing), checked once the model has planned its layouts.
   std::optional<std::vector<std::size_t>> backward_moves_nothing = std::nullopt;
+  std::optional<std::vector<std::size_t>> forward_moves_nothing = std::nullopt;
 };
 
 // bfloat16 keeps 8 significant bits: one rounding is 2^-9 relative, and a layer rounds its
@@ -127,10 +129,6 @@ void check_case(const Case& c) {
     CAPTURE(l);
     const bool expected = std::find(c.computed_below.begin(), c.computed_below.end(), l) != c.computed_below.end();
     CHECK(model.computed_by_layer_below(l) == expected);
-    if (c.backward_moves_nothing) {
-      const auto& nothing = *c.backward_moves_nothing;
-      CHECK(model.backward_moves_nothing(l) == (std::find(nothing.begin(), nothing.end(), l) != nothing.end()));
-    }
   }
   const nn::StepContext step = testing::step_of(c.mode, c.batch);
   Rng rng(11, RngStream::test);
@@ -147,6 +145,15 @@ void check_case(const Case& c) {
   const Tensor& y = model.forward(x, step);
   const Vec<double>& y_ref = ref.forward(xd);
   CHECK(rel_err(to_double(y), y_ref) < tol);
+  // After the first step's plan: a reshape moves nothing only where its input came canonical.
+  const auto listed = [](const std::optional<std::vector<std::size_t>>& list, std::size_t l) {
+    return std::find(list->begin(), list->end(), l) != list->end();
+  };
+  for (std::size_t l = 0; l < model.num_layers(); ++l) {
+    CAPTURE(l);
+    if (c.backward_moves_nothing) CHECK(model.backward_moves_nothing(l) == listed(c.backward_moves_nothing, l));
+    if (c.forward_moves_nothing) CHECK(model.forward_moves_nothing(l) == listed(c.forward_moves_nothing, l));
+  }
   if (c.mode == nn::Mode::inference) return;  // backward is a training step's
 
   Tensor& dy = model.output_gradient();
@@ -374,10 +381,48 @@ TEST_CASE("dense matches the reference and finite differences") {
   check_case({"tanh", Shape{6}, {dense(3, Activation::tanh)}, 4});
   check_case({"softmax", Shape{6}, {dense(5, Activation::softmax)}, 3});
   // The CPU backend's own loops run the small layers above (backends::onednn::dense_loops_pay);
-  // a layer above their size keeps oneDNN's inner product, with a relu below a linear output.
+  // a layer above their size runs oneDNN's matmuls (x, the kernel and its gradient where they lie,
+  // two of them read transposed) where oneDNN has brgemm kernels for them (AVX-512), else its
+  // inner product: each activation's post-op or primitive, with and without a bias.
   REQUIRE_FALSE(backends::onednn::dense_loops_pay(2, 300, 400));
-  check_case({"above the own loops' size (oneDNN's inner product)", Shape{300},
-              {dense(400, Activation::relu), dense(3, Activation::linear)}, 2});
+  check_case({"above the own loops' size, relu", Shape{300}, {dense(400, Activation::relu), dense(3, Activation::linear)}, 2});
+  check_case({"above the own loops' size, tanh, no bias", Shape{260},
+              {dense(400, Activation::tanh, false), dense(3, Activation::linear)}, 3});
+  check_case({"above the own loops' size, softmax", Shape{300}, {dense(400, Activation::softmax)}, 2});
+  check_case({"above the own loops' size, after a flatten, 5 rows", Shape{10, 10, 4},
+              {nn::FlattenOptions{}, dense(130, Activation::sigmoid), dense(3, Activation::linear)}, 5});
+}
+
+TEST_CASE("a large dense first layer follows the model's input from step to step") {
+  // The model's input moves between steps (the batch is read where it lies); a large float32
+  // dense layer reads it twice, once transposed for its kernel's gradient (oneDNN's matmuls on
+  // AVX-512). A step on a second input gives the bits of a fresh model's step on it alone.
+  config::ModelConfig mc;
+  mc.input_shape = {300};
+  mc.layers.push_back(named(dense(400, Activation::relu), "l0"));
+  mc.layers.push_back(named(dense(3, Activation::linear), "l1"));
+  REQUIRE_FALSE(backends::onednn::dense_loops_pay(2, 300, 400));
+  const nn::StepContext step = testing::step_of(nn::Mode::training, 2);
+  const auto inputs = [] {
+    std::vector<Tensor> x(2, Tensor(Shape{2, 300}));
+    Rng rng(5, RngStream::test);
+    for (auto& t : x)
+      for (auto& v : t.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+    return x;
+  }();
+  const auto step_on = [&](nn::Sequential& model, const Tensor& x) {
+    model.forward(x, step);
+    for (auto& v : model.output_gradient().span<float>()) v = 0.25f;
+    model.backward(step);
+    std::vector<float> grads;
+    for (std::size_t l = 0; l < model.num_layers(); ++l)
+      for (auto& v : model.layer(l).variables())
+        grads.insert(grads.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+    return grads;
+  };
+  nn::Sequential moved(mc, 7, testing::cpu()), fresh(mc, 7, testing::cpu());
+  step_on(moved, inputs[0]);
+  CHECK(step_on(moved, inputs[1]) == step_on(fresh, inputs[1]));
 }
 
 TEST_CASE("flatten, reshape and activation layers") {
@@ -656,6 +701,44 @@ nn::AveragePooling2DOptions avg_pool(int p, int s, Padding pad) {
   return a;
 }
 
+TEST_CASE("a flatten above a pooling moves nothing where the pooling writes its output channels-last") {
+  // The pooling's own loops write the canonical (channels-last) layout for the reshape above, from
+  // channel blocks that fill the channels exactly; the flatten's output is then the pooling's
+  // memory and neither direction of the flatten moves anything (nn/kernel.hpp,
+  // reinterprets_input). With padding lanes (20 channels in blocks of 16) the pooling keeps the
+  // blocks and the flatten reorders.
+  const auto flat_above = [](std::string label, Shape input, std::vector<L> layers, std::int64_t batch,
+                             std::vector<std::size_t> nothing, DType compute = DType::f32) {
+    Case c{std::move(label), std::move(input), std::move(layers), batch};
+    c.compute = compute;
+    c.gradient_tolerance = compute == DType::bf16 ? kBf16RoutedGradientTolerance : 0.0;
+    c.forward_moves_nothing = nothing;
+    c.backward_moves_nothing = nothing;
+    return c;
+  };
+  const L relu32 = conv(32, 3, 1, Padding::valid, Activation::relu);
+  check_case(flat_above("max pooling of 32 channels in blocks", Shape{9, 9, 3},
+                        {relu32, pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(5, Activation::linear)}, 3, {2}));
+  check_case(flat_above("max pooling 3x3 stride 2 'same', odd planes", Shape{10, 9, 2},
+                        {relu32, pool(3, 2, Padding::same), nn::FlattenOptions{}, dense(4, Activation::relu)}, 2, {2}));
+  check_case(flat_above("average pooling of 16 channels", Shape{8, 8, 2},
+                        {conv(16, 3, 1, Padding::valid, Activation::linear), avg_pool(2, 2, Padding::valid),
+                         nn::FlattenOptions{}, dense(3, Activation::linear)},
+                        4, {2}));
+  check_case(flat_above("max pooling on the model's input (channels-last already)", Shape{6, 6, 5},
+                        {pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(3, Activation::linear)}, 2, {1}));
+  check_case(flat_above("20 channels: padding lanes, the flatten reorders", Shape{7, 7, 3},
+                        {conv(20, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+                         nn::FlattenOptions{}, dense(3, Activation::linear)},
+                        2, {}));
+  if (testing::cpu_has_bf16())
+    check_case(flat_above("bfloat16 max pooling of 32 channels", Shape{9, 9, 3},
+                          {relu32, pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(5, Activation::linear)}, 3,
+                          {2}, DType::bf16));
+  else
+    MESSAGE("the bfloat16 case skipped: this CPU has no bfloat16 instructions");
+}
+
 nn::BatchNormalizationOptions batch_norm(bool center = true, bool scale = true) {
   nn::BatchNormalizationOptions b;
   b.center = center;
@@ -774,7 +857,7 @@ TEST_CASE("batch_normalization matches the reference and finite differences") {
                  nn::ActivationOptions{Activation::relu}, avg_pool(2, 2, Padding::valid), nn::FlattenOptions{},
                  dense(3, Activation::linear)},
                 4};
-  averaged.backward_moves_nothing = relu_in_bn;
+  averaged.backward_moves_nothing = {2, 4};  // the relu layer's, and the flatten's (it moves nothing either way)
   check_case(averaged);
   check_case({"no center, no scale", Shape{4, 4, 3}, {batch_norm(false, false)}, 2});
   check_case({"scale only", Shape{5}, {batch_norm(false, true)}, 4});

@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/onednn/lanes.hpp"
@@ -171,18 +173,20 @@ inline void column_sums(const Product<TA, TC>& p, float* db) {
 
 }  // namespace
 
-// In a block of X outputs and 32 inputs, the output blocks outer: pairs of inputs, then the X
-// outputs, then the pair's two:
-//   at[((o / X) * ceil(I / 32) + i / 32) * 32 X + (i % 32 / 2) * 2 X + (o % X) * 2 + i % 2] = bf16(K[i][o])
+// In a block of X outputs and 2P inputs (P pairs), the output blocks outer: pairs of inputs, then
+// the X outputs, then the pair's two:
+//   at[((o / X) * ceil(I / 2P) + i / 2P) * 2P X + (i % 2P / 2) * 2 X + (o % X) * 2 + i % 2] = bf16(K[i][o])
 // A pair is one 32-bit word, the even input in its low half: rounded(K[i + 1][o]) | rounded(K[i][o])
 // >> 16 (rounded to nearest even as oneDNN's reorder rounds). The padding past O or I is zeros.
 // oneDNN's reorder (jit:uni) took 0.075 ms a step for the seed CNN's 1600 -> 64 layer, 20 times
-// what the bytes take (2-core Intel Xeon with AMX).
+// what the bytes take (2-core Intel Xeon with AMX, P = 16), and 0.029 ms a lane of 32 rows (2-core
+// AVX512-BF16 EPYC, Zen 4, P = 8).
 DTRAIN_LANE_CLONES void kernel_to_pair_blocks(const float* __restrict kernel, std::int64_t in, std::int64_t out,
-                                              std::int64_t block, std::uint32_t* __restrict at) {
+                                              std::int64_t pairs, std::int64_t block, std::uint32_t* __restrict at) {
   using F = Vec<float, 16>;
   using U = Vec<std::uint32_t, 16>;
-  const std::int64_t in_blocks = (in + 31) / 32, out_blocks = (out + block - 1) / block;
+  const std::int64_t inputs = 2 * pairs;  // a block's
+  const std::int64_t in_blocks = (in + inputs - 1) / inputs, out_blocks = (out + block - 1) / block;
   const auto row = [&](std::int64_t i, std::int64_t o) {  // K[i][o..o+15], zeros past the ends
     if (i >= in) return F{};
     if (o + 16 <= out) return load<F>(kernel + i * out + o);
@@ -192,9 +196,9 @@ DTRAIN_LANE_CLONES void kernel_to_pair_blocks(const float* __restrict kernel, st
   };
   for (std::int64_t ob = 0; ob < out_blocks; ++ob)
     for (std::int64_t ib = 0; ib < in_blocks; ++ib) {
-      std::uint32_t* words = at + (ob * in_blocks + ib) * 16 * block;
-      for (std::int64_t pair = 0; pair < 16; ++pair) {
-        const std::int64_t i = ib * 32 + pair * 2;
+      std::uint32_t* words = at + (ob * in_blocks + ib) * pairs * block;
+      for (std::int64_t pair = 0; pair < pairs; ++pair) {
+        const std::int64_t i = ib * inputs + pair * 2;
         for (std::int64_t o = 0; o < block; o += 16) {
           const U even = std::bit_cast<U>(rounded_to_bf16<16>(row(i, ob * block + o)));
           const U odd = std::bit_cast<U>(rounded_to_bf16<16>(row(i + 1, ob * block + o)));
@@ -220,7 +224,9 @@ class DenseKernel final : public WeightedOpKernel {
     const std::int64_t in = layer_.input_shape()[0];
     const Shape out{batch, o.units};
     loops_.erase(batch);  // planned anew
+    matmuls_.erase(batch);
     if (LayoutPtr own = plan_loops(batch, md_of(src_layout))) return own;
+    if (LayoutPtr products = plan_matmuls(batch, md_of(src_layout))) return products;
     auto src = any_md(Shape{batch, in}, compute_);
     auto dst = any_md(out, compute_);
     // The kernel's gradient in the Keras layout of its variable, and in float32 the kernel too:
@@ -263,6 +269,7 @@ class DenseKernel final : public WeightedOpKernel {
       if (act_.kind() == config::Activation::softmax) act_.bind(ctx_, s->y, s->dy, s->act);
       return;
     }
+    if (Matmuls* m = matmuls_.find(batch)) return bind_matmuls(*m, io);
     bind_variables(batch, io, io_md(static_cast<int>(layer_.input_shape()[0]), o.units), vars[nn::Dense::kKernel],
                    o.use_bias ? &vars[nn::Dense::kBias] : nullptr);
     plan_weight_product(batch);
@@ -270,10 +277,15 @@ class DenseKernel final : public WeightedOpKernel {
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
+    if (Matmuls* m = matmuls_.find(batch)) {
+      m->forward.run(ctx_);
+      act_.forward(ctx_, m->act);
+      return;
+    }
     Loops* s = loops(batch);
     if (!s) {
       if (const PairBlocks* b = pair_blocks_.find(batch))
-        kernel_to_pair_blocks(b->kernel, layer_.input_shape()[0], layer_.options().units, b->block, b->at);
+        kernel_to_pair_blocks(b->kernel, layer_.input_shape()[0], layer_.options().units, b->pairs, b->block, b->at);
       return WeightedOpKernel::forward(batch, step);
     }
     if (s->bf16_src) run_forward<std::uint16_t>(*s);
@@ -282,6 +294,7 @@ class DenseKernel final : public WeightedOpKernel {
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
+    if (Matmuls* m = matmuls_.find(batch)) return backward_matmuls(*m, step);
     Loops* s = loops(batch);
     if (!s) return WeightedOpKernel::backward(batch, step);
     const float* dz = pre_activation_gradient(*s);
@@ -346,11 +359,12 @@ class DenseKernel final : public WeightedOpKernel {
   // The bfloat16 weights written by kernel_to_pair_blocks in place of oneDNN's reorder.
   struct PairBlocks {
     const float* kernel = nullptr;  // the variable, Keras (in, out)
+    std::int64_t pairs = 0;         // input pairs a block
     std::int64_t block = 0;         // outputs a block
     std::uint32_t* at = nullptr;    // the forward's (and backward data's) weights
   };
 
-  // Where the forward reads its bfloat16 weights as AB16b16a2b, AB16b32a2b or AB16b64a2b.
+  // Where the forward reads its bfloat16 weights as AB<P>b<X>a2b (P 8 or 16 pairs, X 16, 32 or 64).
   void plan_pair_blocks(std::int64_t batch) {
     pair_blocks_.erase(batch);
     if (compute_ != DType::bf16) return;
@@ -358,10 +372,16 @@ class DenseKernel final : public WeightedOpKernel {
     const memory w = p.fwd.args.at(DNNL_ARG_WEIGHTS);
     const memory::dims dims{layer_.options().units, layer_.input_shape()[0]};
     using tag = memory::format_tag;
-    for (const auto& [format, block] : {std::pair{tag::AB16b64a2b, 64}, {tag::AB16b32a2b, 32}, {tag::AB16b16a2b, 16}})
-      if (w.get_desc() == memory::desc(dims, memory::data_type::bf16, format)) {
+    struct Blocks {
+      tag format;
+      std::int64_t pairs, block;
+    };
+    // AMX picks 16 pairs, AVX512-BF16 8.
+    for (const Blocks& b : {Blocks{tag::AB16b64a2b, 16, 64}, {tag::AB16b32a2b, 16, 32}, {tag::AB16b16a2b, 16, 16},
+                            {tag::AB8b64a2b, 8, 64}, {tag::AB8b32a2b, 8, 32}, {tag::AB8b16a2b, 8, 16}})
+      if (w.get_desc() == memory::desc(dims, memory::data_type::bf16, b.format)) {
         p.weights_in.leave_to_kernel();
-        pair_blocks_.create(batch) = {layer_.variables()[nn::Dense::kKernel].value.address<float>(), block,
+        pair_blocks_.create(batch) = {layer_.variables()[nn::Dense::kKernel].value.address<float>(), b.pairs, b.block,
                                       static_cast<std::uint32_t*>(w.get_data_handle())};
         return;
       }
@@ -395,13 +415,8 @@ class DenseKernel final : public WeightedOpKernel {
     if (compute_ != DType::f32 || !dense_loops_pay(batch, in, o.units)) return nullptr;
     if (kind != config::Activation::linear && kind != config::Activation::relu && kind != config::Activation::softmax)
       return nullptr;
-    const dnnl_memory_desc_t& d = src_md.data;
     const auto dt = src_md.data_type();
-    const bool row_major = d.ndims == 2 && d.format_kind == dnnl_blocked && d.offset0 == 0 &&
-                           d.format_desc.blocking.inner_nblks == 0 && d.dims[0] == batch && d.dims[1] == in &&
-                           d.padded_dims[1] == in && d.format_desc.blocking.strides[1] == 1 &&
-                           d.format_desc.blocking.strides[0] == in;
-    if (!row_major || (dt != memory::data_type::f32 && dt != memory::data_type::bf16)) return nullptr;
+    if (!row_major(src_md, batch, in) || (dt != memory::data_type::f32 && dt != memory::data_type::bf16)) return nullptr;
     const std::int64_t lanes = float_lanes(isa_);
     Loops& s = loops_.create(batch);
     s.batch = batch;
@@ -419,6 +434,113 @@ class DenseKernel final : public WeightedOpKernel {
   }
 
   Loops* loops(std::int64_t batch) { return loops_.find(batch); }
+
+  // Whether `md` is a plain row-major (batch, in) matrix.
+  static bool row_major(const memory::desc& md, std::int64_t batch, std::int64_t in) {
+    const dnnl_memory_desc_t& d = md.data;
+    return d.ndims == 2 && d.format_kind == dnnl_blocked && d.offset0 == 0 && d.format_desc.blocking.inner_nblks == 0 &&
+           d.dims[0] == batch && d.dims[1] == in && d.padded_dims[1] == in && d.format_desc.blocking.strides[1] == 1 &&
+           d.format_desc.blocking.strides[0] == in;
+  }
+
+  // A float32 layer too large for the loops, whose x is plain row-major (a flatten's output, the
+  // model's input): three oneDNN matmuls on the memories and variables where they lie, no copies:
+  //   forward          y (N, O)  = act(x (N, I) K (I, O) + b)   K: the Keras kernel as it is
+  //   weight gradient  dK (I, O) = x^T dz                        x read transposed (strides)
+  //   data gradient    dx (N, I) = dz K^T                        K read transposed (strides)
+  // and db = the column sums of dz (the gradient before the activation). Why: oneDNN's inner
+  // product runs its gemm (x64:gemm:jit) where its matmul has brgemm kernels (AVX-512 and up). The
+  // seed CNN's 1600 -> 64 at 32 rows, one thread, AVX512-BF16 EPYC (Zen 4), medians of 600 calls:
+  // forward 0.057 ms against 0.063, data gradient 0.068 against 0.105, weight gradient 0.065
+  // against 0.072; 1600 -> 128 (bn_dropout's): 0.120 / 0.129, 0.158 / 0.257, 0.142 / 0.140.
+  // Where oneDNN's matmul is that same gemm (AVX2: within the noise of the inner product), the
+  // inner product stays.
+  struct Matmuls {
+    dnnl::matmul::primitive_desc forward_pd, weight_pd, data_pd;
+    BoundPrimitive forward, weight_gradient, data_gradient;  // data_gradient unbound for the first layer
+    bool has_data_gradient = false;
+    std::vector<std::byte> scratchpad;  // the three run one after another: one scratchpad serves them
+    // x, and x's memory read transposed: the model's input moves between steps, and x_transposed
+    // follows x's address (set_data_handle before each weight gradient).
+    memory x, x_transposed;
+    ActivationFn::Plan act;
+    std::int64_t batch = 0, units = 0;
+    float* bias_grad = nullptr;
+  };
+
+  LayoutPtr plan_matmuls(std::int64_t batch, const memory::desc& src_md) {
+    const auto& o = layer_.options();
+    const std::int64_t in = layer_.input_shape()[0], units = o.units;
+    const auto f32 = memory::data_type::f32;
+    if (compute_ != DType::f32 || src_md.data_type() != f32 || !row_major(src_md, batch, in)) return nullptr;
+    const memory::desc x({batch, in}, f32, memory::dims{in, 1}), x_transposed({in, batch}, f32, memory::dims{1, in});
+    const memory::desc kernel({in, units}, f32, memory::dims{units, 1});
+    const memory::desc kernel_transposed({units, in}, f32, memory::dims{1, units});
+    const memory::desc rows({batch, units}, f32, memory::dims{units, 1});  // y, dy and dz
+    dnnl::primitive_attr activation = act_.post_op_attr(), plain;
+    activation.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    Matmuls m;
+    try {
+      const auto forward = o.use_bias ? dnnl::matmul::desc(x, kernel, memory::desc({1, units}, f32, memory::dims{units, 1}), rows)
+                                      : dnnl::matmul::desc(x, kernel, rows);
+      m.forward_pd = dnnl::matmul::primitive_desc(forward, activation, ctx_.engine);
+      m.weight_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_transposed, rows, kernel), plain, ctx_.engine);
+      m.data_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(rows, kernel_transposed, x), plain, ctx_.engine);
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+    for (const auto* pd : {&m.forward_pd, &m.weight_pd, &m.data_pd})
+      if (std::string_view(pd->impl_info_str()).find("brg") == std::string_view::npos) return nullptr;
+    m.batch = batch;
+    m.units = units;
+    matmuls_.create(batch) = std::move(m);
+    return make_layout(Shape{batch, units}, DType::f32, rows);
+  }
+
+  void bind_matmuls(Matmuls& m, const nn::LayerIO& io) {
+    auto vars = layer_.variables();
+    m.x = ctx_.wrap(io.src);
+    const memory y = ctx_.wrap(io.dst), dy = ctx_.wrap(io.diff_dst);
+    DTRAIN_CHECK(m.x.get_desc() == m.forward_pd.src_desc() && y.get_desc() == m.forward_pd.dst_desc() &&
+                     dy.get_desc() == m.forward_pd.dst_desc(),
+                 "dense: memories bound in other layouts than planned");
+    m.x_transposed = ctx_.wrap(m.weight_pd.src_desc(), m.x.get_data_handle());
+    act_.bind(ctx_, y, dy, m.act);
+    std::size_t scratch = 0;
+    for (const auto* pd : {&m.forward_pd, &m.weight_pd, &m.data_pd}) scratch = std::max(scratch, pd->scratchpad_desc().get_size());
+    void* scratchpad = aligned_scratchpad(m.scratchpad, scratch);
+    const auto with_scratchpad = [&](const dnnl::matmul::primitive_desc& pd, std::unordered_map<int, memory> args) {
+      args.emplace(DNNL_ARG_SCRATCHPAD, ctx_.wrap(pd.scratchpad_desc(), scratchpad));
+      return BoundPrimitive(dnnl::matmul(pd), std::move(args));
+    };
+    Variable& kernel = vars[nn::Dense::kKernel];
+    std::unordered_map<int, memory> forward{{DNNL_ARG_SRC, m.x},
+                                            {DNNL_ARG_WEIGHTS, ctx_.wrap(m.forward_pd.weights_desc(), kernel.value.raw())},
+                                            {DNNL_ARG_DST, y}};
+    const bool bias = layer_.options().use_bias;
+    if (bias) forward.emplace(DNNL_ARG_BIAS, ctx_.wrap(m.forward_pd.bias_desc(), vars[nn::Dense::kBias].value.raw()));
+    m.forward = with_scratchpad(m.forward_pd, std::move(forward));
+    m.weight_gradient = with_scratchpad(m.weight_pd, {{DNNL_ARG_SRC, m.x_transposed},
+                                                      {DNNL_ARG_WEIGHTS, m.act.pre_grad},
+                                                      {DNNL_ARG_DST, ctx_.wrap(m.weight_pd.dst_desc(), kernel.grad.raw())}});
+    m.has_data_gradient = static_cast<bool>(io.diff_src);
+    if (m.has_data_gradient)
+      m.data_gradient = with_scratchpad(m.data_pd, {{DNNL_ARG_SRC, m.act.pre_grad},
+                                                    {DNNL_ARG_WEIGHTS, ctx_.wrap(m.data_pd.weights_desc(), kernel.value.raw())},
+                                                    {DNNL_ARG_DST, ctx_.wrap(io.diff_src)}});
+    m.bias_grad = bias ? vars[nn::Dense::kBias].grad.address<float>() : nullptr;
+  }
+
+  void backward_matmuls(Matmuls& m, const nn::StepContext& step) {
+    if (!activation_backward_elsewhere_) act_.backward(ctx_, m.act);
+    m.x_transposed.set_data_handle(m.x.get_data_handle());
+    m.weight_gradient.run(ctx_);
+    if (m.bias_grad)
+      f32_column_sums(static_cast<const float*>(m.act.pre_grad.get_data_handle()), m.batch, m.units, m.bias_grad);
+    if (step.backward_marks) step.backward_marks->weights_done();  // dtrain bench: weights, then data
+    if (m.has_data_gradient) m.data_gradient.run(ctx_);
+  }
 
   template <class T>
   void run_forward(Loops& s) {
@@ -504,6 +626,7 @@ class DenseKernel final : public WeightedOpKernel {
   nn::PlanCache<Loops> loops_;  // the planned batch sizes that run the loops
   nn::PlanCache<WeightProduct> weight_products_;  // the planned batch sizes whose kernel gradient is a matmul
   nn::PlanCache<PairBlocks> pair_blocks_;          // the planned batch sizes whose bf16 weights are this file's
+  nn::PlanCache<Matmuls> matmuls_;                 // the planned batch sizes that run oneDNN's matmuls
 };
 
 std::unique_ptr<nn::LayerKernel> make(nn::Layer& layer, Context& ctx, DType compute) {

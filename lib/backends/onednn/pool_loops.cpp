@@ -86,8 +86,17 @@ LayoutPtr OwnPool2DKernel::plan(std::int64_t batch, const LayoutPtr& src) {
   p.geometry = std::move(*geometry);
   p.dtype = dtype_of(src_md);
   const Shape out = layer_.output_shape().with_batch(batch);
-  const memory::desc dst_md = arranged_like(p.geometry.src, {batch, out[3], out[1], out[2]}, src_md.data_type());
+  const Arrangement& in = p.geometry.src;
+  const bool channels_last = canonical_output_ && in.groups * in.lanes == out[3];  // no padding lanes
+  const memory::desc dst_md = channels_last ? canonical_md(out, p.dtype)
+                                            : arranged_like(in, {batch, out[3], out[1], out[2]}, src_md.data_type());
   p.geometry.dst = *arrangement_of(dst_md);
+  if (channels_last) {
+    // Seen in the input's channel groups: group g's lanes at g * lanes in each position.
+    p.geometry.dst.lanes = in.lanes;
+    p.geometry.dst.groups = in.groups;
+    p.geometry.dst.group = in.lanes;
+  }
   p.dst_elements = static_cast<std::int64_t>(dst_md.get_size() / memory::data_type_size(src_md.data_type()));
   p.windows = std::make_unique<PoolWindows>(p.geometry);
   planned(p);

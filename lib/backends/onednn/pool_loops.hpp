@@ -118,6 +118,10 @@ class OwnPool2DKernel : public nn::LayerKernel {
 
   LayoutPtr plan(std::int64_t batch, const LayoutPtr& src) override;
   bool take_input_activation_backward(config::Activation below) override;
+  // A reshape above: the output channels-last (its canonical layout) where the input is too, or is
+  // in channel groups that fill the channels exactly (each window's lanes then go to their
+  // channels' place in the position: stores of the same width, the reshape then moves nothing).
+  void prefer_canonical_output() override { canonical_output_ = true; }
   void bind(std::int64_t batch, const nn::LayerIO& io) override;
   void forward(std::int64_t batch, const nn::StepContext& step) override;
   void backward(std::int64_t batch, const nn::StepContext& step) override;
@@ -173,6 +177,7 @@ class OwnPool2DKernel : public nn::LayerKernel {
   Pool2DKernel onednn_;       // for what the loops do not cover
   std::vector<Plan> plans_;   // one per batch size planned on the loops (few: the batch and a last one)
   bool relu_below_ = false;   // this backward applies the derivative of the relu below
+  bool canonical_output_ = false;  // prefer_canonical_output
   ActivationFn relu_{config::Activation::relu};
   std::vector<std::pair<std::int64_t, ActivationFn::Plan>> fallback_relu_;  // per batch oneDNN pools
 };

@@ -91,6 +91,13 @@ DTRAIN_LANE_CLONES void bf16_column_sums(const std::uint16_t* __restrict dy, std
     for (std::int64_t f = 0; f < columns; ++f) db[f] += widen(dy[p * columns + f]);
 }
 
+DTRAIN_LANE_CLONES void f32_column_sums(const float* __restrict dy, std::int64_t rows, std::int64_t columns,
+                                        float* __restrict db) {
+  for (std::int64_t f = 0; f < columns; ++f) db[f] = 0.0f;
+  for (std::int64_t p = 0; p < rows; ++p)
+    for (std::int64_t f = 0; f < columns; ++f) db[f] += dy[p * columns + f];
+}
+
 DnnlIO wrap_io(const OnednnContext& ctx, const nn::LayerIO& io) {
   DnnlIO out;
   out.src = ctx.wrap(io.src);

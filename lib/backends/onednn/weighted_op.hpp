@@ -70,16 +70,17 @@ std::optional<dnnl::matmul::primitive_desc> amx_matmul(const OnednnContext& ctx,
 // `bytes` of `storage` from an address aligned to a cache line, for a user-mode scratchpad.
 void* aligned_scratchpad(std::vector<std::byte>& storage, std::size_t bytes);
 
-// db[f] = the sum over p of dy[p][f], for `rows` rows of `columns` bfloat16 values, in row order:
+// db[f] = the sum over p of dy[p][f], for `rows` rows of `columns` bfloat16 (float) values, in row order:
 // a bias's gradient from the gradient before the activation.
 void bf16_column_sums(const std::uint16_t* dy, std::int64_t rows, std::int64_t columns, float* db);
+void f32_column_sums(const float* dy, std::int64_t rows, std::int64_t columns, float* db);
 
 // The f32 Keras dense kernel (in, out) as oneDNN's bfloat16 weights of (out, in) in the blocks its
-// inner product reads on AMX, AB16b<X>a2b with X = `block` outputs (16, 32 or 64), into `at`
-// (the layout's whole size, padding included): what oneDNN's reorder writes, bit for bit, written
-// by Dense on every forward in its place.
-void kernel_to_pair_blocks(const float* kernel, std::int64_t in, std::int64_t out, std::int64_t block,
-                           std::uint32_t* at);
+// inner product reads, AB<P>b<X>a2b with P = `pairs` (16 on AMX, 8 with AVX512-BF16) and X =
+// `block` outputs (16, 32 or 64), into `at` (the layout's whole size, padding included): what
+// oneDNN's reorder writes, bit for bit, written by Dense on every forward in its place.
+void kernel_to_pair_blocks(const float* kernel, std::int64_t in, std::int64_t out, std::int64_t pairs,
+                           std::int64_t block, std::uint32_t* at);
 
 // Whether a Dense layer of `batch` rows, `in` inputs and `out` units is small enough for dense.cpp's
 // own loops (which it runs where its layouts and activation allow them); tests ask it to know
