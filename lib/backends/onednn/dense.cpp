@@ -525,10 +525,13 @@ class DenseKernel final : public WeightedOpKernel {
                                                       {DNNL_ARG_WEIGHTS, m.act.pre_grad},
                                                       {DNNL_ARG_DST, ctx_.wrap(m.weight_pd.dst_desc(), kernel.grad.raw())}});
     m.has_data_gradient = static_cast<bool>(io.diff_src);
-    if (m.has_data_gradient)
+    if (m.has_data_gradient) {
+      const memory dx = ctx_.wrap(io.diff_src);
+      DTRAIN_CHECK(dx.get_desc() == m.data_pd.dst_desc(), "dense: the input gradient bound in another layout than x");
       m.data_gradient = with_scratchpad(m.data_pd, {{DNNL_ARG_SRC, m.act.pre_grad},
                                                     {DNNL_ARG_WEIGHTS, ctx_.wrap(m.data_pd.weights_desc(), kernel.value.raw())},
-                                                    {DNNL_ARG_DST, ctx_.wrap(io.diff_src)}});
+                                                    {DNNL_ARG_DST, dx}});
+    }
     m.bias_grad = bias ? vars[nn::Dense::kBias].grad.address<float>() : nullptr;
   }
 
