@@ -206,6 +206,9 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     kernels_[i]->skip_activation_forward();
     if (kernels_[i - 1]->take_output_activation_derivative(own)) kernels_[i]->skip_activation_backward();
   }
+  // The lowest layer whose backward matters (backward_runs).
+  if (!options_.input_gradient)
+    while (first_backward_ + 1 < layers_.size() && layers_[first_backward_]->variables().empty()) ++first_backward_;
   derivative_above_.assign(kernels_.size(), false);
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
     const config::Activation below = kernels_[i - 1]->output_activation();
@@ -312,7 +315,8 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
     io.src = i == 0 ? p.input : p.act[i - 1];
     io.dst = p.act[i];
     io.diff_dst = p.diff[i];
-    io.diff_src = i > 0 ? p.diff[i - 1] : input_diff;
+    // No input gradient for the lowest layer whose backward runs, unless the model wants its own.
+    io.diff_src = i > first_backward_ ? p.diff[i - 1] : input_diff;
     kernels_[i]->bind(batch, io);
   }
   return p;
@@ -368,7 +372,7 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
     marked.emplace(step);
     marked->backward_marks = &*marks;
   }
-  for (std::size_t i = layers_.size(); i-- > 0;) {
+  for (std::size_t i = layers_.size(); i-- > first_backward_;) {
     Layer& layer = *layers_[i];
     if (marks) marks->begin(i, t);
     const double waited = times_ ? lane_waits(step) : 0.0;

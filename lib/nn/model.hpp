@@ -148,6 +148,12 @@ class Sequential {
   // Whether layer i's forward moves nothing (an Activation layer whose relu the layer below applies:
   // LayerKernel::forward_passes_through; a pooling the layer below computes).
   bool forward_moves_nothing(std::size_t i) const { return kernels_[i]->forward_passes_through(); }
+  // Whether layer i's backward runs, and whether it computes its input's gradient. Without the
+  // model's input gradient, the layers below the lowest layer with variables (a flatten, a pooling,
+  // a dropout under the first dense layer) feed no gradient anything uses: their backward is left
+  // out, and so is that layer's input gradient.
+  bool backward_runs(std::size_t i) const { return i >= first_backward_; }
+  bool computes_input_gradient(std::size_t i) const { return i > first_backward_ || (i == 0 && options_.input_gradient); }
 
   // Attaches `times` (sized to the layers here) or, with null, detaches it.
   void time_layers(LayerTimes* times);
@@ -185,6 +191,7 @@ class Sequential {
   std::vector<bool> derivative_above_;  // per layer: applies_activation_backward_below
   std::vector<Variable*> variables_, trainable_;
   std::vector<std::size_t> first_variable_;  // of each layer, in variables_
+  std::size_t first_backward_ = 0;             // the lowest layer whose backward runs (backward_runs)
   Tensor gradients_;
   std::vector<std::size_t> gradient_sizes_;
   std::map<std::int64_t, Plan> plans_;

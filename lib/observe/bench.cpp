@@ -243,7 +243,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.forward_wait_ms = figure(1 + kPhases + 4 * layers + i);
     l.backward_wait_ms = figure(1 + kPhases + 5 * layers + i);
     l.flops = layer.flops_per_sample();
-    l.backward_data = i > 0;  // training never needs d(loss)/d(input)
+    l.backward_data = model.computes_input_gradient(i);  // training never needs d(loss)/d(input)
     const double backward = backward_flops(l);
     l.forward_gflops = gflops_of(l.flops.forward, replica_samples, l.forward_ms.mean);
     l.backward_gflops = gflops_of(backward, replica_samples, l.backward_ms.mean);
@@ -256,7 +256,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     if (model.forward_moves_nothing(i)) l.forward_bytes = l.forward_bound_ms = 0.0;
-    if (model.backward_moves_nothing(i)) l.backward_bytes = l.backward_bound_ms = 0.0;
+    if (model.backward_moves_nothing(i) || !model.backward_runs(i)) l.backward_bytes = l.backward_bound_ms = 0.0;
     r.flops_per_sample += l.flops.forward + backward;
     if (computed) {
       // The computing layer moves only its input, this layer's output (and which window position

@@ -393,6 +393,40 @@ TEST_CASE("dense matches the reference and finite differences") {
               {nn::FlattenOptions{}, dense(130, Activation::sigmoid), dense(3, Activation::linear)}, 5});
 }
 
+TEST_CASE("without the model's input gradient, nothing below the lowest layer with variables runs backward") {
+  // A flatten and a max pooling under the first dense layer: the gradient they would pass down
+  // feeds nothing. The variables' gradients are the bits of a model that computes its input's.
+  config::ModelConfig mc;
+  mc.input_shape = {10, 10, 3};
+  mc.layers.push_back(named(pool(2, 2, Padding::valid), "l0"));
+  mc.layers.push_back(named(nn::FlattenOptions{}, "l1"));
+  mc.layers.push_back(named(dense(400, Activation::relu), "l2"));
+  mc.layers.push_back(named(dense(3, Activation::linear), "l3"));
+  const nn::StepContext step = testing::step_of(nn::Mode::training, 2);
+  Tensor x(Shape{2, 10, 10, 3});
+  Rng rng(9, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const auto gradients = [&](nn::Sequential& model) {
+    model.forward(x, step);
+    for (auto& v : model.output_gradient().span<float>()) v = 0.5f;
+    model.backward(step);
+    std::vector<float> grads;
+    for (std::size_t l = 0; l < model.num_layers(); ++l)
+      for (auto& v : model.layer(l).variables())
+        grads.insert(grads.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+    return grads;
+  };
+  nn::Sequential lean(mc, 7, testing::cpu()), whole(mc, 7, testing::cpu(), nn::ModelOptions{.input_gradient = true});
+  CHECK(gradients(lean) == gradients(whole));
+  for (std::size_t l = 0; l < 4; ++l) {
+    CAPTURE(l);
+    CHECK(lean.backward_runs(l) == (l >= 2));
+    CHECK(lean.computes_input_gradient(l) == (l == 3));
+    CHECK(whole.backward_runs(l));
+    CHECK(whole.computes_input_gradient(l));
+  }
+}
+
 TEST_CASE("a large dense first layer follows the model's input from step to step") {
   // The model's input moves between steps (the batch is read where it lies); a large float32
   // dense layer reads it twice, once transposed for its kernel's gradient (oneDNN's matmuls on
