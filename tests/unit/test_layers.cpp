@@ -393,6 +393,19 @@ TEST_CASE("dense matches the reference and finite differences") {
               {nn::FlattenOptions{}, dense(130, Activation::sigmoid), dense(3, Activation::linear)}, 5});
 }
 
+// One training step of `model` on x with every output gradient `dy`: each variable's gradient, in
+// order.
+std::vector<float> gradients_after_step(nn::Sequential& model, const Tensor& x, const nn::StepContext& step, float dy) {
+  model.forward(x, step);
+  for (auto& v : model.output_gradient().span<float>()) v = dy;
+  model.backward(step);
+  std::vector<float> grads;
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables())
+      grads.insert(grads.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
+  return grads;
+}
+
 TEST_CASE("without the model's input gradient, nothing below the lowest layer with variables runs backward") {
   // A flatten and a max pooling under the first dense layer: the gradient they would pass down
   // feeds nothing. The variables' gradients are the bits of a model that computes its input's.
@@ -406,18 +419,8 @@ TEST_CASE("without the model's input gradient, nothing below the lowest layer wi
   Tensor x(Shape{2, 10, 10, 3});
   Rng rng(9, RngStream::test);
   for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
-  const auto gradients = [&](nn::Sequential& model) {
-    model.forward(x, step);
-    for (auto& v : model.output_gradient().span<float>()) v = 0.5f;
-    model.backward(step);
-    std::vector<float> grads;
-    for (std::size_t l = 0; l < model.num_layers(); ++l)
-      for (auto& v : model.layer(l).variables())
-        grads.insert(grads.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
-    return grads;
-  };
   nn::Sequential lean(mc, 7, testing::cpu()), whole(mc, 7, testing::cpu(), nn::ModelOptions{.input_gradient = true});
-  CHECK(gradients(lean) == gradients(whole));
+  CHECK(gradients_after_step(lean, x, step, 0.5f) == gradients_after_step(whole, x, step, 0.5f));
   for (std::size_t l = 0; l < 4; ++l) {
     CAPTURE(l);
     CHECK(lean.backward_runs(l) == (l >= 2));
@@ -444,19 +447,9 @@ TEST_CASE("a large dense first layer follows the model's input from step to step
       for (auto& v : t.span<float>()) v = rng.uniform(-1.0f, 1.0f);
     return x;
   }();
-  const auto step_on = [&](nn::Sequential& model, const Tensor& x) {
-    model.forward(x, step);
-    for (auto& v : model.output_gradient().span<float>()) v = 0.25f;
-    model.backward(step);
-    std::vector<float> grads;
-    for (std::size_t l = 0; l < model.num_layers(); ++l)
-      for (auto& v : model.layer(l).variables())
-        grads.insert(grads.end(), v.grad.span<float>().begin(), v.grad.span<float>().end());
-    return grads;
-  };
   nn::Sequential moved(mc, 7, testing::cpu()), fresh(mc, 7, testing::cpu());
-  step_on(moved, inputs[0]);
-  CHECK(step_on(moved, inputs[1]) == step_on(fresh, inputs[1]));
+  gradients_after_step(moved, inputs[0], step, 0.25f);
+  CHECK(gradients_after_step(moved, inputs[1], step, 0.25f) == gradients_after_step(fresh, inputs[1], step, 0.25f));
 }
 
 TEST_CASE("flatten, reshape and activation layers") {
