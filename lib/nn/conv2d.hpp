@@ -45,6 +45,7 @@ class Conv2D final : public Layer {
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
   Flops flops_per_sample() const override;
   BackwardReads backward_reads() const override { return BackwardReads::input; }
+  bool activation_reads_output() const override { return opt_.activation != config::Activation::linear; }
 
  private:
   Shape build_layer(const Shape& input_shape) override;

@@ -118,6 +118,10 @@ class Layer {
   // derivative), or nothing more. dtrain bench counts those bytes in the backward's bound.
   enum class BackwardReads { nothing, input, output };
   virtual BackwardReads backward_reads() const { return BackwardReads::nothing; }
+  // Whether backward also reads the output, to apply the derivative of an activation the layer
+  // applies itself (Conv2D's and Dense's `activation:` other than linear), where no layer above
+  // takes that derivative over.
+  virtual bool activation_reads_output() const { return false; }
   // What backward reads besides to apply the derivative of a relu below it, where its kernel takes
   // that derivative over (LayerKernel::take_input_activation_backward): the relu's output where its
   // gradient goes. An average pooling reads its input; a max pooling needs nothing more (the max is

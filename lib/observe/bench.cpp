@@ -65,7 +65,8 @@ double gflops_of(double flops_per_sample, double samples, double milliseconds) {
 
 // The bytes one sample makes a layer move, each once (see bench.hpp): forward reads the input and
 // writes the output, backward reads the output's gradient, what it needs of the forward pass (the
-// input or the output, Layer::backward_reads) and, where it computes it, writes the input's, in
+// input or the output, Layer::backward_reads; the output too for the derivative of an activation
+// it applies itself, Layer::activation_reads_output) and, where it computes it, writes the input's, in
 // the compute dtype. Its variables are read once forward and read, and their gradients written,
 // once backward: once per step, so a share of `batch` per sample.
 double variable_bytes(const nn::Layer& layer) {
@@ -253,6 +254,9 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     // a layer whose backward is then the identity (the relu's) moves none and has no bound ('-'),
     // nor one whose forward the layer below applies.
     if (model.applies_activation_backward_below(i)) l.backward_bytes += derivative_bytes(layer, dtype_size(dtype));
+    // Its own activation's derivative reads its output, unless the layer above applies it.
+    if (layer.activation_reads_output() && !(i + 1 < layers && model.applies_activation_backward_below(i + 1)))
+      l.backward_bytes += static_cast<double>(layer.output_shape().numel() * static_cast<std::int64_t>(dtype_size(dtype)));
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     if (model.forward_moves_nothing(i)) l.forward_bytes = l.forward_bound_ms = 0.0;

@@ -8,7 +8,8 @@
 // bytes take at the copy bandwidth (a roofline): the bytes a layer must move are its input and
 // output once forward; its output's and input's gradients once backward, with the input or the
 // output its backward cannot do without (Layer::backward_reads: a kernel's gradient needs the
-// input, batch normalization its input, an activation's derivative its output), in the compute
+// input, batch normalization its input, an activation's derivative its output, and a conv2d's or
+// dense's own activation its output too, Layer::activation_reads_output), in the compute
 // dtype; and its variables once each way (layer_bytes in bench.cpp). A lower bound: a kernel may
 // also read what its forward kept (an argmax, a mask), and activations that stay in the caches
 // move faster than a copy through memory, so a layer may run below 1x its bound.

@@ -1173,6 +1173,53 @@ TEST_CASE("a first convolution computing the max pooling above it gives the same
     }
 }
 
+TEST_CASE("a first convolution's weight loops apply its relu's derivative with the bits of the relu's backward") {
+  // Without the model's input gradient, a first convolution's weight loops are the only reader of
+  // the gradient before its relu, and apply the relu's derivative as they read the gradient after
+  // it (conv2d.cpp): every variable's gradient has the bits of a model that computes its input's
+  // gradient, where the relu's backward writes that gradient first, on each loop level (16 lanes
+  // on AVX-512, 8 below) and in each compute dtype; and agrees with the oracle. Cases: one channel
+  // and 32 filters (two vectors of 16) under a convolution, RGB at stride 2 with 'same' padding and
+  // 24 filters (padding lanes on AVX-512) without a bias, and 50 taps on 2 channels (several
+  // passes a sample); 11 samples, a chunk and a short one. Powers of two (step_values): a sum
+  // taken in another order rounds to another value.
+  struct Block {
+    std::string label;
+    Shape input;
+    std::vector<L> layers;
+  };
+  const std::vector<Block> blocks{
+      {"one channel, 32 filters, a convolution above", Shape{12, 11, 1},
+       {conv(32, 3, 1, Padding::valid, Activation::relu), conv(8, 3, 1, Padding::valid, Activation::linear),
+        nn::FlattenOptions{}, dense(3, Activation::linear)}},
+      {"rgb, stride 2 'same', 24 filters, no bias", Shape{9, 10, 3},
+       {conv(24, 3, 2, Padding::same, Activation::relu, false), nn::FlattenOptions{}, dense(3, Activation::linear)}},
+      {"50 taps on 2 channels, 16 filters", Shape{11, 9, 2},
+       {conv(16, 5, 1, Padding::valid, Activation::relu), nn::FlattenOptions{}, dense(3, Activation::linear)}},
+  };
+  for (const Block& b : blocks) {
+    CAPTURE(b.label);
+    Case oracle{b.label, b.input, b.layers, 11};
+    oracle.input_gradient = false;
+    check_case(oracle);
+    const config::ModelConfig mc = model_of_layers(b.input, b.layers);
+    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
+      for (const DType compute : compute_dtypes_here()) {
+        CAPTURE(backends::onednn::name_of(isa));
+        CAPTURE(std::string(dtype_name(compute)));
+        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+        backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
+        const std::vector<float> lean = step_values(mc, *owned, compute, nn::Mode::training, 11, false, true);
+        const std::vector<float> whole = step_values(mc, *owned, compute, nn::Mode::training, 11, true, true);
+        REQUIRE(whole.size() > lean.size());  // (then the input's gradient)
+        std::size_t unequal = 0;
+        for (std::size_t i = 0; i < lean.size(); ++i)
+          unequal += std::bit_cast<std::uint32_t>(lean[i]) != std::bit_cast<std::uint32_t>(whole[i]);
+        CHECK(unequal == 0);
+      }
+  }
+}
+
 TEST_CASE("conv with relu below max pooling, batch norm and dropout, with the input gradient (the GPU tests' CNN)") {
   // Two input channels, SAME padding, a short batch: the CPU side of tests/gpu's whole-model
   // comparison, which found non-finite weight gradients on a Sapphire Rapids.

@@ -118,6 +118,10 @@ class WeightedOpKernel : public nn::LayerKernel {
   // primitive where they are faster (own_weight_gradients(batch)), after the input's gradient:
   // `pre_grad` is the gradient before the activation.
   virtual bool own_weight_gradients(std::int64_t /*batch*/) const { return false; }
+  // Whether those loops apply the activation's derivative themselves, reading the gradient after
+  // the activation and its output (a layer that computes no input gradient): `pre_grad` is then
+  // the gradient after it, and the activation's backward does not run.
+  virtual bool weight_gradients_apply_activation_derivative(std::int64_t /*batch*/) const { return false; }
   virtual void weight_gradients(std::int64_t /*batch*/, const dnnl::memory& /*pre_grad*/, const nn::StepContext&) {}
   // The plan of a batch bind_variables bound, for a layer that computes from its memories.
   WeightedOpPlan& plan_of(std::int64_t batch) { return plans_.get(batch); }
