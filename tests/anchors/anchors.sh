@@ -21,6 +21,9 @@
 #   other constants and a cosine decay on 2 threads (the lanes), under mirrored RMSprop (centered,
 #   with momentum) and a piecewise constant rate, across workers SGD with Nesterov momentum and a
 #   staircase exponential decay.
+# stem_default: a VGG-style stem (two relu convolutions before the first pooling): the first
+#   convolution's weight loops apply its relu's derivative themselves (no input gradient), on 2
+#   threads (the lanes), SGD with momentum.
 # losses: the other losses on 2 mirrored replicas, 10 steps each: categorical_crossentropy on
 #   one-hot rows, binary_crossentropy on a sigmoid's probabilities (is the item footwear or a bag:
 #   label 5 or more), mean_squared_error of a linear unit to the label's value.
@@ -128,6 +131,30 @@ YAML
                                                             decay_steps: 4, decay_rate: 0.7, staircase: true}}") ;;
   esac
 }
+# The stem_default case's model (see the top).
+stem_cnn() {
+  cat >"$scratch/stem.yaml" <<'YAML'
+name: stem
+seed: 21
+strategy: {kind: default}
+data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 96, shuffle_buffer: 0}
+model:
+  input_shape: [28, 28, 1]
+  layers:
+    - conv2d: {filters: 16, kernel_size: 3, activation: relu}
+    - conv2d: {filters: 16, kernel_size: 3, padding: same, activation: relu}
+    - max_pool2d: {pool_size: 2}
+    - conv2d: {filters: 32, kernel_size: 3, strides: 2, activation: relu}
+    - flatten: {}
+    - dense: {units: 10}
+loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
+optimizer: {kind: sgd, learning_rate: 0.01, momentum: 0.9}
+metrics: [sparse_categorical_accuracy]
+train: {epochs: 1, threads: 2, progress: none}
+checkpoint: {every_steps: 1, max_to_keep: 100}
+YAML
+  experiment=$scratch/stem.yaml
+}
 # loss_cnn LOSS: the losses case's experiment for LOSS (categorical, binary, squared).
 loss_cnn() {
   local data=$scratch/onehot.h5 units=10 output=linear loss="{kind: categorical_crossentropy, from_logits: true"
@@ -184,10 +211,10 @@ follow() {
 
 case "$case_name" in
   default | mirrored | multi_worker | seed_default | seed_mirrored | seed_multi_worker | varied_default | \
-  varied_mirrored | varied_multi_worker)
+  varied_mirrored | varied_multi_worker | stem_default)
     kind=${case_name##*_}  # default, mirrored, worker
     case $case_name in *multi_worker) kind=multi_worker ;; esac
-    case $case_name in seed_*) seed_cnn ;; varied_*) varied_cnn ;; esac
+    case $case_name in seed_*) seed_cnn ;; varied_*) varied_cnn ;; stem_*) stem_cnn ;; esac
     train "$kind" "$kind"
     "$dtrain" export --experiment "$scratch/$kind/config.yaml" --format keras -o "$scratch/initial.weights.h5" \
       >/dev/null || fail "exporting the initial model failed"
