@@ -1180,8 +1180,8 @@ TEST_CASE("a first convolution's weight loops apply its relu's derivative with t
   // gradient, where the relu's backward writes that gradient first, on each loop level (16 lanes
   // on AVX-512, 8 below) and in each compute dtype; and agrees with the oracle. Cases: one channel
   // and 32 filters (two vectors of 16) under a convolution, RGB at stride 2 with 'same' padding and
-  // 24 filters (padding lanes on AVX-512) without a bias, and 50 taps on 2 channels (several
-  // passes a sample); 11 samples, a chunk and a short one. Powers of two (step_values): a sum
+  // 24 filters (padding lanes on AVX-512) without a bias, 50 taps on 2 channels (several passes
+  // a sample), and 6 filters (vectors of 8 on every level); 11 samples, a chunk and a short one. Powers of two (step_values): a sum
   // taken in another order rounds to another value.
   struct Block {
     std::string label;
@@ -1196,6 +1196,9 @@ TEST_CASE("a first convolution's weight loops apply its relu's derivative with t
        {conv(24, 3, 2, Padding::same, Activation::relu, false), nn::FlattenOptions{}, dense(3, Activation::linear)}},
       {"50 taps on 2 channels, 16 filters", Shape{11, 9, 2},
        {conv(16, 5, 1, Padding::valid, Activation::relu), nn::FlattenOptions{}, dense(3, Activation::linear)}},
+      // 8 lanes on every level: 6 filters (LeNet's), 5 x 5 'same', read from oneDNN's blocks of 16.
+      {"6 filters, 5x5 'same'", Shape{10, 9, 1},
+       {conv(6, 5, 1, Padding::same, Activation::relu), nn::FlattenOptions{}, dense(3, Activation::linear)}},
   };
   for (const Block& b : blocks) {
     CAPTURE(b.label);
