@@ -119,7 +119,10 @@ DTRAIN_LANE_CLONES void round_to_bf16(float* __restrict p, std::int64_t count) {
 
 // One sample of x, channels last, into the inside of `padded`: padded[(ih * padded_w + iw) * C + c].
 // The padding around it stays zero: it is zeroed once, when the buffer is sized, and never written.
-// Blocks of 8 channels move as vectors (a call to memmove per block cost as much as the copy).
+// Blocks of 8 channels move as vectors (a call to memmove per block cost as much as the copy), a
+// channel group at a time: Arrangement::channel's division for every block of 8 was nine tenths of
+// this copy's time (perf on a VGG-style stem's `dtrain bench`: 0.37 % of its samples, now 0.08 %;
+// 2-core AVX512-BF16 EPYC).
 DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __restrict x, float* __restrict padded) {
   const bool whole_vectors = g.x.lanes % 8 == 0 && g.c % 8 == 0;
   const bool whole_rows = g.x.groups == 1 && g.x.lanes == g.c && g.x.col == g.c;  // nhwc: a row is contiguous
@@ -128,13 +131,19 @@ DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __
     const float* from = x + ih * g.x.row;
     if (whole_rows) {  // a grayscale or RGB row one value at a time took 2 us per 28 x 28 sample
       std::copy_n(from, g.w * g.c, row);
-    } else {
-      for (std::int64_t iw = 0; iw < g.w; ++iw)
-        for (std::int64_t c = 0; c < g.c; c += whole_vectors ? 8 : 1) {
-          const float* value = from + iw * g.x.col + g.x.channel(c);
-          if (whole_vectors) store(row + iw * g.c + c, load<Vec<float, 8>>(value));
-          else row[iw * g.c + c] = *value;
+      continue;
+    }
+    for (std::int64_t iw = 0; iw < g.w; ++iw) {
+      float* to = row + iw * g.c;
+      const float* group = from + iw * g.x.col;  // the position's first channel group
+      for (std::int64_t c0 = 0; c0 < g.c; c0 += g.x.lanes, group += g.x.group) {
+        const std::int64_t count = std::min(g.x.lanes, g.c - c0);  // (the last group may be padded)
+        if (whole_vectors) {
+          for (std::int64_t l = 0; l < count; l += 8) store(to + c0 + l, load<Vec<float, 8>>(group + l));
+        } else {
+          for (std::int64_t l = 0; l < count; ++l) to[c0 + l] = group[l];
         }
+      }
     }
   }
   if (g.bf16) round_to_bf16(padded, g.padded_h * g.padded_w * g.c);  // (the padding: zeros stay zero)
