@@ -131,29 +131,16 @@ YAML
                                                             decay_steps: 4, decay_rate: 0.7, staircase: true}}") ;;
   esac
 }
-# The stem_default case's model (see the top).
+# The stem_default case: the anchors experiment with the stem's model, SGD with momentum, 2 threads.
 stem_cnn() {
-  cat >"$scratch/stem.yaml" <<'YAML'
-name: stem
-seed: 21
-strategy: {kind: default}
-data: {source: hdf5, path: data/fashion_mnist_small.h5, batch_size_per_replica: 96, shuffle_buffer: 0}
-model:
-  input_shape: [28, 28, 1]
-  layers:
-    - conv2d: {filters: 16, kernel_size: 3, activation: relu}
-    - conv2d: {filters: 16, kernel_size: 3, padding: same, activation: relu}
-    - max_pool2d: {pool_size: 2}
-    - conv2d: {filters: 32, kernel_size: 3, strides: 2, activation: relu}
-    - flatten: {}
-    - dense: {units: 10}
-loss: {kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}
-optimizer: {kind: sgd, learning_rate: 0.01, momentum: 0.9}
-metrics: [sparse_categorical_accuracy]
-train: {epochs: 1, threads: 2, progress: none}
-checkpoint: {every_steps: 1, max_to_keep: 100}
-YAML
-  experiment=$scratch/stem.yaml
+  common=(--set seed=21 --set train.threads=2
+          --set "model={input_shape: [28, 28, 1], layers: [
+                   {conv2d: {filters: 16, kernel_size: 3, activation: relu}},
+                   {conv2d: {filters: 16, kernel_size: 3, padding: same, activation: relu}},
+                   {max_pool2d: {pool_size: 2}},
+                   {conv2d: {filters: 32, kernel_size: 3, strides: 2, activation: relu}},
+                   {flatten: {}}, {dense: {units: 10}}]}"
+          --set "optimizer={kind: sgd, learning_rate: 0.01, momentum: 0.9}")
 }
 # loss_cnn LOSS: the losses case's experiment for LOSS (categorical, binary, squared).
 loss_cnn() {
