@@ -80,13 +80,15 @@ double backward_flops(const LayerBench& l) {
   return l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
 }
 
-std::pair<double, double> layer_bytes(const nn::Layer& layer, bool backward_data, std::size_t activation_bytes,
-                                      double batch) {
+// `derivative_above`: the layer above applies this layer's activation's derivative.
+std::pair<double, double> layer_bytes(const nn::Layer& layer, bool backward_data, bool derivative_above,
+                                      std::size_t activation_bytes, double batch) {
   const double in = static_cast<double>(layer.input_shape().numel() * static_cast<std::int64_t>(activation_bytes));
   const double out = static_cast<double>(layer.output_shape().numel() * static_cast<std::int64_t>(activation_bytes));
   const double variables = variable_bytes(layer);
   const nn::Layer::BackwardReads reads = layer.backward_reads();
-  const double saved = reads == nn::Layer::BackwardReads::input ? in : reads == nn::Layer::BackwardReads::output ? out : 0.0;
+  double saved = reads == nn::Layer::BackwardReads::input ? in : reads == nn::Layer::BackwardReads::output ? out : 0.0;
+  if (layer.activation_reads_output() && !derivative_above) saved += out;
   return {in + out + variables / batch, out + saved + (backward_data ? in : 0.0) + 2.0 * variables / batch};
 }
 
@@ -249,14 +251,12 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.forward_gflops = gflops_of(l.flops.forward, replica_samples, l.forward_ms.mean);
     l.backward_gflops = gflops_of(backward, replica_samples, l.backward_ms.mean);
     std::tie(l.forward_bytes, l.backward_bytes) =
-        layer_bytes(layer, l.backward_data, dtype_size(dtype), static_cast<double>(r.replica_batch));
+        layer_bytes(layer, l.backward_data, i + 1 < layers && model.applies_activation_backward_below(i + 1),
+                    dtype_size(dtype), static_cast<double>(r.replica_batch));
     // A relu's derivative applied here (by the layer above it) moves its bytes in this backward;
     // a layer whose backward is then the identity (the relu's) moves none and has no bound ('-'),
     // nor one whose forward the layer below applies.
     if (model.applies_activation_backward_below(i)) l.backward_bytes += derivative_bytes(layer, dtype_size(dtype));
-    // Its own activation's derivative reads its output, unless the layer above applies it.
-    if (layer.activation_reads_output() && !(i + 1 < layers && model.applies_activation_backward_below(i + 1)))
-      l.backward_bytes += static_cast<double>(layer.output_shape().numel() * static_cast<std::int64_t>(dtype_size(dtype)));
     l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
     if (model.forward_moves_nothing(i)) l.forward_bytes = l.forward_bound_ms = 0.0;

@@ -983,7 +983,7 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
         if (j.relu_y) relu_y_n[v] = static_cast<const std::byte*>(j.relu_y) + at;
       }
     }
-    const void* const* relu_y = j.relu_y && !j.pool ? relu_y_n : nullptr;
+    const void* const* relu_y = j.relu_y ? relu_y_n : nullptr;
     for (std::int64_t t = 0; t < taps; t += per_pass) {
       const std::int64_t count = std::min(per_pass, taps - t);
       float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
@@ -1204,9 +1204,9 @@ class Conv2DKernel final : public WeightedOpKernel {
     // or strided): on a 26 x 26 x 32 output, 64 samples a step, the relu's backward alone took
     // 0.39 ms, twice the loops' time (2-core AVX512-BF16 EPYC, Zen 4).
     const memory y = ctx_.wrap(io.dst);
-    s->relu_applied = act_.kind() == config::Activation::relu && !activation_backward_elsewhere_ && !io.diff_src &&
-                      y.get_desc() == ctx_.wrap(io.diff_dst).get_desc();
-    if (s->relu_applied) s->relu_output = y;
+    const bool applied = act_.kind() == config::Activation::relu && !activation_backward_elsewhere_ && !io.diff_src &&
+                         y.get_desc() == ctx_.wrap(io.diff_dst).get_desc();
+    s->relu_output = applied ? y : memory();
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
@@ -1227,7 +1227,7 @@ class Conv2DKernel final : public WeightedOpKernel {
   }
   bool weight_gradients_apply_activation_derivative(std::int64_t batch) const override {
     const WeightLoops* s = find_weight_loops(batch);
-    return s && !s->pool && s->relu_applied;
+    return s && s->relu_output;
   }
 
   void weight_gradients(std::int64_t batch, const memory& pre_grad, const nn::StepContext& step) override {
@@ -1246,7 +1246,7 @@ class Conv2DKernel final : public WeightedOpKernel {
       j.ws = s->workspace.data();
     } else {
       j.dy = pre_grad.get_data_handle();
-      j.relu_y = s->relu_applied ? s->relu_output.get_data_handle() : nullptr;
+      j.relu_y = s->relu_output ? s->relu_output.get_data_handle() : nullptr;
     }
     j.groups = (g.filter_chunks + g.vectors - 1) / g.vectors;
     j.padded_size = g.padded_h * g.padded_w * g.c;
@@ -1310,9 +1310,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     std::vector<std::int64_t> holds;
     memory src;
     WeightJob job;
-    // Not pooled, without an input gradient: the loops apply the relu's derivative (bind), reading
-    // the layer's output.
-    bool relu_applied = false;
+    // Not pooled, without an input gradient: the relu's output, whose derivative the loops apply
+    // (bind); empty where they do not.
     memory relu_output;
     // Fused with a max pooling (pool_): its geometry, the pooled output and its gradient, the
     // workspace, the kernel and bias padded to the arrangement's channels, each forward thread's

@@ -196,13 +196,11 @@ void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
 
 void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext& step) {
   WeightedOpPlan& p = plans_.get(batch);
-  if (weight_gradients_apply_activation_derivative(batch)) {  // (no input gradient: no primitive reads pre_grad)
-    if (step.backward_marks) step.backward_marks->input_done();
-    weight_gradients(batch, p.act.pre_grad, step);
-    return;
-  }
-  if (!activation_backward_elsewhere_) act_.backward(ctx_, p.act);
-  if (p.crop) copy_part(p.pre_grad_whole, p.pre_grad_part, false);
+  // Where the weight loops apply the derivative, nothing else reads the gradient before the
+  // activation (no input gradient), nor its cropped copy.
+  const bool loops_apply_derivative = weight_gradients_apply_activation_derivative(batch);
+  if (!activation_backward_elsewhere_ && !loops_apply_derivative) act_.backward(ctx_, p.act);
+  if (p.crop && !loops_apply_derivative) copy_part(p.pre_grad_whole, p.pre_grad_part, false);
   // A layer's own weight loops come last: where the lanes share their items (nn::StepContext::
   // shared_work), the lanes leave them together, and the later in the step that is, the less
   // time is left for them to drift apart again before their gradients are summed.
