@@ -65,6 +65,7 @@ class CallScoped final : public LayerKernel {
   bool take_output_relu_and_max_pooling(const MaxPool2D& pool) override {
     return inner_->take_output_relu_and_max_pooling(pool);
   }
+  void without_input_gradient() override { inner_->without_input_gradient(); }
   void output_read_within(std::int64_t rows, std::int64_t columns) override {
     inner_->output_read_within(rows, columns);
   }

@@ -70,6 +70,10 @@ class LayerKernel {
   // (skip_activation_forward and skip_activation_backward): both pass their memories through.
   virtual bool take_output_relu_and_max_pooling(const MaxPool2D&) { return false; }
 
+  // Neither a layer below nor the caller wants the gradient of this layer's input (called once,
+  // before the first plan, for the lowest layer whose backward runs): its kernel may plan for that.
+  virtual void without_input_gradient() {}
+
   // The layer above reads only the leading `rows` x `columns` of this layer's output
   // (Layer::input_extent_read; called once, before the first plan, for a layer above that is not
   // computed here): the gradient this kernel's backward starts from is zero past them, so its sums

@@ -137,6 +137,9 @@ class Sequential {
   // Whether layer i is a pooling a layer below computes with its own output (LayerKernel::
   // take_output_max_pooling, take_output_relu_and_max_pooling): its own kernel computes nothing.
   bool computed_by_layer_below(std::size_t i) const { return computed_in_[i].has_value(); }
+  // The bytes of layer i's output at `batch` in the layout its kernel picked (planning that batch
+  // if it was not): blocked layouts pad their channels.
+  std::size_t output_bytes(std::int64_t batch, std::size_t i) { return plan_for(batch).act.at(i).layout->bytes(); }
   // The layer that computes layer i (computed_by_layer_below): the one below it, or below the relu
   // Activation between them (LayerKernel::take_output_relu_and_max_pooling).
   std::size_t computing_layer(std::size_t i) const { return computed_in_[i].value(); }

@@ -1173,6 +1173,24 @@ TEST_CASE("a first convolution computing the max pooling above it gives the same
     }
 }
 
+namespace {
+
+// The values of a training step (step_values, powers of two) of a model without its input's
+// gradient whose bits differ from those of the same model computing it: where a first layer takes
+// paths of its own when no input gradient is wanted, they must compute the primitives' bits.
+std::size_t unequal_without_input_gradient(const config::ModelConfig& mc, device::Context& ctx, DType compute,
+                                           std::int64_t batch) {
+  const std::vector<float> lean = step_values(mc, ctx, compute, nn::Mode::training, batch, false, true);
+  const std::vector<float> whole = step_values(mc, ctx, compute, nn::Mode::training, batch, true, true);
+  REQUIRE(whole.size() > lean.size());  // (then the input's gradient)
+  std::size_t unequal = 0;
+  for (std::size_t i = 0; i < lean.size(); ++i)
+    unequal += std::bit_cast<std::uint32_t>(lean[i]) != std::bit_cast<std::uint32_t>(whole[i]);
+  return unequal;
+}
+
+}  // namespace
+
 TEST_CASE("a first convolution's weight loops apply its relu's derivative with the bits of the relu's backward") {
   // Without the model's input gradient, a first convolution's weight loops are the only reader of
   // the gradient before its relu, and apply the relu's derivative as they read the gradient after
@@ -1212,13 +1230,64 @@ TEST_CASE("a first convolution's weight loops apply its relu's derivative with t
         CAPTURE(std::string(dtype_name(compute)));
         const std::unique_ptr<device::Context> owned = device::make_context(Device{});
         backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
-        const std::vector<float> lean = step_values(mc, *owned, compute, nn::Mode::training, 11, false, true);
-        const std::vector<float> whole = step_values(mc, *owned, compute, nn::Mode::training, 11, true, true);
-        REQUIRE(whole.size() > lean.size());  // (then the input's gradient)
-        std::size_t unequal = 0;
-        for (std::size_t i = 0; i < lean.size(); ++i)
-          unequal += std::bit_cast<std::uint32_t>(lean[i]) != std::bit_cast<std::uint32_t>(whole[i]);
-        CHECK(unequal == 0);
+        CHECK(unequal_without_input_gradient(mc, *owned, compute, 11) == 0);
+      }
+  }
+}
+
+TEST_CASE("a first convolution's own forward: the oracle's values, the primitive's bits, in blocks of 8") {
+  // Without the model's input gradient, a float32 first convolution of 8 filters or fewer on a few
+  // channels computes its forward in its own loops (conv2d.cpp, plan_own_forward), its output in
+  // blocks of 8 channels (oneDNN's AVX-512 kernels pad to 16): each output summed from zero in tap
+  // order, as oneDNN's direct convolution sums it, then the bias and the relu; a sigmoid or tanh
+  // by oneDNN's eltwise after it. Checked: against the oracle; a linear or relu layer's every value
+  // with the bits of the model that computes its input's gradient (the primitive's forward), on
+  // each loop level and compute dtype (bfloat16 keeps the primitive); the output's bytes those of
+  // blocks of 8. Cases: LeNet's first layer (6 filters, 5 x 5 'same', tanh) under an average
+  // pooling, 8 filters without a bias under batch normalization, RGB at stride 2 with 4 filters
+  // and a sigmoid, 7 filters on 2 channels under a convolution; 11 samples, a chunk and a short one.
+  struct Block {
+    std::string label;
+    Shape input;
+    std::vector<L> layers;
+    bool primitive_bits;  // linear or relu: the primitive's post-op is the loops' own arithmetic
+  };
+  const std::vector<Block> blocks{
+      {"LeNet's first layer: 6 filters, 5 x 5 'same', tanh", Shape{12, 10, 1},
+       {conv(6, 5, 1, Padding::same, Activation::tanh), avg_pool(2, 2, Padding::valid), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       false},
+      {"8 filters, no bias, batch normalization above", Shape{9, 9, 1},
+       {conv(8, 3, 1, Padding::valid, Activation::linear, false), batch_norm(), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       true},
+      {"rgb, stride 2 'same', 4 filters, sigmoid", Shape{9, 10, 3},
+       {conv(4, 3, 2, Padding::same, Activation::sigmoid), nn::FlattenOptions{}, dense(3, Activation::linear)}, false},
+      {"2 channels, 7 filters, a convolution above", Shape{11, 9, 2},
+       {conv(7, 3, 1, Padding::valid, Activation::relu), conv(8, 3, 1, Padding::valid, Activation::linear),
+        nn::FlattenOptions{}, dense(3, Activation::linear)},
+       true},
+  };
+  constexpr std::int64_t kBatch = 11;
+  for (const Block& b : blocks) {
+    CAPTURE(b.label);
+    Case oracle{b.label, b.input, b.layers, kBatch};
+    oracle.input_gradient = false;
+    check_case(oracle);
+    const config::ModelConfig mc = model_of_layers(b.input, b.layers);
+    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
+      for (const DType compute : compute_dtypes_here()) {
+        CAPTURE(backends::onednn::name_of(isa));
+        CAPTURE(std::string(dtype_name(compute)));
+        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+        backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
+        if (compute == DType::f32) {
+          nn::Sequential model(mc, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = false});
+          const Shape& out = model.layer(0).output_shape();
+          CHECK(model.output_bytes(kBatch, 0) == static_cast<std::size_t>(kBatch * out[0] * out[1] * 8) * sizeof(float));
+        }
+        if (!b.primitive_bits) continue;
+        CHECK(unequal_without_input_gradient(mc, *owned, compute, kBatch) == 0);
       }
   }
 }

@@ -48,6 +48,14 @@ dnnl::primitive_attr ActivationFn::post_op_attr() const {
   return attr;
 }
 
+BoundPrimitive ActivationFn::in_place_forward(const OnednnContext& ctx, const memory& y) const {
+  DTRAIN_CHECK(is_eltwise(), "in_place_forward of an activation that is not an eltwise");
+  const auto pd = dnnl::eltwise_forward::primitive_desc(
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, forward_algorithm(kind_), y.get_desc(), 0.0f, 0.0f),
+      ctx.engine);
+  return {dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, y}, {DNNL_ARG_DST, y}}};
+}
+
 void ActivationFn::bind(const OnednnContext& ctx, const memory& dst, const memory& diff_dst, Plan& plan,
                         const memory* pre_grad) const {
   const memory::desc md = dst.get_desc();

@@ -37,6 +37,9 @@ class ActivationFn {
   void bind(const OnednnContext& ctx, const dnnl::memory& dst, const dnnl::memory& diff_dst, Plan& plan,
             const dnnl::memory* pre_grad = nullptr) const;
   void forward(OnednnContext& ctx, Plan& plan) const;
+  // The eltwise activation (is_eltwise) as its own primitive, in place on `y`, computing what the
+  // post-op would: for a layer that writes its output before the activation itself.
+  BoundPrimitive in_place_forward(const OnednnContext& ctx, const dnnl::memory& y) const;
   // Leaves d(loss)/d(pre-activation) in plan.pre_grad.
   void backward(OnednnContext& ctx, Plan& plan) const;
 

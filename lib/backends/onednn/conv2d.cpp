@@ -511,6 +511,45 @@ ConvolveSampleFn convolve_sample_fn(int lanes, int vectors) {
   return vectors == 4 ? &convolve_sample<8, 4> : vectors == 2 ? &convolve_sample<8, 2> : &convolve_sample<8, 1>;
 }
 
+// One sample's output from its sums z (convolve_sample's `vectors` planes of (OH, OW, L), filters
+// from `first_lane` on): the bias added after the sum and, where `relu`, the relu applied as
+// oneDNN's post-op applies it (a * 0 at or below zero), stored into `y` (the sample's first
+// element) arranged as `at`. Lanes past the arrangement's channels are not stored; lanes at
+// padded channels hold +0 (their kernel columns and bias are zeros), the zeros oneDNN keeps there.
+template <int L>
+DTRAIN_LANE_CLONES void store_sample(const WeightLoopsGeometry& g, const Arrangement& at, const float* __restrict z,
+                                     int vectors, const float* __restrict bias, std::int64_t first_lane, bool relu,
+                                     float* __restrict y) {
+  using F = Vec<float, L>;
+  const std::int64_t plane = g.oh * g.ow * L;
+  for (int v = 0; v < vectors; ++v) {
+    const std::int64_t lane = first_lane + v * L;
+    const std::int64_t room = std::min<std::int64_t>(L, at.lanes * at.groups - lane);
+    if (room <= 0) return;
+    const bool whole = room == L && lane % at.lanes + L <= at.lanes;  // one vector store a position
+    const F b = load<F>(bias + v * L);
+    float* out = y + at.channel(lane);
+    const float* sums = z + v * plane;
+    for (std::int64_t oh = 0; oh < g.oh; ++oh)
+      for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+        F a = load<F>(sums + (oh * g.ow + ow) * L) + b;
+        if (relu) a = select<L>(a > 0.0f, a, a * 0.0f);
+        float* to = out + oh * at.row + ow * at.col;
+        if (whole) {
+          store(to, a);
+        } else {
+          float lanes[L];
+          store(lanes, a);
+          for (std::int64_t l = 0; l < room; ++l) to[at.channel(lane + l) - at.channel(lane)] = lanes[l];
+        }
+      }
+  }
+}
+
+using StoreSampleFn = void (*)(const WeightLoopsGeometry&, const Arrangement&, const float*, int, const float*,
+                               std::int64_t, bool, float*);
+StoreSampleFn store_sample_fn(int lanes) { return lanes == 16 ? &store_sample<16> : &store_sample<8>; }
+
 // A window's winner as the workspace keeps it: under relu, kNoWinner where the max is not positive
 // (the relu's derivative is 0 there), so the backward needs the workspace alone, not the output.
 constexpr std::int32_t kNoWinner = 255;
@@ -1121,6 +1160,12 @@ class Conv2DKernel final : public WeightedOpKernel {
       dst = memory::desc(crop->dst, to_dnnl(compute_), memory::format_tag::any);
     }
 
+    // A first layer's own forward (plan_own_forward) writes its filters in blocks of 8, where
+    // oneDNN's AVX-512 kernels pad them to 16. Where the weight loops then do not fit after all,
+    // the primitives compute on that layout.
+    if (own_forward_fits())
+      dst = memory::desc({batch, o.filters, out[1], out[2]}, to_dnnl(compute_), memory::format_tag::aBcd8b);
+
     auto forward_pd = [&] {
       return dnnl::convolution_forward::primitive_desc(
           dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src, weights, bias, dst, strides,
@@ -1149,9 +1194,12 @@ class Conv2DKernel final : public WeightedOpKernel {
         dnnl::convolution_backward_weights::desc(algo, src, diff_weights_md(weights), bias, dst, strides, pad_before,
                                                  pad_after),
         ctx_.engine, fwd_pd);
-    if (dy) plan_weight_loops(batch, md_of(src_layout), *dy, false);
+    if (dy)
+      if (WeightLoops* s = plan_weight_loops(batch, md_of(src_layout), *dy, false); s && !crop) plan_own_forward(*s);
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd, crop);
   }
+
+  void without_input_gradient() override { input_gradient_ = false; }
 
   void output_read_within(std::int64_t rows, std::int64_t columns) override {
     rows_read_ = rows;
@@ -1207,11 +1255,19 @@ class Conv2DKernel final : public WeightedOpKernel {
     const bool applied = act_.kind() == config::Activation::relu && !activation_backward_elsewhere_ && !io.diff_src &&
                          y.get_desc() == ctx_.wrap(io.diff_dst).get_desc();
     s->relu_output = applied ? y : memory();
+    if (!s->forward) return;
+    // (The own forward skips the primitives' reorders, whose weights a data gradient would read.)
+    DTRAIN_CHECK(!io.diff_src, fmt::format("layer '{}': its own forward planned without an input gradient, bound with one",
+                                           layer_.name()));
+    s->y = y;
+    if (act_.kind() != config::Activation::relu && act_.is_eltwise()) s->activation = act_.in_place_forward(ctx_, y);
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
-    if (!pool_) return WeightedOpKernel::forward(batch, step);
-    pooled_forward(*find_weight_loops(batch));
+    if (pool_) return pooled_forward(*find_weight_loops(batch));
+    WeightLoops* s = find_weight_loops(batch);
+    if (s && s->forward) return own_forward(*s);
+    WeightedOpKernel::forward(batch, step);
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
@@ -1326,6 +1382,12 @@ class Conv2DKernel final : public WeightedOpKernel {
     // (TapPairs, pair_weights), and each forward thread's pair images, after its padded sample.
     std::optional<TapPairs> tap_pairs;
     std::vector<float> kernel_pairs;
+    // Not pooled, the forward too where plan_own_forward takes it: its geometry (the whole output;
+    // the weight loops' sums stop at what the layer above reads), and a sigmoid or tanh applied
+    // after it in place (relu is applied as the outputs are stored). The kernel and bias padded,
+    // the padded samples and the sums are the pooled forward's.
+    std::optional<WeightLoopsGeometry> forward;
+    BoundPrimitive activation;
   };
 
   // Whether this batch's weight gradients are this file's loops: f32, x and the output gradient
@@ -1591,15 +1653,9 @@ class Conv2DKernel final : public WeightedOpKernel {
     const PoolingGeometry& p = *s.pool;
     const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
     const std::int64_t channels = static_cast<std::int64_t>(s.bias.size());
-    auto vars = layer_.variables();
-    const float* kernel = vars[nn::Conv2D::kKernel].value.address<float>();  // (taps, filters): HWIO
-    for (std::int64_t t = 0; t < taps; ++t)
-      std::copy_n(kernel + t * g.filters, g.filters, s.kernel.begin() + t * channels);
-    if (g.bf16) round_to_bf16(s.kernel.data(), static_cast<std::int64_t>(s.kernel.size()));
+    gather_kernel(s);
     const TapPairs* pairs = s.codes && g.pairs ? &*s.tap_pairs : nullptr;
     if (pairs) pair_weights(s.kernel.data(), taps, channels, s.kernel_pairs.data());
-    if (layer_.options().use_bias)  // (a float32 bias, as the primitive's)
-      std::copy_n(vars[nn::Conv2D::kBias].value.address<float>(), g.filters, s.bias.begin());
     const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
     const std::int64_t plane = g.oh * g.ow * g.lanes;  // one filter vector's sums, where they are stored
     const bool in_registers = p.kh == 2 && p.kw == 2;  // convolve_pool_2x2
@@ -1666,6 +1722,83 @@ class Conv2DKernel final : public WeightedOpKernel {
     });
   }
 
+  // The kernel (taps, filters: HWIO) into s.kernel (taps, channels) and the bias into s.bias
+  // (channels; a float32 bias, as the primitive's), their channels past the filters zeros; the
+  // kernel rounded to bfloat16 where the loops compute in it.
+  void gather_kernel(WeightLoops& s) const {
+    const WeightLoopsGeometry& g = s.geometry;
+    const std::int64_t taps = static_cast<std::int64_t>(g.taps.size());
+    const std::int64_t channels = static_cast<std::int64_t>(s.bias.size());
+    auto vars = layer_.variables();
+    const float* kernel = vars[nn::Conv2D::kKernel].value.address<float>();
+    for (std::int64_t t = 0; t < taps; ++t)
+      std::copy_n(kernel + t * g.filters, g.filters, s.kernel.begin() + t * channels);
+    if (g.bf16) round_to_bf16(s.kernel.data(), static_cast<std::int64_t>(s.kernel.size()));
+    if (layer_.options().use_bias) std::copy_n(vars[nn::Conv2D::kBias].value.address<float>(), g.filters, s.bias.begin());
+  }
+
+  // The forward of a float32 first layer of 8 filters or fewer on a few input channels, with its
+  // weight loops planned (not cropped: every output is computed), as the pooled forward computes
+  // its sums (convolve_sample: the bits of oneDNN's direct convolution), with a linear, relu,
+  // sigmoid or tanh activation. Why: its output in blocks of 8 channels, not the 16 oneDNN's
+  // AVX-512 kernels pad it to (and on that layout oneDNN 2.6 runs its AVX2 kernel, 2x slower):
+  // half the bytes of the output, its activation and its gradient. LeNet's first convolution (6
+  // filters on 28 x 28, 'same', tanh) and its average pooling, 2-core AMD EPYC (Zen 5), 3
+  // alternating pairs: forward 0.178-0.180 ms a step against 0.186-0.196, backward 0.177-0.179
+  // against 0.205-0.232 (the tanh's backward 0.040 against 0.073-0.079), the pooling 0.015-0.019
+  // each way against 0.023-0.030. Wider layers gained nothing (a VGG stem's 32 filters: 0.220-0.240
+  // against 0.226-0.235 forward): they keep the primitive.
+  bool own_forward_fits() const {
+    const auto kind = act_.kind();
+    const Shape& in = layer_.input_shape();
+    const auto& o = layer_.options();
+    return !pool_ && !input_gradient_ && compute_ == DType::f32 && o.filters <= 8 && in[2] <= kFewInputChannels &&
+           std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2] <= kMaxTapsOfFewChannels &&
+           (kind == config::Activation::linear || act_.is_eltwise());
+  }
+  void plan_own_forward(WeightLoops& s) {
+    const WeightLoopsGeometry& g = s.geometry;
+    if (!own_forward_fits()) return;
+    WeightLoopsGeometry& f = s.forward.emplace(g);
+    f.oh = layer_.padding_h().out;
+    f.ow = layer_.padding_w().out;
+    const std::int64_t channels = g.filter_chunks * g.lanes;
+    s.kernel.assign(static_cast<std::size_t>(static_cast<std::int64_t>(g.taps.size()) * channels), 0.0f);
+    s.bias.assign(static_cast<std::size_t>(channels), 0.0f);
+  }
+
+  // The samples are independent; the replica's OpenMP team shares them.
+  void own_forward(WeightLoops& s) {
+    const WeightLoopsGeometry& g = *s.forward;
+    gather_kernel(s);
+    const std::int64_t channels = static_cast<std::int64_t>(s.bias.size());
+    const std::int64_t padded_size = g.padded_h * g.padded_w * g.c;
+    const std::int64_t plane = g.oh * g.ow * g.lanes;
+    const auto threads = static_cast<std::size_t>(std::max(1, omp_get_max_threads()));
+    if (s.forward_padded.size() < threads * static_cast<std::size_t>(padded_size)) {
+      s.forward_padded.resize(threads * static_cast<std::size_t>(padded_size), 0.0f);  // zero: the padding
+      s.forward_sums.resize(threads * static_cast<std::size_t>(kForwardVectors * plane));
+    }
+    const float* x = static_cast<const float*>(s.src.get_data_handle());
+    float* y = static_cast<float*>(s.y.get_data_handle());
+    const bool relu = act_.kind() == config::Activation::relu;
+    const StoreSampleFn store = store_sample_fn(g.lanes);
+    for_each_item(g.batch, [&](std::int64_t n) {
+      const int thread = omp_get_thread_num();
+      float* padded = s.forward_padded.data() + thread * padded_size;
+      float* z = s.forward_sums.data() + thread * kForwardVectors * plane;
+      pad_sample(g, x + n * g.x.n, padded);
+      for (std::int64_t first_lane = 0; first_lane < channels;) {
+        const std::int64_t left = (channels - first_lane) / g.lanes;
+        const int vectors = left >= kForwardVectors ? kForwardVectors : left >= 2 ? 2 : 1;
+        convolve_sample_fn(g.lanes, vectors)(g, padded, s.kernel.data() + first_lane, channels, z);
+        store(g, g.dy, z, vectors, s.bias.data() + first_lane, first_lane, relu, y + n * g.dy.n);
+        first_lane += vectors * g.lanes;
+      }
+    });
+    if (s.activation.prim) s.activation.run(ctx_);
+  }
+
   template <class Loops>
   static auto find_in(Loops& loops, std::int64_t batch) -> decltype(loops.data()) {
     for (auto& s : loops)
@@ -1679,6 +1812,7 @@ class Conv2DKernel final : public WeightedOpKernel {
   std::vector<WeightLoops> weight_loops_;  // per planned batch size that uses the loops above
   std::vector<GemmWeights> gemm_weights_;  // per planned batch size whose weights' gradients are a matmul
   const nn::MaxPool2D* pool_ = nullptr;    // the max pooling this layer computes (take_output_max_pooling)
+  bool input_gradient_ = true;             // whether a layer below or the caller wants x's gradient
   // The output rows and columns the layer above reads (output_read_within): the weight loops sum
   // over no others, and the primitives may run cropped to them (plan). A 2 x 2 pooling over the
   // seed CNN's 11 x 11 second convolution reads 10 x 10: 17 % of the multiply-adds left out.
