@@ -207,9 +207,10 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     if (kernels_[i - 1]->take_output_activation_derivative(own)) kernels_[i]->skip_activation_backward();
   }
   // The lowest layer whose backward matters (backward_runs).
-  if (!options_.input_gradient)
+  if (!options_.input_gradient) {
     while (first_backward_ + 1 < layers_.size() && layers_[first_backward_]->variables().empty()) ++first_backward_;
-  if (!options_.input_gradient) kernels_[first_backward_]->without_input_gradient();
+    kernels_[first_backward_]->without_input_gradient();
+  }
   derivative_above_.assign(kernels_.size(), false);
   for (std::size_t i = 1; i < kernels_.size(); ++i) {
     const config::Activation below = kernels_[i - 1]->output_activation();

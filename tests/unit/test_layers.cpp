@@ -989,6 +989,20 @@ std::vector<DType> compute_dtypes_here() {
 
 // How many of step_values' values (outputs, then in training every gradient and dx) differ
 // between the two models (+0 and -0 equal).
+// fn(ctx, compute) for each loop level this CPU runs (testing::loop_isas_here) and each compute
+// dtype it has, on a context whose loops are built for that level.
+template <class Fn>
+void on_each_loop_level(const Fn& fn) {
+  for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
+    for (const DType compute : compute_dtypes_here()) {
+      CAPTURE(backends::onednn::name_of(isa));
+      CAPTURE(std::string(dtype_name(compute)));
+      const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+      backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
+      fn(*owned, compute);
+    }
+}
+
 std::size_t unequal_step_values(const config::ModelConfig& one, const config::ModelConfig& other, device::Context& ctx,
                                 DType compute, nn::Mode mode) {
   const std::vector<float> a = step_values(one, ctx, compute, mode, 5);
@@ -1039,25 +1053,22 @@ TEST_CASE("batch normalization computing the relu and max pooling above it gives
     layers.push_back(dense(3, Activation::linear));
     return model_of_layers(b.input, layers);
   };
-  for (const Block& b : blocks)
-    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
-      for (const DType compute : compute_dtypes_here())
-        for (const nn::Mode mode : {nn::Mode::training, nn::Mode::inference}) {
-          CAPTURE(b.label);
-          CAPTURE(backends::onednn::name_of(isa));
-          CAPTURE(std::string(dtype_name(compute)));
-          CAPTURE(mode == nn::Mode::training);
-          const std::unique_ptr<device::Context> owned = device::make_context(Device{});
-          backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
-          const config::ModelConfig fused = model_of(b, false), apart = model_of(b, true);
-          {
-            const nn::Sequential model(fused, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = true});
-            const std::size_t pooling = b.below.size() + 2;
-            REQUIRE(model.computed_by_layer_below(pooling));
-            CHECK(model.computing_layer(pooling) == b.below.size());
-          }
-          CHECK(unequal_step_values(fused, apart, *owned, compute, mode) == 0);
+  for (const Block& b : blocks) {
+    CAPTURE(b.label);
+    on_each_loop_level([&](device::Context& ctx, DType compute) {
+      for (const nn::Mode mode : {nn::Mode::training, nn::Mode::inference}) {
+        CAPTURE(mode == nn::Mode::training);
+        const config::ModelConfig fused = model_of(b, false), apart = model_of(b, true);
+        {
+          const nn::Sequential model(fused, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = true});
+          const std::size_t pooling = b.below.size() + 2;
+          REQUIRE(model.computed_by_layer_below(pooling));
+          CHECK(model.computing_layer(pooling) == b.below.size());
         }
+        CHECK(unequal_step_values(fused, apart, ctx, compute, mode) == 0);
+      }
+    });
+  }
 }
 
 TEST_CASE("batch normalization applying the relu layer's derivative gives the values of the layers apart") {
@@ -1089,22 +1100,18 @@ TEST_CASE("batch normalization applying the relu layer's derivative gives the va
     layers.insert(layers.end(), b.above.begin(), b.above.end());
     return model_of_layers(b.input, layers);
   };
-  for (const Block& b : blocks)
-    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
-      for (const DType compute : compute_dtypes_here()) {
-        CAPTURE(b.label);
-        CAPTURE(backends::onednn::name_of(isa));
-        CAPTURE(std::string(dtype_name(compute)));
-        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
-        backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
-        const config::ModelConfig fused = model_of(b, false), apart = model_of(b, true);
-        {
-          const nn::Sequential model(fused, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = true});
-          const std::size_t relu = b.below.size() + 1;
-          CHECK(model.backward_moves_nothing(relu));
-        }
-        CHECK(unequal_step_values(fused, apart, *owned, compute, nn::Mode::training) == 0);
+  for (const Block& b : blocks) {
+    CAPTURE(b.label);
+    on_each_loop_level([&](device::Context& ctx, DType compute) {
+      const config::ModelConfig fused = model_of(b, false), apart = model_of(b, true);
+      {
+        const nn::Sequential model(fused, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = true});
+        const std::size_t relu = b.below.size() + 1;
+        CHECK(model.backward_moves_nothing(relu));
       }
+      CHECK(unequal_step_values(fused, apart, ctx, compute, nn::Mode::training) == 0);
+    });
+  }
 }
 
 TEST_CASE("a first convolution computing the max pooling above it gives the same bits on every loop level") {
@@ -1224,14 +1231,9 @@ TEST_CASE("a first convolution's weight loops apply its relu's derivative with t
     oracle.input_gradient = false;
     check_case(oracle);
     const config::ModelConfig mc = model_of_layers(b.input, b.layers);
-    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
-      for (const DType compute : compute_dtypes_here()) {
-        CAPTURE(backends::onednn::name_of(isa));
-        CAPTURE(std::string(dtype_name(compute)));
-        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
-        backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
-        CHECK(unequal_without_input_gradient(mc, *owned, compute, 11) == 0);
-      }
+    on_each_loop_level([&](device::Context& ctx, DType compute) {
+      CHECK(unequal_without_input_gradient(mc, ctx, compute, 11) == 0);
+    });
   }
 }
 
@@ -1275,20 +1277,14 @@ TEST_CASE("a first convolution's own forward: the oracle's values, the primitive
     oracle.input_gradient = false;
     check_case(oracle);
     const config::ModelConfig mc = model_of_layers(b.input, b.layers);
-    for (const backends::onednn::LoopIsa isa : testing::loop_isas_here())
-      for (const DType compute : compute_dtypes_here()) {
-        CAPTURE(backends::onednn::name_of(isa));
-        CAPTURE(std::string(dtype_name(compute)));
-        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
-        backends::onednn::OnednnContext::of(*owned).set_loop_isa(isa);
-        if (compute == DType::f32) {
-          nn::Sequential model(mc, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = false});
-          const Shape& out = model.layer(0).output_shape();
-          CHECK(model.output_bytes(kBatch, 0) == static_cast<std::size_t>(kBatch * out[0] * out[1] * 8) * sizeof(float));
-        }
-        if (!b.primitive_bits) continue;
-        CHECK(unequal_without_input_gradient(mc, *owned, compute, kBatch) == 0);
+    on_each_loop_level([&](device::Context& ctx, DType compute) {
+      if (compute == DType::f32) {
+        nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = false});
+        const Shape& out = model.layer(0).output_shape();
+        CHECK(model.output_bytes(kBatch, 0) == static_cast<std::size_t>(kBatch * out[0] * out[1] * 8) * sizeof(float));
       }
+      if (b.primitive_bits) CHECK(unequal_without_input_gradient(mc, ctx, compute, kBatch) == 0);
+    });
   }
 }
 

@@ -1163,7 +1163,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     // A first layer's own forward (plan_own_forward) writes its filters in blocks of 8, where
     // oneDNN's AVX-512 kernels pad them to 16. Where the weight loops then do not fit after all,
     // the primitives compute on that layout.
-    if (own_forward_fits())
+    const bool own_forward = own_forward_fits();
+    if (own_forward)
       dst = memory::desc({batch, o.filters, out[1], out[2]}, to_dnnl(compute_), memory::format_tag::aBcd8b);
 
     auto forward_pd = [&] {
@@ -1195,7 +1196,7 @@ class Conv2DKernel final : public WeightedOpKernel {
                                                  pad_after),
         ctx_.engine, fwd_pd);
     if (dy)
-      if (WeightLoops* s = plan_weight_loops(batch, md_of(src_layout), *dy, false); s && !crop) plan_own_forward(*s);
+      if (WeightLoops* s = plan_weight_loops(batch, md_of(src_layout), *dy, false); s && own_forward) plan_own_forward(*s);
     return keep(batch, out, fwd_pd, bwd_data_pd, bwd_weights_pd, crop);
   }
 
@@ -1758,7 +1759,6 @@ class Conv2DKernel final : public WeightedOpKernel {
   }
   void plan_own_forward(WeightLoops& s) {
     const WeightLoopsGeometry& g = s.geometry;
-    if (!own_forward_fits()) return;
     WeightLoopsGeometry& f = s.forward.emplace(g);
     f.oh = layer_.padding_h().out;
     f.ow = layer_.padding_w().out;
