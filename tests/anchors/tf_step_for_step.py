@@ -98,14 +98,23 @@ def set_state(loop, names, state=None, initial=None):
                 slot.assign(np.zeros(slot.shape, np.float32))
         opt.iterations.assign(0)
         return
+    for key, variable in state_variables(loop, names):
+        variable.assign(state[key])
+    opt.iterations.assign(state["iterations"])
+
+
+def state_variables(loop, names):
+    """(key, TensorFlow variable) for every variable of a loop's model and every optimizer slot,
+    keyed as read_checkpoint keys a checkpoint's (the iteration count apart)."""
+    opt = loop.optimizer
+    slots = slot_lists(opt)
     for layer, name in zip(loop.model.layers, names):
         for v in layer.weights:
-            v.assign(state[f"model/{name}/{v.name}"])
+            yield f"model/{name}/{v.name}", v
             if v.trainable:
                 i = opt._get_variable_index(v)
                 for slot, variables in slots.items():
-                    variables[i].assign(state[f"optimizer/{slot}/{name}/{v.name}"])
-    opt.iterations.assign(state["iterations"])
+                    yield f"optimizer/{slot}/{name}/{v.name}", variables[i]
 
 
 def per_replica_moving_statistics(exp, replicas):
@@ -181,16 +190,8 @@ def get_state(loop, names):
     """A loop's variables, optimizer slots and iteration count, keyed as read_checkpoint keys a
     checkpoint's."""
     import numpy as np
-    opt = loop.optimizer
-    slots = slot_lists(opt)
-    out = {"iterations": int(opt.iterations.numpy())}
-    for layer, name in zip(loop.model.layers, names):
-        for v in layer.weights:
-            out[f"model/{name}/{v.name}"] = np.asarray(v.numpy())
-            if v.trainable:
-                i = opt._get_variable_index(v)
-                for slot, variables in slots.items():
-                    out[f"optimizer/{slot}/{name}/{v.name}"] = np.asarray(variables[i].numpy())
+    out = {key: np.asarray(variable.numpy()) for key, variable in state_variables(loop, names)}
+    out["iterations"] = int(loop.optimizer.iterations.numpy())
     return out
 
 

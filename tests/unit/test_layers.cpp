@@ -987,8 +987,6 @@ std::vector<DType> compute_dtypes_here() {
   return dtypes;
 }
 
-// How many of step_values' values (outputs, then in training every gradient and dx) differ
-// between the two models (+0 and -0 equal).
 // fn(ctx, compute) for each loop level this CPU runs (testing::loop_isas_here) and each compute
 // dtype it has, on a context whose loops are built for that level.
 template <class Fn>
@@ -1003,6 +1001,8 @@ void on_each_loop_level(const Fn& fn) {
     }
 }
 
+// How many of step_values' values (outputs, then in training every gradient and dx) differ
+// between the two models (+0 and -0 equal).
 std::size_t unequal_step_values(const config::ModelConfig& one, const config::ModelConfig& other, device::Context& ctx,
                                 DType compute, nn::Mode mode) {
   const std::vector<float> a = step_values(one, ctx, compute, mode, 5);
