@@ -243,12 +243,14 @@ template <PlaneTerms Terms, class T>
           dy16 = _mm512_loadu_ps(in.dy + at);
         } else if constexpr (Terms == PlaneTerms::gradient_through_relu) {
           const __m512 relu_input = _mm512_add_ps(_mm512_mul_ps(floats_at(x + at), scale), shift);
-          dy16 = _mm512_maskz_loadu_ps(_mm512_cmp_ps_mask(relu_input, _mm512_setzero_ps(), _CMP_GT_OQ), in.dy + at);
+          dy16 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(relu_input, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                     load_whole<__m512>(in.dy + at));
         } else if constexpr (Terms == PlaneTerms::pooled_gradient) {
           if (c < windowed) {
             const __m512i winners =
                 _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.ws + window)));
-            dy16 = _mm512_maskz_loadu_ps(_mm512_cmpeq_epi32_mask(winners, _mm512_set1_epi32(position)), in.dy + window);
+            dy16 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(winners, _mm512_set1_epi32(position)),
+                                       load_whole<__m512>(in.dy + window));
             if (++position == first_position + in.pool->kw) {  // the next window
               position = first_position;
               window += in.pool->col;
@@ -308,7 +310,7 @@ void plane_squared_deviations(const Geometry& g, std::int64_t i, std::int64_t gr
 
 // The relu's derivative applied to D lanes of dy at a position: dy where the relu's input, x *
 // scale + shift as plane_normalize computed it (the same float operations, so the same bits), is
-// above zero, +0 elsewhere (as the pooled gradient masks it).
+// above zero, +0 elsewhere (as the pooled gradient masks it); dy loaded whole (load_whole).
 template <int D>
 [[gnu::always_inline]] inline Vec<float, D> through_relu(const Vec<float, D>& dy, const Vec<float, D>& x,
                                                         const Vec<float, D>& scale, const Vec<float, D>& shift) {
@@ -336,7 +338,7 @@ void plane_gradient_sums(const Geometry& g, std::int64_t i, std::int64_t grp, co
       using F = Vec<float, D>;
       plane_sums<D, V, true>(g, i, grp, dy_sum, dy_xhat_sum, [&](std::int64_t at, std::int64_t c) {
         const F xv = load_widened<D>(x + at);
-        F dyv = load<F>(dy + at);
+        F dyv = Relu ? load_whole<F>(dy + at) : load<F>(dy + at);
         if constexpr (Relu) dyv = through_relu<D>(dyv, xv, load<F>(scale + c), load<F>(shift + c));
         const Doubles<D> d = widened<D>(dyv);
         const Doubles<D> centered = widened<D>(xv) - widened<D>(load<F>(mean + c));
@@ -390,7 +392,7 @@ void plane_input_gradient(const Geometry& g, std::int64_t i, std::int64_t grp, c
     const Vec<std::int32_t, L> on = load<Vec<std::int32_t, L>>(live + c0) != 0;
     for_positions(g, i, base + c0, [&](std::int64_t at) {
       const F xv = load_widened<L>(x + at);
-      F dyv = load<F>(dy + at);
+      F dyv = Relu ? load_whole<F>(dy + at) : load<F>(dy + at);
       if constexpr (Relu) dyv = through_relu<L>(dyv, xv, a, b);
       const F xhat = (xv - m) * s;
       const F v = a * ((dyv - mdy) - xhat * mdx);
@@ -464,7 +466,7 @@ template <int L>
                                                            const float* __restrict dy, const std::uint8_t* __restrict ws) {
   using I = Vec<std::int32_t, L>;
   const I here = load_bytes_widened<L>(ws + window) == position;
-  return std::bit_cast<Vec<float, L>>(I(load<I>(dy + window) & here));
+  return std::bit_cast<Vec<float, L>>(I(load_whole<I>(dy + window) & here));
 }
 
 // Lanes [First, First + D) of v, in a register (a shuffle: through an array, GCC 12 sent them

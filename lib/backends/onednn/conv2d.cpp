@@ -169,13 +169,13 @@ template <int L>
 [[gnu::always_inline]] inline Vec<float, L> load_relu_gradient(const float* dy, const float* y) {
   using F = Vec<float, L>;
   const Mask<L> above = load<F>(y) > F{};
-  return std::bit_cast<F>(above & std::bit_cast<Mask<L>>(load<F>(dy)));
+  return std::bit_cast<F>(above & load_whole<Mask<L>>(dy));
 }
 template <int L>
 [[gnu::always_inline]] inline Vec<float, L> load_relu_gradient(const std::uint16_t* dy, const std::uint16_t* y) {
   using U = Vec<std::uint16_t, L>;
   const auto above = load<U>(y) - std::uint16_t{1} < std::uint16_t{0x7F80};
-  const U codes = load<U>(dy) & std::bit_cast<U>(above);
+  const U codes = load_whole<U>(dy) & std::bit_cast<U>(above);
   return std::bit_cast<Vec<float, L>>(__builtin_convertvector(codes, Vec<std::uint32_t, L>) << 16);
 }
 
