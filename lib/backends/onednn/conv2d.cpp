@@ -1006,11 +1006,12 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
   const bool in_place = reads_in_place(g);
   for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
     const std::int64_t slot = worker * j.cached + n % j.cached;
-    const float* padded = in_place ? j.x + n * g.x.n : j.padded + slot * j.slot_size;
-    float* image = j.padded + slot * j.slot_size + j.padded_size;  // (g.pairs) the positions' pairs, a column apart
+    float* cached = j.padded + slot * j.slot_size;
+    const float* padded = in_place ? j.x + n * g.x.n : cached;
+    float* image = cached + j.padded_size;  // (g.pairs) the positions' pairs, a column apart
     if (!in_place && j.holds[slot] != n) {
-      pad_sample(g, j.x + n * g.x.n, j.padded + slot * j.slot_size);
-      if (g.pairs) pair_image(padded, j.padded_size, g.sw * g.c, image);
+      pad_sample(g, j.x + n * g.x.n, cached);
+      if (g.pairs) pair_image(cached, j.padded_size, g.sw * g.c, image);
       j.holds[slot] = n;
     }
     if (routed) {
