@@ -1157,15 +1157,20 @@ class Conv2DKernel final : public WeightedOpKernel {
     const auto algo = dnnl::algorithm::convolution_direct;
 
     // Where the layer above reads fewer output rows or columns (output_read_within), the
-    // primitives compute those alone, on copies of the leading rows and columns each reads or
-    // writes (oneDNN 2.6 takes no negative padding, and runs a sub-memory source on its reference
+    // primitives compute those alone (WeightedOpPlan::Crop): the output and its gradient are
+    // those leading rows and columns only (the layer above, a pooling, reads the positions the
+    // layout holds), the input and its gradient are copies of the leading rows and columns they
+    // reach (oneDNN 2.6 takes no negative padding, and runs a sub-memory source on its reference
     // kernel): where a tenth of the positions or more are left out, on inputs of more than a few
     // channels (whose arithmetic pays for the copies) arranged with their channels innermost (the
     // copies' own loops). On the seed CNN's second convolution (one AVX2 thread, 32 samples) 10 x
     // 10 of 11 x 11 took 1.78 ms forward and 1.56 backward data against 2.10 and 2.16, its copies
     // 0.13 and 0.125 (as oneDNN reorders, measured apart). In bfloat16 on a 2-core Intel Xeon with
     // AMX, `dtrain bench`, 3 alternating pairs: its backward 0.66-0.68 ms a step against 0.71-0.76,
-    // its forward 0.15-0.17 against 0.12-0.14 (AMX computes faster than the copies move).
+    // its forward 0.15-0.17 against 0.12-0.14 (AMX computes faster than the copies move). The
+    // output's copies (into the whole output, the gradient back out of it) were 221k of the 361k
+    // TSC cycles a lane's crop copies took a step (2-core Zen 5 EPYC, float32): handing the part
+    // itself to the pooling made the step 3-4 % shorter (5 alternating pairs of `dtrain bench`).
     std::optional<WeightedOpPlan::Crop> crop;
     const std::int64_t rows = std::min(out[1], rows_read_), columns = std::min(out[2], columns_read_);
     if (!pool_ && in[2] > kFewInputChannels && arrangement_of(md_of(src_layout)) &&
@@ -1195,8 +1200,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     };
     auto fwd_pd = forward_pd();
     if (pool_) return plan_pooled(batch, md_of(src_layout), fwd_pd.dst_desc());
-    // The output's arrangement: the cropped dst's blocking over the whole output. Where oneDNN
-    // picked a cropped dst the copies cannot move (channels not innermost), the whole planes.
+    // The output's arrangement: the forward's dst (cropped: the leading part). Where oneDNN picked
+    // a cropped dst the layer above could not read (channels not innermost), the whole planes.
     std::optional<Arrangement> dy = arrangement_of(fwd_pd.dst_desc());
     if (crop && !dy) {
       crop.reset();
@@ -1205,8 +1210,6 @@ class Conv2DKernel final : public WeightedOpKernel {
       pad_after = whole_pad_after;
       fwd_pd = forward_pd();
       dy = arrangement_of(fwd_pd.dst_desc());
-    } else if (crop) {
-      dy = arrangement_of(arranged_like(*dy, {out[0], out[3], out[1], out[2]}, fwd_pd.dst_desc().data_type()));
     }
     auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
         dnnl::convolution_backward_data::desc(algo, src, weights, dst, strides, pad_before, pad_after), ctx_.engine,
@@ -1512,7 +1515,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     if (compute_ != DType::bf16) return;
     WeightedOpPlan& p = plan_of(batch);
     const memory src = p.fwd.args.at(DNNL_ARG_SRC);
-    const memory dy = p.crop ? p.pre_grad_part : p.act.pre_grad;
+    const memory dy = p.act.pre_grad;
     const memory::desc src_md = src.get_desc(), dy_md = dy.get_desc();
     const std::optional<Arrangement> x = arrangement_of(src_md), d = arrangement_of(dy_md);
     if (!x || !d || src_md.data_type() != memory::data_type::bf16 || dy_md.data_type() != memory::data_type::bf16)

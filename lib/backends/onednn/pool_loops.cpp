@@ -10,9 +10,16 @@ std::optional<PoolGeometry> pool_geometry(const nn::Pool2DLayer& layer, const me
   if (!src || (dt != memory::data_type::f32 && dt != memory::data_type::bf16)) return std::nullopt;
   const auto& pool = layer.params().pool_size;
   PoolGeometry g;
+  // The input's rows and columns as its layout holds them: a convolution below that computes only
+  // the leading ones this pooling reads (Layer::input_extent_read) hands over those alone.
+  const memory::dims held = src_md.dims();  // (N, C, H, W)
   const Shape& in = layer.input_shape();
-  g.h = in[0];
-  g.w = in[1];
+  const std::optional<nn::Layer::InputExtent> read = layer.input_extent_read();
+  DTRAIN_CHECK(held.size() == 4 && held[2] <= in[0] && held[3] <= in[1] &&
+                   ((held[2] == in[0] && held[3] == in[1]) || (read && held[2] >= read->rows && held[3] >= read->columns)),
+               "a pooling's input layout holds fewer rows or columns than its windows read");
+  g.h = held[2];
+  g.w = held[3];
   g.oh = layer.padding_h().out;
   g.ow = layer.padding_w().out;
   g.kh = pool[0];

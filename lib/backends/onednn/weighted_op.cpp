@@ -112,17 +112,15 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
   // Forward: src and kernel into the layouts the forward primitive chose; dst is the model's
   // memory, which the model allocated with exactly the primitive's dst layout.
   // Cropped, the primitives compute on the leading parts (WeightedOpPlan::Crop).
+  // Cropped, the output (and its gradient) is already the leading part (WeightedOpPlan::Crop).
   if (p.crop) {
     p.src_whole = io.src;
-    p.dst_whole = io.dst;
     p.src_part = leading_part(ctx, io.src, p.crop->src);
-    p.dst_part = leading_part(ctx, io.dst, p.crop->dst);
   }
   memory src = layout_for(ctx, p.crop ? p.src_part : io.src, p.fwd_pd.src_desc(0), p.src_in, false);
   memory w_user = ctx.wrap(kernel_md, kernel.value.raw());
   memory w = layout_for(ctx, w_user, p.fwd_pd.weights_desc(0), p.weights_in, false);
-  memory dst = p.crop ? layout_for(ctx, p.dst_part, p.fwd_pd.dst_desc(0), p.dst_out, true) : io.dst;
-  p.fwd = {p.fwd_prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}}};
+  p.fwd = {p.fwd_prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, io.dst}}};
   memory bias_mem, dbias_mem;
   if (bias) {
     bias_mem = ctx.wrap(p.fwd_pd.weights_desc(1), bias->value.raw());
@@ -130,11 +128,7 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
     p.fwd.args.emplace(DNNL_ARG_BIAS, bias_mem);
   }
   act.bind(ctx, io.dst, io.diff_dst, p.act);
-  if (p.crop) {
-    p.pre_grad_whole = p.act.pre_grad;
-    p.pre_grad_part = leading_part(ctx, p.act.pre_grad, p.crop->dst);
-  }
-  const memory& pre_grad = p.crop ? p.pre_grad_part : p.act.pre_grad;
+  const memory& pre_grad = p.act.pre_grad;
 
   // Backward weights: reads the forward's src and the gradient before the activation.
   memory bw_src = layout_for(ctx, src, p.bwd_weights_pd.src_desc(0), p.bw_src_in, false);
@@ -170,10 +164,9 @@ LayoutPtr WeightedOpKernel::keep(std::int64_t batch, const Shape& out, const dnn
   p.fwd_prim = dnnl::primitive(fwd);
   p.bwd_data_prim = dnnl::primitive(bwd_data);
   p.bwd_weights_prim = dnnl::primitive(bwd_weights);
-  if (!crop) return make_layout(out, compute_, fwd.dst_desc());
-  const std::optional<Arrangement> a = arrangement_of(fwd.dst_desc());
-  DTRAIN_CHECK(a.has_value(), "a cropped output is arranged with its channels innermost");
-  return make_layout(out, compute_, arranged_like(*a, {out[0], out[3], out[1], out[2]}, fwd.dst_desc().data_type()));
+  // Cropped, the forward's dst is the leading part: `out` in shape, fewer rows or columns in memory.
+  DTRAIN_CHECK(!crop || arrangement_of(fwd.dst_desc()).has_value(), "a cropped output is arranged with its channels innermost");
+  return make_layout(out, compute_, fwd.dst_desc());
 }
 
 void WeightedOpKernel::bind_variables(std::int64_t batch, const nn::LayerIO& io, const memory::desc& kernel_md,
@@ -187,20 +180,15 @@ void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
   p.src_in.run(ctx_);
   p.weights_in.run(ctx_);
   p.fwd.run(ctx_);
-  if (p.crop) {
-    p.dst_out.run(ctx_);
-    copy_part(p.dst_whole, p.dst_part, true);
-  }
   act_.forward(ctx_, p.act);
 }
 
 void WeightedOpKernel::backward(std::int64_t batch, const nn::StepContext& step) {
   WeightedOpPlan& p = plans_.get(batch);
   // Where the weight loops apply the derivative, nothing else reads the gradient before the
-  // activation (no input gradient), nor its cropped copy.
+  // activation (no input gradient).
   const bool loops_apply_derivative = weight_gradients_apply_activation_derivative(batch);
   if (!activation_backward_elsewhere_ && !loops_apply_derivative) act_.backward(ctx_, p.act);
-  if (p.crop && !loops_apply_derivative) copy_part(p.pre_grad_whole, p.pre_grad_part, false);
   // A layer's own weight loops come last: where the lanes share their items (nn::StepContext::
   // shared_work), the lanes leave them together, and the later in the step that is, the less
   // time is left for them to drift apart again before their gradients are summed.

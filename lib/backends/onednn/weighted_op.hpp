@@ -35,19 +35,20 @@ struct WeightedOpPlan {
   ActivationFn::Plan act;
   bool has_diff_src = false;
   // Where the layer above reads only the leading rows and columns of the output (LayerKernel::
-  // output_read_within), the three primitives compute on those alone: on copies of the input's
-  // leading `src` (N, C, H, W) and of the output gradient's leading `dst`, into copies of the
-  // output's and the input gradient's, each arranged as the model's memory it comes from or goes
-  // to (channels innermost), then reordered for the primitive where it chose otherwise. The
-  // output's other positions are +0, and so are the input gradient's past `src` (the layer above
-  // reads nothing they feed).
+  // output_read_within), the three primitives compute on those alone. The output and its gradient
+  // are the leading `dst` (N, F, OH', OW') itself: the layer's output layout is the forward's dst,
+  // whose descriptor has fewer rows or columns than the layer's output shape, and the layer above
+  // (a pooling: Layer::input_extent_read) reads the positions that layout holds. The input and its
+  // gradient are the model's whole memories: the primitives run on copies of the input's leading
+  // `src` (N, C, H', W') and into a copy of the input gradient's, arranged as the whole is
+  // (channels innermost), then reordered for the primitive where it chose otherwise. The input
+  // gradient's positions past `src` are +0 (the layer above reads nothing they feed).
   struct Crop {
     dnnl::memory::dims src, dst;
   };
   std::optional<Crop> crop;
-  dnnl::memory src_whole, dst_whole, pre_grad_whole, diff_src_whole;  // the model's memories
-  dnnl::memory src_part, dst_part, pre_grad_part, diff_src_part;      // their leading parts
-  Reorder dst_out;
+  dnnl::memory src_whole, diff_src_whole;  // the model's memories
+  dnnl::memory src_part, diff_src_part;    // their leading parts
 };
 
 // kernel_md: the Keras layout of the kernel variable (hwio_md / io_md). bias may be null.
@@ -107,8 +108,7 @@ class WeightedOpKernel : public nn::LayerKernel {
     return dnnl::memory::desc(weights.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
   }
   // Keeps the primitive descriptors for `batch`, makes their primitives, and returns the layout of
-  // the output (`out`): the forward's dst, or where the primitives run cropped, `out` arranged as
-  // the forward's cropped dst is.
+  // the output (`out`): the forward's dst (cropped: its leading part, WeightedOpPlan::Crop).
   LayoutPtr keep(std::int64_t batch, const Shape& out, const dnnl::primitive_desc& fwd,
                  const dnnl::primitive_desc& bwd_data, const dnnl::primitive_desc& bwd_weights,
                  const std::optional<WeightedOpPlan::Crop>& crop = std::nullopt);
