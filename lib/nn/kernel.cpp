@@ -69,6 +69,7 @@ class CallScoped final : public LayerKernel {
   void output_read_within(std::int64_t rows, std::int64_t columns) override {
     inner_->output_read_within(rows, columns);
   }
+  std::optional<Layer::InputExtent> input_read_within() const override { return inner_->input_read_within(); }
   bool wants_canonical_input() const override { return inner_->wants_canonical_input(); }
   void prefer_canonical_output() override { inner_->prefer_canonical_output(); }
   bool reinterprets_input() const override { return inner_->reinterprets_input(); }

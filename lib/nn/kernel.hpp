@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,6 +80,13 @@ class LayerKernel {
   // computed here): the gradient this kernel's backward starts from is zero past them, so its sums
   // over the output's positions may leave those out, as the +0 terms they would add.
   virtual void output_read_within(std::int64_t /*rows*/, std::int64_t /*columns*/) {}
+  // After output_read_within: the leading rows and columns of its (height, width, channels) input
+  // this kernel's forward will read, where fewer than all (a convolution that computes only the
+  // output positions read reads only the input rows and columns they reach). The model tells the
+  // kernel that computes that input (output_read_within), which may then hand over those alone:
+  // a layout whose descriptor holds fewer rows or columns than its shape. A kernel that returns
+  // an extent here must accept its input either way: whole, or exactly that leading part.
+  virtual std::optional<Layer::InputExtent> input_read_within() const { return std::nullopt; }
 
   // A reshape (Flatten, Reshape) whose input lies in the canonical layout of its input shape needs
   // to move nothing: its output, in the canonical layout of its own shape, is the same bytes. The

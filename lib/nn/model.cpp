@@ -186,11 +186,14 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
       computed_in_[i] = i - 2;
     }
   }
-  // What each layer reads of its input, told to the kernel below (a pooling computed there is not
-  // a layer above it).
-  for (std::size_t i = 1; i < kernels_.size(); ++i) {
-    const auto read = computed_in_[i] ? std::nullopt : layers_[i]->input_extent_read();
-    if (read) kernels_[i - 1]->output_read_within(read->rows, read->columns);
+  // What each layer reads of its input, told to the kernel that computes that input (a pooling
+  // computed below is not a layer above it): from the top down, since what a kernel reads of its
+  // input can depend on what the layer above reads of its output (LayerKernel::input_read_within).
+  for (std::size_t i = kernels_.size(); i-- > 1;) {
+    if (computed_in_[i]) continue;
+    std::optional<Layer::InputExtent> read = layers_[i]->input_extent_read();
+    if (!read) read = kernels_[i]->input_read_within();
+    if (read) kernels_[computed_in_[i - 1].value_or(i - 1)]->output_read_within(read->rows, read->columns);
   }
   // A reshape above: the layer below writes its output canonical where it can (nn/kernel.hpp).
   for (std::size_t i = 1; i < kernels_.size(); ++i)

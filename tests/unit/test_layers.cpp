@@ -828,6 +828,93 @@ TEST_CASE("a convolution computes only the output rows and columns the pooling a
   }
 }
 
+// One training step of `layers` on a batch of 3 (variables, input and output gradient drawn from
+// fixed seeds): the output, every variable's gradient and, with input_gradient, the input's.
+std::vector<std::vector<float>> one_step(const Shape& input, const std::vector<L>& layers, DType compute,
+                                         bool input_gradient) {
+  config::ModelConfig mc;
+  mc.input_shape = input.to_vector();
+  for (std::size_t i = 0; i < layers.size(); ++i) mc.layers.push_back(named(layers[i], fmt::format("l{}", i)));
+  nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{.compute = compute, .input_gradient = input_gradient});
+  Rng rng(11, RngStream::test);
+  randomize_variables(model, rng);
+  const nn::StepContext step = testing::step_of(nn::Mode::training, 3);
+  Tensor x(input.with_batch(3));
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  const auto copy = [](const Tensor& t) { return std::vector<float>(t.span<float>().begin(), t.span<float>().end()); };
+  std::vector<std::vector<float>> out{copy(model.forward(x, step))};
+  for (auto& v : model.output_gradient().span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  model.backward(step);
+  for (std::size_t l = 0; l < model.num_layers(); ++l)
+    for (auto& v : model.layer(l).variables()) out.push_back(copy(v.grad));
+  if (input_gradient) out.push_back(copy(model.input_gradient()));
+  return out;
+}
+
+TEST_CASE("the layer below a cropped convolution computes only the leading rows and columns it reads") {
+  // A convolution that computes only the output positions the pooling above reads reads only the
+  // leading input rows and columns those reach (LayerKernel::input_read_within): the layer below
+  // hands over that part alone, in a layout that holds fewer rows and columns than its shape (its
+  // planned output bytes say so). A first convolution computing its max pooling (the seed CNN's:
+  // 12 x 12 of 13 x 13 pooled) and a convolution that crops its own output (12 x 12 of 13 x 13).
+  // In float32 against the oracle, which computes every position; in float32 bit for bit against
+  // the same model with a linear Activation layer under the cropped convolution, which reads the
+  // whole input (the crop's copies) and adds nothing, and in bfloat16 against it too.
+  struct Below {
+    std::string label;
+    Shape input;
+    std::vector<L> layers;
+    std::size_t cropped;  // the cropped convolution's index
+    bool input_gradient;
+    std::vector<std::size_t> computed_below;
+    std::int64_t rows, columns, channels;  // layer 0's output as its layout holds it
+  };
+  const std::vector<Below> cases{
+      {"a first convolution and its max pooling (the seed CNN)", Shape{28, 28, 1},
+       {conv(32, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+        conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       2, false, {1}, 12, 12, 32},
+      {"a convolution that crops its own output", Shape{15, 15, 8},
+       {conv(16, 3, 1, Padding::valid, Activation::relu), conv(16, 3, 1, Padding::valid, Activation::relu),
+        pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(3, Activation::linear)},
+       1, true, {}, 12, 12, 16},
+  };
+  for (const Below& b : cases) {
+    CAPTURE(b.label);
+    Case c{b.label, b.input, b.layers, 3};
+    c.input_gradient = b.input_gradient;
+    c.computed_below = b.computed_below;
+    check_case(c);
+    std::vector<DType> computes{DType::f32};
+    if (cpu_has_bf16()) computes.push_back(DType::bf16);  // (mixed_bfloat16's cases say where not)
+    for (const DType compute : computes) {
+      CAPTURE(std::string(dtype_name(compute)));
+      config::ModelConfig mc;
+      mc.input_shape = b.input.to_vector();
+      for (std::size_t i = 0; i < b.layers.size(); ++i) mc.layers.push_back(named(b.layers[i], fmt::format("l{}", i)));
+      nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{.compute = compute, .input_gradient = b.input_gradient});
+      const std::size_t element = compute == DType::bf16 ? 2 : 4;
+      CHECK(model.output_bytes(3, 0) == static_cast<std::size_t>(3 * b.rows * b.columns * b.channels) * element);
+      std::vector<L> whole = b.layers;
+      whole.insert(whole.begin() + static_cast<std::ptrdiff_t>(b.cropped), nn::ActivationOptions{Activation::linear});
+      const auto part = one_step(b.input, b.layers, compute, b.input_gradient);
+      const auto reference = one_step(b.input, whole, compute, b.input_gradient);
+      REQUIRE(part.size() == reference.size());
+      for (std::size_t i = 0; i < part.size(); ++i) {
+        CAPTURE(i);  // the output, the variables' gradients in order, the input's
+        REQUIRE(part[i].size() == reference[i].size());
+        // oneDNN's bfloat16 backward-weights primitive (a cropping convolution's, where the loops
+        // are not this backend's) sums the positions in an order that depends on the plane's size:
+        // the same terms, in float32.
+        if (compute == DType::bf16 && i > 0)
+          CHECK(rel_err(Vec<double>(part[i].begin(), part[i].end()), Vec<double>(reference[i].begin(), reference[i].end())) < 1e-5);
+        else CHECK(std::memcmp(part[i].data(), reference[i].data(), part[i].size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("average_pooling2d and global_average_pooling2d match the reference and finite differences") {
   check_case({"2x2 valid", Shape{6, 6, 3}, {avg_pool(2, 2, Padding::valid)}, 2});
   check_case({"3x3 stride 2 same: border windows average their real inputs", Shape{7, 8, 3},

@@ -1141,6 +1141,25 @@ class Conv2DKernel final : public WeightedOpKernel {
   Conv2DKernel(nn::Conv2D& layer, OnednnContext& ctx, DType compute)
       : WeightedOpKernel(ctx, compute, layer.options().activation), layer_(layer) {}
 
+  // Where the primitives compute only the output rows and columns the layer above reads (plan's
+  // crop), before the input's layout is known (which must also have its channels innermost): those
+  // rows and columns, the input rows and columns they reach, and what is left of the padding after
+  // them. Null where they compute every position.
+  struct CropExtent {
+    std::int64_t rows, columns, in_h, in_w, pad_after_h, pad_after_w;
+  };
+  std::optional<CropExtent> crop_extent() const {
+    const auto& o = layer_.options();
+    const Shape& in = layer_.input_shape();
+    const std::int64_t oh = layer_.padding_h().out, ow = layer_.padding_w().out;
+    const std::int64_t rows = std::min(oh, rows_read_), columns = std::min(ow, columns_read_);
+    if (pool_ || in[2] <= kFewInputChannels || rows * columns * 10 > oh * ow * 9) return std::nullopt;
+    const std::int64_t reach_h = (rows - 1) * o.strides[0] - layer_.padding_h().before + o.kernel_size[0];
+    const std::int64_t reach_w = (columns - 1) * o.strides[1] - layer_.padding_w().before + o.kernel_size[1];
+    const std::int64_t in_h = std::min(in[0], reach_h), in_w = std::min(in[1], reach_w);
+    return CropExtent{rows, columns, in_h, in_w, reach_h - in_h, reach_w - in_w};
+  }
+
   LayoutPtr plan(std::int64_t batch, const LayoutPtr& src_layout) override {
     const auto& o = layer_.options();
     const Shape& in = layer_.input_shape();
@@ -1171,19 +1190,21 @@ class Conv2DKernel final : public WeightedOpKernel {
     // output's copies (into the whole output, the gradient back out of it) were 221k of the 361k
     // TSC cycles a lane's crop copies took a step (2-core Zen 5 EPYC, float32): handing the part
     // itself to the pooling made the step 3-4 % shorter (5 alternating pairs of `dtrain bench`).
+    // The input may be that leading part already (input_read_within: the layer below computed
+    // those rows and columns alone); then the primitives read it in place.
     std::optional<WeightedOpPlan::Crop> crop;
-    const std::int64_t rows = std::min(out[1], rows_read_), columns = std::min(out[2], columns_read_);
-    if (!pool_ && in[2] > kFewInputChannels && arrangement_of(md_of(src_layout)) &&
-        rows * columns * 10 <= out[1] * out[2] * 9) {
-      // The input rows the leading `rows` outputs reach, and what is left of the padding after them.
-      const std::int64_t reach_h = (rows - 1) * o.strides[0] - pad_before[0] + o.kernel_size[0];
-      const std::int64_t reach_w = (columns - 1) * o.strides[1] - pad_before[1] + o.kernel_size[1];
-      const std::int64_t in_h = std::min(in[0], reach_h), in_w = std::min(in[1], reach_w);
-      pad_after = {reach_h - in_h, reach_w - in_w};
-      crop = WeightedOpPlan::Crop{{batch, in[2], in_h, in_w}, {batch, o.filters, rows, columns}};
+    const std::optional<CropExtent> extent = crop_extent();
+    const memory::dims held = md_of(src_layout).dims();  // (N, C, H, W)
+    const bool input_is_part = held[2] < in[0] || held[3] < in[1];
+    if (extent && arrangement_of(md_of(src_layout))) {
+      pad_after = {extent->pad_after_h, extent->pad_after_w};
+      crop = WeightedOpPlan::Crop{{batch, in[2], extent->in_h, extent->in_w}, {batch, o.filters, extent->rows, extent->columns}};
       src = memory::desc(crop->src, to_dnnl(compute_), memory::format_tag::any);
       dst = memory::desc(crop->dst, to_dnnl(compute_), memory::format_tag::any);
     }
+    DTRAIN_CHECK(!input_is_part || (crop && held[2] == extent->in_h && held[3] == extent->in_w),
+                 fmt::format("layer '{}': its input holds {} x {} of {} x {} positions, not the leading part it reads",
+                             layer_.name(), held[2], held[3], in[0], in[1]));
 
     // A first layer's own forward (plan_own_forward) writes its filters in blocks of 8, where
     // oneDNN's AVX-512 kernels pad them to 16. Where the weight loops then do not fit after all,
@@ -1204,6 +1225,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     // a cropped dst the layer above could not read (channels not innermost), the whole planes.
     std::optional<Arrangement> dy = arrangement_of(fwd_pd.dst_desc());
     if (crop && !dy) {
+      DTRAIN_CHECK(!input_is_part, fmt::format("layer '{}': oneDNN picked an output layout a cropped input cannot have",
+                                               layer_.name()));
       crop.reset();
       src = whole_src;
       dst = whole_dst;
@@ -1228,6 +1251,18 @@ class Conv2DKernel final : public WeightedOpKernel {
   void output_read_within(std::int64_t rows, std::int64_t columns) override {
     rows_read_ = rows;
     columns_read_ = columns;
+  }
+
+  // Cropped (crop_extent), the primitives read the leading input rows and columns the output
+  // positions read reach: the layer below may compute only those (Conv2DKernel::plan_pooled, or a
+  // cropped convolution's output). The seed CNN's second convolution copied 12 x 12 of its 13 x 13
+  // input for its forward, and its input gradient back into the whole, 140k of the 361k TSC cycles
+  // its lane's copies took a step (2-core Zen 5 EPYC, float32).
+  std::optional<nn::Layer::InputExtent> input_read_within() const override {
+    const std::optional<CropExtent> e = crop_extent();
+    const Shape& in = layer_.input_shape();
+    if (!e || (e->in_h == in[0] && e->in_w == in[1])) return std::nullopt;
+    return nn::Layer::InputExtent{e->in_h, e->in_w};
   }
 
   // The pooling's conditions (the loops at the top of this file) and the weight loops' (few input
@@ -1432,8 +1467,12 @@ class Conv2DKernel final : public WeightedOpKernel {
     const bool wide = dy.lanes % 16 == 0 && ctx_.loop_isa() == LoopIsa::x86_64_v4 && (fused || o.filters > 8);
     const int lanes = wide ? 16 : dy.lanes % 8 == 0 ? 8 : 0;
     if (lanes == 0) return nullptr;
-    const std::int64_t padded_h = in[0] + layer_.padding_h().before + layer_.padding_h().after;
-    const std::int64_t padded_w = in[1] + layer_.padding_w().before + layer_.padding_w().after;
+    // The input's rows and columns as its layout holds them: all, or the leading part a crop reads
+    // (input_read_within), which the padding after the input does not reach.
+    const memory::dims held = src_md.dims();  // (N, C, H, W)
+    const bool whole_h = held[2] == in[0], whole_w = held[3] == in[1];
+    const std::int64_t padded_h = held[2] + layer_.padding_h().before + (whole_h ? layer_.padding_h().after : 0);
+    const std::int64_t padded_w = held[3] + layer_.padding_w().before + (whole_w ? layer_.padding_w().after : 0);
     const std::int64_t out_plane = layer_.padding_h().out * layer_.padding_w().out;
     const std::int64_t taps = std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2];
     const std::int64_t filter_chunks = (o.filters + lanes - 1) / lanes;
@@ -1465,8 +1504,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     WeightLoopsGeometry& g = s.geometry;
     g.batch = batch;
     g.c = in[2];
-    g.h = in[0];
-    g.w = in[1];
+    g.h = held[2];
+    g.w = held[3];
     // A fused plan's sums are over the whole output: its pooling is the layer above.
     g.oh = fused ? layer_.padding_h().out : std::min(layer_.padding_h().out, rows_read_);
     g.ow = fused ? layer_.padding_w().out : std::min(layer_.padding_w().out, columns_read_);
@@ -1601,7 +1640,9 @@ class Conv2DKernel final : public WeightedOpKernel {
                  fmt::format("layer '{}': a pooling computed with the convolution wants a float32 input",
                              layer_.name()));
     const Shape out = pool_->output_shape().with_batch(batch);
-    const memory::dims dims{batch, out[3], out[1], out[2]};
+    // The pooled rows and columns the layer above reads (output_read_within), alone: the pooled
+    // output's layout holds those, and its gradient is +0 at the others (the sums skip their terms).
+    const memory::dims dims{batch, out[3], std::min(out[1], rows_read_), std::min(out[2], columns_read_)};
     const memory::data_type dt = to_dnnl(compute_);
     const std::optional<Arrangement> chosen =
         arrangement_of(compute_ == DType::bf16 ? convolution_source(dims, dt) : dst_md);
@@ -1623,8 +1664,8 @@ class Conv2DKernel final : public WeightedOpKernel {
     p.kw = pool_->params().pool_size[1];
     p.sh = pool_->strides()[0];
     p.sw = pool_->strides()[1];
-    p.oh = out[1];
-    p.ow = out[2];
+    p.oh = dims[2];
+    p.ow = dims[3];
     p.y = y;
     p.relu = act_.kind() == config::Activation::relu;
     s->workspace.assign(y_md.get_size() / memory::data_type_size(dt), 0);  // a byte per output element

@@ -115,7 +115,8 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
   // Cropped, the output (and its gradient) is already the leading part (WeightedOpPlan::Crop).
   if (p.crop) {
     p.src_whole = io.src;
-    p.src_part = leading_part(ctx, io.src, p.crop->src);
+    p.input_is_part = io.src.get_desc().dims() == p.crop->src;
+    p.src_part = p.input_is_part ? io.src : leading_part(ctx, io.src, p.crop->src);
   }
   memory src = layout_for(ctx, p.crop ? p.src_part : io.src, p.fwd_pd.src_desc(0), p.src_in, false);
   memory w_user = ctx.wrap(kernel_md, kernel.value.raw());
@@ -144,7 +145,7 @@ void bind_weighted_op(OnednnContext& ctx, const DnnlIO& io, const memory::desc& 
     memory bd_w = layout_for(ctx, w, p.bwd_data_pd.weights_desc(0), p.bd_weights_in, false);
     if (p.crop) {
       p.diff_src_whole = io.diff_src;
-      p.diff_src_part = leading_part(ctx, io.diff_src, p.crop->src);
+      p.diff_src_part = p.input_is_part ? io.diff_src : leading_part(ctx, io.diff_src, p.crop->src);
     }
     memory bd_ddst = layout_for(ctx, pre_grad, p.bwd_data_pd.diff_dst_desc(0), p.bd_diff_dst_in, false);
     memory bd_dsrc = layout_for(ctx, p.crop ? p.diff_src_part : io.diff_src, p.bwd_data_pd.diff_src_desc(0),
@@ -176,7 +177,7 @@ void WeightedOpKernel::bind_variables(std::int64_t batch, const nn::LayerIO& io,
 
 void WeightedOpKernel::forward(std::int64_t batch, const nn::StepContext&) {
   WeightedOpPlan& p = plans_.get(batch);
-  if (p.crop) copy_part(p.src_whole, p.src_part, false);
+  if (p.crop && !p.input_is_part) copy_part(p.src_whole, p.src_part, false);
   p.src_in.run(ctx_);
   p.weights_in.run(ctx_);
   p.fwd.run(ctx_);
@@ -213,7 +214,7 @@ void WeightedOpKernel::input_gradient(WeightedOpPlan& p) {
   p.bwd_data.run(ctx_);
   p.bd_diff_src_out.run(ctx_);
   // The positions past the crop feed only outputs the layer above does not read: +0.
-  if (p.crop) copy_part(p.diff_src_whole, p.diff_src_part, true);
+  if (p.crop && !p.input_is_part) copy_part(p.diff_src_whole, p.diff_src_part, true);
 }
 
 }  // namespace dtrain::backends::onednn

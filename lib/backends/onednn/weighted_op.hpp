@@ -38,17 +38,20 @@ struct WeightedOpPlan {
   // output_read_within), the three primitives compute on those alone. The output and its gradient
   // are the leading `dst` (N, F, OH', OW') itself: the layer's output layout is the forward's dst,
   // whose descriptor has fewer rows or columns than the layer's output shape, and the layer above
-  // (a pooling: Layer::input_extent_read) reads the positions that layout holds. The input and its
-  // gradient are the model's whole memories: the primitives run on copies of the input's leading
-  // `src` (N, C, H', W') and into a copy of the input gradient's, arranged as the whole is
+  // (a pooling, Layer::input_extent_read, or a convolution that crops too, LayerKernel::
+  // input_read_within) reads the positions that layout holds. The input and its gradient are the
+  // leading `src` (N, C, H', W') too where the layer below computed that part alone
+  // (input_is_part); elsewhere the model's whole memories, and the primitives run on copies of the
+  // input's leading part and into a copy of the input gradient's, arranged as the whole is
   // (channels innermost), then reordered for the primitive where it chose otherwise. The input
   // gradient's positions past `src` are +0 (the layer above reads nothing they feed).
   struct Crop {
     dnnl::memory::dims src, dst;
   };
   std::optional<Crop> crop;
+  bool input_is_part = false;
   dnnl::memory src_whole, diff_src_whole;  // the model's memories
-  dnnl::memory src_part, diff_src_part;    // their leading parts
+  dnnl::memory src_part, diff_src_part;    // their leading parts (input_is_part: the same memories)
 };
 
 // kernel_md: the Keras layout of the kernel variable (hwio_md / io_md). bias may be null.
