@@ -851,20 +851,24 @@ std::vector<std::vector<float>> one_step(const Shape& input, const std::vector<L
   return out;
 }
 
-TEST_CASE("the layer below a cropped convolution computes only the leading rows and columns it reads") {
-  // A convolution that computes only the output positions the pooling above reads reads only the
+TEST_CASE("the layer below computes only the leading rows and columns the layer above reads") {
+  // A pooling whose windows end before its input does (Layer::input_extent_read), and a
+  // convolution that computes only the output positions such a pooling reads, which reads only the
   // leading input rows and columns those reach (LayerKernel::input_read_within): the layer below
-  // hands over that part alone, in a layout that holds fewer rows and columns than its shape (its
-  // planned output bytes say so). A first convolution computing its max pooling (the seed CNN's:
-  // 12 x 12 of 13 x 13 pooled) and a convolution that crops its own output (12 x 12 of 13 x 13).
+  // hands over that part alone where it can, in a layout that holds fewer rows and columns than
+  // its shape (its planned output bytes say so). A first convolution computing its max pooling (the seed CNN's:
+  // 12 x 12 of 13 x 13 pooled), a convolution that crops its own output (12 x 12 of 13 x 13), and
+  // a chain of three (the lowest holds 14 x 14 of 15 x 15); and a pooling above a first
+  // convolution's max pooling (12 x 12 of 13 x 13 pooled).
   // In float32 against the oracle, which computes every position; in float32 bit for bit against
-  // the same model with a linear Activation layer under the cropped convolution, which reads the
-  // whole input (the crop's copies) and adds nothing, and in bfloat16 against it too.
+  // the same model with a linear Activation layer under the layer that reads a part, which then
+  // reads the whole input (a convolution through the crop's copies) and adds nothing, and in
+  // bfloat16 against it too.
   struct Below {
     std::string label;
     Shape input;
     std::vector<L> layers;
-    std::size_t cropped;  // the cropped convolution's index
+    std::size_t cropped;  // the index of the layer that reads a part (a cropped convolution, a pooling)
     bool input_gradient;
     std::vector<std::size_t> computed_below;
     std::int64_t rows, columns, channels;  // layer 0's output as its layout holds it
@@ -879,6 +883,15 @@ TEST_CASE("the layer below a cropped convolution computes only the leading rows 
        {conv(16, 3, 1, Padding::valid, Activation::relu), conv(16, 3, 1, Padding::valid, Activation::relu),
         pool(2, 2, Padding::valid), nn::FlattenOptions{}, dense(3, Activation::linear)},
        1, true, {}, 12, 12, 16},
+      {"three convolutions, each cropping for the one above", Shape{17, 17, 8},
+       {conv(16, 3, 1, Padding::valid, Activation::relu), conv(16, 3, 1, Padding::valid, Activation::relu),
+        conv(16, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
+        dense(3, Activation::linear)},
+       2, true, {}, 14, 14, 16},
+      {"a pooling over a first convolution's max pooling", Shape{28, 28, 1},
+       {conv(32, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), pool(2, 2, Padding::valid),
+        nn::FlattenOptions{}, dense(3, Activation::linear)},
+       2, false, {1}, 12, 12, 32},
   };
   for (const Below& b : cases) {
     CAPTURE(b.label);
