@@ -75,10 +75,13 @@ class LayerKernel {
   // before the first plan, for the lowest layer whose backward runs): its kernel may plan for that.
   virtual void without_input_gradient() {}
 
-  // The layer above reads only the leading `rows` x `columns` of this layer's output
-  // (Layer::input_extent_read; called once, before the first plan, for a layer above that is not
-  // computed here): the gradient this kernel's backward starts from is zero past them, so its sums
-  // over the output's positions may leave those out, as the +0 terms they would add.
+  // The layer above reads only the leading `rows` x `columns` of the output this kernel computes
+  // (Layer::input_extent_read, or the kernel above's input_read_within; called once, before the
+  // first plan, for a layer above that is not computed here, and on the kernel that computes a
+  // pooling taken below for what the layer above that pooling reads): the gradient this kernel's
+  // backward starts from is zero past them, so its sums over the output's positions may leave
+  // those out, as the +0 terms they would add, and it may compute and hold those rows and columns
+  // alone (its output layout's descriptor then holds fewer than its shape).
   virtual void output_read_within(std::int64_t /*rows*/, std::int64_t /*columns*/) {}
   // After output_read_within: the leading rows and columns of its (height, width, channels) input
   // this kernel's forward will read, where fewer than all (a convolution that computes only the
