@@ -1612,6 +1612,65 @@ Case in_bf16(Case c, double gradient_tolerance = 0) {
 
 }  // namespace
 
+TEST_CASE("bfloat16 weight loops two positions an instruction: the bits of one multiply-add each") {
+  // On AVX512-BF16 without AMX, a bfloat16 convolution's weights' gradients are the weight loops
+  // (conv2d.cpp) also above the first layer, x read as the layer below's bfloat16 codes; on AVX-512
+  // they take two neighbouring positions of an output row an instruction (VDPBF16PS over a pair
+  // image of x and the gradient's words), added in the order of the narrower level's one
+  // multiply-add a product: the same bits, which powers of two of far apart exponents would show
+  // otherwise (step_values). Against the oracle too. Cases: the seed CNN's shape (the second
+  // convolution crops 4 x 4 of 5 x 5 for its pooling; 64 filters: two pairs of vectors), 'same'
+  // padding at an odd output width (a row's last position alone) with 48 filters (a pair of
+  // vectors, then one) and no bias, and 5 x 5 at stride 2 on 5 channels (channels not in whole
+  // vectors) with 24 filters (a vector half of padding).
+  const bool pairs_here = __builtin_cpu_supports("avx512bf16") && !__builtin_cpu_supports("amx-bf16");
+  if (!cpu_has_bf16() || !pairs_here) {
+    MESSAGE("skipped: this CPU has no AVX512-BF16, or has AMX (its bfloat16 weights' gradients are matmuls)");
+    return;
+  }
+  std::vector<backends::onednn::LoopIsa> isas = testing::loop_isas_here();
+  std::erase(isas, backends::onednn::LoopIsa::x86_64);
+  REQUIRE(isas.size() == 2);  // (AVX512-BF16 comes with AVX-512)
+  struct Block {
+    std::string label;
+    Shape input;
+    std::vector<L> layers;
+  };
+  const std::vector<Block> blocks{
+      {"the seed CNN's shape", Shape{16, 16, 1},
+       {conv(32, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid),
+        conv(64, 3, 1, Padding::valid, Activation::relu), pool(2, 2, Padding::valid), nn::FlattenOptions{},
+        dense(3, Activation::linear)}},
+      {"'same' at an odd width, 48 filters, no bias", Shape{9, 7, 2},
+       {conv(16, 3, 1, Padding::same, Activation::relu), conv(48, 3, 1, Padding::same, Activation::relu, false),
+        nn::FlattenOptions{}, dense(3, Activation::linear)}},
+      {"5 x 5 at stride 2 on 5 channels, 24 filters", Shape{13, 12, 1},
+       {conv(5, 3, 1, Padding::valid, Activation::relu), conv(24, 5, 2, Padding::valid, Activation::relu),
+        nn::FlattenOptions{}, dense(3, Activation::linear)}},
+  };
+  for (const Block& b : blocks) {
+    CAPTURE(b.label);
+    check_case(in_bf16({b.label, b.input, b.layers, 5}, kBf16RoutedGradientTolerance));
+    const config::ModelConfig mc = model_of_layers(b.input, b.layers);
+    std::vector<float> widest;
+    for (auto isa = isas.rbegin(); isa != isas.rend(); ++isa) {
+      CAPTURE(backends::onednn::name_of(*isa));
+      const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+      backends::onednn::OnednnContext::of(*owned).set_loop_isa(*isa);
+      const std::vector<float> values = step_values(mc, *owned, DType::bf16, nn::Mode::training, 9, false, true);
+      if (widest.empty()) {
+        widest = values;
+        continue;
+      }
+      REQUIRE(values.size() == widest.size());
+      std::size_t unequal = 0;
+      for (std::size_t i = 0; i < values.size(); ++i)
+        unequal += std::bit_cast<std::uint32_t>(values[i]) != std::bit_cast<std::uint32_t>(widest[i]);
+      CHECK(unequal == 0);
+    }
+  }
+}
+
 TEST_CASE("mixed_bfloat16: every layer kind against the reference, to bfloat16's precision") {
   if (!cpu_has_bf16()) {
     MESSAGE("this CPU has no bfloat16 instructions: the bf16 kernels are not checked here");

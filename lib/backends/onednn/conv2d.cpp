@@ -10,8 +10,10 @@
 // 8 times the work and reached 6 GFLOP/s on the seed CNN's first layer), and for layers whose
 // sample planes fit in the caches, such as small middle layers (the seed CNN's second
 // convolution, the largest single item of its step: 56-58 GFLOP/s in oneDNN's kernel, 68-77 in
-// these loops, one AVX2 core). Their oracle is the same as the primitive's
-// (Conv2D::reference_backward, test_layers).
+// these loops, one AVX2 core). In bfloat16 they are the first layer's on a few channels, and on
+// CPUs with AVX512-BF16 and no AMX every layer's that fits (x read as bfloat16 codes, two output
+// positions an instruction: accumulate_pair_taps); on AMX the others are matmuls (GemmWeights).
+// Their oracle is the same as the primitive's (Conv2D::reference_backward, test_layers).
 //   dW[kh][kw][c][f] = sum over n, oh, ow of x[n][oh*sh + kh - pt][ow*sw + kw - pl][c] * dy[n][oh][ow][f]
 //   db[f]            = sum over n, oh, ow of dy[n][oh][ow][f]
 // (oh, ow over the output positions the layer above reads, output_read_within: the gradient is
@@ -75,9 +77,12 @@ struct WeightLoopsGeometry {
   // A bfloat16 layer's fused loops (take_output_max_pooling): x is rounded to bfloat16 as it is
   // padded, as oneDNN's bfloat16 convolution reads it.
   bool bf16 = false;
-  // Its products two an instruction (cpu_multiplies_bf16_pairs): the forward's taps in pairs
-  // (TapPairs), the backward's 2-wide windows' positions (accumulate_pooled_pairs).
+  // Its products two an instruction (cpu_multiplies_bf16_pairs): fused, the forward's taps in
+  // pairs (TapPairs) and the backward's 2-wide windows' positions (accumulate_pooled_pairs); not
+  // fused, two neighbouring positions of an output row (accumulate_pair_taps).
   bool pairs = false;
+  // x holds bfloat16 codes (a layer below computes in bfloat16): widened as it is padded.
+  bool x_codes = false;
 };
 
 constexpr std::int64_t kSamplesPerChunk = 8;  // samples per partial sum
@@ -122,31 +127,46 @@ DTRAIN_LANE_CLONES void round_to_bf16(float* __restrict p, std::int64_t count) {
 // Blocks of 8 channels move as vectors (a call to memmove per block cost as much as the copy), a
 // channel group at a time: Arrangement::channel's division for every block of 8 was nine tenths of
 // this copy's time (perf on a VGG-style stem's `dtrain bench`: 0.37 % of its samples, now 0.08 %;
-// 2-core AVX512-BF16 EPYC).
-DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __restrict x, float* __restrict padded) {
+// 2-core AVX512-BF16 EPYC). T: x's element, float, or std::uint16_t (bfloat16 codes, widened
+// exactly: already rounded).
+template <class T>
+DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const T* __restrict x, float* __restrict padded) {
   const bool whole_vectors = g.x.lanes % 8 == 0 && g.c % 8 == 0;
   const bool whole_rows = g.x.groups == 1 && g.x.lanes == g.c && g.x.col == g.c;  // nhwc: a row is contiguous
   for (std::int64_t ih = 0; ih < g.h; ++ih) {
     float* row = padded + ((ih + g.pad_top) * g.padded_w + g.pad_left) * g.c;
-    const float* from = x + ih * g.x.row;
+    const T* from = x + ih * g.x.row;
     if (whole_rows) {  // a grayscale or RGB row one value at a time took 2 us per 28 x 28 sample
-      std::copy_n(from, g.w * g.c, row);
+      if constexpr (std::is_same_v<T, float>) {
+        std::copy_n(from, g.w * g.c, row);
+      } else {
+        std::int64_t i = 0;
+        for (; i + 8 <= g.w * g.c; i += 8) store(row + i, load_widened<8>(from + i));
+        for (; i < g.w * g.c; ++i) row[i] = widen(from[i]);
+      }
       continue;
     }
     for (std::int64_t iw = 0; iw < g.w; ++iw) {
       float* to = row + iw * g.c;
-      const float* group = from + iw * g.x.col;  // the position's first channel group
+      const T* group = from + iw * g.x.col;  // the position's first channel group
       for (std::int64_t c0 = 0; c0 < g.c; c0 += g.x.lanes, group += g.x.group) {
         const std::int64_t count = std::min(g.x.lanes, g.c - c0);  // (the last group may be padded)
         if (whole_vectors) {
-          for (std::int64_t l = 0; l < count; l += 8) store(to + c0 + l, load<Vec<float, 8>>(group + l));
+          for (std::int64_t l = 0; l < count; l += 8) store(to + c0 + l, load_widened<8>(group + l));
         } else {
-          for (std::int64_t l = 0; l < count; ++l) to[c0 + l] = group[l];
+          for (std::int64_t l = 0; l < count; ++l) to[c0 + l] = widen(group[l]);
         }
       }
     }
   }
-  if (g.bf16) round_to_bf16(padded, g.padded_h * g.padded_w * g.c);  // (the padding: zeros stay zero)
+  // (The padding: zeros stay zero. Codes are bfloat16 values already.)
+  if (g.bf16 && std::is_same_v<T, float>) round_to_bf16(padded, g.padded_h * g.padded_w * g.c);
+}
+
+// Sample n of x (float, or bfloat16 codes where g.x_codes) padded into `padded`.
+void pad_sample_of(const WeightLoopsGeometry& g, const void* x, std::int64_t n, float* padded) {
+  if (g.x_codes) return pad_sample(g, static_cast<const std::uint16_t*>(x) + n * g.x.n, padded);
+  pad_sample(g, static_cast<const float*>(x) + n * g.x.n, padded);
 }
 
 // Whether a sample of x already lies as pad_sample would lay it out, so that the loops read it
@@ -156,7 +176,7 @@ DTRAIN_LANE_CLONES void pad_sample(const WeightLoopsGeometry& g, const float* __
 // backward 7-8 % shorter; the second's weight loops took as long as with the copies (2 % of a
 // float32 step's samples in perf), whose reads the loops' own now make.
 bool reads_in_place(const WeightLoopsGeometry& g) {
-  return !g.bf16 && g.padded_h == g.h && g.padded_w == g.w && g.x.groups == 1 && g.x.lanes == g.c &&
+  return !g.bf16 && !g.x_codes && g.padded_h == g.h && g.padded_w == g.w && g.x.groups == 1 && g.x.lanes == g.c &&
          g.x.col == g.c && g.x.row == g.w * g.c;
 }
 
@@ -737,6 +757,68 @@ DTRAIN_LANE_CLONES void pair_image(const float* __restrict padded, std::int64_t 
   for (std::int64_t i = 0; i < size; ++i) image[i] = pair_word(padded[i], i + d < size ? padded[i + d] : 0.0f);
 }
 
+// 16 bfloat16 codes as 32-bit lanes.
+[[DTRAIN_AVX512_BF16, gnu::always_inline]] inline __m512i widened(const std::uint16_t* codes) {
+  return _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
+}
+
+// One position's words of pair_image_of_codes: the codes at `high` and `low` (a column of x, its
+// channel groups as g.x lays them), each where it exists (High, Low; else zero). Branches known
+// when compiled: with the choice inside, GCC 12 built each vector from per-lane masks; and 16
+// codes widened by one instruction, where GCC's vectors of 8 took two halves and an insert.
+template <bool High, bool Low>
+[[DTRAIN_AVX512_BF16, gnu::always_inline]] inline void pair_words(const WeightLoopsGeometry& g,
+                                                                  const std::uint16_t* __restrict high,
+                                                                  const std::uint16_t* __restrict low,
+                                                                  float* __restrict to) {
+  const __mmask16 all = 0xFFFF;  // (the masked forms: see convolve_windows_codes)
+  const bool whole_vectors = g.x.lanes % 16 == 0 && g.c % 16 == 0;
+  for (std::int64_t c0 = 0, group = 0; c0 < g.c; c0 += g.x.lanes, group += g.x.group) {
+    const std::int64_t count = std::min(g.x.lanes, g.c - c0);  // (the last group may be padded)
+    if (whole_vectors) {
+      for (std::int64_t l = 0; l < count; l += 16) {
+        __m512i word = _mm512_setzero_si512();
+        if constexpr (High) word = _mm512_maskz_slli_epi32(all, widened(high + group + l), 16);
+        if constexpr (Low) word = _mm512_or_si512(word, widened(low + group + l));
+        _mm512_storeu_si512(to + c0 + l, word);
+      }
+    } else {
+      for (std::int64_t l = 0; l < count; ++l) {
+        std::uint32_t word = 0;
+        if constexpr (High) word = std::uint32_t{high[group + l]} << 16;
+        if constexpr (Low) word |= low[group + l];
+        to[c0 + l] = std::bit_cast<float>(word);
+      }
+    }
+  }
+}
+
+// Not fused, x in bfloat16 codes (g.x_codes, g.pairs; so a CPU with AVX512-BF16): sample x's pair
+// image at the distance of one output column, straight from its codes. Word (ih, iw, c) of the
+// padded sample holds x's code at (ih, iw, c) in its high half and at (ih, iw + sw, c) in its low
+// half, each zero in the padding and past the row's end. The rows of padding above and below are
+// never written: zero since the buffer was sized. (pad_sample's float copy, then pair_image, took
+// 3.4 % of a bfloat16 epoch's samples against the seed CNN's second convolution's 19.4 % in
+// accumulate_pair_taps; this takes 2.3 %. perf, 2-core Zen 5 EPYC.)
+[[DTRAIN_AVX512_BF16]] void pair_image_of_codes(const WeightLoopsGeometry& g, const std::uint16_t* __restrict x,
+                                                float* __restrict image) {
+  for (std::int64_t ih = 0; ih < g.h; ++ih) {
+    const std::uint16_t* from = x + ih * g.x.row;
+    float* row = image + (ih + g.pad_top) * g.padded_w * g.c;
+    for (std::int64_t pw = 0; pw < g.padded_w; ++pw) {
+      const std::int64_t a = pw - g.pad_left, b = a + g.sw;  // x's columns in the two halves
+      const bool has_high = a >= 0 && a < g.w, has_low = b >= 0 && b < g.w;
+      const std::uint16_t* high = has_high ? from + a * g.x.col : nullptr;
+      const std::uint16_t* low = has_low ? from + b * g.x.col : nullptr;
+      float* to = row + pw * g.c;
+      if (has_high && has_low) pair_words<true, true>(g, high, low, to);
+      else if (has_high) pair_words<true, false>(g, high, low, to);
+      else if (has_low) pair_words<false, true>(g, high, low, to);
+      else pair_words<false, false>(g, high, low, to);
+    }
+  }
+}
+
 // The forward's taps two at a time (cpu_multiplies_bf16_pairs): taps (2k, 2k + 1) in tap order,
 // and the last alone where they are odd, each pair read from the pair image at its taps' distance
 // (the second's offset less the first's), at its first tap's offset. A tap alone reads the padded
@@ -961,17 +1043,125 @@ AccumulatePooledFn accumulate_pooled_pairs_fn(int vectors, std::int64_t count) {
   return vectors == 2 ? pairs_by16[i] : by16[i];
 }
 
+// Not fused, on AVX512-BF16 without AMX (g.pairs): one sample's output gradient for V vectors of 16
+// filters, vector v's from dy[v] (and, where relu_y is not null, the relu's output arranged as dy,
+// from relu_y[v], whose derivative is applied as load_relu_gradient applies it), as the words
+// VDPBF16PS reads: word (oh, k) of planes[v] holds position (oh, 2k)'s code in its high half and
+// (oh, 2k + 1)'s in its low half (zero past the row's end). The bias's gradient is summed here, a
+// pair's two positions in turn by a pair of ones: accumulate_bias's order and bits (a product by
+// one is exact; VDPBF16PS reads and writes denormals as zero). The vectors side by side: each
+// bias sum is a chain of dependent instructions.
+template <int V>
+[[DTRAIN_AVX512_BF16]] void pair_gradient_planes(const WeightLoopsGeometry& g, const std::uint16_t* const* dy,
+                                                 const std::uint16_t* const* relu_y, float* const* planes,
+                                                 float* const* bias_acc) {
+  using U = Vec<std::uint16_t, 16>;
+  using W = Vec<std::uint32_t, 16>;
+  const auto codes = [&](int v, std::int64_t at) {
+    U d = load_whole<U>(dy[v] + at);
+    if (relu_y) d &= std::bit_cast<U>(load<U>(relu_y[v] + at) - std::uint16_t{1} < std::uint16_t{0x7F80});
+    return __builtin_convertvector(d, W);
+  };
+  const std::int64_t pairs = (g.ow + 1) / 2;
+  const __m512 ones = _mm512_castsi512_ps(_mm512_set1_epi32(0x3F803F80));  // bfloat16 1.0 in both halves
+  __m512 bias[V];
+  for (int v = 0; v < V; ++v) bias[v] = _mm512_loadu_ps(bias_acc[v]);
+  for (std::int64_t oh = 0; oh < g.oh; ++oh)
+    for (std::int64_t k = 0; k < pairs; ++k) {
+      const std::int64_t first = oh * g.dy.row + 2 * k * g.dy.col;
+      for (int v = 0; v < V; ++v) {
+        const W second = 2 * k + 1 < g.ow ? codes(v, first + g.dy.col) : W{};
+        const W word = codes(v, first) << 16 | second;
+        store(planes[v] + (oh * pairs + k) * 16, std::bit_cast<Vec<float, 16>>(word));
+        bias[v] = _mm512_dpbf16_ps(bias[v], (__m512bh)ones, (__m512bh)std::bit_cast<__m512>(word));
+      }
+    }
+  for (int v = 0; v < V; ++v) _mm512_storeu_ps(bias_acc[v], bias[v]);
+}
+
+// What accumulate_taps<16, V, G, std::uint16_t> adds, two neighbouring positions of a row an
+// instruction (VDPBF16PS), in its order: the first position's product in the words' high halves,
+// added first. `image` is the padded sample's pair image at the distance of one output column
+// (pair_image), so a tap's word holds the input values of both positions; planes[v] is vector v's
+// pair_gradient_plane. A row's last position alone (an odd width) has a zero gradient in the low
+// half: a +0 product, which leaves a sum that is never -0 as it was. The seed CNN's second
+// convolution (288 taps, 64 filters, 10 x 10 positions read) took 0.37-0.46 ms a lane of 32 samples
+// in oneDNN 2.6's bfloat16 backward-weights kernel (jit_bf16:avx512_core_bf16, 2-core Zen 5 EPYC).
+template <int V, int G>
+[[DTRAIN_AVX512_BF16]] void accumulate_pair_taps(const WeightLoopsGeometry& g, const std::int64_t* taps,
+                                                 const float* __restrict image, const float* const* planes,
+                                                 float* const* acc) {
+  __m512 sums[G][V];
+  std::int64_t offset[G];
+  for (int t = 0; t < G; ++t) {
+    offset[t] = taps[t];
+    for (int v = 0; v < V; ++v) sums[t][v] = _mm512_loadu_ps(acc[v] + t * 16);
+  }
+  const std::int64_t pairs = (g.ow + 1) / 2;
+  const std::int64_t row_step = g.sh * g.padded_w * g.c, pair_step = 2 * g.sw * g.c;
+  for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+    const float* row = image + oh * row_step;
+    for (std::int64_t k = 0; k < pairs; ++k) {
+      __m512 d[V];
+      for (int v = 0; v < V; ++v) d[v] = _mm512_loadu_ps(planes[v] + (oh * pairs + k) * 16);
+      const float* at = row + k * pair_step;
+      for (int t = 0; t < G; ++t) {
+        const __m512 x = _mm512_set1_ps(at[offset[t]]);
+        for (int v = 0; v < V; ++v) sums[t][v] = _mm512_dpbf16_ps(sums[t][v], (__m512bh)x, (__m512bh)d[v]);
+      }
+    }
+  }
+  for (int t = 0; t < G; ++t)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc[v] + t * 16, sums[t][v]);
+}
+
+using AccumulatePairsFn = void (*)(const WeightLoopsGeometry&, const std::int64_t*, const float*, const float* const*,
+                                   float* const*);
+
+template <int V, std::size_t... G>
+std::array<AccumulatePairsFn, sizeof...(G)> accumulate_pair_taps_table(std::index_sequence<G...>) {
+  return {&accumulate_pair_taps<V, static_cast<int>(G) + 1>...};
+}
+
+// The pass over `count` taps and `vectors` filter vectors, count in 1..kWideAccumulators / vectors.
+AccumulatePairsFn accumulate_pair_taps_fn(int vectors, std::int64_t count) {
+  static const auto by16 = accumulate_pair_taps_table<1>(std::make_index_sequence<kWideAccumulators>{});
+  static const auto pairs_by16 = accumulate_pair_taps_table<2>(std::make_index_sequence<kWideAccumulators / 2>{});
+  const auto i = static_cast<std::size_t>(count - 1);
+  return vectors == 2 ? pairs_by16[i] : by16[i];
+}
+
+// into[l] = +0 plus partial[c * stride + l] for the chunks c < chunks in turn, for l < count: the
+// chunks' partial sums in chunk order, 8 lanes at a time (lane by lane, with the chunks innermost,
+// these sums took a sixth as long as the seed CNN's second convolution's weight loops in bfloat16).
+DTRAIN_LANE_CLONES void add_chunk_sums(const float* __restrict partial, std::int64_t chunks, std::int64_t stride,
+                                       std::int64_t count, float* __restrict into) {
+  using F = Vec<float, 8>;
+  std::int64_t l = 0;
+  for (; l + 8 <= count; l += 8) {
+    F sum{};
+    for (std::int64_t c = 0; c < chunks; ++c) sum += load<F>(partial + c * stride + l);
+    store(into + l, sum);
+  }
+  for (; l < count; ++l) {
+    float sum = 0.0f;
+    for (std::int64_t c = 0; c < chunks; ++c) sum += partial[c * stride + l];
+    into[l] = sum;
+  }
+}
+
 // One backward's weight loops as items: item = sample chunk * groups + filter group, where a group
 // is V filter vectors (the last may have fewer).
 struct WeightJob {
   const WeightLoopsGeometry* g = nullptr;
-  const float* x = nullptr;
+  const void* x = nullptr;       // float, or bfloat16 codes where g->x_codes
   const void* dy = nullptr;      // not fused: the output gradient (float, or bfloat16 where g->bf16)
   const void* relu_y = nullptr;  // not fused, where not null: the relu's output, whose derivative the loops apply to dy
   float* partial = nullptr;      // per (sample chunk, filter chunk): taps x L, then the bias's L
   std::int64_t groups = 0;
   std::int64_t padded_size = 0;  // floats of one padded sample
-  std::int64_t slot_size = 0;    // floats of one cached sample: padded, then (g->pairs) its pair image
+  std::int64_t slot_size = 0;    // floats of one cached sample: padded, then (g->pairs) its pair image; or
+                                 // (g->pairs, g->x_codes) the pair image alone
   std::int64_t cached = 1;       // padded samples per worker
   float* padded = nullptr;       // per worker, `cached` slots
   std::int64_t* holds = nullptr; // per worker and cached sample: which sample it holds, -1 none
@@ -984,6 +1174,9 @@ struct WeightJob {
   float* strips = nullptr;      // routed: per worker, a row of windows' widened pooled gradients and winners
   std::int64_t strip_size = 0;  // floats of one: p.ow * g->vectors * 2 vectors
   float* expanded = nullptr;    // expanded: per worker, g->vectors planes of g->dy.n floats
+  // Not fused, in pairs (g->pairs): per worker, g->vectors pair_gradient_planes of plane_size floats.
+  float* pair_planes = nullptr;
+  std::int64_t plane_size = 0;
 };
 
 void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
@@ -1007,11 +1200,16 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
   for (std::int64_t n = chunk * kSamplesPerChunk; n < std::min(g.batch, (chunk + 1) * kSamplesPerChunk); ++n) {
     const std::int64_t slot = worker * j.cached + n % j.cached;
     float* cached = j.padded + slot * j.slot_size;
-    const float* padded = in_place ? j.x + n * g.x.n : cached;
-    float* image = cached + j.padded_size;  // (g.pairs) the positions' pairs, a column apart
+    const float* padded = in_place ? static_cast<const float*>(j.x) + n * g.x.n : cached;
+    // (g.pairs) the positions' pairs, a column apart: from x's codes alone, or after its padded floats.
+    float* image = g.x_codes ? cached : cached + j.padded_size;
     if (!in_place && j.holds[slot] != n) {
-      pad_sample(g, j.x + n * g.x.n, cached);
-      if (g.pairs) pair_image(cached, j.padded_size, g.sw * g.c, image);
+      if (g.pairs && g.x_codes) {
+        pair_image_of_codes(g, static_cast<const std::uint16_t*>(j.x) + n * g.x.n, image);
+      } else {
+        pad_sample_of(g, j.x, n, cached);
+        if (g.pairs) pair_image(cached, j.padded_size, g.sw * g.c, image);
+      }
       j.holds[slot] = n;
     }
     if (routed) {
@@ -1023,6 +1221,28 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
             g.pairs ? accumulate_pooled_pairs_fn(vectors, count) : accumulate_pooled_fn(g, vectors, count);
         pass(g, *j.pool, g.taps.data() + t, g.pairs ? image : padded, j.pooled_dy, j.ws, n, fc * g.lanes,
              j.strips + worker * j.strip_size, at, t == 0 ? bias : nullptr);
+      }
+      continue;
+    }
+    if (g.pairs && !j.pool) {
+      float* planes[2] = {};
+      const std::uint16_t* dy_n[2] = {};
+      const std::uint16_t* relu_y_n[2] = {};
+      float* bias[2] = {};
+      for (int v = 0; v < vectors; ++v) {
+        planes[v] = j.pair_planes + (worker * g.vectors + v) * j.plane_size;
+        const std::int64_t at = n * g.dy.n + g.dy.channel((fc + v) * g.lanes);
+        dy_n[v] = static_cast<const std::uint16_t*>(j.dy) + at;
+        if (j.relu_y) relu_y_n[v] = static_cast<const std::uint16_t*>(j.relu_y) + at;
+        bias[v] = acc[v] + taps * g.lanes;
+      }
+      const std::uint16_t* const* relu_y = j.relu_y ? relu_y_n : nullptr;
+      if (vectors == 2) pair_gradient_planes<2>(g, dy_n, relu_y, planes, bias);
+      else pair_gradient_planes<1>(g, dy_n, relu_y, planes, bias);
+      for (std::int64_t t = 0; t < taps; t += per_pass) {
+        const std::int64_t count = std::min(per_pass, taps - t);
+        float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
+        accumulate_pair_taps_fn(vectors, count)(g, g.taps.data() + t, image, planes, at);
       }
       continue;
     }
@@ -1354,7 +1574,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     const std::int64_t sample_chunks = (g.batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
     WeightJob& j = s->job;
     j.g = &g;
-    j.x = static_cast<const float*>(s->src.get_data_handle());
+    j.x = s->src.get_data_handle();
     if (s->pool) {
       j.pool = &*s->pool;
       j.pooled_dy = s->diff_y.get_data_handle();
@@ -1365,7 +1585,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     }
     j.groups = (g.filter_chunks + g.vectors - 1) / g.vectors;
     j.padded_size = g.padded_h * g.padded_w * g.c;
-    j.slot_size = j.padded_size * (g.pairs ? 2 : 1);
+    j.slot_size = j.padded_size * (g.pairs && !g.x_codes ? 2 : 1);
     j.cached = std::clamp<std::int64_t>(kPaddedCacheBytes / (j.slot_size * 4), 1, kSamplesPerChunk);
     // Scratch for every thread that may run an item: this lane's OpenMP team, or every lane. Sized
     // by the first backward of the plan (most plans are evaluation's); grows, zeroed (the padding
@@ -1384,6 +1604,10 @@ class Conv2DKernel final : public WeightedOpKernel {
     } else if (s->pool) {
       s->expanded.resize(static_cast<std::size_t>(workers * g.vectors * g.dy.n));
       j.expanded = s->expanded.data();
+    } else if (g.pairs) {
+      j.plane_size = g.oh * ((g.ow + 1) / 2) * g.lanes;
+      s->expanded.resize(static_cast<std::size_t>(workers * g.vectors * j.plane_size));
+      j.pair_planes = s->expanded.data();
     }
     j.padded = s->padded.data();
     j.holds = s->holds.data();
@@ -1405,12 +1629,8 @@ class Conv2DKernel final : public WeightedOpKernel {
       for (std::int64_t t = 0; t <= taps; ++t) {
         if (t == taps && !db) break;
         float* into = t < taps ? dw + t * g.filters + fc * g.lanes : db + fc * g.lanes;
-        for (std::int64_t lane = 0; lane < lanes; ++lane) {
-          float sum = 0.0f;
-          for (std::int64_t chunk = 0; chunk < sample_chunks; ++chunk)
-            sum += s->partial[static_cast<std::size_t>((chunk * g.filter_chunks + fc) * per_item + t * g.lanes + lane)];
-          into[lane] = sum;
-        }
+        add_chunk_sums(s->partial.data() + fc * per_item + t * g.lanes, sample_chunks, g.filter_chunks * per_item, lanes,
+                       into);
       }
     }
   }
@@ -1496,9 +1716,13 @@ class Conv2DKernel final : public WeightedOpKernel {
     // In bfloat16, a first layer on few channels (its input the model's, f32, rounded as it is
     // padded; the output gradient read in bfloat16): oneDNN 2.6's bfloat16 kernel took 0.55 ms a
     // step for the bn_dropout experiment's first convolution's weights (AMX, one input channel),
-    // these loops 0.2 (a 2-core Intel Xeon with AMX). Wider layers keep the AMX matmuls.
-    if (compute_ == DType::bf16 && !fused && (!few_channels || src_md.data_type() != memory::data_type::f32))
-      return nullptr;
+    // these loops 0.2 (a 2-core Intel Xeon with AMX). Wider layers keep the AMX matmuls; where the
+    // CPU multiplies bfloat16 pairs without AMX (cpu_multiplies_bf16_pairs) they take these loops
+    // too, x read as bfloat16 codes, two positions an instruction on AVX-512 (accumulate_pair_taps).
+    static const bool multiplies_pairs = cpu_multiplies_bf16_pairs();
+    const bool x_codes = src_md.data_type() == memory::data_type::bf16;
+    const bool first_layer_f32 = few_channels && src_md.data_type() == memory::data_type::f32;
+    if (compute_ == DType::bf16 && !fused && !first_layer_f32 && !(multiplies_pairs && x_codes)) return nullptr;
     WeightLoops& s = weight_loops_.emplace_back();
     s.batch = batch;
     WeightLoopsGeometry& g = s.geometry;
@@ -1524,6 +1748,9 @@ class Conv2DKernel final : public WeightedOpKernel {
     g.filter_chunks = filter_chunks;
     g.vectors = vectors;
     g.bf16 = compute_ == DType::bf16;
+    g.x_codes = x_codes;
+    // (Fused, plan_codes decides.)
+    g.pairs = !fused && g.bf16 && lanes == 16 && multiplies_pairs;
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j)
         for (std::int64_t c = 0; c < g.c; ++c) g.taps.push_back((i * g.padded_w + j) * g.c + c);
