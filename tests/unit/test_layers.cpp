@@ -1214,6 +1214,34 @@ TEST_CASE("batch normalization applying the relu layer's derivative gives the va
   }
 }
 
+namespace {
+
+// A training step's values (step_values: powers of two, no input gradient) on each loop level of
+// `isas` bit for bit those of the widest; `on_level` (if any) checks each level's context first.
+void check_same_bits_on_loop_levels(const config::ModelConfig& mc, DType compute,
+                                    const std::vector<backends::onednn::LoopIsa>& isas,
+                                    const std::function<void(device::Context&)>& on_level = {}) {
+  std::vector<float> widest;
+  for (auto isa = isas.rbegin(); isa != isas.rend(); ++isa) {
+    CAPTURE(backends::onednn::name_of(*isa));
+    const std::unique_ptr<device::Context> owned = device::make_context(Device{});
+    backends::onednn::OnednnContext::of(*owned).set_loop_isa(*isa);
+    if (on_level) on_level(*owned);
+    const std::vector<float> values = step_values(mc, *owned, compute, nn::Mode::training, 9, false, true);
+    if (widest.empty()) {
+      widest = values;
+      continue;
+    }
+    REQUIRE(values.size() == widest.size());
+    std::size_t unequal = 0;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      unequal += std::bit_cast<std::uint32_t>(values[i]) != std::bit_cast<std::uint32_t>(widest[i]);
+    CHECK(unequal == 0);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("a first convolution computing the max pooling above it gives the same bits on every loop level") {
   // The fused loops (conv2d.cpp) sum each output and each weight's gradient in one order whatever
   // their vectors: 16 lanes on AVX-512, 8 below. In bfloat16 on CPUs with AVX512-BF16 and no AMX,
@@ -1257,26 +1285,10 @@ TEST_CASE("a first convolution computing the max pooling above it gives the same
       CAPTURE(std::string(dtype_name(compute)));
       const config::ModelConfig mc =
           model_of_layers(b.input, {b.conv, b.pooling, nn::FlattenOptions{}, dense(3, Activation::linear)});
-      std::vector<float> widest;
-      for (auto isa = isas.rbegin(); isa != isas.rend(); ++isa) {
-        CAPTURE(backends::onednn::name_of(*isa));
-        const std::unique_ptr<device::Context> owned = device::make_context(Device{});
-        backends::onednn::OnednnContext::of(*owned).set_loop_isa(*isa);
-        {
-          const nn::Sequential model(mc, 3, *owned, nn::ModelOptions{.compute = compute, .input_gradient = false});
-          REQUIRE(model.computed_by_layer_below(1));
-        }
-        const std::vector<float> values = step_values(mc, *owned, compute, nn::Mode::training, 9, false, true);
-        if (widest.empty()) {
-          widest = values;
-          continue;
-        }
-        REQUIRE(values.size() == widest.size());
-        std::size_t unequal = 0;
-        for (std::size_t i = 0; i < values.size(); ++i)
-          unequal += std::bit_cast<std::uint32_t>(values[i]) != std::bit_cast<std::uint32_t>(widest[i]);
-        CHECK(unequal == 0);
-      }
+      check_same_bits_on_loop_levels(mc, compute, isas, [&](device::Context& ctx) {
+        const nn::Sequential model(mc, 3, ctx, nn::ModelOptions{.compute = compute, .input_gradient = false});
+        REQUIRE(model.computed_by_layer_below(1));
+      });
     }
 }
 
@@ -1651,23 +1663,7 @@ TEST_CASE("bfloat16 weight loops two positions an instruction: the bits of one m
   for (const Block& b : blocks) {
     CAPTURE(b.label);
     check_case(in_bf16({b.label, b.input, b.layers, 5}, kBf16RoutedGradientTolerance));
-    const config::ModelConfig mc = model_of_layers(b.input, b.layers);
-    std::vector<float> widest;
-    for (auto isa = isas.rbegin(); isa != isas.rend(); ++isa) {
-      CAPTURE(backends::onednn::name_of(*isa));
-      const std::unique_ptr<device::Context> owned = device::make_context(Device{});
-      backends::onednn::OnednnContext::of(*owned).set_loop_isa(*isa);
-      const std::vector<float> values = step_values(mc, *owned, DType::bf16, nn::Mode::training, 9, false, true);
-      if (widest.empty()) {
-        widest = values;
-        continue;
-      }
-      REQUIRE(values.size() == widest.size());
-      std::size_t unequal = 0;
-      for (std::size_t i = 0; i < values.size(); ++i)
-        unequal += std::bit_cast<std::uint32_t>(values[i]) != std::bit_cast<std::uint32_t>(widest[i]);
-      CHECK(unequal == 0);
-    }
+    check_same_bits_on_loop_levels(model_of_layers(b.input, b.layers), DType::bf16, isas);
   }
 }
 
