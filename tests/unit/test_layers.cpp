@@ -1631,10 +1631,10 @@ TEST_CASE("bfloat16 weight loops two positions an instruction: the bits of one m
   // image of x and the gradient's words), added in the order of the narrower level's one
   // multiply-add a product: the same bits, which powers of two of far apart exponents would show
   // otherwise (step_values). Against the oracle too. Cases: the seed CNN's shape (the second
-  // convolution crops 4 x 4 of 5 x 5 for its pooling; 64 filters: two pairs of vectors), 'same'
-  // padding at an odd output width (a row's last position alone) with 48 filters (a pair of
-  // vectors, then one) and no bias, and 5 x 5 at stride 2 on 5 channels (channels not in whole
-  // vectors) with 24 filters (a vector half of padding).
+  // convolution crops 4 x 4 of 5 x 5 for its pooling; 64 filters: four vectors a pass), 'same'
+  // padding at an odd output width (a row's last position alone) with 48 filters (three vectors)
+  // and no bias, 5 x 5 at stride 2 on 5 channels (channels not in whole vectors) with 24 filters
+  // (two vectors, one half padding), and 16 filters (one vector).
   const bool pairs_here = __builtin_cpu_supports("avx512bf16") && !__builtin_cpu_supports("amx-bf16");
   if (!cpu_has_bf16() || !pairs_here) {
     MESSAGE("skipped: this CPU has no AVX512-BF16, or has AMX (its bfloat16 weights' gradients are matmuls)");
@@ -1658,6 +1658,9 @@ TEST_CASE("bfloat16 weight loops two positions an instruction: the bits of one m
         nn::FlattenOptions{}, dense(3, Activation::linear)}},
       {"5 x 5 at stride 2 on 5 channels, 24 filters", Shape{13, 12, 1},
        {conv(5, 3, 1, Padding::valid, Activation::relu), conv(24, 5, 2, Padding::valid, Activation::relu),
+        nn::FlattenOptions{}, dense(3, Activation::linear)}},
+      {"16 filters", Shape{8, 9, 1},
+       {conv(8, 3, 1, Padding::valid, Activation::relu), conv(16, 3, 1, Padding::valid, Activation::linear),
         nn::FlattenOptions{}, dense(3, Activation::linear)}},
   };
   for (const Block& b : blocks) {

@@ -72,7 +72,7 @@ struct WeightLoopsGeometry {
   Arrangement x, dy;
   int lanes;                         // L: output channels per vector
   std::int64_t filter_chunks;        // ceil(filters / L)
-  int vectors;                       // V: filter vectors per pass, 1 or 2
+  int vectors;                       // V: filter vectors per pass, 1 or 2 (in pairs, up to 4)
   std::vector<std::int64_t> taps;    // offset of tap (kh, kw, c) in a padded sample, in HWIO order
   // A bfloat16 layer's fused loops (take_output_max_pooling): x is rounded to bfloat16 as it is
   // padded, as oneDNN's bfloat16 convolution reads it.
@@ -1125,10 +1125,12 @@ std::array<AccumulatePairsFn, sizeof...(G)> accumulate_pair_taps_table(std::inde
 
 // The pass over `count` taps and `vectors` filter vectors, count in 1..kWideAccumulators / vectors.
 AccumulatePairsFn accumulate_pair_taps_fn(int vectors, std::int64_t count) {
-  static const auto by16 = accumulate_pair_taps_table<1>(std::make_index_sequence<kWideAccumulators>{});
-  static const auto pairs_by16 = accumulate_pair_taps_table<2>(std::make_index_sequence<kWideAccumulators / 2>{});
+  static const auto by1 = accumulate_pair_taps_table<1>(std::make_index_sequence<kWideAccumulators>{});
+  static const auto by2 = accumulate_pair_taps_table<2>(std::make_index_sequence<kWideAccumulators / 2>{});
+  static const auto by3 = accumulate_pair_taps_table<3>(std::make_index_sequence<kWideAccumulators / 3>{});
+  static const auto by4 = accumulate_pair_taps_table<4>(std::make_index_sequence<kWideAccumulators / 4>{});
   const auto i = static_cast<std::size_t>(count - 1);
-  return vectors == 2 ? pairs_by16[i] : by16[i];
+  return vectors == 4 ? by4[i] : vectors == 3 ? by3[i] : vectors == 2 ? by2[i] : by1[i];
 }
 
 // into[l] = +0 plus partial[c * stride + l] for the chunks c < chunks in turn, for l < count: the
@@ -1187,7 +1189,7 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
   const std::int64_t chunk = item / j.groups;
   const std::int64_t fc = item % j.groups * g.vectors;
   const int vectors = static_cast<int>(std::min<std::int64_t>(g.vectors, g.filter_chunks - fc));
-  float* acc[2] = {};
+  float* acc[4] = {};
   for (int v = 0; v < vectors; ++v) acc[v] = j.partial + (chunk * g.filter_chunks + fc + v) * per_item;
   const bool routed = j.pool && routes_pooled_gradient(g);
   // The taps in the fewest passes the registers allow, of even counts: a pass reads the gradient
@@ -1225,10 +1227,10 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       continue;
     }
     if (g.pairs && !j.pool) {
-      float* planes[2] = {};
-      const std::uint16_t* dy_n[2] = {};
-      const std::uint16_t* relu_y_n[2] = {};
-      float* bias[2] = {};
+      float* planes[4] = {};
+      const std::uint16_t* dy_n[4] = {};
+      const std::uint16_t* relu_y_n[4] = {};
+      float* bias[4] = {};
       for (int v = 0; v < vectors; ++v) {
         planes[v] = j.pair_planes + (worker * g.vectors + v) * j.plane_size;
         const std::int64_t at = n * g.dy.n + g.dy.channel((fc + v) * g.lanes);
@@ -1237,11 +1239,14 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
         bias[v] = acc[v] + taps * g.lanes;
       }
       const std::uint16_t* const* relu_y = j.relu_y ? relu_y_n : nullptr;
-      if (vectors == 2) pair_gradient_planes<2>(g, dy_n, relu_y, planes, bias);
+      if (vectors == 4) pair_gradient_planes<4>(g, dy_n, relu_y, planes, bias);
+      else if (vectors == 3) pair_gradient_planes<3>(g, dy_n, relu_y, planes, bias);
+      else if (vectors == 2) pair_gradient_planes<2>(g, dy_n, relu_y, planes, bias);
       else pair_gradient_planes<1>(g, dy_n, relu_y, planes, bias);
       for (std::int64_t t = 0; t < taps; t += per_pass) {
         const std::int64_t count = std::min(per_pass, taps - t);
-        float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
+        float* const at[4] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr,
+                              acc[2] ? acc[2] + t * g.lanes : nullptr, acc[3] ? acc[3] + t * g.lanes : nullptr};
         accumulate_pair_taps_fn(vectors, count)(g, g.taps.data() + t, image, planes, at);
       }
       continue;
@@ -1701,8 +1706,16 @@ class Conv2DKernel final : public WeightedOpKernel {
     // multiply-adds: on the seed CNN's first convolution, 9 taps, the backward took 0.14-0.16 ms
     // against 0.17-0.18 with one, float32 on a 2-core Intel Xeon with AMX; with 8 lanes, passes of
     // 6 and 3 taps read 13 values a position for 18 multiply-adds where one vector read 20: 0.356-0.436
-    // ms against 0.397-0.475, 6 alternating pairs on a 2-core AVX2 AMD EPYC, a noisy hour).
-    const int vectors = filter_chunks < 2 ? 1
+    // ms against 0.397-0.475, 6 alternating pairs on a 2-core AVX2 AMD EPYC, a noisy hour). Not
+    // fused, in pairs (accumulate_pair_taps, the registers' 24 sums), up to four: a pass then reads 10
+    // values (4 gradient words, 6 of x) for 24 VDPBF16PS where two vectors read 14 (the seed CNN's
+    // second convolution's passes, alone on one core of the Zen 5 EPYC: 0.363 TSC cycles an
+    // instruction against 0.383-0.400), and an item makes each sample's pair image once for all
+    // its filters.
+    static const bool multiplies_pairs = cpu_multiplies_bf16_pairs();
+    const bool pairs = !fused && compute_ == DType::bf16 && lanes == 16 && multiplies_pairs;
+    const int vectors = pairs ? static_cast<int>(std::min<std::int64_t>(filter_chunks, 4))
+                        : filter_chunks < 2 ? 1
                         : fused       ? 2
                                       : (taps > accumulators(lanes) ? 2 : 1);
     const std::int64_t sample_chunks = (batch + kSamplesPerChunk - 1) / kSamplesPerChunk;
@@ -1719,7 +1732,6 @@ class Conv2DKernel final : public WeightedOpKernel {
     // these loops 0.2 (a 2-core Intel Xeon with AMX). Wider layers keep the AMX matmuls; where the
     // CPU multiplies bfloat16 pairs without AMX (cpu_multiplies_bf16_pairs) they take these loops
     // too, x read as bfloat16 codes, two positions an instruction on AVX-512 (accumulate_pair_taps).
-    static const bool multiplies_pairs = cpu_multiplies_bf16_pairs();
     const bool x_codes = src_md.data_type() == memory::data_type::bf16;
     const bool first_layer_f32 = few_channels && src_md.data_type() == memory::data_type::f32;
     if (compute_ == DType::bf16 && !fused && !first_layer_f32 && !(multiplies_pairs && x_codes)) return nullptr;
@@ -1749,8 +1761,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     g.vectors = vectors;
     g.bf16 = compute_ == DType::bf16;
     g.x_codes = x_codes;
-    // (Fused, plan_codes decides.)
-    g.pairs = !fused && g.bf16 && lanes == 16 && multiplies_pairs;
+    g.pairs = pairs;  // (fused, plan_codes decides)
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j)
         for (std::int64_t c = 0; c < g.c; ++c) g.taps.push_back((i * g.padded_w + j) * g.c + c);
