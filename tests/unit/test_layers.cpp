@@ -1635,8 +1635,7 @@ TEST_CASE("bfloat16 weight loops two positions an instruction: the bits of one m
   // padding at an odd output width (a row's last position alone) with 48 filters (three vectors)
   // and no bias, 5 x 5 at stride 2 on 5 channels (channels not in whole vectors) with 24 filters
   // (two vectors, one half padding), and 16 filters (one vector).
-  const bool pairs_here = __builtin_cpu_supports("avx512bf16") && !__builtin_cpu_supports("amx-bf16");
-  if (!cpu_has_bf16() || !pairs_here) {
+  if (!cpu_has_bf16() || !backends::onednn::cpu_multiplies_bf16_pairs()) {
     MESSAGE("skipped: this CPU has no AVX512-BF16, or has AMX (its bfloat16 weights' gradients are matmuls)");
     return;
   }

@@ -171,6 +171,9 @@ std::string effective_isa();
 // Whether oneDNN runs bfloat16 convolutions and inner products in hardware here (AVX512-BF16 or
 // AMX); honours ONEDNN_MAX_CPU_ISA, which is how a test plays a CPU without them.
 bool cpu_has_bf16();
+// Whether the backend's bfloat16 weight loops take two products an instruction (VDPBF16PS): a CPU
+// with AVX512-BF16 and no AMX (conv2d.cpp says why).
+bool cpu_multiplies_bf16_pairs();
 // oneDNN's version "2.6.3".
 std::string dnnl_version();
 

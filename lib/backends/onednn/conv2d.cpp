@@ -732,15 +732,19 @@ bool cpu_converts_bf16_pairs() {
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
 }
 
-// Whether the bfloat16 fused loops multiply two taps (forward) or two positions (backward) an
-// instruction, VDPBF16PS, instead of one each with f32 multiply-adds. VDPBF16PS adds the product
-// of its words' high halves first, then the low halves', each addition rounded as a multiply-add
-// rounds it (bfloat16 products are exact in f32; measured on the AVX512-BF16 EPYC: 3.2 M random
+}  // namespace
+
+// (context.hpp) Whether the bfloat16 weight loops multiply two taps (fused forward) or two
+// positions (backward) an instruction, VDPBF16PS, instead of one each with f32 multiply-adds.
+// VDPBF16PS adds the product of its words' high halves first, then the low halves', each addition
+// rounded as a multiply-add rounds it (bfloat16 products are exact in f32; measured on the AVX512-BF16 EPYC: 3.2 M random
 // lanes all equal to that order's), so a pair taken in the loops' order gives their bits, apart
 // from denormals, which it reads and writes as zero. The AVX512-BF16 EPYC (Zen 4) computes twice
 // the products a cycle this way (its bfloat16 GEMM peak is twice its f32 one); the AMX Xeon half
 // (its multiply-adds issue on two ports, VDPBF16PS on one): there the pairs took longer.
 bool cpu_multiplies_bf16_pairs() { return cpu_converts_bf16_pairs() && !__builtin_cpu_supports("amx-bf16"); }
+
+namespace {
 
 // A padded sample's pair image at distance d: word i holds x[i]'s bfloat16 code in its high half
 // and x[i + d]'s in its low half (x already rounded: a code is its float's high half), so that one
@@ -1246,8 +1250,8 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
       else pair_gradient_planes<1>(g, dy_n, relu_y, planes, bias);
       for (std::int64_t t = 0; t < taps; t += per_pass) {
         const std::int64_t count = std::min(per_pass, taps - t);
-        float* const at[4] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr,
-                              acc[2] ? acc[2] + t * g.lanes : nullptr, acc[3] ? acc[3] + t * g.lanes : nullptr};
+        float* at[4] = {};
+        for (int v = 0; v < vectors; ++v) at[v] = acc[v] + t * g.lanes;
         accumulate_pair_taps_fn(vectors, count)(g, g.taps.data() + t, image, planes, at);
       }
       continue;
@@ -1657,7 +1661,7 @@ class Conv2DKernel final : public WeightedOpKernel {
     // Fused with a max pooling (pool_): its geometry, the pooled output and its gradient, the
     // workspace, the kernel and bias padded to the arrangement's channels, each forward thread's
     // padded sample (zero padding) and convolution sums, and the backward workers' strips or
-    // expanded planes (WeightJob).
+    // expanded planes (WeightJob). Not fused, in pairs, `expanded` holds the workers' pair planes.
     std::optional<PoolingGeometry> pool;
     memory y, diff_y;
     std::vector<std::uint8_t> workspace;
