@@ -84,6 +84,10 @@ class CallScoped final : public LayerKernel {
   }
   void skip_activation_forward() override { inner_->skip_activation_forward(); }
   bool forward_passes_through() const override { return inner_->forward_passes_through(); }
+  bool writes_input_gradient_over_input(std::int64_t batch) const override {
+    return inner_->writes_input_gradient_over_input(batch);
+  }
+  bool backward_reads_output() const override { return inner_->backward_reads_output(); }
 
  private:
   std::unique_ptr<LayerKernel> inner_;

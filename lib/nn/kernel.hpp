@@ -71,6 +71,18 @@ class LayerKernel {
   // (skip_activation_forward and skip_activation_backward): both pass their memories through.
   virtual bool take_output_relu_and_max_pooling(const MaxPool2D&) { return false; }
 
+  // Writing the input's gradient over the input (asked after each plan). A small layer's
+  // backward that writes its input's gradient into memory last touched a step ago waits for those
+  // cache lines (the seed CNN's logits layer: a quarter of its backward), while the input it has
+  // just read is still in the caches. The model gives the two one memory where the kernel above
+  // says its backward for `batch` reads its input only before writing any of the gradient or, an
+  // element at a time, just before writing that element's gradient
+  // (writes_input_gradient_over_input), and the kernel below says its backward does not read its
+  // output (backward_reads_output: false once a layer above applies its activation's derivative),
+  // and that output is a memory of its own (no layer passes it through).
+  virtual bool writes_input_gradient_over_input(std::int64_t /*batch*/) const { return false; }
+  virtual bool backward_reads_output() const { return true; }
+
   // Neither a layer below nor the caller wants the gradient of this layer's input (called once,
   // before the first plan, for the lowest layer whose backward runs): its kernel may plan for that.
   virtual void without_input_gradient() {}

@@ -298,6 +298,7 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
     if (last && layouts[i]->same_as(*out_canonical)) {
       p.act.push_back({layouts[i], p.output.raw()});
       p.diff.push_back({layouts[i], p.output_grad.raw()});
+      p.gradient_over_output.push_back(false);
     } else {
       // An identity forward (or backward) shares the memory of the layer below's output (or its
       // gradient): nothing to move (LayerKernel::forward_passes_through, gradient_passes_through),
@@ -309,7 +310,16 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
         return p.buffers.back().get();
       };
       p.act.push_back({layouts[i], same && kernels_[i]->forward_passes_through() ? p.act[i - 1].data : own()});
-      p.diff.push_back({layouts[i], same && kernels_[i]->gradient_passes_through() ? p.diff[i - 1].data : own()});
+      // The gradient over the output it belongs to, where the layer above writes it so and nothing
+      // else reads that output in backward (LayerKernel::writes_input_gradient_over_input).
+      const bool own_output = !(same && kernels_[i]->forward_passes_through());
+      const bool over_output = !last && own_output && !(same && kernels_[i]->gradient_passes_through()) &&
+                               i + 1 > first_backward_ && !kernels_[i]->backward_reads_output() &&
+                               kernels_[i + 1]->writes_input_gradient_over_input(batch);
+      p.diff.push_back({layouts[i], over_output                                               ? p.act[i].data
+                                    : same && kernels_[i]->gradient_passes_through() ? p.diff[i - 1].data
+                                                                                       : own()});
+      p.gradient_over_output.push_back(over_output);
     }
   }
   p.output_out = ctx_.make_copy(p.act.back(), {out_canonical, p.output.raw()});

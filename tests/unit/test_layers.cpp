@@ -89,6 +89,9 @@ struct Case {
   // forward_moves_nothing), checked once the model has planned its layouts.
   std::optional<std::vector<std::size_t>> backward_moves_nothing = std::nullopt;
   std::optional<std::vector<std::size_t>> forward_moves_nothing = std::nullopt;
+  // Where given, the layers whose output's gradient the layer above writes over that output
+  // (gradient_over_output), checked at the case's batch.
+  std::optional<std::vector<std::size_t>> gradient_over_output = std::nullopt;
 };
 
 // bfloat16 keeps 8 significant bits: one rounding is 2^-9 relative, and a layer rounds its
@@ -153,6 +156,8 @@ void check_case(const Case& c) {
     CAPTURE(l);
     if (c.backward_moves_nothing) CHECK(model.backward_moves_nothing(l) == listed(c.backward_moves_nothing, l));
     if (c.forward_moves_nothing) CHECK(model.forward_moves_nothing(l) == listed(c.forward_moves_nothing, l));
+    if (c.gradient_over_output)
+      CHECK(model.gradient_over_output(c.batch, l) == listed(c.gradient_over_output, l));
   }
   if (c.mode == nn::Mode::inference) return;  // backward is a training step's
 
@@ -391,6 +396,43 @@ TEST_CASE("dense matches the reference and finite differences") {
   check_case({"above the own loops' size, softmax", Shape{300}, {dense(400, Activation::softmax)}, 2});
   check_case({"above the own loops' size, after a flatten, 5 rows", Shape{10, 10, 4},
               {nn::FlattenOptions{}, dense(130, Activation::sigmoid), dense(3, Activation::linear)}, 5});
+}
+
+TEST_CASE("a dense layer above a relu applies its derivative, writing the input's gradient over the input") {
+  // A dense layer above a dense relu applies the relu's derivative to the gradient it hands down
+  // (Sequential::applies_activation_backward_below). Its own loops write that gradient over the
+  // relu's output, which nothing else reads in backward, where the rows are whole vectors (32
+  // inputs: on every ISA's lanes); with 6 inputs, or on oneDNN's matmuls (above the loops' size),
+  // the gradient has its own memory.
+  const auto over = [](std::string label, std::int64_t in, std::int64_t units, std::int64_t out, Activation top,
+                       std::int64_t batch, std::vector<std::size_t> over_output, DType compute = DType::f32) {
+    Case c{std::move(label), Shape{in}, {dense(static_cast<int>(units), Activation::relu), dense(static_cast<int>(out), top)},
+           batch};
+    c.gradient_over_output = std::move(over_output);
+    c.compute = compute;
+    return c;
+  };
+  REQUIRE(backends::onednn::dense_loops_pay(3, 32, 5));
+  REQUIRE_FALSE(backends::onednn::dense_loops_pay(2, 300, 400));
+  const std::vector<Case> cases{
+      over("32 inputs of whole vectors: over the relu's output", 40, 32, 5, Activation::linear, 3, {0}),
+      over("softmax above", 9, 32, 10, Activation::softmax, 4, {0}),
+      over("6 inputs: vectors past a row's end", 7, 6, 3, Activation::linear, 5, {}),
+      over("oneDNN's matmuls above, then the relu's backward", 20, 300, 400, Activation::linear, 2, {})};
+  for (const Case& c : cases) {
+    check_case(c);
+    CAPTURE(c.label);
+    config::ModelConfig mc;
+    mc.input_shape = c.input.to_vector();
+    for (const L& l : c.layers) mc.layers.push_back(l.config);
+    const nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{});
+    CHECK(model.applies_activation_backward_below(1));
+  }
+  if (cpu_has_bf16()) {  // a bfloat16 relu's output (the dense above computes in float32, on its codes)
+    Case bf16 = over("bfloat16 below", 40, 32, 5, Activation::linear, 3, {0}, DType::bf16);
+    bf16.gradient_tolerance = kBf16RoutedGradientTolerance;
+    check_case(bf16);
+  }
 }
 
 // One training step of `model` on x with every output gradient `dy`: each variable's gradient, in
@@ -948,6 +990,12 @@ TEST_CASE("dropout matches the reference with the same masks, and is the identit
               {conv(16, 3, 1, Padding::valid, Activation::relu), nn::DropoutOptions{0.5}, nn::FlattenOptions{},
                dense(3, Activation::linear)},
               3});
+  // A dense layer's own loops above write the gradient over the dropout's output (backward reads
+  // only the mask and the gradient).
+  Case over{"rate 0.3 between dense layers, its output's gradient over its output", Shape{12},
+            {dense(32, Activation::relu), nn::DropoutOptions{0.3}, dense(5, Activation::linear)}, 5};
+  over.gradient_over_output = std::vector<std::size_t>{1};
+  check_case(over);
   check_case({"rate 0", Shape{7}, {dense(5, Activation::tanh), nn::DropoutOptions{0.0}}, 2});
   check_case({"inference", Shape{7}, {dense(5, Activation::tanh), nn::DropoutOptions{0.5}}, 2, nn::Mode::inference});
 }

@@ -14,7 +14,9 @@
 // work is small (kMaxOwnMultiplyAdds); everything else keeps oneDNN's primitives.
 //   forward          y[n][o]  = act(b[o] + sum_i x[n][i] W[i][o])
 //   weight gradient  dW[i][o] = sum_n x[n][i] dz[n][o],  db[o] = sum_n dz[n][o]
-//   data gradient    dx[n][i] = sum_o dz[n][o] W[i][o]   (over a transposed copy of W)
+//   data gradient    dx[n][i] = sum_o dz[n][o] W[i][o]   (over a transposed copy of W), zero where a
+//                    relu below had a zero output (x[n][i] not above zero), where this layer applies
+//                    that derivative (take_input_activation_backward)
 // dz is the gradient before the activation. All three are one product (Product below): each
 // output row is a sum of rows of a row-major B, scaled by one value of A each, in vectors of L
 // lanes. A pass holds R rows x V vectors of sums in registers (independent FMA chains, so their
@@ -76,6 +78,9 @@ struct Product {
   TC* c;
   std::int64_t rows, depth, cols;
   bool relu;
+  // Or null: the output of a relu whose derivative C takes (zero where it is not above zero),
+  // laid out as C. It may be C's own memory: each vector of it is read just before C's is written.
+  const TC* derivative_of = nullptr;
 };
 
 // B's last rows whose vectors would read past its end, copied into whole vectors (zero past cols).
@@ -95,6 +100,22 @@ inline void tail_rows(Product<TA, TC>& p, std::int64_t lanes, float* scratch) {
       scratch[(k - p.safe_depth) * reach + c] = c < p.cols ? p.b[k * p.ldb + c] : 0.0f;
 }
 
+// A(m, k) in every lane of L: a float as it is (GCC folds it into the multiply-add as a broadcast
+// operand); a bfloat16 code broadcast as 16-bit words straight from memory, each 32-bit lane then
+// masked to its high half (= the code widened). Widened in a general register, each code waited
+// for its move into a vector register, one a cycle: a bfloat16 x took the seed CNN's logits layer's
+// kernel gradient a third longer than a float32 one (2-core Zen 5 EPYC).
+template <int L>
+inline float broadcast_of(const float* a) {
+  return *a;
+}
+template <int L>
+inline Vec<float, L> broadcast_of(const std::uint16_t* a) {
+  using Words = Vec<std::uint16_t, 2 * L>;
+  const Words words = Words{} + *a;
+  return std::bit_cast<Vec<float, L>>(std::bit_cast<Vec<std::uint32_t, L>>(words) & 0xFFFF0000u);
+}
+
 // R rows from m0 and V vectors from column c0. Rows past the end compute the last row again and
 // are not stored (a pass has a fixed shape; a row's sums do not depend on its neighbours).
 template <int L, int V, int R, class TA, class TC>
@@ -111,7 +132,7 @@ inline void product_pass(const Product<TA, TC>& p, std::int64_t m0, std::int64_t
     F bk[V];
     for (int v = 0; v < V; ++v) bk[v] = load<F>(b + c0 + v * L);
     for (int r = 0; r < R; ++r) {
-      const float ak = widen(row[r][k * p.a_step]);
+      const auto ak = broadcast_of<L>(row[r] + k * p.a_step);
       for (int v = 0; v < V; ++v) sum[r][v] += ak * bk[v];
     }
   };
@@ -120,16 +141,23 @@ inline void product_pass(const Product<TA, TC>& p, std::int64_t m0, std::int64_t
   const std::int64_t stored = std::min<std::int64_t>(R, p.rows - m0);
   const std::int64_t size = p.rows * p.cols;
   for (std::int64_t r = 0; r < stored; ++r) {
-    TC* out = p.c + (m0 + r) * p.cols + c0;
+    const std::int64_t row_at = (m0 + r) * p.cols + c0;
+    TC* out = p.c + row_at;
     for (int v = 0; v < V; ++v) {
       F s = sum[r][v];
       if (p.relu) s = s > F{} ? s : F{};
-      if ((m0 + r) * p.cols + c0 + (v + 1) * L <= size) {
+      const std::int64_t at = row_at + v * L;
+      if (at + L <= size) {
+        if (p.derivative_of) {  // a mask of bits: GCC 12 computes a 16-lane float select lane by lane
+          using I = Vec<std::int32_t, L>;
+          s = std::bit_cast<F>(I(load_widened<L>(p.derivative_of + at) > 0.0f) & std::bit_cast<I>(s));
+        }
         store_rounded<L>(out + v * L, s);
       } else {
         TC lanes[L];
         store_rounded<L>(lanes, s);
-        for (std::int64_t l = 0; l < std::min<std::int64_t>(L, p.cols - c0 - v * L); ++l) out[v * L + l] = lanes[l];
+        for (std::int64_t l = 0; l < std::min<std::int64_t>(L, p.cols - c0 - v * L); ++l)
+          out[v * L + l] = !p.derivative_of || widen(p.derivative_of[at + l]) > 0.0f ? lanes[l] : TC{};
       }
     }
   }
@@ -281,6 +309,7 @@ class DenseKernel final : public WeightedOpKernel {
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     const auto& o = layer_.options();
     auto vars = layer_.variables();
+    relu_below_plans_.erase(batch);
     if (Loops* s = loops(batch)) {
       // Wrapped, and their addresses read every step: the model's input moves between steps.
       s->x = ctx_.wrap(io.src);
@@ -298,11 +327,30 @@ class DenseKernel final : public WeightedOpKernel {
       if (act_.kind() == config::Activation::softmax) act_.bind(ctx_, s->y, s->dy, s->act);
       return;
     }
+    if (relu_below_ && io.diff_src)
+      relu_below_fn_.bind(ctx_, ctx_.wrap(io.src), ctx_.wrap(io.diff_src), relu_below_plans_.create(batch));
     if (Matmuls* m = matmuls_.find(batch)) return bind_matmuls(*m, io);
     bind_variables(batch, io, io_md(static_cast<int>(layer_.input_shape()[0]), o.units), vars[nn::Dense::kKernel],
                    o.use_bias ? &vars[nn::Dense::kBias] : nullptr);
     plan_weight_product(batch);
     plan_pair_blocks(batch);
+  }
+
+  // A relu's derivative below: the loops zero the input's gradient as they write it; the other
+  // paths run the relu's backward on it after them, where the layer below would have run it.
+  bool take_input_activation_backward(config::Activation below) override {
+    relu_below_ = below == config::Activation::relu;
+    return relu_below_;
+  }
+  bool backward_reads_output() const override {
+    return act_.kind() != config::Activation::linear && !activation_backward_elsewhere_;
+  }
+  // The loops read x whole for the kernel's gradient, then write dx a vector at a time, each over
+  // whole vectors of its rows where I is a multiple of the lanes (else a vector past a row's end
+  // would write into the next row's x before it is read).
+  bool writes_input_gradient_over_input(std::int64_t batch) const override {
+    const Loops* s = loops_.find(batch);
+    return s && s->in % float_lanes(isa_) == 0;
   }
 
   void forward(std::int64_t batch, const nn::StepContext& step) override {
@@ -323,14 +371,20 @@ class DenseKernel final : public WeightedOpKernel {
   }
 
   void backward(std::int64_t batch, const nn::StepContext& step) override {
-    if (Matmuls* m = matmuls_.find(batch)) return backward_matmuls(*m, step);
     Loops* s = loops(batch);
-    if (!s) return WeightedOpKernel::backward(batch, step);
+    if (!s) {
+      if (Matmuls* m = matmuls_.find(batch)) backward_matmuls(*m, step);
+      else WeightedOpKernel::backward(batch, step);
+      if (ActivationFn::Plan* relu = relu_below_plans_.find(batch)) relu_below_fn_.backward(ctx_, *relu);
+      return;
+    }
     // What the backward writes, requested before it starts (the seed CNN's logits layer: the
-    // backward's median a tenth lower with it, alternating call by call).
+    // backward's median a tenth lower with it, alternating call by call). dx written over x needs
+    // nothing: x was just read.
     prefetch_for_write(s->kernel_grad, static_cast<std::size_t>(s->in * s->out) * sizeof(float));
     prefetch_for_write(s->transposed.data(), s->transposed.size() * sizeof(float));
-    if (s->dx) prefetch_for_write(s->dx.get_data_handle(), s->dx.get_desc().get_size());
+    if (s->dx && s->dx.get_data_handle() != s->x.get_data_handle())
+      prefetch_for_write(s->dx.get_data_handle(), s->dx.get_desc().get_size());
     const float* dz = pre_activation_gradient(*s);
     if (s->bf16_src) run_weight_gradients<std::uint16_t>(*s, dz);
     else run_weight_gradients<float>(*s, dz);
@@ -645,11 +699,15 @@ class DenseKernel final : public WeightedOpKernel {
     p.rows = s.batch;
     p.depth = s.out;
     p.cols = s.in;
+    if (relu_below_) p.derivative_of = static_cast<const T*>(s.x.get_data_handle());
     run_for(isa_, ProductRun<float, T>{&p, s.tail.data(), nullptr});  // tail: none, the rows are whole vectors
   }
 
   nn::Dense& layer_;
   LoopIsa isa_;              // the build of the loops this kernel runs
+  bool relu_below_ = false;  // backward applies the derivative of a relu below (take_input_activation_backward)
+  ActivationFn relu_below_fn_{config::Activation::relu};
+  nn::PlanCache<ActivationFn::Plan> relu_below_plans_;  // the planned batch sizes that apply it after oneDNN's
   nn::PlanCache<Loops> loops_;  // the planned batch sizes that run the loops
   nn::PlanCache<WeightProduct> weight_products_;  // the planned batch sizes whose kernel gradient is a matmul
   nn::PlanCache<PairBlocks> pair_blocks_;          // the planned batch sizes whose bf16 weights are this file's

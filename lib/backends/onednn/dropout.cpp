@@ -149,6 +149,9 @@ class DropoutKernel final : public nn::LayerKernel {
     });
   }
 
+  // Backward reads the mask and dy: a layer above may write dy over y (writes_input_gradient_over_input).
+  bool backward_reads_output() const override { return false; }
+
   void backward(std::int64_t batch, const nn::StepContext&) override {
     Plan& p = plans_.get(batch);
     float* dx = p.io.input_gradient();
