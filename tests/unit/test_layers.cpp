@@ -428,6 +428,13 @@ TEST_CASE("a dense layer above a relu applies its derivative, writing the input'
     const nn::Sequential model(mc, 7, testing::cpu(), nn::ModelOptions{});
     CHECK(model.applies_activation_backward_below(1));
   }
+  // Below an Activation layer's relu (fused into the dense below it): the Activation then passes
+  // its gradient through, and the gradient keeps a memory of its own.
+  Case activation{"an Activation relu between", Shape{40},
+                  {dense(32, Activation::linear), nn::ActivationOptions{Activation::relu}, dense(5, Activation::linear)}, 3};
+  activation.gradient_over_output = std::vector<std::size_t>{};
+  activation.backward_moves_nothing = std::vector<std::size_t>{1};
+  check_case(activation);
   if (cpu_has_bf16()) {  // a bfloat16 relu's output (the dense above computes in float32, on its codes)
     Case bf16 = over("bfloat16 below", 40, 32, 5, Activation::linear, 3, {0}, DType::bf16);
     bf16.gradient_tolerance = kBf16RoutedGradientTolerance;

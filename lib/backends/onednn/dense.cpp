@@ -28,6 +28,8 @@
 #include <bit>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -201,6 +203,118 @@ inline void column_sums(const Product<TA, TC>& p, float* db) {
   }
 }
 
+// r[j] lane l becomes r[l] lane j: a 16 x 16 transposition in registers, 4 rounds of 16 shuffles,
+// each one instruction (vunpcklps, vunpckhps, vunpcklpd, vunpckhpd, vshuff32x4). Written as GCC's
+// shuffles: GCC 12's unmasked intrinsics for them pass undefined vectors through
+// (-Wmaybe-uninitialized, as lanes.hpp's mul_low32).
+[[gnu::target("avx512f")]] inline void transpose_16x16(Vec<float, 16> (&r)[16]) {
+  using F = Vec<float, 16>;
+  F u[16];
+  // Pairs of rows interleaved: u[2m] holds r[2m][4q], r[2m+1][4q], r[2m][4q+1], r[2m+1][4q+1] in
+  // its 128-bit lane q, u[2m+1] the same from 4q+2.
+  for (int m = 0; m < 8; ++m) {
+    const F a = r[2 * m], b = r[2 * m + 1];
+    u[2 * m] = __builtin_shufflevector(a, b, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+    u[2 * m + 1] = __builtin_shufflevector(a, b, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+  }
+  // Fours: r[4g + c] holds column 4q + c of rows 4g..4g+3 in its 128-bit lane q.
+  for (int g = 0; g < 4; ++g) {
+    const F a = u[4 * g], b = u[4 * g + 1], c = u[4 * g + 2], d = u[4 * g + 3];
+    r[4 * g] = __builtin_shufflevector(a, c, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    r[4 * g + 1] = __builtin_shufflevector(a, c, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    r[4 * g + 2] = __builtin_shufflevector(b, d, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    r[4 * g + 3] = __builtin_shufflevector(b, d, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  }
+  // Eights: u[8h + c] (c < 4) holds columns c and 8 + c of rows 8h..8h+7 (in 128-bit lanes 0, 2
+  // and 1, 3), u[8h + 4 + c] columns 4 + c and 12 + c.
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < 4; ++c) {
+      const F a = r[8 * h + c], b = r[8 * h + 4 + c];
+      u[8 * h + c] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+      u[8 * h + 4 + c] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    }
+  // Sixteens: column c whole (c < 8), and column 8 + c.
+  for (int c = 0; c < 8; ++c) {
+    const F a = u[c], b = u[8 + c];
+    r[c] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    r[8 + c] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+}
+
+// t[o * ld + i] = k[i * out + o] for i < in, o < out: the kernel (I, O) transposed for the data
+// gradient. On AVX-512 with O <= 16, 16 rows at a time: each row one masked load, a 16 x 16
+// transposition, each column one store (260 TSC cycles for the seed CNN's 64 x 10 kernel, hot,
+// against 494 element by element, as below it and for the rows past the last 16; 2-core Zen 5 EPYC).
+[[gnu::target("avx512f")]] void transpose_kernel_avx512(const float* __restrict k, std::int64_t in, std::int64_t out,
+                                                        std::int64_t ld, float* __restrict t) {
+  using F = Vec<float, 16>;
+  const auto row_mask = static_cast<__mmask16>((1u << out) - 1u);
+  const std::int64_t blocks = in / 16 * 16;
+  for (std::int64_t i0 = 0; i0 < blocks; i0 += 16) {
+    F r[16];
+    for (int j = 0; j < 16; ++j) r[j] = reinterpret_cast<F>(_mm512_maskz_loadu_ps(row_mask, k + (i0 + j) * out));
+    transpose_16x16(r);
+    for (int c = 0; c < out; ++c) store(t + c * ld + i0, r[c]);
+  }
+  for (std::int64_t i = blocks; i < in; ++i)
+    for (std::int64_t o = 0; o < out; ++o) t[o * ld + i] = k[i * out + o];
+}
+
+// The kernel's gradient dW (I, O) = x^T dz for O <= 16 and I a multiple of 16, on AVX-512. The
+// product's rows of dW would hold O of a vector's 16 lanes (the seed CNN's logits layer: 10, so
+// 2,048 multiply-adds where 1,280 do); here a pass holds dW^T's sums instead, O rows of V vectors
+// of 16 inputs, and transposes each 16 x 16 block of them into dW's rows (one masked store each).
+// A sum is the product's: over the samples in order from zero, one multiply-add each, its two
+// factors swapped (which does not change a product's bits).
+template <int O, int V, class TA>
+[[gnu::target("avx512f")]] void kernel_gradient_pass(const Product<TA, float>& p, std::int64_t m0) {
+  using F = Vec<float, 16>;
+  F sum[O][V];
+  for (int o = 0; o < O; ++o)
+    for (int v = 0; v < V; ++v) sum[o][v] = F{};
+  for (std::int64_t k = 0; k < p.depth; ++k) {
+    F x[V];
+    for (int v = 0; v < V; ++v) x[v] = load_widened<16>(p.a + k * p.a_step + m0 + v * 16);
+    const float* __restrict dz = p.b + k * p.ldb;
+    for (int o = 0; o < O; ++o)
+      for (int v = 0; v < V; ++v) sum[o][v] += dz[o] * x[v];
+  }
+  const auto row_mask = static_cast<__mmask16>((1u << O) - 1u);
+  for (int v = 0; v < V; ++v) {
+    F r[16];
+    for (int o = 0; o < 16; ++o) r[o] = o < O ? sum[o][v] : F{};
+    transpose_16x16(r);
+    for (int l = 0; l < 16; ++l) _mm512_mask_storeu_ps(p.c + (m0 + v * 16 + l) * O, row_mask, reinterpret_cast<__m512>(r[l]));
+  }
+}
+
+// V: as many vectors of inputs as keep O x V sums within 24 registers (at most 4).
+template <int O, class TA>
+[[gnu::target("avx512f")]] void kernel_gradient_columns(const Product<TA, float>& p) {
+  constexpr int V = std::clamp(24 / O, 1, 4);
+  std::int64_t m0 = 0;
+  for (; m0 + 16 * V <= p.rows; m0 += 16 * V) kernel_gradient_pass<O, V>(p, m0);
+  for (; m0 < p.rows; m0 += 16) kernel_gradient_pass<O, 1>(p, m0);
+}
+
+template <class TA, int... O>
+void kernel_gradient_avx512(const Product<TA, float>& p, std::integer_sequence<int, O...>) {
+  (void)((p.cols == O + 1 ? (kernel_gradient_columns<O + 1>(p), true) : false) || ...);
+}
+
+// Whether kernel_gradient_avx512 computes this product (a kernel's gradient: A is x read down its
+// columns, C's rows O <= 16 floats).
+template <class TA>
+bool kernel_gradient_fits_avx512(const Product<TA, float>& p) {
+  return p.cols <= 16 && p.rows % 16 == 0 && p.a_row == 1 && p.ldb == p.cols && !p.start && !p.relu;
+}
+
+void transpose_kernel(LoopIsa isa, const float* k, std::int64_t in, std::int64_t out, std::int64_t ld, float* t) {
+  if (isa == LoopIsa::x86_64_v4 && out <= 16) return transpose_kernel_avx512(k, in, out, ld, t);
+  for (std::int64_t i = 0; i < in; ++i)
+    for (std::int64_t o = 0; o < out; ++o) t[o * ld + i] = k[i * out + o];
+}
+
 // One product, built for the loops' ISA: B's rows past safe_depth copied into `scratch`, then C,
 // then (with `column_sums_into`) the column sums of B. Why a type, not a lambda at each call: the
 // forward, the weight gradient and the data gradient of a layer then run one function (per pair of
@@ -214,72 +328,22 @@ struct ProductRun {
   Product<TA, TC>* p;
   float* scratch;
   float* column_sums_into;  // or null
+  bool kernel_gradient = false;  // a kernel's gradient: on AVX-512 kernel_gradient_avx512 where it fits
   template <LoopIsa I>
   void operator()() const {
     tail_rows(*p, float_lanes(I), scratch);
-    product<float_lanes(I)>(*p);
+    if constexpr (I == LoopIsa::x86_64_v4 && std::is_same_v<TC, float>) {
+      if (kernel_gradient && kernel_gradient_fits_avx512(*p)) {
+        kernel_gradient_avx512(*p, std::make_integer_sequence<int, 16>{});
+      } else {
+        product<float_lanes(I)>(*p);
+      }
+    } else {
+      product<float_lanes(I)>(*p);
+    }
     if (column_sums_into) column_sums<float_lanes(I)>(*p, column_sums_into);
   }
 };
-
-// t[o * ld + i] = k[i * out + o] for i < in, o < out: the kernel (I, O) transposed for the data
-// gradient. On AVX-512 with O <= 16, 16 rows at a time: each row one masked load, then a 16 x 16
-// transposition in registers (4 rounds of 16 shuffles), each column one store. Element by element
-// (as below it, and for the rows past the last 16) it took 0.19 us a step of the seed CNN's logits
-// layer (64 -> 10), an eighth of its backward (2-core Zen 5 EPYC).
-[[gnu::target("avx512f")]] void transpose_kernel_avx512(const float* __restrict k, std::int64_t in, std::int64_t out,
-                                                        std::int64_t ld, float* __restrict t) {
-  // Each shuffle one instruction (vunpcklps, vunpckhps, vunpcklpd, vunpckhpd, vshuff32x4); written
-  // as GCC's shuffles, since GCC 12's unmasked intrinsics for them pass undefined vectors through
-  // (-Wmaybe-uninitialized, as lanes.hpp's mul_low32).
-  using F = Vec<float, 16>;
-  const auto row_mask = static_cast<__mmask16>((1u << out) - 1u);
-  const std::int64_t blocks = in / 16 * 16;
-  for (std::int64_t i0 = 0; i0 < blocks; i0 += 16) {
-    F r[16], u[16];
-    for (int j = 0; j < 16; ++j) r[j] = reinterpret_cast<F>(_mm512_maskz_loadu_ps(row_mask, k + (i0 + j) * out));
-    // Pairs of rows interleaved: u[2m] holds r[2m][4q], r[2m+1][4q], r[2m][4q+1], r[2m+1][4q+1] in
-    // its 128-bit lane q, u[2m+1] the same from 4q+2.
-    for (int m = 0; m < 8; ++m) {
-      const F a = r[2 * m], b = r[2 * m + 1];
-      u[2 * m] = __builtin_shufflevector(a, b, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
-      u[2 * m + 1] = __builtin_shufflevector(a, b, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
-    }
-    // Fours: r[4g + c] holds column 4q + c of rows 4g..4g+3 in its 128-bit lane q.
-    for (int g = 0; g < 4; ++g) {
-      const F a = u[4 * g], b = u[4 * g + 1], c = u[4 * g + 2], d = u[4 * g + 3];
-      r[4 * g] = __builtin_shufflevector(a, c, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-      r[4 * g + 1] = __builtin_shufflevector(a, c, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-      r[4 * g + 2] = __builtin_shufflevector(b, d, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-      r[4 * g + 3] = __builtin_shufflevector(b, d, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    }
-    // Eights: u[8h + c] (c < 4) holds columns c and 8 + c of rows 8h..8h+7 (in 128-bit lanes 0, 2
-    // and 1, 3), u[8h + 4 + c] columns 4 + c and 12 + c.
-    for (int h = 0; h < 2; ++h)
-      for (int c = 0; c < 4; ++c) {
-        const F a = r[8 * h + c], b = r[8 * h + 4 + c];
-        u[8 * h + c] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-        u[8 * h + 4 + c] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-      }
-    // Sixteens: column c whole (c < 8), and column 8 + c.
-    for (int c = 0; c < 8; ++c) {
-      const F a = u[c], b = u[8 + c];
-      if (c < out)
-        store(t + c * ld + i0, __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27));
-      if (8 + c < out)
-        store(t + (8 + c) * ld + i0,
-              __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31));
-    }
-  }
-  for (std::int64_t i = blocks; i < in; ++i)
-    for (std::int64_t o = 0; o < out; ++o) t[o * ld + i] = k[i * out + o];
-}
-
-void transpose_kernel(LoopIsa isa, const float* k, std::int64_t in, std::int64_t out, std::int64_t ld, float* t) {
-  if (isa == LoopIsa::x86_64_v4 && out <= 16) return transpose_kernel_avx512(k, in, out, ld, t);
-  for (std::int64_t i = 0; i < in; ++i)
-    for (std::int64_t o = 0; o < out; ++o) t[o * ld + i] = k[i * out + o];
-}
 
 // Asks for the cache lines of [at, at + bytes) in the state a write wants, all at once: a small
 // layer's destinations (last written a step ago, evicted since) then arrive together instead of
@@ -741,7 +805,7 @@ class DenseKernel final : public WeightedOpKernel {
     p.rows = s.in;
     p.depth = s.batch;
     p.cols = s.out;
-    run_for(isa_, ProductRun<T, float>{&p, s.tail.data(), s.bias_grad});
+    run_for(isa_, ProductRun<T, float>{&p, s.tail.data(), s.bias_grad, true});
   }
 
   // dx = dz W^T over W transposed (O, in_ld); dx in x's dtype (bf16 rounded to nearest even).
