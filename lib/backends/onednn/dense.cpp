@@ -309,6 +309,47 @@ bool kernel_gradient_fits_avx512(const Product<TA, float>& p) {
   return p.cols <= 16 && p.rows % 16 == 0 && p.a_row == 1 && p.ldb == p.cols && !p.start && !p.relu;
 }
 
+// The input's gradient dx (N, I) = dz W^T for O <= 16 and I a multiple of 16, on AVX-512, without
+// a transposed copy of the kernel: each block of 16 inputs' kernel rows is transposed in registers
+// (as transpose_kernel_avx512 does), and passes of R rows of dx run over those O vectors. Each sum
+// is the product's over the copy: over O in order from zero, one multiply-add each; zero where
+// derivative_of (or null) is not above zero, read a vector at a time just before dx's (it may be
+// dx's own memory).
+template <int O, class TC>
+[[gnu::target("avx512f")]] void data_gradient_avx512(const float* __restrict kernel, const float* __restrict dz,
+                                                     std::int64_t rows, std::int64_t in, const TC* derivative_of,
+                                                     TC* dx) {
+  using F = Vec<float, 16>;
+  using I = Vec<std::int32_t, 16>;
+  constexpr int R = 8;  // 8 sums and O kernel vectors within the 32 registers
+  const auto row_mask = static_cast<__mmask16>((1u << O) - 1u);
+  for (std::int64_t i0 = 0; i0 < in; i0 += 16) {
+    F w[16];
+    for (int j = 0; j < 16; ++j) w[j] = reinterpret_cast<F>(_mm512_maskz_loadu_ps(row_mask, kernel + (i0 + j) * O));
+    transpose_16x16(w);
+    for (std::int64_t n0 = 0; n0 < rows; n0 += R) {
+      const float* __restrict a[R];
+      for (int r = 0; r < R; ++r) a[r] = dz + std::min(n0 + r, rows - 1) * O;
+      F sum[R];
+      for (int r = 0; r < R; ++r) sum[r] = F{};
+      for (int o = 0; o < O; ++o)
+        for (int r = 0; r < R; ++r) sum[r] += a[r][o] * w[o];
+      for (int r = 0; r < R && n0 + r < rows; ++r) {
+        const std::int64_t at = (n0 + r) * in + i0;
+        F v = sum[r];
+        if (derivative_of) v = std::bit_cast<F>(I(load_widened<16>(derivative_of + at) > 0.0f) & std::bit_cast<I>(v));
+        store_rounded<16>(dx + at, v);
+      }
+    }
+  }
+}
+
+template <class TC, int... O>
+void data_gradient_avx512(const float* kernel, const float* dz, std::int64_t rows, std::int64_t in, std::int64_t out,
+                          const TC* derivative_of, TC* dx, std::integer_sequence<int, O...>) {
+  (void)((out == O + 1 ? (data_gradient_avx512<O + 1>(kernel, dz, rows, in, derivative_of, dx), true) : false) || ...);
+}
+
 void transpose_kernel(LoopIsa isa, const float* k, std::int64_t in, std::int64_t out, std::int64_t ld, float* t) {
   if (isa == LoopIsa::x86_64_v4 && out <= 16) return transpose_kernel_avx512(k, in, out, ld, t);
   for (std::int64_t i = 0; i < in; ++i)
@@ -507,7 +548,8 @@ class DenseKernel final : public WeightedOpKernel {
     // backward's median a tenth lower with it, alternating call by call). dx written over x needs
     // nothing: x was just read.
     prefetch_for_write(s->kernel_grad, static_cast<std::size_t>(s->in * s->out) * sizeof(float));
-    if (!s->transposed.empty()) prefetch_for_write(s->transposed.data(), s->transposed.size() * sizeof(float));
+    if (!s->transposed.empty() && !data_gradient_in_registers(*s))
+      prefetch_for_write(s->transposed.data(), s->transposed.size() * sizeof(float));
     if (s->dx && s->dx.get_data_handle() != s->x.get_data_handle())
       prefetch_for_write(s->dx.get_data_handle(), s->dx.get_desc().get_size());
     const float* dz = pre_activation_gradient(*s);
@@ -808,6 +850,11 @@ class DenseKernel final : public WeightedOpKernel {
     run_for(isa_, ProductRun<T, float>{&p, s.tail.data(), s.bias_grad, true});
   }
 
+  // Whether the data gradient is data_gradient_avx512's, with no transposed copy of the kernel.
+  bool data_gradient_in_registers(const Loops& s) const {
+    return isa_ == LoopIsa::x86_64_v4 && s.out <= 16 && s.in % 16 == 0;
+  }
+
   // dx = dz W^T over W transposed (O, in_ld); dx in x's dtype (bf16 rounded to nearest even).
   // The transposed kernel lies on the stack where it fits (Loops::transposed empty): those lines
   // were written moments ago by the calls before this one, where a buffer of the kernel's own was
@@ -815,6 +862,10 @@ class DenseKernel final : public WeightedOpKernel {
   // buffer's lines, requested at the backward's start (2-core Zen 5 EPYC).
   template <class T>
   void run_data_gradient(Loops& s, const float* dz) {
+    const T* derivative_of = relu_below_ ? static_cast<const T*>(s.x.get_data_handle()) : nullptr;
+    if (data_gradient_in_registers(s))
+      return data_gradient_avx512(s.kernel, dz, s.batch, s.in, s.out, derivative_of, static_cast<T*>(s.dx.get_data_handle()),
+                                  std::make_integer_sequence<int, 16>{});
     alignas(64) float on_stack[kTransposedOnStack];
     float* t = s.transposed.empty() ? on_stack : s.transposed.data();
     transpose_kernel(isa_, s.kernel, s.in, s.out, s.in_ld, t);
@@ -829,7 +880,7 @@ class DenseKernel final : public WeightedOpKernel {
     p.rows = s.batch;
     p.depth = s.out;
     p.cols = s.in;
-    if (relu_below_) p.derivative_of = static_cast<const T*>(s.x.get_data_handle());
+    p.derivative_of = derivative_of;
     run_for(isa_, ProductRun<float, T>{&p, s.tail.data(), nullptr});  // tail: none, the rows are whole vectors
   }
 
