@@ -319,10 +319,17 @@ struct DenseCase {
   bool below = true;       // a layer below wants the input gradient
 };
 
+// What check_dense computed, as the bytes each memory holds: y, dx (empty without a layer below),
+// and each variable's gradient.
+struct DenseBytes {
+  std::vector<std::byte> y, dx;
+  std::vector<std::vector<std::byte>> grads;
+};
+
 // A small dense layer (dense.cpp's own loops) built for `isa`, forward and backward in training on
 // a plain row-major x, against the oracle on the same values: y, dx, and the kernel's and bias's
 // gradients, every element written (the memories start as NaN).
-void check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
+DenseBytes check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
   CAPTURE(backends::onednn::name_of(isa));
   CAPTURE(t.batch);
   CAPTURE(t.in);
@@ -392,6 +399,13 @@ void check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
     CAPTURE(variables[v].name);
     CHECK(worst({DType::f32, variables[v].grad.raw()}, dvars[v]) < 1e-4);
   }
+  const auto bytes = [](const void* at, std::size_t size) {
+    const auto* b = static_cast<const std::byte*>(at);
+    return std::vector<std::byte>(b, b + size);
+  };
+  DenseBytes out{bytes(dst.get(), dst_layout->bytes()), t.below ? bytes(diff_src.get(), src_layout->bytes()) : std::vector<std::byte>{}, {}};
+  for (const Variable& v : variables) out.grads.push_back(bytes(v.grad.raw(), v.grad.bytes()));
+  return out;
 }
 
 
@@ -488,6 +502,41 @@ TEST_CASE("small dense layers' own loops match the oracle on every instruction s
   };
   for (const auto isa : testing::loop_isas_here())
     for (const DenseCase& t : cases) check_dense(t, isa);
+}
+
+TEST_CASE("small dense layers' own loops: AVX-512 and AVX2 give the same bits (one multiply-add a product, in "
+          "the same order), 16 outputs or fewer among them (their gradients as transposed sums on AVX-512)") {
+  const auto levels = testing::loop_isas_here();
+  using backends::onednn::LoopIsa;
+  if (std::find(levels.begin(), levels.end(), LoopIsa::x86_64_v4) == levels.end()) {
+    MESSAGE("this CPU has no AVX-512: the AVX-512 loops are not run here");
+    return;
+  }
+  using config::Activation;
+  const std::vector<DenseCase> cases = {
+      {32, 64, 10, Activation::linear, true},   // the seed CNN's logits in a lane
+      {32, 128, 10, Activation::linear, true},  // bn_dropout's
+      {7, 48, 1, Activation::relu, true},       // 1 output: 4 vectors of inputs a pass
+      {9, 32, 16, Activation::linear, false},   // 16 outputs: one vector a pass
+      {5, 31, 16, Activation::relu, true},      // 31 inputs: the product
+      {4, 12, 64, Activation::softmax, true},   // 64 outputs: the product
+      {32, 64, 10, Activation::linear, true, DType::bf16},
+      {17, 96, 7, Activation::relu, false, DType::bf16},
+  };
+  for (const DenseCase& t : cases) {
+    CAPTURE(t.batch);
+    CAPTURE(t.in);
+    CAPTURE(t.units);
+    CAPTURE(std::string(dtype_name(t.src)));
+    const DenseBytes wide = check_dense(t, LoopIsa::x86_64_v4), narrow = check_dense(t, LoopIsa::x86_64_v3);
+    CHECK(wide.y == narrow.y);
+    CHECK(wide.dx == narrow.dx);
+    REQUIRE(wide.grads.size() == narrow.grads.size());
+    for (std::size_t v = 0; v < wide.grads.size(); ++v) {
+      CAPTURE(v);
+      CHECK(wide.grads[v] == narrow.grads[v]);
+    }
+  }
 }
 
 namespace {
