@@ -313,12 +313,12 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
       // The gradient over the output it belongs to, where the layer above writes it so and nothing
       // else reads that output in backward (LayerKernel::writes_input_gradient_over_input).
       const bool own_output = !(same && kernels_[i]->forward_passes_through());
-      const bool over_output = !last && own_output && !(same && kernels_[i]->gradient_passes_through()) &&
-                               i + 1 > first_backward_ && !kernels_[i]->backward_reads_output() &&
+      const bool passes_gradient = same && kernels_[i]->gradient_passes_through();
+      const bool over_output = !last && own_output && !passes_gradient && i + 1 > first_backward_ &&
+                               !kernels_[i]->backward_reads_output() &&
                                kernels_[i + 1]->writes_input_gradient_over_input(batch);
-      p.diff.push_back({layouts[i], over_output                                               ? p.act[i].data
-                                    : same && kernels_[i]->gradient_passes_through() ? p.diff[i - 1].data
-                                                                                       : own()});
+      if (over_output) p.diff.push_back({layouts[i], p.act[i].data});
+      else p.diff.push_back({layouts[i], passes_gradient ? p.diff[i - 1].data : own()});
       p.gradient_over_output.push_back(over_output);
     }
   }
