@@ -298,7 +298,6 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
     if (last && layouts[i]->same_as(*out_canonical)) {
       p.act.push_back({layouts[i], p.output.raw()});
       p.diff.push_back({layouts[i], p.output_grad.raw()});
-      p.gradient_over_output.push_back(false);
     } else {
       // An identity forward (or backward) shares the memory of the layer below's output (or its
       // gradient): nothing to move (LayerKernel::forward_passes_through, gradient_passes_through),
@@ -319,7 +318,6 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
                                kernels_[i + 1]->writes_input_gradient_over_input(batch);
       if (over_output) p.diff.push_back({layouts[i], p.act[i].data});
       else p.diff.push_back({layouts[i], passes_gradient ? p.diff[i - 1].data : own()});
-      p.gradient_over_output.push_back(over_output);
     }
   }
   p.output_out = ctx_.make_copy(p.act.back(), {out_canonical, p.output.raw()});

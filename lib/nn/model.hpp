@@ -150,7 +150,10 @@ class Sequential {
   bool backward_moves_nothing(std::size_t i) const { return kernels_[i]->gradient_passes_through(); }
   // Whether, at `batch` (planning it if it was not), layer i + 1's backward writes the gradient of
   // layer i's output over that output (LayerKernel::writes_input_gradient_over_input).
-  bool gradient_over_output(std::int64_t batch, std::size_t i) { return plan_for(batch).gradient_over_output.at(i); }
+  bool gradient_over_output(std::int64_t batch, std::size_t i) {
+    const Plan& p = plan_for(batch);
+    return p.diff.at(i).data == p.act.at(i).data;
+  }
   // Whether layer i's forward moves nothing (an Activation layer whose relu the layer below applies:
   // LayerKernel::forward_passes_through; a pooling the layer below computes).
   bool forward_moves_nothing(std::size_t i) const { return kernels_[i]->forward_passes_through(); }
@@ -179,7 +182,6 @@ class Sequential {
     std::vector<device::Buffer> buffers;  // keep act/diff memories alive
     std::vector<device::Memory> act;      // act[i] = output of layer i
     std::vector<device::Memory> diff;     // diff[i] = gradient wrt act[i]
-    std::vector<bool> gradient_over_output;  // diff[i] shares act[i]'s memory (gradient_over_output)
     Tensor output, output_grad, input_grad;
     std::unique_ptr<device::Copy> output_out, grad_in;
   };

@@ -241,25 +241,6 @@ inline void column_sums(const Product<TA, TC>& p, float* db) {
   }
 }
 
-// t[o * ld + i] = k[i * out + o] for i < in, o < out: the kernel (I, O) transposed for the data
-// gradient. On AVX-512 with O <= 16, 16 rows at a time: each row one masked load, a 16 x 16
-// transposition, each column one store (260 TSC cycles for the seed CNN's 64 x 10 kernel, hot,
-// against 494 element by element, as below it and for the rows past the last 16; 2-core Zen 5 EPYC).
-[[gnu::target("avx512f")]] void transpose_kernel_avx512(const float* __restrict k, std::int64_t in, std::int64_t out,
-                                                        std::int64_t ld, float* __restrict t) {
-  using F = Vec<float, 16>;
-  const auto row_mask = static_cast<__mmask16>((1u << out) - 1u);
-  const std::int64_t blocks = in / 16 * 16;
-  for (std::int64_t i0 = 0; i0 < blocks; i0 += 16) {
-    F r[16];
-    for (int j = 0; j < 16; ++j) r[j] = reinterpret_cast<F>(_mm512_maskz_loadu_ps(row_mask, k + (i0 + j) * out));
-    transpose_16x16(r);
-    for (int c = 0; c < out; ++c) store(t + c * ld + i0, r[c]);
-  }
-  for (std::int64_t i = blocks; i < in; ++i)
-    for (std::int64_t o = 0; o < out; ++o) t[o * ld + i] = k[i * out + o];
-}
-
 // The kernel's gradient dW (I, O) = x^T dz for O <= 16 and I a multiple of 16, on AVX-512. The
 // product's rows of dW would hold O of a vector's 16 lanes (the seed CNN's logits layer: 10, so
 // 2,048 multiply-adds where 1,280 do); here a pass holds dW^T's sums instead, O rows of V vectors
@@ -310,8 +291,10 @@ bool kernel_gradient_fits_avx512(const Product<TA, float>& p) {
 }
 
 // The input's gradient dx (N, I) = dz W^T for O <= 16 and I a multiple of 16, on AVX-512, without
-// a transposed copy of the kernel: each block of 16 inputs' kernel rows is transposed in registers
-// (as transpose_kernel_avx512 does), and passes of R rows of dx run over those O vectors. Each sum
+// a transposed copy of the kernel: each block of 16 inputs' kernel rows is read a masked load a
+// row and transposed in registers (260 TSC cycles for the seed CNN's 64 x 10 kernel, hot, against
+// 494 element by element into a copy; 2-core Zen 5 EPYC), and passes of R rows of dx run over
+// those O vectors. Each sum
 // is the product's over the copy: over O in order from zero, one multiply-add each; zero where
 // derivative_of (or null) is not above zero, read a vector at a time just before dx's (it may be
 // dx's own memory).
@@ -348,12 +331,6 @@ template <class TC, int... O>
 void data_gradient_avx512(const float* kernel, const float* dz, std::int64_t rows, std::int64_t in, std::int64_t out,
                           const TC* derivative_of, TC* dx, std::integer_sequence<int, O...>) {
   (void)((out == O + 1 ? (data_gradient_avx512<O + 1>(kernel, dz, rows, in, derivative_of, dx), true) : false) || ...);
-}
-
-void transpose_kernel(LoopIsa isa, const float* k, std::int64_t in, std::int64_t out, std::int64_t ld, float* t) {
-  if (isa == LoopIsa::x86_64_v4 && out <= 16) return transpose_kernel_avx512(k, in, out, ld, t);
-  for (std::int64_t i = 0; i < in; ++i)
-    for (std::int64_t o = 0; o < out; ++o) t[o * ld + i] = k[i * out + o];
 }
 
 // One product, built for the loops' ISA: B's rows past safe_depth copied into `scratch`, then C,
@@ -548,8 +525,7 @@ class DenseKernel final : public WeightedOpKernel {
     // backward's median a tenth lower with it, alternating call by call). dx written over x needs
     // nothing: x was just read.
     prefetch_for_write(s->kernel_grad, static_cast<std::size_t>(s->in * s->out) * sizeof(float));
-    if (!s->transposed.empty() && !data_gradient_in_registers(*s))
-      prefetch_for_write(s->transposed.data(), s->transposed.size() * sizeof(float));
+    if (!s->transposed.empty()) prefetch_for_write(s->transposed.data(), s->transposed.size() * sizeof(float));
     if (s->dx && s->dx.get_data_handle() != s->x.get_data_handle())
       prefetch_for_write(s->dx.get_data_handle(), s->dx.get_desc().get_size());
     const float* dz = pre_activation_gradient(*s);
@@ -650,7 +626,8 @@ class DenseKernel final : public WeightedOpKernel {
     bool bf16_src = false;
     memory::desc src_md, dst_md;
     std::vector<float> bias_padded;  // (out_ld): the bias, or zeros
-    std::vector<float> transposed;   // (O, in_ld): the kernel transposed, for the data gradient (or on the stack)
+    std::vector<float> transposed;   // (O, in_ld): the kernel transposed, for the data gradient (empty: on the
+                                     // stack, or none where data_gradient_in_registers)
     std::vector<float> tail;         // the last rows of the kernel or of dz (Product::tail)
     memory x, y, dy, dx;  // dx empty for the first layer
     const float* kernel = nullptr;
@@ -683,7 +660,8 @@ class DenseKernel final : public WeightedOpKernel {
     s.src_md = src_md;
     s.dst_md = memory::desc({batch, o.units}, memory::data_type::f32, memory::format_tag::nc);
     s.bias_padded.assign(static_cast<std::size_t>(s.out_ld), 0.0f);
-    if (s.out * s.in_ld > kTransposedOnStack) s.transposed.assign(static_cast<std::size_t>(s.out * s.in_ld), 0.0f);
+    if (s.out * s.in_ld > kTransposedOnStack && !data_gradient_in_registers(s))
+      s.transposed.assign(static_cast<std::size_t>(s.out * s.in_ld), 0.0f);
     s.tail.assign(tail_floats(s.out, lanes), 0.0f);
     return make_layout(Shape{batch, o.units}, DType::f32, s.dst_md);
   }
@@ -868,8 +846,10 @@ class DenseKernel final : public WeightedOpKernel {
                                   std::make_integer_sequence<int, 16>{});
     alignas(64) float on_stack[kTransposedOnStack];
     float* t = s.transposed.empty() ? on_stack : s.transposed.data();
-    transpose_kernel(isa_, s.kernel, s.in, s.out, s.in_ld, t);
-    for (std::int64_t o = 0; o < s.out; ++o) std::fill(t + o * s.in_ld + s.in, t + (o + 1) * s.in_ld, 0.0f);
+    for (std::int64_t i = 0; i < s.in; ++i)
+      for (std::int64_t o = 0; o < s.out; ++o) t[o * s.in_ld + i] = s.kernel[i * s.out + o];
+    if (t == on_stack)  // the padding past I (the heap copy's was zeroed in plan)
+      for (std::int64_t o = 0; o < s.out; ++o) std::fill(t + o * s.in_ld + s.in, t + (o + 1) * s.in_ld, 0.0f);
     Product<float, T> p{};
     p.a = dz;
     p.a_row = s.out;
