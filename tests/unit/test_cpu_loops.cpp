@@ -324,6 +324,9 @@ struct DenseCase {
 struct DenseBytes {
   std::vector<std::byte> y, dx;
   std::vector<std::vector<std::byte>> grads;
+  // The values the layer computed from: x (widened from bfloat16 where it is), dy, the variables.
+  std::vector<float> x, dy;
+  std::vector<std::vector<float>> vars;
 };
 
 // A small dense layer (dense.cpp's own loops) built for `isa`, forward and backward in training on
@@ -403,9 +406,22 @@ DenseBytes check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
     const auto* b = static_cast<const std::byte*>(at);
     return std::vector<std::byte>(b, b + size);
   };
-  DenseBytes out{bytes(dst.get(), dst_layout->bytes()), t.below ? bytes(diff_src.get(), src_layout->bytes()) : std::vector<std::byte>{}, {}};
+  DenseBytes out{bytes(dst.get(), dst_layout->bytes()), t.below ? bytes(diff_src.get(), src_layout->bytes()) : std::vector<std::byte>{}, {},
+                 std::vector<float>(x.begin(), x.end()), std::vector<float>(dy.begin(), dy.end()), {}};
   for (const Variable& v : variables) out.grads.push_back(bytes(v.grad.raw(), v.grad.bytes()));
+  for (const auto& v : vars) out.vars.emplace_back(v.begin(), v.end());
   return out;
+}
+
+// y, dx and the variables' gradients of two runs hold the same bytes.
+void check_same_bytes(const DenseBytes& a, const DenseBytes& b) {
+  CHECK(a.y == b.y);
+  CHECK(a.dx == b.dx);
+  REQUIRE(a.grads.size() == b.grads.size());
+  for (std::size_t v = 0; v < a.grads.size(); ++v) {
+    CAPTURE(v);
+    CHECK(a.grads[v] == b.grads[v]);
+  }
 }
 
 
@@ -528,15 +544,105 @@ TEST_CASE("small dense layers' own loops: AVX-512 and AVX2 give the same bits (o
     CAPTURE(t.in);
     CAPTURE(t.units);
     CAPTURE(std::string(dtype_name(t.src)));
-    const DenseBytes wide = check_dense(t, LoopIsa::x86_64_v4), narrow = check_dense(t, LoopIsa::x86_64_v3);
-    CHECK(wide.y == narrow.y);
-    CHECK(wide.dx == narrow.dx);
-    REQUIRE(wide.grads.size() == narrow.grads.size());
-    for (std::size_t v = 0; v < wide.grads.size(); ++v) {
-      CAPTURE(v);
-      CHECK(wide.grads[v] == narrow.grads[v]);
+    check_same_bytes(check_dense(t, LoopIsa::x86_64_v4), check_dense(t, LoopIsa::x86_64_v3));
+  }
+}
+
+namespace {
+
+template <class T>
+std::vector<std::byte> bytes_of(const std::vector<T>& v) {
+  const auto* b = reinterpret_cast<const std::byte*>(v.data());
+  return {b, b + v.size() * sizeof(T)};
+}
+
+// What the loops must compute, bit for bit, where the CPU fuses multiply-adds: each sum one fused
+// multiply-add a term, its terms in index order from its start (the bias, or zero); the bias's
+// gradient plain additions in sample order; dx rounded to x's dtype. Linear or relu.
+DenseBytes dense_by_fused_chains(const DenseCase& t, const DenseBytes& in) {
+  const std::int64_t n = t.batch, I = t.in, O = t.units;
+  const bool relu = t.activation == config::Activation::relu;
+  const std::vector<float>& x = in.x;
+  const std::vector<float>& kernel = in.vars[0];
+  std::vector<float> y(static_cast<std::size_t>(n * O)), dz(y.size()), dW(kernel.size()), db(static_cast<std::size_t>(O));
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t o = 0; o < O; ++o) {
+      float s = t.bias ? in.vars[1][o] : 0.0f;
+      for (std::int64_t i = 0; i < I; ++i) s = std::fma(x[r * I + i], kernel[i * O + o], s);
+      y[r * O + o] = relu ? (s > 0.0f ? s : 0.0f) : s;
+      dz[r * O + o] = relu && !(y[r * O + o] > 0.0f) ? 0.0f : in.dy[r * O + o];
+    }
+  for (std::int64_t i = 0; i < I; ++i)
+    for (std::int64_t o = 0; o < O; ++o) {
+      float s = 0.0f;
+      for (std::int64_t r = 0; r < n; ++r) s = std::fma(x[r * I + i], dz[r * O + o], s);
+      dW[i * O + o] = s;
+    }
+  for (std::int64_t o = 0; o < O; ++o) {
+    float s = 0.0f;
+    for (std::int64_t r = 0; r < n; ++r) s += dz[r * O + o];
+    db[o] = s;
+  }
+  DenseBytes want{bytes_of(y), {}, {bytes_of(dW)}, {}, {}, {}};
+  if (t.bias) want.grads.push_back(bytes_of(db));
+  if (t.below) {
+    std::vector<float> dx(x.size());
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t i = 0; i < I; ++i) {
+        float s = 0.0f;
+        for (std::int64_t o = 0; o < O; ++o) s = std::fma(dz[r * O + o], kernel[i * O + o], s);
+        dx[r * I + i] = s;
+      }
+    if (t.src == DType::bf16) {
+      std::vector<std::uint16_t> codes(dx.size());
+      for (std::size_t e = 0; e < dx.size(); ++e) codes[e] = bf16_from_f32_bits(std::bit_cast<std::uint32_t>(dx[e]));
+      want.dx = bytes_of(codes);
+    } else {
+      want.dx = bytes_of(dx);
     }
   }
+  return want;
+}
+
+}  // namespace
+
+TEST_CASE("small dense layers' own loops: every sum is one fused multiply-add a term in index order, bit for bit, "
+          "on every instruction set the CPU has with FMA (the product, and the transposed sums and blocks of small "
+          "layers)") {
+  using backends::onednn::LoopIsa;
+  using config::Activation;
+  const std::vector<DenseCase> cases = {
+      {32, 64, 10, Activation::linear, true},    // the seed CNN's logits in a lane
+      {32, 128, 10, Activation::relu, true},     // bn_dropout's, relu
+      {30, 64, 10, Activation::linear, true},    // rows not a multiple of the passes'
+      {7, 24, 10, Activation::linear, false},    // 24 inputs: AVX2's last block of 8
+      {5, 40, 3, Activation::relu, true},        // 3 outputs: several vectors of inputs a pass
+      {9, 16, 8, Activation::linear, true},      // 8 outputs: one whole block on AVX2
+      {6, 32, 12, Activation::linear, true},     // 12: AVX2's widest transposed sums
+      {6, 32, 13, Activation::relu, true},       // 13: the product on AVX2
+      {4, 48, 16, Activation::linear, true},     // 16: AVX-512's widest
+      {3, 17, 5, Activation::linear, true},      // 17 inputs: the product
+      {1, 64, 10, Activation::relu, true},       // one row
+      {33, 5, 33, Activation::linear, false},    // 33 outputs: the product
+      {2, 6, 10, Activation::linear, true, DType::f32, false},  // the first layer: no dx
+      {32, 64, 10, Activation::linear, true, DType::bf16},      // below a bfloat16 layer
+      {11, 40, 7, Activation::relu, false, DType::bf16},
+  };
+  int ran = 0;
+  for (const LoopIsa isa : testing::loop_isas_here()) {
+    if (isa == LoopIsa::x86_64) continue;  // no FMA: a multiply, then an addition
+    for (const DenseCase& t : cases) {
+      CAPTURE(backends::onednn::name_of(isa));
+      CAPTURE(t.batch);
+      CAPTURE(t.in);
+      CAPTURE(t.units);
+      CAPTURE(std::string(dtype_name(t.src)));
+      const DenseBytes got = check_dense(t, isa);
+      check_same_bytes(got, dense_by_fused_chains(t, got));
+      ++ran;
+    }
+  }
+  if (ran == 0) MESSAGE("this CPU has no FMA (x86-64-v3): the fused loops are not run here");
 }
 
 namespace {

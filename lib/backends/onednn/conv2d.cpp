@@ -2055,12 +2055,17 @@ class Conv2DKernel final : public WeightedOpKernel {
   // alternating pairs: forward 0.178-0.180 ms a step against 0.186-0.196, backward 0.177-0.179
   // against 0.205-0.232 (the tanh's backward 0.040 against 0.073-0.079), the pooling 0.015-0.019
   // each way against 0.023-0.030. Wider layers gained nothing (a VGG stem's 32 filters: 0.220-0.240
-  // against 0.226-0.235 forward): they keep the primitive.
+  // against 0.226-0.235 forward): they keep the primitive. Only where oneDNN runs its AVX-512
+  // kernels: its AVX2 direct convolution (jit:avx2, which writes blocks of 8 itself) sums a few-channel
+  // layer's taps in another order (2 channels, or 5 x 5 'same': 147-195 of a training step's values
+  // took other bits than the primitive's; 2-core Zen 3 EPYC), and the model's values would then
+  // depend on whether it computes its input's gradient.
   bool own_forward_fits() const {
     const auto kind = act_.kind();
     const Shape& in = layer_.input_shape();
     const auto& o = layer_.options();
-    return !pool_ && !input_gradient_ && compute_ == DType::f32 && o.filters <= 8 && in[2] <= kFewInputChannels &&
+    return widest_loop_isa() == LoopIsa::x86_64_v4 && !pool_ && !input_gradient_ && compute_ == DType::f32 &&
+           o.filters <= 8 && in[2] <= kFewInputChannels &&
            std::int64_t{o.kernel_size[0]} * o.kernel_size[1] * in[2] <= kMaxTapsOfFewChannels &&
            (kind == config::Activation::linear || act_.is_eltwise());
   }

@@ -241,53 +241,110 @@ inline void column_sums(const Product<TA, TC>& p, float* db) {
   }
 }
 
-// The kernel's gradient dW (I, O) = x^T dz for O <= 16 and I a multiple of 16, on AVX-512. The
-// product's rows of dW would hold O of a vector's 16 lanes (the seed CNN's logits layer: 10, so
-// 2,048 multiply-adds where 1,280 do); here a pass holds dW^T's sums instead, O rows of V vectors
-// of 16 inputs, and transposes each 16 x 16 block of them into dW's rows (one masked store each).
-// A sum is the product's: over the samples in order from zero, one multiply-add each, its two
-// factors swapped (which does not change a product's bits).
-template <int O, int V, class TA>
-[[gnu::target("avx512f")]] void kernel_gradient_pass(const Product<TA, float>& p, std::int64_t m0) {
-  using F = Vec<float, 16>;
+// r[j] lane l becomes r[l] lane j: an 8 x 8 transposition in registers, 3 rounds of 8 shuffles
+// (vunpcklps, vunpckhps, vshufps, vperm2f128), as transpose_16x16 without its last round.
+[[gnu::target("avx2")]] inline void transpose_8x8(Vec<float, 8> (&r)[8]) {
+  using F = Vec<float, 8>;
+  F u[8];
+  for (int m = 0; m < 4; ++m) {
+    const F a = r[2 * m], b = r[2 * m + 1];
+    u[2 * m] = __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13);
+    u[2 * m + 1] = __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int g = 0; g < 2; ++g) {
+    const F a = u[4 * g], b = u[4 * g + 1], c = u[4 * g + 2], d = u[4 * g + 3];
+    r[4 * g] = __builtin_shufflevector(a, c, 0, 1, 8, 9, 4, 5, 12, 13);
+    r[4 * g + 1] = __builtin_shufflevector(a, c, 2, 3, 10, 11, 6, 7, 14, 15);
+    r[4 * g + 2] = __builtin_shufflevector(b, d, 0, 1, 8, 9, 4, 5, 12, 13);
+    r[4 * g + 3] = __builtin_shufflevector(b, d, 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const F a = r[c], b = r[4 + c];
+    u[c] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11);
+    u[4 + c] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+  for (int c = 0; c < 8; ++c) r[c] = u[c];
+}
+inline void transpose_square(Vec<float, 16> (&r)[16]) { transpose_16x16(r); }
+inline void transpose_square(Vec<float, 8> (&r)[8]) { transpose_8x8(r); }
+
+// The first n < L lanes of v at p. AVX-512 stores them under a mask. AVX2's masked store
+// (vmaskmovps) took a third more time than the whole kernel gradient below without it (2-core Zen 3
+// EPYC), so there a whole vector is stored where its lanes past n may land on memory that is
+// written again later (`spill`), and the lanes one by one elsewhere.
+[[gnu::target("avx512f")]] inline void store_first(float* p, const Vec<float, 16>& v, int n, bool) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), reinterpret_cast<__m512>(v));
+}
+inline void store_first(float* p, const Vec<float, 8>& v, int n, bool spill) {
+  if (spill) {
+    store(p, v);
+    return;
+  }
+  for (int l = 0; l < n; ++l) p[l] = v[l];
+}
+
+// Outputs up to which the kernel's gradient is computed as transposed sums: O x V sums within the
+// registers' budget (sums_in_registers) with V >= 1.
+constexpr int transposed_outputs(int lanes) { return lanes == 16 ? 16 : 12; }
+
+// The kernel's gradient dW (I, O) = x^T dz for O <= transposed_outputs(L) and I a multiple of L,
+// on AVX-512 and AVX2. The product's rows of dW would hold O of a vector's L lanes (the seed CNN's
+// logits layer: 10, so 2,048 multiply-adds where 1,280 do on AVX-512, 4,096 where 2,560 do on
+// AVX2); here a pass holds dW^T's sums instead, O rows of V vectors of L inputs, and transposes
+// each L x L block of them into dW's rows. A sum is the product's: over the samples in order from
+// zero, one multiply-add each, its two factors swapped (which does not change a product's bits).
+// Each row's blocks of outputs are stored last to first: on AVX2 a block's vector past the row's
+// end lands on the next row's first outputs, stored after it (as the product's rows do).
+template <int L, int O, int V, class TA>
+void kernel_gradient_pass(const Product<TA, float>& p, std::int64_t m0) {
+  using F = Vec<float, L>;
+  constexpr int blocks = (O + L - 1) / L;
   F sum[O][V];
   for (int o = 0; o < O; ++o)
     for (int v = 0; v < V; ++v) sum[o][v] = F{};
   for (std::int64_t k = 0; k < p.depth; ++k) {
     F x[V];
-    for (int v = 0; v < V; ++v) x[v] = load_widened<16>(p.a + k * p.a_step + m0 + v * 16);
+    for (int v = 0; v < V; ++v) x[v] = load_widened<L>(p.a + k * p.a_step + m0 + v * L);
     const float* __restrict dz = p.b + k * p.ldb;
     for (int o = 0; o < O; ++o)
       for (int v = 0; v < V; ++v) sum[o][v] += dz[o] * x[v];
   }
-  const auto row_mask = static_cast<__mmask16>((1u << O) - 1u);
   for (int v = 0; v < V; ++v) {
-    F r[16];
-    for (int o = 0; o < 16; ++o) r[o] = o < O ? sum[o][v] : F{};
-    transpose_16x16(r);
-    for (int l = 0; l < 16; ++l) _mm512_mask_storeu_ps(p.c + (m0 + v * 16 + l) * O, row_mask, reinterpret_cast<__m512>(r[l]));
+    F r[blocks][L];
+    for (int b = 0; b < blocks; ++b) {
+      for (int o = 0; o < L; ++o) r[b][o] = b * L + o < O ? sum[b * L + o][v] : F{};
+      transpose_square(r[b]);
+    }
+    for (int l = 0; l < L; ++l) {
+      const std::int64_t i = m0 + v * L + l;
+      for (int b = blocks - 1; b >= 0; --b) {
+        constexpr int last = O - (blocks - 1) * L;  // outputs in the last block
+        if (b < blocks - 1 || last == L) store(p.c + i * O + b * L, r[b][l]);
+        else store_first(p.c + i * O + b * L, r[b][l], last, i + 1 < p.rows);
+      }
+    }
   }
 }
 
-// V: as many vectors of inputs as keep O x V sums within 24 registers (at most 4).
-template <int O, class TA>
-[[gnu::target("avx512f")]] void kernel_gradient_columns(const Product<TA, float>& p) {
-  constexpr int V = std::clamp(24 / O, 1, 4);
+// V: as many vectors of inputs as keep O x V sums within the registers' budget (at most 4).
+template <int L, int O, class TA>
+void kernel_gradient_columns(const Product<TA, float>& p) {
+  constexpr int V = std::clamp(sums_in_registers(L) / O, 1, 4);
   std::int64_t m0 = 0;
-  for (; m0 + 16 * V <= p.rows; m0 += 16 * V) kernel_gradient_pass<O, V>(p, m0);
-  for (; m0 < p.rows; m0 += 16) kernel_gradient_pass<O, 1>(p, m0);
+  for (; m0 + L * V <= p.rows; m0 += L * V) kernel_gradient_pass<L, O, V>(p, m0);
+  for (; m0 < p.rows; m0 += L) kernel_gradient_pass<L, O, 1>(p, m0);
 }
 
-template <class TA, int... O>
-void kernel_gradient_avx512(const Product<TA, float>& p, std::integer_sequence<int, O...>) {
-  (void)((p.cols == O + 1 ? (kernel_gradient_columns<O + 1>(p), true) : false) || ...);
+template <int L, class TA, int... O>
+void kernel_gradient_transposed(const Product<TA, float>& p, std::integer_sequence<int, O...>) {
+  (void)((p.cols == O + 1 ? (kernel_gradient_columns<L, O + 1>(p), true) : false) || ...);
 }
 
-// Whether kernel_gradient_avx512 computes this product (a kernel's gradient: A is x read down its
-// columns, C's rows O <= 16 floats).
-template <class TA>
-bool kernel_gradient_fits_avx512(const Product<TA, float>& p) {
-  return p.cols <= 16 && p.rows % 16 == 0 && p.a_row == 1 && p.ldb == p.cols && !p.start && !p.relu;
+// Whether kernel_gradient_transposed<L> computes this product (a kernel's gradient: A is x read
+// down its columns, C's rows O <= transposed_outputs(L) floats).
+template <int L, class TA>
+bool kernel_gradient_fits(const Product<TA, float>& p) {
+  return p.cols <= transposed_outputs(L) && p.rows % L == 0 && p.a_row == 1 && p.ldb == p.cols && !p.start && !p.relu;
 }
 
 // The input's gradient dx (N, I) = dz W^T for O <= 16 and I a multiple of 16, on AVX-512, without
@@ -333,6 +390,84 @@ void data_gradient_avx512(const float* kernel, const float* dz, std::int64_t row
   (void)((out == O + 1 ? (data_gradient_avx512<O + 1>(kernel, dz, rows, in, derivative_of, dx), true) : false) || ...);
 }
 
+// The input's gradient dx (N, I) = dz W^T for O <= 16 and I a multiple of 8, on AVX2. AVX2's 16
+// registers cannot hold the kernel's transposed rows beside enough sums (as data_gradient_avx512
+// does), so each block of 16 inputs (or the last 8) is transposed into `w`, a few lines that stay
+// in L1, and passes of 4 rows x V vectors of 8 inputs (V = 2: the 8 sums that hide the
+// multiply-add's latency on two units) run over O unrolled. Against the product over a transposed
+// copy of the whole kernel (written element by element, O a loop count), the seed CNN's logits
+// layer's data gradient took ... (2-core Zen 3 EPYC). Each sum is the product's: over O in order
+// from zero, one multiply-add each; zero where derivative_of (or null) is not above zero, read a
+// vector at a time just before dx's (it may be dx's own memory).
+template <int O, int V, class TC>
+[[gnu::target("arch=x86-64-v3")]] inline void data_gradient_pass_avx2(const Vec<float, 8> (&w)[O][2],
+                                                                      const float* __restrict dz, std::int64_t rows,
+                                                                      std::int64_t in, const TC* derivative_of, TC* dx,
+                                                                      std::int64_t n0, std::int64_t i0) {
+  using F = Vec<float, 8>;
+  using I = Vec<std::int32_t, 8>;
+  constexpr int R = 4;
+  const float* __restrict a[R];
+  for (int r = 0; r < R; ++r) a[r] = dz + std::min(n0 + r, rows - 1) * O;
+  F sum[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) sum[r][v] = F{};
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) sum[r][v] += a[r][o] * w[o][v];
+  for (int r = 0; r < R && n0 + r < rows; ++r)
+    for (int v = 0; v < V; ++v) {
+      const std::int64_t at = (n0 + r) * in + i0 + v * 8;
+      F s = sum[r][v];
+      if (derivative_of) s = std::bit_cast<F>(I(load_widened<8>(derivative_of + at) > 0.0f) & std::bit_cast<I>(s));
+      store_rounded<8>(dx + at, s);
+    }
+}
+
+// w[o][v] lane l = kernel[i0 + 8 v + l][o] for v < V: 8 kernel rows at a time, 8 outputs at a
+// time, transposed in registers; a block's outputs past O are read under a mask (the kernel's
+// last row ends its memory).
+template <int O, int V>
+[[gnu::target("arch=x86-64-v3")]] inline void transposed_kernel_block(const float* __restrict kernel, std::int64_t i0,
+                                                                      Vec<float, 8> (&w)[O][2]) {
+  using F = Vec<float, 8>;
+  for (int v = 0; v < V; ++v)
+    for (int o0 = 0; o0 < O; o0 += 8) {
+      const int n = std::min(8, O - o0);
+      const float* row = kernel + (i0 + 8 * v) * O + o0;
+      F r[8];
+      if (n == 8) {
+        for (int j = 0; j < 8; ++j) r[j] = load<F>(row + j * O);
+      } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int j = 0; j < 8; ++j) r[j] = reinterpret_cast<F>(_mm256_maskload_ps(row + j * O, mask));
+      }
+      transpose_8x8(r);
+      for (int c = 0; c < n; ++c) w[o0 + c][v] = r[c];
+    }
+}
+
+template <int O, class TC>
+[[gnu::target("arch=x86-64-v3")]] void data_gradient_avx2(const float* kernel, const float* dz, std::int64_t rows,
+                                                          std::int64_t in, const TC* derivative_of, TC* dx) {
+  Vec<float, 8> w[O][2];
+  std::int64_t i0 = 0;
+  for (; i0 + 16 <= in; i0 += 16) {
+    transposed_kernel_block<O, 2>(kernel, i0, w);
+    for (std::int64_t n0 = 0; n0 < rows; n0 += 4) data_gradient_pass_avx2<O, 2>(w, dz, rows, in, derivative_of, dx, n0, i0);
+  }
+  if (i0 < in) {
+    transposed_kernel_block<O, 1>(kernel, i0, w);
+    for (std::int64_t n0 = 0; n0 < rows; n0 += 4) data_gradient_pass_avx2<O, 1>(w, dz, rows, in, derivative_of, dx, n0, i0);
+  }
+}
+
+template <class TC, int... O>
+void data_gradient_avx2(const float* kernel, const float* dz, std::int64_t rows, std::int64_t in, std::int64_t out,
+                        const TC* derivative_of, TC* dx, std::integer_sequence<int, O...>) {
+  (void)((out == O + 1 ? (data_gradient_avx2<O + 1>(kernel, dz, rows, in, derivative_of, dx), true) : false) || ...);
+}
+
 // One product, built for the loops' ISA: B's rows past safe_depth copied into `scratch`, then C,
 // then (with `column_sums_into`) the column sums of B. Why a type, not a lambda at each call: the
 // forward, the weight gradient and the data gradient of a layer then run one function (per pair of
@@ -346,13 +481,14 @@ struct ProductRun {
   Product<TA, TC>* p;
   float* scratch;
   float* column_sums_into;  // or null
-  bool kernel_gradient = false;  // a kernel's gradient: on AVX-512 kernel_gradient_avx512 where it fits
+  bool kernel_gradient = false;  // a kernel's gradient: on AVX-512 and AVX2 kernel_gradient_transposed where it fits
   template <LoopIsa I>
   void operator()() const {
     tail_rows(*p, float_lanes(I), scratch);
-    if constexpr (I == LoopIsa::x86_64_v4 && std::is_same_v<TC, float>) {
-      if (kernel_gradient && kernel_gradient_fits_avx512(*p)) {
-        kernel_gradient_avx512(*p, std::make_integer_sequence<int, 16>{});
+    constexpr int L = float_lanes(I);
+    if constexpr (I != LoopIsa::x86_64 && std::is_same_v<TC, float>) {
+      if (kernel_gradient && kernel_gradient_fits<L>(*p)) {
+        kernel_gradient_transposed<L>(*p, std::make_integer_sequence<int, transposed_outputs(L)>{});
       } else {
         product<float_lanes(I)>(*p);
       }
@@ -660,7 +796,7 @@ class DenseKernel final : public WeightedOpKernel {
     s.src_md = src_md;
     s.dst_md = memory::desc({batch, o.units}, memory::data_type::f32, memory::format_tag::nc);
     s.bias_padded.assign(static_cast<std::size_t>(s.out_ld), 0.0f);
-    if (s.out * s.in_ld > kTransposedOnStack && !data_gradient_in_registers(s))
+    if (s.out * s.in_ld > kTransposedOnStack && !data_gradient_in_registers(s) && !data_gradient_in_blocks(s))
       s.transposed.assign(static_cast<std::size_t>(s.out * s.in_ld), 0.0f);
     s.tail.assign(tail_floats(s.out, lanes), 0.0f);
     return make_layout(Shape{batch, o.units}, DType::f32, s.dst_md);
@@ -832,6 +968,8 @@ class DenseKernel final : public WeightedOpKernel {
   bool data_gradient_in_registers(const Loops& s) const {
     return isa_ == LoopIsa::x86_64_v4 && s.out <= 16 && s.in % 16 == 0;
   }
+  // Whether it is data_gradient_avx2's, over the kernel transposed a block of inputs at a time.
+  bool data_gradient_in_blocks(const Loops& s) const { return isa_ == LoopIsa::x86_64_v3 && s.out <= 16 && s.in % 8 == 0; }
 
   // dx = dz W^T over W transposed (O, in_ld); dx in x's dtype (bf16 rounded to nearest even).
   // The transposed kernel lies on the stack where it fits (Loops::transposed empty): those lines
@@ -844,6 +982,9 @@ class DenseKernel final : public WeightedOpKernel {
     if (data_gradient_in_registers(s))
       return data_gradient_avx512(s.kernel, dz, s.batch, s.in, s.out, derivative_of, static_cast<T*>(s.dx.get_data_handle()),
                                   std::make_integer_sequence<int, 16>{});
+    if (data_gradient_in_blocks(s))
+      return data_gradient_avx2(s.kernel, dz, s.batch, s.in, s.out, derivative_of, static_cast<T*>(s.dx.get_data_handle()),
+                                std::make_integer_sequence<int, 16>{});
     alignas(64) float on_stack[kTransposedOnStack];
     float* t = s.transposed.empty() ? on_stack : s.transposed.data();
     for (std::int64_t i = 0; i < s.in; ++i)
