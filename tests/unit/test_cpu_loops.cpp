@@ -319,6 +319,15 @@ struct DenseCase {
   bool below = true;       // a layer below wants the input gradient
 };
 
+std::vector<std::byte> bytes_of(const void* at, std::size_t size) {
+  const auto* b = static_cast<const std::byte*>(at);
+  return {b, b + size};
+}
+template <class T>
+std::vector<std::byte> bytes_of(const std::vector<T>& v) {
+  return bytes_of(v.data(), v.size() * sizeof(T));
+}
+
 // What check_dense computed, as the bytes each memory holds: y, dx (empty without a layer below),
 // and each variable's gradient.
 struct DenseBytes {
@@ -402,13 +411,9 @@ DenseBytes check_dense(const DenseCase& t, backends::onednn::LoopIsa isa) {
     CAPTURE(variables[v].name);
     CHECK(worst({DType::f32, variables[v].grad.raw()}, dvars[v]) < 1e-4);
   }
-  const auto bytes = [](const void* at, std::size_t size) {
-    const auto* b = static_cast<const std::byte*>(at);
-    return std::vector<std::byte>(b, b + size);
-  };
-  DenseBytes out{bytes(dst.get(), dst_layout->bytes()), t.below ? bytes(diff_src.get(), src_layout->bytes()) : std::vector<std::byte>{}, {},
+  DenseBytes out{bytes_of(dst.get(), dst_layout->bytes()), t.below ? bytes_of(diff_src.get(), src_layout->bytes()) : std::vector<std::byte>{}, {},
                  std::vector<float>(x.begin(), x.end()), std::vector<float>(dy.begin(), dy.end()), {}};
-  for (const Variable& v : variables) out.grads.push_back(bytes(v.grad.raw(), v.grad.bytes()));
+  for (const Variable& v : variables) out.grads.push_back(bytes_of(v.grad.raw(), v.grad.bytes()));
   for (const auto& v : vars) out.vars.emplace_back(v.begin(), v.end());
   return out;
 }
@@ -549,12 +554,6 @@ TEST_CASE("small dense layers' own loops: AVX-512 and AVX2 give the same bits (o
 }
 
 namespace {
-
-template <class T>
-std::vector<std::byte> bytes_of(const std::vector<T>& v) {
-  const auto* b = reinterpret_cast<const std::byte*>(v.data());
-  return {b, b + v.size() * sizeof(T)};
-}
 
 // What the loops must compute, bit for bit, where the CPU fuses multiply-adds: each sum one fused
 // multiply-add a term, its terms in index order from its start (the bias, or zero); the bias's
