@@ -12,13 +12,10 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/numerics.cpp PROPERTIES CO
 # across an ABI boundary does not apply to functions no other file calls.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/max_pool2d.cpp ${CMAKE_CURRENT_LIST_DIR}/average_pooling2d.cpp
                             ${CMAKE_CURRENT_LIST_DIR}/dropout.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi")
-# The convolution's own loops and the small dense layers' products: multiply-adds fused where the
-# CPU has FMA (as oneDNN's kernels do), so their last bits depend on the CPU's ISA, as oneDNN's
-# already do. The fusing is written out (lanes.hpp's multiply_add), and nothing else is contracted:
-# GCC contracts only from -O2 on, so with contraction left to it the bits depended on the
-# optimization level too. (With these files' FMAs written out, -ffp-contract=fast and =off gave the
-# same machine code at -O2.)
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/conv2d.cpp ${CMAKE_CURRENT_LIST_DIR}/dense.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi;-ffp-contract=off")
+# The convolution's weight-gradient sums and the small dense layers' products: multiply-adds fused
+# where the CPU has FMA (as oneDNN's kernels do), so their last bits depend on the CPU's ISA, as
+# oneDNN's already do.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/conv2d.cpp ${CMAKE_CURRENT_LIST_DIR}/dense.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi;-ffp-contract=fast")
 # Batch normalization's loops (lanes.hpp), built for AVX-512 and AVX2 too: no contraction into
 # fused multiply-adds, so every build rounds as layer_math's formulas (the CUDA cores) do.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/batch_normalization.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi;-ffp-contract=off")

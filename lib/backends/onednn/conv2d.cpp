@@ -251,7 +251,7 @@ DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std:
       const float* at = row + ow * g.sw * g.c;
       for (int t = 0; t < G; ++t) {
         const float xv = at[offset[t]];
-        for (int v = 0; v < V; ++v) sums[t][v] = multiply_add<L>(xv, d[v], sums[t][v]);
+        for (int v = 0; v < V; ++v) sums[t][v] += xv * d[v];
       }
     }
   }
@@ -437,7 +437,7 @@ DTRAIN_LANE_CLONES void accumulate_pooled_taps(const WeightLoopsGeometry& g, con
           const float* at = row + ow * g.sw * g.c;
           for (int t = 0; t < G; ++t) {
             const float xv = at[offset[t]];
-            for (int v = 0; v < V; ++v) sums[t][v] = multiply_add<L>(xv, here[v], sums[t][v]);
+            for (int v = 0; v < V; ++v) sums[t][v] += xv * here[v];
           }
         }
         for (int v = 0; v < V; ++v) bias_sums[v] += std::bit_cast<F>(in_row[v]);
@@ -505,7 +505,7 @@ template <int L, int P, int V>
     for (int v = 0; v < V; ++v) weight[v] = load<F>(w + t * w_stride + v * L);
     for (int q = 0; q < P; ++q) {
       const float xv = x[q * step];
-      for (int v = 0; v < V; ++v) sum[q][v] = multiply_add<L>(xv, weight[v], sum[q][v]);
+      for (int v = 0; v < V; ++v) sum[q][v] += xv * weight[v];
     }
   }
   for (int q = 0; q < P; ++q)
@@ -684,7 +684,7 @@ DTRAIN_LANE_CLONES void convolve_pool_2x2(const WeightLoopsGeometry& g, const Po
         for (int v = 0; v < V; ++v) weight[v] = load<F>(w + t * w_stride + first_lane + v * L);
         for (int q = 0; q < Q; ++q) {
           const float xv = x[q][tap[t]];
-          for (int v = 0; v < V; ++v) sum[q][v] = multiply_add<L>(xv, weight[v], sum[q][v]);
+          for (int v = 0; v < V; ++v) sum[q][v] += xv * weight[v];
         }
       }
       const std::int64_t window = ph * p.y.row + pw * p.y.col;

@@ -137,7 +137,7 @@ inline void product_pass(const Product<TA, TC>& p, std::int64_t m0, std::int64_t
     for (int v = 0; v < V; ++v) bk[v] = load<F>(b + c0 + v * L);
     for (int r = 0; r < R; ++r) {
       const auto ak = broadcast_of<L>(row[r] + k * p.a_step);
-      for (int v = 0; v < V; ++v) sum[r][v] = multiply_add<L>(ak, bk[v], sum[r][v]);
+      for (int v = 0; v < V; ++v) sum[r][v] += ak * bk[v];
     }
   };
   for (std::int64_t k = 0; k < p.safe_depth; ++k) add(k, p.b + k * p.ldb);
@@ -308,7 +308,7 @@ void kernel_gradient_pass(const Product<TA, float>& p, std::int64_t m0) {
     for (int v = 0; v < V; ++v) x[v] = load_widened<L>(p.a + k * p.a_step + m0 + v * L);
     const float* __restrict dz = p.b + k * p.ldb;
     for (int o = 0; o < O; ++o)
-      for (int v = 0; v < V; ++v) sum[o][v] = multiply_add<L>(dz[o], x[v], sum[o][v]);
+      for (int v = 0; v < V; ++v) sum[o][v] += dz[o] * x[v];
   }
   for (int v = 0; v < V; ++v) {
     F r[blocks][L];
@@ -374,7 +374,7 @@ template <int O, class TC>
       F sum[R];
       for (int r = 0; r < R; ++r) sum[r] = F{};
       for (int o = 0; o < O; ++o)
-        for (int r = 0; r < R; ++r) sum[r] = multiply_add<16>(a[r][o], w[o], sum[r]);
+        for (int r = 0; r < R; ++r) sum[r] += a[r][o] * w[o];
       for (int r = 0; r < R && n0 + r < rows; ++r) {
         const std::int64_t at = (n0 + r) * in + i0;
         F v = sum[r];
@@ -416,7 +416,7 @@ template <int O, int V, class TC>
     for (int v = 0; v < V; ++v) sum[r][v] = F{};
   for (int o = 0; o < O; ++o)
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < V; ++v) sum[r][v] = multiply_add<8>(a[r][o], w[o][v], sum[r][v]);
+      for (int v = 0; v < V; ++v) sum[r][v] += a[r][o] * w[o][v];
   for (int r = 0; r < R && n0 + r < rows; ++r)
     for (int v = 0; v < V; ++v) {
       const std::int64_t at = (n0 + r) * in + i0 + v * 8;

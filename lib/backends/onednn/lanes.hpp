@@ -302,42 +302,4 @@ inline Vec<std::uint64_t, N> mul_low32(const Vec<std::uint64_t, N>& a, const Vec
   }
 }
 
-// acc + a * b: one fused multiply-add (one rounding) in the AVX2 and AVX-512 builds (8 and 16
-// lanes), a multiply then an add in the plain x86-64 build (4 lanes), which has no FMA. Written
-// out, not left to -ffp-contract=fast: GCC forms FMAs only from -O2 on (its widening_mul pass), so
-// a -O1 build (the sanitizers') or a -O0 one rounded twice where Release rounds once, and the
-// small dense layers' and convolution loops' bits depended on the optimization level (the unit
-// case that models them as fma chains failed at -O1). a may be a float, broadcast here.
-[[gnu::target("avx2,fma")]] inline Vec<float, 8> fused_multiply_add_avx2(const Vec<float, 8>& a,
-                                                                        const Vec<float, 8>& b,
-                                                                        const Vec<float, 8>& acc) {
-  return reinterpret_cast<Vec<float, 8>>(_mm256_fmadd_ps(
-      reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(acc)));
-}
-[[gnu::target("avx2,fma")]] inline Vec<float, 8> fused_multiply_add_avx2(float a, const Vec<float, 8>& b,
-                                                                        const Vec<float, 8>& acc) {
-  return fused_multiply_add_avx2(reinterpret_cast<Vec<float, 8>>(_mm256_set1_ps(a)), b, acc);
-}
-[[gnu::target("avx512f")]] inline Vec<float, 16> fused_multiply_add_avx512(const Vec<float, 16>& a,
-                                                                          const Vec<float, 16>& b,
-                                                                          const Vec<float, 16>& acc) {
-  return reinterpret_cast<Vec<float, 16>>(_mm512_fmadd_ps(
-      reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(acc)));
-}
-[[gnu::target("avx512f")]] inline Vec<float, 16> fused_multiply_add_avx512(float a, const Vec<float, 16>& b,
-                                                                          const Vec<float, 16>& acc) {
-  return fused_multiply_add_avx512(reinterpret_cast<Vec<float, 16>>(_mm512_set1_ps(a)), b, acc);
-}
-template <int L, class A>
-inline Vec<float, L> multiply_add(const A& a, const Vec<float, L>& b, const Vec<float, L>& acc) {
-  static_assert(L == 4 || L == 8 || L == 16, "4, 8 or 16 float lanes");
-  if constexpr (L == 16) {
-    return fused_multiply_add_avx512(a, b, acc);
-  } else if constexpr (L == 8) {
-    return fused_multiply_add_avx2(a, b, acc);
-  } else {
-    return acc + a * b;
-  }
-}
-
 }  // namespace dtrain::backends::onednn
