@@ -14,8 +14,13 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/max_pool2d.cpp ${CMAKE_CUR
                             ${CMAKE_CURRENT_LIST_DIR}/dropout.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi")
 # The convolution's weight-gradient sums and the small dense layers' products: multiply-adds fused
 # where the CPU has FMA (as oneDNN's kernels do), so their last bits depend on the CPU's ISA, as
-# oneDNN's already do.
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/conv2d.cpp ${CMAKE_CURRENT_LIST_DIR}/dense.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi;-ffp-contract=fast")
+# oneDNN's already do. The loops write `sum += a * b` and leave the fusing to GCC, whose pass that
+# forms FMAs runs only under -fexpensive-optimizations (on from -O2): named here so that a -O1 build
+# (the sanitizers') fuses as Release does, and Debug's -O0, which never fuses, is raised to -O1.
+# Without it the loops' bits depended on the optimization level. (Intrinsics cannot say it instead:
+# the loops are one body built for several ISAs by target_clones, the plain x86-64 one without FMA.)
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/conv2d.cpp ${CMAKE_CURRENT_LIST_DIR}/dense.cpp
+                            PROPERTIES COMPILE_OPTIONS "-Wno-psabi;-ffp-contract=fast;-fexpensive-optimizations;$<$<CONFIG:Debug>:-O1>")
 # Batch normalization's loops (lanes.hpp), built for AVX-512 and AVX2 too: no contraction into
 # fused multiply-adds, so every build rounds as layer_math's formulas (the CUDA cores) do.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/batch_normalization.cpp PROPERTIES COMPILE_OPTIONS "-Wno-psabi;-ffp-contract=off")
