@@ -39,4 +39,9 @@ void prepare_compute_thread(int openmp_threads) {
   flush_denormals();
 }
 
+void release_openmp_team() {
+  // Nonzero where the runtime cannot (inside a parallel region): the threads then sleep on their own.
+  (void)omp_pause_resource_all(omp_pause_soft);
+}
+
 }  // namespace dtrain

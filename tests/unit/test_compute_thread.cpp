@@ -15,6 +15,9 @@
 #include <string>
 #include <thread>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "backends/onednn/context.hpp"
 #include "core/compute_thread.hpp"
 #include "nn/kernel.hpp"
@@ -161,6 +164,39 @@ TEST_CASE("prepare_compute_thread sets the bits on the calling thread and its Op
     CHECK(tiny * 1.0f == 0.0f);
     volatile float small = 1e-20f;
     CHECK(small * small == 0.0f);
+  });
+  fresh.join();
+}
+
+TEST_CASE("release_openmp_team ends the team; the next team's new threads have the bits too") {
+  std::thread fresh([] {
+    unflush();
+    prepare_compute_thread(3);
+    // Each team thread's kernel id (gettid: the kernel hands out new ids in sequence, where
+    // pthread ids are reused with the C library's cached stacks).
+    auto team_ids = [](int& unflushed) {
+      std::set<long> ids;
+      std::mutex m;
+      unflushed = 0;
+#pragma omp parallel num_threads(3) reduction(+ : unflushed)
+      {
+        unflushed += denormals_flushed() ? 0 : 1;
+        if (omp_get_thread_num() != 0) {
+          const std::lock_guard<std::mutex> lock(m);
+          ids.insert(static_cast<long>(syscall(SYS_gettid)));
+        }
+      }
+      return ids;
+    };
+    int unflushed = 0;
+    const std::set<long> before = team_ids(unflushed);
+    CHECK(unflushed == 0);
+    CHECK(team_ids(unflushed) == before);  // the pool keeps its threads between regions
+    release_openmp_team();
+    const std::set<long> after = team_ids(unflushed);
+    CHECK(unflushed == 0);
+    REQUIRE(after.size() == 2);
+    for (const long id : after) CHECK(before.count(id) == 0);
   });
   fresh.join();
 }

@@ -22,6 +22,7 @@
 
 #include "device/gemm_peak.hpp"
 #include "backends/onednn/context.hpp"
+#include "core/compute_thread.hpp"
 
 namespace dtrain::backends::onednn {
 
@@ -92,6 +93,7 @@ device::GemmPeak measure(Context& context, DType dtype, int threads, std::int64_
     }
   }
   omp_set_num_threads(before);
+  release_openmp_team();  // no thread of the peak's spins beside the training steps that follow
   peak.available = true;
   const std::string_view name = dtype == DType::bf16 ? "bf16" : "f32";
   peak.what = fmt::format("oneDNN matmul {} x {} -> f32", name, name);
@@ -143,6 +145,7 @@ device::CopyBandwidth measure_bandwidth(Context&, int threads) {
     pass(true);
     best = std::max(best, 2.0 * static_cast<double>(bytes) / std::chrono::duration<double>(Clock::now() - begin).count());
   }
+  release_openmp_team();
   device::CopyBandwidth bandwidth;
   bandwidth.available = true;
   bandwidth.gb_per_s = best * 1e-9;
