@@ -23,9 +23,9 @@ void prepare_compute_thread(int openmp_threads);
 
 // Ends the calling thread's OpenMP pool (OpenMP 5's soft pause); its next parallel region starts
 // new threads, which inherit the caller's FTZ and DAZ. Why: after a parallel region libgomp's
-// threads spin for their next one before they sleep, about 300,000 turns (6 ms on the 2-core AVX2
-// EPYC), on the cores a replica's lanes compute on. Each of dtrain bench's GEMM peaks left a
-// tiny model's steps after it at 0.6-0.8 ms instead of training's 0.4 (784 -> 128 -> 10, batch
+// threads spin for the next one (GOMP_SPINCOUNT turns) before they sleep, 8-12 ms on the 2-core
+// AVX2 EPYC, on the cores a replica's lanes compute on. Each of dtrain bench's GEMM peaks left a
+// tiny model's steps after it at 0.5-0.8 ms instead of training's 0.4 (784 -> 128 -> 10, batch
 // 64, 2 lanes), so "training reaches" read half of what it was. For code that ran a team of
 // several threads and hands the cores to other threads next; not inside a parallel region.
 void release_openmp_team();

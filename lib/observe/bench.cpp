@@ -28,7 +28,7 @@ constexpr int kPeakRounds = 5;
 // rounds of 10) the rounds' steps took 3.6-4.5 ms against 3.3-3.9 with 3 untimed steps before each,
 // and "training reaches" counted that in full; training itself never runs a peak between its steps.
 // The peak and the copy bandwidth also end their OpenMP team (release_openmp_team): its threads
-// spun for about 6 ms after them on the lanes' cores, most of a small model's round.
+// spun for 8-12 ms after them on the lanes' cores, longer than a small model's round.
 constexpr std::int64_t kRoundWarmupSteps = 3;
 
 // Runs `steps` training steps from the start of epoch `epoch` on, into the next epochs. With a
