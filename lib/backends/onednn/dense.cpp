@@ -659,13 +659,18 @@ class DenseKernel final : public WeightedOpKernel {
       if (ActivationFn::Plan* relu = relu_below_plans_.find(batch)) relu_below_fn_.backward(ctx_, *relu);
       return;
     }
-    // What the backward writes, requested before it starts (the seed CNN's logits layer: the
-    // backward's median a tenth lower with it, alternating call by call). dx written over x needs
-    // nothing: x was just read.
-    prefetch_for_write(s->kernel_grad, static_cast<std::size_t>(s->in * s->out) * sizeof(float));
-    if (!s->transposed.empty()) prefetch_for_write(s->transposed.data(), s->transposed.size() * sizeof(float));
-    if (s->dx && s->dx.get_data_handle() != s->x.get_data_handle())
-      prefetch_for_write(s->dx.get_data_handle(), s->dx.get_desc().get_size());
+    // What the backward writes, requested before it starts, where the loops are AVX-512's (the
+    // seed CNN's logits layer on the Zen 5 EPYC: the backward's median a tenth lower with it,
+    // alternating call by call). Not on AVX2: on the Zen 3 EPYC the 40 requests of that layer's
+    // kernel gradient took 360-940 TSC cycles a lane and the loops after them gained nothing (the
+    // whole backward 6,200-7,700 cycles without against 6,400-8,600, alternating call by call).
+    // dx written over x needs nothing: x was just read.
+    if (isa_ == LoopIsa::x86_64_v4) {
+      prefetch_for_write(s->kernel_grad, static_cast<std::size_t>(s->in * s->out) * sizeof(float));
+      if (!s->transposed.empty()) prefetch_for_write(s->transposed.data(), s->transposed.size() * sizeof(float));
+      if (s->dx && s->dx.get_data_handle() != s->x.get_data_handle())
+        prefetch_for_write(s->dx.get_data_handle(), s->dx.get_desc().get_size());
+    }
     const float* dz = pre_activation_gradient(*s);
     if (s->bf16_src) run_weight_gradients<std::uint16_t>(*s, dz);
     else run_weight_gradients<float>(*s, dz);
