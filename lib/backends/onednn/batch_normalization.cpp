@@ -92,23 +92,32 @@ struct Pooled {
 // gradient is zero (relu's derivative), as max pooling's backward masks it by the pooled output.
 constexpr std::int32_t kNoWinner = 255;
 
-// Calls body(offset) for every position of plane (i, g), in order.
+// Calls body(offset) for every position of plane (i, g), in order. The geometry is copied into
+// locals first: the bodies store through may_alias vectors (lanes.hpp), which GCC 12 assumed could
+// change g, so it reloaded the strides and bounds from memory at every position (a normalizing
+// pass over 2-D input, a vector a row, spent most of its instructions there).
 template <class Body>
 [[gnu::always_inline]] inline void for_positions(const Geometry& g, std::int64_t i, std::int64_t base, Body&& body) {
-  const std::int64_t rows = g.rows_of(i);
+  const std::int64_t rows = g.rows_of(i), cols = g.cols, row = g.row, col = g.col;
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < g.cols; ++c) body(base + r * g.row + c * g.col);
+    for (std::int64_t c = 0; c < cols; ++c) body(base + r * row + c * col);
 }
 
 // The sums run in double, D lanes per vector (half a register of floats, widened to a full one:
 // GCC 12 converts a vector wider than the registers lane by lane), V vectors per position (each
 // its own chain of adds, so the adds' latency overlaps). Every lane adds its channel's terms one
 // after the other, in the plane's position order (the order test_cuda_layer_math sums in).
+// The conversion is written lane by lane, which GCC 12 makes one vcvtps2pd of the whole vector:
+// its __builtin_convertvector made two conversions of half a vector and an insertion of AVX2's
+// 4 lanes, the sums' busiest instructions (the bn_dropout experiment's first batch normalization
+// took a fifth longer forward that way; 2-core Zen 3 EPYC).
 template <int D>
 using Doubles = Vec<double, D>;
 template <int D>
 inline Doubles<D> widened(const Vec<float, D>& v) {
-  return __builtin_convertvector(v, Doubles<D>);
+  return [&]<std::size_t... l>(std::index_sequence<l...>) {
+    return Doubles<D>{static_cast<double>(v[l])...};
+  }(std::make_index_sequence<D>{});
 }
 
 // first[l] (l < lanes) = the sum over the plane's positions of the terms of lane l, term(at, c)
