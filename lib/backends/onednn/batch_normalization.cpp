@@ -107,17 +107,15 @@ template <class Body>
 // GCC 12 converts a vector wider than the registers lane by lane), V vectors per position (each
 // its own chain of adds, so the adds' latency overlaps). Every lane adds its channel's terms one
 // after the other, in the plane's position order (the order test_cuda_layer_math sums in).
-// The conversion is written lane by lane, which GCC 12 makes one vcvtps2pd of the whole vector:
-// its __builtin_convertvector made two conversions of half a vector and an insertion of AVX2's
-// 4 lanes, the sums' busiest instructions (the bn_dropout experiment's first batch normalization
+// The conversion is lanes.hpp's lanes_as, one vcvtps2pd of the whole vector: GCC 12's
+// __builtin_convertvector made two conversions of half a vector and an insertion of AVX2's 4
+// lanes, the sums' busiest instructions (the bn_dropout experiment's first batch normalization
 // took a fifth longer forward that way; 2-core Zen 3 EPYC).
 template <int D>
 using Doubles = Vec<double, D>;
 template <int D>
 inline Doubles<D> widened(const Vec<float, D>& v) {
-  return [&]<std::size_t... l>(std::index_sequence<l...>) {
-    return Doubles<D>{static_cast<double>(v[l])...};
-  }(std::make_index_sequence<D>{});
+  return lanes_as<double>(v);
 }
 
 // first[l] (l < lanes) = the sum over the plane's positions of the terms of lane l, term(at, c)
