@@ -219,13 +219,17 @@ template <int L>
 
 // Adds, for the G taps at `taps` and V filter vectors, sum over (oh, ow) of padded x at the tap
 // times dy's L lanes into acc[v][t * L + lane]; dy[v] is vector v's output gradient at (0, 0).
-// Where `relu_y` is not null, dy is the gradient after a relu whose output, arranged as dy, starts
-// at relu_y[v]: the loops apply its derivative as they read dy (load_relu_gradient).
+// Relu: dy is the gradient after a relu whose output, arranged as dy, starts at relu_y[v]; the
+// loops apply its derivative as they read dy (load_relu_gradient). A template parameter: GCC 12
+// kept a test of relu_y inside the loop, where without a relu the relu's pointers still advanced,
+// the loads sat behind a taken branch and a jump back, and the bound came from the stack (AVX2: 31
+// instructions a position for 12 multiply-adds, 26 without the test).
 // T: the gradient's element, float or std::uint16_t (bfloat16, widened exactly).
-template <int L, int V, int G, class T>
-DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std::int64_t* taps,
-                                        const float* __restrict padded, const void* const* dy,
-                                        const void* const* relu_y, float* const* acc) {
+// Built as accumulate_taps_by8 (every level) and accumulate_taps_by16 (x86-64-v4 alone).
+template <int L, int V, int G, class T, bool Relu>
+[[gnu::always_inline]] inline void accumulate_taps(const WeightLoopsGeometry& g, const std::int64_t* taps,
+                                                   const float* __restrict padded, const void* const* dy,
+                                                   const void* const* relu_y, float* const* acc) {
   using F = Vec<float, L>;
   F sums[G][V];
   std::int64_t offset[G];
@@ -233,7 +237,7 @@ DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std:
   const T* __restrict output[V] = {};
   for (int v = 0; v < V; ++v) {
     gradient[v] = static_cast<const T*>(dy[v]);
-    if (relu_y) output[v] = static_cast<const T*>(relu_y[v]);
+    if constexpr (Relu) output[v] = static_cast<const T*>(relu_y[v]);
   }
   for (int t = 0; t < G; ++t) {
     offset[t] = taps[t];
@@ -245,8 +249,8 @@ DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std:
       F d[V];
       const std::int64_t position = oh * g.dy.row + ow * g.dy.col;
       for (int v = 0; v < V; ++v) {
-        d[v] = relu_y ? load_relu_gradient<L>(gradient[v] + position, output[v] + position)
-                      : load_widened<L>(gradient[v] + position);
+        if constexpr (Relu) d[v] = load_relu_gradient<L>(gradient[v] + position, output[v] + position);
+        else d[v] = load_widened<L>(gradient[v] + position);
       }
       const float* at = row + ow * g.sw * g.c;
       for (int t = 0; t < G; ++t) {
@@ -257,6 +261,22 @@ DTRAIN_LANE_CLONES void accumulate_taps(const WeightLoopsGeometry& g, const std:
   }
   for (int t = 0; t < G; ++t)
     for (int v = 0; v < V; ++v) store(acc[v] + t * L, sums[t][v]);
+}
+
+template <int V, int G, class T, bool Relu>
+DTRAIN_LANE_CLONES void accumulate_taps_by8(const WeightLoopsGeometry& g, const std::int64_t* taps,
+                                            const float* __restrict padded, const void* const* dy,
+                                            const void* const* relu_y, float* const* acc) {
+  accumulate_taps<8, V, G, T, Relu>(g, taps, padded, dy, relu_y, acc);
+}
+// 16 lanes run only where the CPU has AVX-512 (Conv2DKernel plans them for x86-64-v4 alone): a
+// plain x86-64 and an AVX2 clone of them, which target_clones would build, never run, and took
+// a megabyte of the binary each.
+template <int V, int G, class T, bool Relu>
+[[gnu::target("arch=x86-64-v4")]] void accumulate_taps_by16(const WeightLoopsGeometry& g, const std::int64_t* taps,
+                                                          const float* __restrict padded, const void* const* dy,
+                                                          const void* const* relu_y, float* const* acc) {
+  accumulate_taps<16, V, G, T, Relu>(g, taps, padded, dy, relu_y, acc);
 }
 
 // The bias's gradient, in the taps' order of positions; relu_y as accumulate_taps' (one vector's).
@@ -284,28 +304,34 @@ void accumulate_bias_of(const WeightLoopsGeometry& g, const void* dy, const void
 using AccumulateFn = void (*)(const WeightLoopsGeometry&, const std::int64_t*, const float*, const void* const*,
                               const void* const*, float* const*);
 
-template <int L, int V, class T, std::size_t... G>
+template <int L, int V, class T, bool Relu, std::size_t... G>
 std::array<AccumulateFn, sizeof...(G)> accumulate_table(std::index_sequence<G...>) {
-  return {&accumulate_taps<L, V, static_cast<int>(G) + 1, T>...};
+  if constexpr (L == 16) return {&accumulate_taps_by16<V, static_cast<int>(G) + 1, T, Relu>...};
+  else return {&accumulate_taps_by8<V, static_cast<int>(G) + 1, T, Relu>...};
 }
 
 // The pass over `count` taps and `vectors` filter vectors, count in 1..accumulators(lanes) / vectors.
-template <class T>
+template <class T, bool Relu>
 AccumulateFn accumulate_fn_of(int lanes, int vectors, std::int64_t count) {
-  static const auto by8 = accumulate_table<8, 1, T>(std::make_index_sequence<kAccumulators>{});
-  static const auto by16 = accumulate_table<16, 1, T>(std::make_index_sequence<kWideAccumulators>{});
-  static const auto pairs_by8 = accumulate_table<8, 2, T>(std::make_index_sequence<kAccumulators / 2>{});
-  static const auto pairs_by16 = accumulate_table<16, 2, T>(std::make_index_sequence<kWideAccumulators / 2>{});
+  static const auto by8 = accumulate_table<8, 1, T, Relu>(std::make_index_sequence<kAccumulators>{});
+  static const auto by16 = accumulate_table<16, 1, T, Relu>(std::make_index_sequence<kWideAccumulators>{});
+  static const auto pairs_by8 = accumulate_table<8, 2, T, Relu>(std::make_index_sequence<kAccumulators / 2>{});
+  static const auto pairs_by16 =
+      accumulate_table<16, 2, T, Relu>(std::make_index_sequence<kWideAccumulators / 2>{});
   const auto i = static_cast<std::size_t>(count - 1);
   if (vectors == 2) return lanes == 16 ? pairs_by16[i] : pairs_by8[i];
   return lanes == 16 ? by16[i] : by8[i];
 }
 
 // The output gradient read: bfloat16 where the layer computes in it, else (and expanded from a
-// pooled gradient, expand_pooled_gradient) float.
-AccumulateFn accumulate_fn(const WeightLoopsGeometry& g, bool bf16_gradient, int vectors, std::int64_t count) {
-  return bf16_gradient ? accumulate_fn_of<std::uint16_t>(g.lanes, vectors, count)
-                       : accumulate_fn_of<float>(g.lanes, vectors, count);
+// pooled gradient, expand_pooled_gradient) float; after a relu (relu_y) or not.
+AccumulateFn accumulate_fn(const WeightLoopsGeometry& g, bool bf16_gradient, bool relu, int vectors,
+                           std::int64_t count) {
+  if (bf16_gradient)
+    return relu ? accumulate_fn_of<std::uint16_t, true>(g.lanes, vectors, count)
+                : accumulate_fn_of<std::uint16_t, false>(g.lanes, vectors, count);
+  return relu ? accumulate_fn_of<float, true>(g.lanes, vectors, count)
+              : accumulate_fn_of<float, false>(g.lanes, vectors, count);
 }
 
 // A max pooling computed with the convolution: windows inside the output that do not overlap.
@@ -1164,6 +1190,7 @@ struct WeightJob {
   const void* x = nullptr;       // float, or bfloat16 codes where g->x_codes
   const void* dy = nullptr;      // not fused: the output gradient (float, or bfloat16 where g->bf16)
   const void* relu_y = nullptr;  // not fused, where not null: the relu's output, whose derivative the loops apply to dy
+  bool bias = true;              // not fused: the bias's gradient is summed (accumulate_bias), the layer has one
   float* partial = nullptr;      // per (sample chunk, filter chunk): taps x L, then the bias's L
   std::int64_t groups = 0;
   std::int64_t padded_size = 0;  // floats of one padded sample
@@ -1276,9 +1303,11 @@ void run_weight_item(void* job, std::int64_t item, int worker) noexcept {
     for (std::int64_t t = 0; t < taps; t += per_pass) {
       const std::int64_t count = std::min(per_pass, taps - t);
       float* const at[2] = {acc[0] + t * g.lanes, acc[1] ? acc[1] + t * g.lanes : nullptr};
-      accumulate_fn(g, bf16_gradient, vectors, count)(g, g.taps.data() + t, padded, dy_n, relu_y, at);
+      accumulate_fn(g, bf16_gradient, relu_y != nullptr, vectors, count)(g, g.taps.data() + t, padded, dy_n, relu_y,
+                                                                         at);
     }
-    for (int v = 0; v < vectors && !j.pool; ++v) accumulate_bias_of(g, dy_n[v], relu_y_n[v], acc[v] + taps * g.lanes);
+    for (int v = 0; v < vectors && !j.pool && j.bias; ++v)
+      accumulate_bias_of(g, dy_n[v], relu_y_n[v], acc[v] + taps * g.lanes);
   }
 }
 
@@ -1593,6 +1622,7 @@ class Conv2DKernel final : public WeightedOpKernel {
       j.dy = pre_grad.get_data_handle();
       j.relu_y = s->relu_output ? s->relu_output.get_data_handle() : nullptr;
     }
+    j.bias = layer_.options().use_bias;
     j.groups = (g.filter_chunks + g.vectors - 1) / g.vectors;
     j.padded_size = g.padded_h * g.padded_w * g.c;
     j.slot_size = j.padded_size * (g.pairs && !g.x_codes ? 2 : 1);
