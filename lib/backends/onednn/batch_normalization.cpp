@@ -162,7 +162,6 @@ template <int L, class Body>
 // float32 and in bfloat16, 2.4 and 5.5 times its bound, on a 2-core Intel Xeon with AMX). The
 // values and the order of the adds are plane_sums', so the bits are too. (No lambdas: a lambda
 // inside these functions would not be built for their target.)
-#define DTRAIN_X86_64_V4 gnu::target("arch=x86-64-v4")
 
 // 8 lanes from p as doubles, exactly. (The masked conversion: GCC 12 warns that the plain one's
 // undefined source operand is uninitialized.)

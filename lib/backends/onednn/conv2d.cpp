@@ -269,13 +269,11 @@ DTRAIN_LANE_CLONES void accumulate_taps_by8(const WeightLoopsGeometry& g, const 
                                             const void* const* relu_y, float* const* acc) {
   accumulate_taps<8, V, G, T, Relu>(g, taps, padded, dy, relu_y, acc);
 }
-// 16 lanes run only where the CPU has AVX-512 (Conv2DKernel plans them for x86-64-v4 alone): a
-// plain x86-64 and an AVX2 clone of them, which target_clones would build, never run, and took
-// a megabyte of the binary each.
+// 16 lanes run only where the CPU has AVX-512 (Conv2DKernel plans them for x86-64-v4 alone).
 template <int V, int G, class T, bool Relu>
-[[gnu::target("arch=x86-64-v4")]] void accumulate_taps_by16(const WeightLoopsGeometry& g, const std::int64_t* taps,
-                                                          const float* __restrict padded, const void* const* dy,
-                                                          const void* const* relu_y, float* const* acc) {
+[[DTRAIN_X86_64_V4]] void accumulate_taps_by16(const WeightLoopsGeometry& g, const std::int64_t* taps,
+                                               const float* __restrict padded, const void* const* dy,
+                                               const void* const* relu_y, float* const* acc) {
   accumulate_taps<16, V, G, T, Relu>(g, taps, padded, dy, relu_y, acc);
 }
 
@@ -415,14 +413,13 @@ ExpandPooledFn expand_pooled_fn(const WeightLoopsGeometry& g, const PoolingGeome
 // in turn). T: the pooled gradient's element, float or std::uint16_t (bfloat16, widened exactly).
 // Writing the gradient plane and reading it back cost as much as the multiply-adds (the seed CNN's
 // first convolution's backward: 0.14-0.29 ms a step, a 2-core Intel Xeon with AMX).
-// Of 16 lanes alone (routes_pooled_gradient), so built for x86-64-v4 alone (accumulate_taps_by16).
+// Of 16 lanes alone (routes_pooled_gradient), so built for x86-64-v4 alone.
 template <int L, int V, int G, class T>
-[[gnu::target("arch=x86-64-v4")]] void accumulate_pooled_taps(const WeightLoopsGeometry& g, const PoolingGeometry& p,
-                                                              const std::int64_t* taps, const float* __restrict padded,
-                                                              const void* pooled_gradient,
-                                                              const std::uint8_t* __restrict ws, std::int64_t n,
-                                                              std::int64_t first_lane, float* __restrict strip,
-                                                              float* const* acc, float* const* bias) {
+[[DTRAIN_X86_64_V4]] void accumulate_pooled_taps(const WeightLoopsGeometry& g, const PoolingGeometry& p,
+                                                 const std::int64_t* taps, const float* __restrict padded,
+                                                 const void* pooled_gradient, const std::uint8_t* __restrict ws,
+                                                 std::int64_t n, std::int64_t first_lane, float* __restrict strip,
+                                                 float* const* acc, float* const* bias) {
   using F = Vec<float, L>;
   using B = Mask<L>;
   const T* __restrict diff_y = static_cast<const T*>(pooled_gradient);
