@@ -396,6 +396,11 @@ TEST_CASE("dense matches the reference and finite differences") {
   check_case({"above the own loops' size, softmax", Shape{300}, {dense(400, Activation::softmax)}, 2});
   check_case({"above the own loops' size, after a flatten, 5 rows", Shape{10, 10, 4},
               {nn::FlattenOptions{}, dense(130, Activation::sigmoid), dense(3, Activation::linear)}, 5});
+  // Kernels whose rows lie a multiple of 2 KiB apart (512, 1024, ... units): without brgemm kernels
+  // the forward is oneDNN's matmul on a padded copy of the kernel, made at each forward.
+  REQUIRE_FALSE(backends::onednn::dense_loops_pay(2, 200, 512));
+  check_case({"512 units, relu", Shape{200}, {dense(512, Activation::relu), dense(3, Activation::linear)}, 2});
+  check_case({"1024 units, tanh, no bias", Shape{100}, {dense(1024, Activation::tanh, false), dense(3, Activation::linear)}, 3});
 }
 
 TEST_CASE("a dense layer above a relu applies its derivative, writing the input's gradient over the input") {
@@ -499,6 +504,26 @@ TEST_CASE("a large dense first layer follows the model's input from step to step
   nn::Sequential moved(mc, 7, testing::cpu()), fresh(mc, 7, testing::cpu());
   gradients_after_step(moved, inputs[0], step, 0.25f);
   CHECK(gradients_after_step(moved, inputs[1], step, 0.25f) == gradients_after_step(fresh, inputs[1], step, 0.25f));
+}
+
+TEST_CASE("a dense layer of 512 units computes with its kernel as it is at each forward") {
+  // Its forward may read a copy of the kernel (above): a kernel changed between two steps (as the
+  // optimizer changes it) must reach the second, which then gives a fresh model's bits.
+  config::ModelConfig mc;
+  mc.input_shape = {200};
+  mc.layers.push_back(named(dense(512, Activation::relu), "l0"));
+  mc.layers.push_back(named(dense(3, Activation::linear), "l1"));
+  const nn::StepContext step = testing::step_of(nn::Mode::training, 2);
+  Tensor x(Shape{2, 200});
+  Rng rng(5, RngStream::test);
+  for (auto& v : x.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  nn::Sequential changed(mc, 7, testing::cpu()), fresh(mc, 7, testing::cpu());
+  const std::vector<float> before = gradients_after_step(changed, x, step, 0.25f);
+  for (nn::Sequential* m : {&changed, &fresh})
+    for (auto& v : m->layer(0).variables()[nn::Dense::kKernel].value.span<float>()) v = -0.5f * v;
+  const std::vector<float> after = gradients_after_step(changed, x, step, 0.25f);
+  CHECK(after != before);
+  CHECK(after == gradients_after_step(fresh, x, step, 0.25f));
 }
 
 TEST_CASE("flatten, reshape and activation layers") {
