@@ -401,6 +401,8 @@ TEST_CASE("dense matches the reference and finite differences") {
   REQUIRE_FALSE(backends::onednn::dense_loops_pay(2, 200, 512));
   check_case({"512 units, relu", Shape{200}, {dense(512, Activation::relu), dense(3, Activation::linear)}, 2});
   check_case({"1024 units, tanh, no bias", Shape{100}, {dense(1024, Activation::tanh, false), dense(3, Activation::linear)}, 3});
+  check_case({"512 units above a relu", Shape{100},
+              {dense(600, Activation::relu), dense(512, Activation::sigmoid), dense(3, Activation::linear)}, 2});
 }
 
 TEST_CASE("a dense layer above a relu applies its derivative, writing the input's gradient over the input") {

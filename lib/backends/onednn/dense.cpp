@@ -897,6 +897,9 @@ class DenseKernel final : public WeightedOpKernel {
         m.padded_ld = padded_kernel_ld(units);
         if (!m.padded_ld) return nullptr;
         m.forward_pd = forward_pd(memory::desc({in, units}, f32, memory::dims{m.padded_ld, 1}));
+        // Only as that gemm: a reference matmul would lose what the inner product had.
+        for (const auto* pd : {&m.forward_pd, &m.weight_pd, &m.data_pd})
+          if (std::string_view(pd->impl_info_str()).find("gemm") == std::string_view::npos) return nullptr;
       }
     } catch (const dnnl::error&) {
       return nullptr;
