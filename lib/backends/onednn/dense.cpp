@@ -885,21 +885,23 @@ class DenseKernel final : public WeightedOpKernel {
                                       : dnnl::matmul::desc(x, weights, rows);
       return dnnl::matmul::primitive_desc(forward, activation, ctx_.engine);
     };
-    const auto brgemm = [](const dnnl::matmul::primitive_desc& pd) {
-      return std::string_view(pd.impl_info_str()).find("brg") != std::string_view::npos;
-    };
     Matmuls m;
+    // Whether oneDNN picked `kernel` (a part of its implementation's name) for all three.
+    const auto all_run_on = [&m](std::string_view kernel) {
+      for (const auto* pd : {&m.forward_pd, &m.weight_pd, &m.data_pd})
+        if (std::string_view(pd->impl_info_str()).find(kernel) == std::string_view::npos) return false;
+      return true;
+    };
     try {
       m.forward_pd = forward_pd(kernel);
       m.weight_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_transposed, rows, kernel), plain, ctx_.engine);
       m.data_pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(rows, kernel_transposed, x), plain, ctx_.engine);
-      if (!brgemm(m.forward_pd) || !brgemm(m.weight_pd) || !brgemm(m.data_pd)) {
+      if (!all_run_on("brg")) {
         m.padded_ld = padded_kernel_ld(units);
         if (!m.padded_ld) return nullptr;
         m.forward_pd = forward_pd(memory::desc({in, units}, f32, memory::dims{m.padded_ld, 1}));
         // Only as that gemm: a reference matmul would lose what the inner product had.
-        for (const auto* pd : {&m.forward_pd, &m.weight_pd, &m.data_pd})
-          if (std::string_view(pd->impl_info_str()).find("gemm") == std::string_view::npos) return nullptr;
+        if (!all_run_on("gemm")) return nullptr;
       }
     } catch (const dnnl::error&) {
       return nullptr;
