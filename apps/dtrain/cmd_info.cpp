@@ -13,6 +13,7 @@
 #include "data/dataset.hpp"
 #include "dtrain/build_info.hpp"
 #include "device/context.hpp"
+#include "device/gpu_module.hpp"
 #include "distribute/nccl_communicator.hpp"
 #include "nn/kernel.hpp"
 #include "train/trainer.hpp"
@@ -39,11 +40,15 @@ int info_command() {
   fmt::print("MPI: {}\n", mpi);
   fmt::print("HDF5 {}.{}.{}, zlib {}, fmt {}\n", h5_major, h5_minor, h5_release, zlibVersion(), FMT_VERSION);
   if (build_info::have_cuda) {
-    const auto missing = nn::kinds_without_kernel(device::backend_for(Device::Kind::gpu));
-    fmt::print("CUDA: built ({} backend for gpu:N){}\n", device::backend_for(Device::Kind::gpu),
-               missing.empty() ? std::string(": a kernel for every layer kind")
-                               : fmt::format("; no kernel for the layer kinds {}", fmt::join(missing, ", ")));
-    for (const std::string& line : device::device_inventory(Device::Kind::gpu)) fmt::print("  {}\n", line);
+    if (const std::string& why = device::load_cuda_backend(); !why.empty()) {
+      fmt::print("CUDA: built, not loaded: {}\n", why);
+    } else {
+      const auto missing = nn::kinds_without_kernel(device::backend_for(Device::Kind::gpu));
+      fmt::print("CUDA: built ({} backend for gpu:N){}\n", device::backend_for(Device::Kind::gpu),
+                 missing.empty() ? std::string(": a kernel for every layer kind")
+                                 : fmt::format("; no kernel for the layer kinds {}", fmt::join(missing, ", ")));
+      for (const std::string& line : device::device_inventory(Device::Kind::gpu)) fmt::print("  {}\n", line);
+    }
   } else {
     fmt::print("CUDA: not built (CUDA was not found at build time)\n");
   }
@@ -52,8 +57,9 @@ int info_command() {
                "(multi_worker_mirrored, one GPU per rank)\n",
                nccl->version());
   else
-    fmt::print("NCCL: not built ({})\n", build_info::have_cuda ? "CMake found no nccl.h and libnccl beside CUDA"
-                                                                  : "CUDA was not found at build time");
+    fmt::print("NCCL: {}\n", !build_info::have_cuda ? "not built (CUDA was not found at build time)"
+                             : !build_info::have_nccl ? "not built (CMake found no nccl.h and libnccl beside CUDA)"
+                                                      : "built, not loaded (see CUDA above)");
   const bool fmnist = std::filesystem::exists(std::filesystem::path(data::kDefaultFashionMnistDir) / "train-images-idx3-ubyte.gz");
   fmt::print("Fashion-MNIST: {}\n", fmnist ? data::kDefaultFashionMnistDir : "not installed (apt-get install dataset-fashion-mnist)");
   return kOk;

@@ -1,11 +1,15 @@
 #include "device/context.hpp"
 
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "device/gpu_module.hpp"
+#include "dtrain/build_info.hpp"
 
 namespace dtrain::device {
 
@@ -20,52 +24,81 @@ struct Registered {
   IsaCap cap = nullptr;  // register_isa_cap's, when the backend has one
 };
 
-// Filled by the backends' registrations before main, read-only afterwards.
-std::vector<Registered>& registry() {
-  static std::vector<Registered> backends;
-  return backends;
+// Filled by the backends' registrations: the CPU's before main, the CUDA module's when it loads
+// (device/gpu_module.hpp), perhaps while another thread looks a backend up. A deque: an entry
+// stays where it is while others are added.
+struct Registry {
+  std::mutex mutex;
+  std::deque<Registered> backends;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
 }
 
-const Registered* find(Device::Kind kind) {
-  for (const Registered& r : registry())
-    if (r.kind == kind) return &r;
+Registered* find_locked(Registry& r, Device::Kind kind) {
+  for (Registered& entry : r.backends)
+    if (entry.kind == kind) return &entry;
   return nullptr;
+}
+
+// The backend registered for `kind`, as it is now (null when none).
+Registered* find(Device::Kind kind) {
+  Registry& r = registry();
+  const std::lock_guard lock(r.mutex);
+  return find_locked(r, kind);
+}
+
+// The same, after loading the CUDA module where `kind` is gpu and no backend runs it yet.
+const Registered* find_or_load(Device::Kind kind) {
+  if (const Registered* r = find(kind)) return r;
+  if (kind != Device::Kind::gpu || !load_cuda_backend().empty()) return nullptr;
+  return find(kind);
 }
 
 }  // namespace
 
 void register_backend(Device::Kind kind, std::string_view name, ContextFactory factory, DeviceInventory inventory,
                       DeviceCount count) {
-  DTRAIN_CHECK(find(kind) == nullptr, fmt::format("two backends registered for one device kind ({} and {})",
-                                                  find(kind) ? find(kind)->name : "", name));
-  registry().push_back({kind, name, factory, inventory, count, nullptr});
+  Registry& r = registry();
+  const std::lock_guard lock(r.mutex);
+  const Registered* before = find_locked(r, kind);
+  DTRAIN_CHECK(before == nullptr, fmt::format("two backends registered for one device kind ({} and {})",
+                                              before ? before->name : "", name));
+  r.backends.push_back({kind, name, factory, inventory, count, nullptr});
 }
 
+bool backend_registered(Device::Kind kind) { return find(kind) != nullptr; }
+
 void register_isa_cap(Device::Kind kind, IsaCap cap) {
-  DTRAIN_CHECK(find(kind) != nullptr, "an instruction-set cap registered before its backend");
-  for (Registered& r : registry())
-    if (r.kind == kind) r.cap = cap;
+  Registered* r = find(kind);
+  DTRAIN_CHECK(r != nullptr, "an instruction-set cap registered before its backend");
+  r->cap = cap;
 }
 
 void cap_instruction_set(Device::Kind kind, std::string_view isa) {
-  if (const Registered* r = find(kind); r && r->cap) return r->cap(isa);
+  if (const Registered* r = find_or_load(kind); r && r->cap) return r->cap(isa);
   throw ConfigError(fmt::format("the {} backend of this build cannot cap its instruction set to {}; leave "
                                 "reproducibility.isa out (native)",
                                 backend_for(kind).empty() ? "missing" : backend_for(kind), isa));
 }
 
 std::vector<std::string> device_inventory(Device::Kind kind) {
-  const Registered* r = find(kind);
+  const Registered* r = find_or_load(kind);
+  if (!r && kind == Device::Kind::gpu && build_info::have_cuda) return {load_cuda_backend()};
   return r && r->inventory ? r->inventory() : std::vector<std::string>{};
 }
 
 int device_count(Device::Kind kind) {
-  const Registered* r = find(kind);
+  // Without NVIDIA's driver the CUDA runtime finds no GPU: no need to load it to hear that.
+  if (kind == Device::Kind::gpu && !find(kind) && !cuda_driver_present()) return 0;
+  const Registered* r = find_or_load(kind);
   return r && r->count ? r->count() : 0;
 }
 
 std::string_view backend_for(Device::Kind kind) {
-  const Registered* r = find(kind);
+  const Registered* r = find_or_load(kind);
   return r ? r->name : std::string_view();
 }
 
@@ -111,12 +144,10 @@ void Context::zero(Tensor& t) {
 }
 
 std::unique_ptr<Context> make_context(Device device) {
-  const Registered* r = find(device.kind);
+  const Registered* r = find_or_load(device.kind);
   if (!r) {
     if (device.kind == Device::Kind::gpu)
-      throw ConfigError(fmt::format("device {}: this build of dtrain has no CUDA backend (CUDA was not found when it "
-                                    "was built); use cpu:N devices",
-                                    device.to_string()));
+      throw ConfigError(fmt::format("device {}: {}; use cpu:N devices", device.to_string(), load_cuda_backend()));
     throw ConfigError(fmt::format("device {}: no backend in this build runs it", device.to_string()));
   }
   return r->factory(device);

@@ -144,11 +144,14 @@ class Context {
   virtual std::string cannot_compute_in(DType compute) const = 0;
 };
 
-// The context for `device`, from the backend registered for its kind. ConfigError, saying what is missing, when no backend in this build can run it.
+// The context for `device`, from the backend registered for its kind. ConfigError, saying what is
+// missing, when no backend in this build can run it (or the CUDA module cannot load, and why).
 std::unique_ptr<Context> make_context(Device device);
 
-// How a backend makes its contexts; registered once per device kind before main (by the backend's
-// folder: backends/onednn for cpu, backends/cuda for gpu when CUDA was found).
+// How a backend makes its contexts; registered once per device kind (by the backend's folder:
+// backends/onednn for cpu before main; backends/cuda for gpu, where CUDA was found, as its module
+// loads: device/gpu_module.hpp). The functions below load that module the first time they are
+// asked about gpu.
 using ContextFactory = std::unique_ptr<Context> (*)(Device device);
 // What a backend says, for `dtrain info`, about the devices of its kind this machine has and the
 // library versions it was built with and finds at run time: lines without a trailing newline.
@@ -168,9 +171,14 @@ void register_isa_cap(Device::Kind kind, IsaCap cap);
 void cap_instruction_set(Device::Kind kind, std::string_view isa);
 // The backend registered for a device kind ("" when none).
 std::string_view backend_for(Device::Kind kind);
-// Its inventory (empty when it has none, or no backend is registered for the kind).
+// Whether a backend is registered for the kind now: loads nothing (the CUDA module's loader asks,
+// so that a binary with the backend linked in, dtrain_gpu_tests, does not load it twice).
+bool backend_registered(Device::Kind kind);
+// Its inventory (empty when it has none, or no backend is registered for the kind; for gpu in a
+// build with CUDA whose module cannot load, the one line that says why).
 std::vector<std::string> device_inventory(Device::Kind kind);
-// The usable devices of a kind (0 when no backend of this build runs it, or the machine has none).
+// The usable devices of a kind (0 when no backend of this build runs it, or the machine has none;
+// for gpu, without NVIDIA's driver, 0 before loading anything).
 int device_count(Device::Kind kind);
 
 }  // namespace dtrain::device

@@ -21,9 +21,10 @@
 // differ in rounding from the host ops' order (thread_group.hpp), as TensorFlow's NCCL and
 // hierarchical copy do.
 //
-// nccl_communicator.cpp is built only where CMake finds NCCL with CUDA (backends/cuda/backend.cmake);
-// it registers its factories while the program starts. Without it nccl() is null, and the
-// strategies refuse nccl with a ConfigError that says so.
+// nccl_communicator.cpp is built only where CMake finds NCCL with CUDA, into the CUDA backend's
+// module (backends/cuda/backend.cmake); it registers its factories when the module loads, which
+// nccl() asks for (device/gpu_module.hpp). Without it nccl() is null, and the strategies refuse
+// nccl with a ConfigError that says so.
 #pragma once
 
 #include <memory>
@@ -46,9 +47,10 @@ struct NcclFactories {
   std::string (*version)() = nullptr;
 };
 
-// The registered factories; null when this build has no NCCL.
+// The registered factories, after loading the CUDA module where this build has NCCL; null when
+// it has none or the module cannot load.
 const NcclFactories* nccl();
-// Called once, by nccl_communicator.cpp while the program starts.
+// Called once, by nccl_communicator.cpp as the module loads.
 bool register_nccl(const NcclFactories& factories);
 
 }  // namespace dtrain::distribute

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "device/gpu_module.hpp"
+#include "dtrain/build_info.hpp"
 #include "distribute/nccl_communicator.hpp"
 
 namespace dtrain::distribute {
@@ -52,7 +54,7 @@ CrossDeviceOp cross_device_op_named(const std::string& name) {
 }
 
 namespace {
-// Written once while the program starts (by nccl_communicator.cpp where it is built), read-only
+// Written once as the CUDA module loads (by nccl_communicator.cpp where it is built), read-only
 // afterwards.
 NcclFactories& nccl_registry() {
   static NcclFactories factories;
@@ -60,7 +62,12 @@ NcclFactories& nccl_registry() {
 }
 }  // namespace
 
-const NcclFactories* nccl() { return nccl_registry().local_gpus ? &nccl_registry() : nullptr; }
+const NcclFactories* nccl() {
+  // The communicators register when the CUDA module loads (or before main, where the backend is
+  // linked in); the loader's once flag orders that registration before this read.
+  if (build_info::have_nccl) (void)device::load_cuda_backend();
+  return nccl_registry().local_gpus ? &nccl_registry() : nullptr;
+}
 
 bool register_nccl(const NcclFactories& factories) {
   DTRAIN_CHECK(!nccl_registry().local_gpus, "the NCCL communicators were registered twice");

@@ -408,6 +408,35 @@ YAML
       run experiments/fashion_mnist_one_device.yaml --set strategy.device=gpu:0 --run-dir "$scratch/run"
     [ ! -e "$scratch/run/metrics.jsonl" ] || fail "a refused device still started training"
     ;;
+  cuda_on_demand)
+    # The CUDA backend is a module loaded when something asks for a GPU: a CPU run maps none of
+    # CUDA's libraries (the loader's own record of what it loaded, LD_DEBUG=files), a gpu:N device
+    # loads the module, and a broken module beside dtrain stops the run in one line naming it.
+    "$dtrain" info | grep -q "^CUDA: built" || { echo "SKIP: this build has no CUDA backend"; exit 77; }
+    loaded() {  # the files the dynamic loader opened for: dtrain ARGS...
+      rm -f "$scratch"/ld.*
+      LD_DEBUG=files LD_DEBUG_OUTPUT="$scratch/ld" "$dtrain" "$@" >/dev/null 2>&1 || true
+      cat "$scratch"/ld.* | grep -o 'file=[^ ]*' | sort -u
+    }
+    loaded --version >"$scratch/version"
+    loaded run "$small" --set train.epochs=1 --run-dir "$scratch/cpu" >"$scratch/cpu_files"
+    [ -s "$scratch/cpu/metrics.jsonl" ] || fail "the CPU run did not train"
+    for f in version cpu_files; do
+      grep -q "file=libdnnl" "$scratch/$f" || fail "LD_DEBUG recorded no libraries ($f): the check cannot see"
+      ! grep -Eq "libdtrain_cuda|libcuda|libcublas|libcudnn|libnccl" "$scratch/$f" || fail "$f loaded CUDA: $(grep -E 'cud|nccl' "$scratch/$f")"
+    done
+    # (Where the machine has a GPU, that run trains: two steps.)
+    loaded run experiments/fashion_mnist_one_device.yaml --set strategy.device=gpu:0 --set train.epochs=1 \
+      --set train.steps_per_epoch=2 --run-dir "$scratch/gpu" >"$scratch/gpu_files"
+    grep -q "libdtrain_cuda" "$scratch/gpu_files" || fail "a gpu:0 run did not load the CUDA backend module"
+    grep -q "libcudart" "$scratch/gpu_files" || fail "the module loaded without the CUDA runtime"
+    # A copy of dtrain looks beside itself first: there, a file that is no module.
+    mkdir -p "$scratch/bin" && cp "$dtrain" "$scratch/bin/dtrain" && echo "not a module" >"$scratch/bin/libdtrain_cuda.so"
+    dtrain="$scratch/bin/dtrain" expect_error 2 \
+      "device gpu:0: the CUDA backend $scratch/bin/libdtrain_cuda.so could not be loaded \(.*\): .*; use cpu:N devices" -- \
+      run experiments/fashion_mnist_one_device.yaml --set strategy.device=gpu:0 --run-dir "$scratch/broken"
+    [ ! -e "$scratch/broken/metrics.jsonl" ] || fail "a run without its GPU backend still trained"
+    ;;
   bf16_refused)
     # A CPU without bfloat16 instructions, played by capping oneDNN's ISA: mixed_bfloat16 stops at
     # start with exit 2 at the precision key, and dtrain info says why.

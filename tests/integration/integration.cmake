@@ -2,7 +2,7 @@
 set(DTRAIN_CLI_CASES
   help info validate train_small validation_split deterministic regression_toy
   bad_unknown_key bad_type bad_data_dir bad_idx_truncated bad_idx_magic bad_hdf5
-  experiments_validate train_mirrored refused_reduction nccl_on_cpu gpu_refused rerun_refused bf16_refused
+  experiments_validate train_mirrored refused_reduction nccl_on_cpu gpu_refused cuda_on_demand rerun_refused bf16_refused
   limits bn_first_short_batch order)
 foreach(case ${DTRAIN_CLI_CASES})
   add_test(NAME cli.${case}

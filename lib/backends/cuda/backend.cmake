@@ -1,11 +1,12 @@
 # The GPU backend: CUDA with cuDNN, cuBLAS and NCCL. Optional (DTRAIN_CUDA=AUTO|ON|OFF): a
 # machine with /usr/local/cuda configures and builds it whether or not it has a GPU, so a compile
-# or link error shows on every build; ON fails loudly where CUDA is absent. Sets DTRAIN_HAVE_CUDA
-# and DTRAIN_HAVE_NCCL for build_info.hpp.
+# or link error shows on every build; ON fails loudly where CUDA is absent. Sets DTRAIN_HAVE_CUDA,
+# DTRAIN_HAVE_NCCL and DTRAIN_CUDA_MODULE for build_info.hpp.
 set(DTRAIN_CUDA AUTO CACHE STRING "Build the CUDA backend (cuDNN, cuBLAS, NCCL): AUTO (when found), ON (required), OFF")
 set_property(CACHE DTRAIN_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(DTRAIN_HAVE_CUDA OFF)
 set(DTRAIN_HAVE_NCCL OFF)
+set(DTRAIN_CUDA_MODULE "")
 if(NOT DTRAIN_CUDA STREQUAL "OFF")
   if(EXISTS /usr/local/cuda AND NOT CUDAToolkit_ROOT)
     set(CUDAToolkit_ROOT /usr/local/cuda)
@@ -37,36 +38,48 @@ if(NOT DTRAIN_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
     set(CMAKE_CUDA_STANDARD 20)
-    # dtrain_lib was made before this fragment: the properties that CMake initializes from
-    # variables at a target's creation are set on it here.
-    set_target_properties(dtrain_lib PROPERTIES CUDA_STANDARD 20 CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
     # One CUDA runtime in the process: the shared libcudart that cuBLAS, cuDNN and NCCL use too
-    # (CMake's default for CUDA targets is the static one). Set for the targets made after this
-    # fragment (the executables) and on dtrain_lib, made before it.
+    # (CMake's default for CUDA targets is the static one).
     set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
-    set_property(TARGET dtrain_lib PROPERTY CUDA_RUNTIME_LIBRARY Shared)
+    # The backend is a module, libdtrain_cuda.so beside dtrain, that dtrain loads the first time an
+    # experiment or a command asks for a GPU (device/gpu_module.hpp). Why: linked into dtrain, the
+    # CUDA libraries' initializers ran in every process: `dtrain --version` took 0.13-0.21 s and
+    # 238 MB (libcublasLt's initializers alone made about 44,000 allocations), each rank of a CPU
+    # run paid that again, and dtrain could not start on a machine without the CUDA libraries.
+    # Its sources are an object library: the module is made of them, and dtrain_gpu_tests links
+    # them in directly. They compile against dtrain_lib's headers but link none of its objects or
+    # static libraries (dtrain_proto's descriptors would register twice): the module finds dtrain's
+    # own functions (the registries) in the executable that loads it (ENABLE_EXPORTS).
     file(GLOB _cuda_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cpp ${CMAKE_CURRENT_LIST_DIR}/*.cu)
-    target_sources(dtrain_lib PRIVATE ${_cuda_sources})
-    target_link_libraries(dtrain_lib PUBLIC CUDA::cudart CUDA::cublas)
+    add_library(dtrain_cuda_objects OBJECT ${_cuda_sources})
+    set_target_properties(dtrain_cuda_objects PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_STANDARD 20
+                          CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CUDA_RUNTIME_LIBRARY Shared)
+    target_include_directories(dtrain_cuda_objects PUBLIC ${PROJECT_SOURCE_DIR}/lib ${PROJECT_BINARY_DIR}/generated)
+    target_link_libraries(dtrain_cuda_objects PUBLIC dtrain_flags fmt::fmt CUDA::cudart CUDA::cublas)
     # nvcc gets GCC's warnings for the host code it hands to g++ (dtrain_flags' options are for C
     # and C++ compiles only; -Wpedantic is left out: nvcc's generated host code trips it).
-    target_compile_options(dtrain_lib PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+    target_compile_options(dtrain_cuda_objects PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
     # The numerics round as the CPU backend's (compiled with -ffp-contract=off): no fused
     # multiply-add, so the element-wise optimizer updates give the CPU's bits.
     set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/numerics.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
     if(CUDNN_LIBRARY AND CUDNN_INCLUDE_DIR)
-      target_include_directories(dtrain_lib SYSTEM PUBLIC ${CUDNN_INCLUDE_DIR})
-      target_link_libraries(dtrain_lib PUBLIC ${CUDNN_LIBRARY})
+      target_include_directories(dtrain_cuda_objects SYSTEM PUBLIC ${CUDNN_INCLUDE_DIR})
+      target_link_libraries(dtrain_cuda_objects PUBLIC ${CUDNN_LIBRARY})
     elseif(DTRAIN_CUDA STREQUAL "ON")
       message(FATAL_ERROR "DTRAIN_CUDA=ON: cuDNN (cudnn.h, libcudnn) not found under ${CUDAToolkit_LIBRARY_DIR}")
     endif()
     if(NCCL_LIBRARY AND NCCL_INCLUDE_DIR)
       set(DTRAIN_HAVE_NCCL ON)
-      target_include_directories(dtrain_lib SYSTEM PUBLIC ${NCCL_INCLUDE_DIR})
-      target_link_libraries(dtrain_lib PUBLIC ${NCCL_LIBRARY})
+      target_include_directories(dtrain_cuda_objects SYSTEM PUBLIC ${NCCL_INCLUDE_DIR})
+      target_link_libraries(dtrain_cuda_objects PUBLIC ${NCCL_LIBRARY})
       # The NCCL communicators (cross_device_ops / communication.implementation: nccl).
-      target_sources(dtrain_lib PRIVATE ${PROJECT_SOURCE_DIR}/lib/distribute/nccl_communicator.cpp)
+      target_sources(dtrain_cuda_objects PRIVATE ${PROJECT_SOURCE_DIR}/lib/distribute/nccl_communicator.cpp)
     endif()
+    add_library(dtrain_cuda MODULE)
+    target_link_libraries(dtrain_cuda PRIVATE dtrain_cuda_objects)
+    set_target_properties(dtrain_cuda PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
+    # Where the loader looks after the executable's own folder: this build's (build_info.hpp).
+    set(DTRAIN_CUDA_MODULE ${PROJECT_BINARY_DIR}/${CMAKE_SHARED_MODULE_PREFIX}dtrain_cuda${CMAKE_SHARED_MODULE_SUFFIX})
   endif()
 endif()
 message(STATUS "dtrain: CUDA ${DTRAIN_HAVE_CUDA}, NCCL ${DTRAIN_HAVE_NCCL} (DTRAIN_CUDA=${DTRAIN_CUDA})")
