@@ -91,8 +91,13 @@ std::vector<std::string> device_inventory(Device::Kind kind) {
 }
 
 int device_count(Device::Kind kind) {
-  // Without NVIDIA's driver the CUDA runtime finds no GPU: no need to load it to hear that.
-  if (kind == Device::Kind::gpu && !find(kind) && !cuda_driver_present()) return 0;
+  if (kind == Device::Kind::gpu && !find(kind)) {
+    // Without NVIDIA's driver the CUDA runtime finds no GPU: no need to load it to hear that.
+    if (!build_info::have_cuda || !cuda_driver_present()) return 0;
+    // With it, a backend that cannot load must not pass for a machine without GPUs.
+    if (const std::string& why = load_cuda_backend(); !why.empty())
+      throw ConfigError(fmt::format("this machine has NVIDIA's driver, but {}", why));
+  }
   const Registered* r = find_or_load(kind);
   return r && r->count ? r->count() : 0;
 }

@@ -178,7 +178,8 @@ bool backend_registered(Device::Kind kind);
 // build with CUDA whose module cannot load, the one line that says why).
 std::vector<std::string> device_inventory(Device::Kind kind);
 // The usable devices of a kind (0 when no backend of this build runs it, or the machine has none;
-// for gpu, without NVIDIA's driver, 0 before loading anything).
+// for gpu, without NVIDIA's driver, 0 before loading anything). ConfigError, saying why, where the
+// machine has that driver but the CUDA module cannot load.
 int device_count(Device::Kind kind);
 
 }  // namespace dtrain::device

@@ -4,7 +4,6 @@
 
 #include "config/parse.hpp"
 #include "core/error.hpp"
-#include "device/context.hpp"
 #include "distribute/nccl_communicator.hpp"
 #include "distribute/replicated_strategy.hpp"
 
@@ -47,7 +46,7 @@ std::vector<Device> local_devices(const config::StrategyConfig& config, int tota
   const config::DeviceList& devices = options_as<MirroredOptions>(config).devices;
   // auto: every visible GPU, as TensorFlow's MirroredStrategy takes them; without one, one
   // logical CPU device per core (each replica then gets one compute thread).
-  if (const int gpus = device::device_count(Device::Kind::gpu); devices.automatic && gpus > 0) {
+  if (const int gpus = devices.automatic ? automatic_gpus(config) : 0; gpus > 0) {
     std::vector<Device> out;
     for (int i = 0; i < gpus; ++i) out.push_back(Device{Device::Kind::gpu, i});
     return out;
@@ -78,10 +77,10 @@ std::unique_ptr<Strategy> make(const config::StrategyConfig& config, std::vector
             config::location_prefix(o.cross_device_ops_where, config.where), device_list(layout.devices)));
       if (!nccl())
         throw ConfigError(fmt::format(
-            "{}cross_device_ops nccl over {}: this build has no NCCL (CMake found no nccl.h and libnccl beside "
-            "CUDA); rebuild where NCCL is installed, or use ring, hierarchical_copy or reduction_to_one_device (they "
+            "{}cross_device_ops nccl over {}: {}, or use ring, hierarchical_copy or reduction_to_one_device (they "
             "sum GPU replicas through the host)",
-            config::location_prefix(o.cross_device_ops_where, config.where), device_list(layout.devices)));
+            config::location_prefix(o.cross_device_ops_where, config.where), device_list(layout.devices),
+            why_no_nccl()));
       layout.op = CrossDeviceOp::nccl;
       break;
     case CrossDeviceOpsKind::auto_select:

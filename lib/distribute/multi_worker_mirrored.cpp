@@ -173,7 +173,7 @@ std::vector<Device> local_devices(const config::StrategyConfig& config, int) {
   const config::DeviceList& devices = options_as<MultiWorkerMirroredOptions>(config).devices;
   // auto: one replica per worker process: its node's GPU of the same index as its local rank
   // where GPUs are visible (two ranks on a node of two GPUs: gpu:0 and gpu:1), else the CPU.
-  if (const int gpus = device::device_count(Device::Kind::gpu); devices.automatic && gpus > 0)
+  if (const int gpus = devices.automatic ? automatic_gpus(config) : 0; gpus > 0)
     return {Device{Device::Kind::gpu, launcher_local_rank() % gpus}};
   return devices_of(devices, 1);
 }
@@ -201,9 +201,9 @@ std::unique_ptr<Strategy> make(const config::StrategyConfig& config, std::vector
         where, device_list(devices)));
   if (impl == CommunicationImplementation::nccl && !nccl())
     throw ConfigError(fmt::format(
-        "{}communication.implementation nccl over {}: this build has no NCCL (CMake found no nccl.h and libnccl "
-        "beside CUDA); rebuild where NCCL is installed, or use ring or mpi (they sum GPU replicas through the host)",
-        where, device_list(devices)));
+        "{}communication.implementation nccl over {}: {}, or use ring or mpi (they sum GPU replicas through the "
+        "host)",
+        where, device_list(devices), why_no_nccl()));
   workers.set_timeout(o.communication.timeout_seconds);
   // auto on one GPU per worker: NCCL where this build has it, as TensorFlow's AUTO picks it for GPUs.
   const bool use_nccl = impl == CommunicationImplementation::nccl ||

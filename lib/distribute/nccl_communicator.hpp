@@ -50,6 +50,9 @@ struct NcclFactories {
 // The registered factories, after loading the CUDA module where this build has NCCL; null when
 // it has none or the module cannot load.
 const NcclFactories* nccl();
+// Why nccl() is null: this build has no NCCL (what to rebuild with), or the CUDA module cannot load
+// (the loader's words); the strategies' refusals end with it.
+std::string why_no_nccl();
 // Called once, by nccl_communicator.cpp as the module loads.
 bool register_nccl(const NcclFactories& factories);
 

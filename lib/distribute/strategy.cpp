@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "config/parse.hpp"
 #include "core/error.hpp"
+#include "device/context.hpp"
 
 namespace dtrain::distribute {
 
@@ -58,6 +60,15 @@ std::vector<Device> devices_of(const config::DeviceList& devices, int automatic_
     for (int i = 0; i < std::max(1, automatic_count); ++i) out.push_back(Device{Device::Kind::cpu, i});
   for (const auto& name : devices.names) out.push_back(parse_device(name));
   return out;
+}
+
+int automatic_gpus(const config::StrategyConfig& config) {
+  try {
+    return device::device_count(Device::Kind::gpu);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}devices: auto looks for GPUs: {}; or list cpu devices",
+                                  config::location_prefix(config.devices_where, config.where), e.what()));
+  }
 }
 
 ReplicaContext Strategy::replica_context(int replica) const {

@@ -190,6 +190,10 @@ config::StrategyConfig evaluation_strategy(int workers);
 
 // The devices of a `devices` key: the list, or when automatic, cpu:0 .. cpu:(automatic_count-1).
 std::vector<Device> devices_of(const config::DeviceList& devices, int automatic_count);
+// The GPUs `devices: auto` takes (device::device_count): 0 where the machine has none. A
+// ConfigError at the strategy's devices key where it has NVIDIA's driver but the CUDA backend
+// cannot load: such a run must not fall back to the CPU unnoticed.
+int automatic_gpus(const config::StrategyConfig& config);
 
 // The options of a strategy, as its kind's own type; InternalError for another kind's.
 template <class Options>

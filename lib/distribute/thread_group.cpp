@@ -69,6 +69,12 @@ const NcclFactories* nccl() {
   return nccl_registry().local_gpus ? &nccl_registry() : nullptr;
 }
 
+std::string why_no_nccl() {
+  if (!build_info::have_nccl)
+    return "this build has no NCCL (CMake found no nccl.h and libnccl beside CUDA); rebuild where NCCL is installed";
+  return device::load_cuda_backend();
+}
+
 bool register_nccl(const NcclFactories& factories) {
   DTRAIN_CHECK(!nccl_registry().local_gpus, "the NCCL communicators were registered twice");
   nccl_registry() = factories;

@@ -436,6 +436,16 @@ YAML
       "device gpu:0: the CUDA backend $scratch/bin/libdtrain_cuda.so could not be loaded \(.*\): .*; use cpu:N devices" -- \
       run experiments/fashion_mnist_one_device.yaml --set strategy.device=gpu:0 --run-dir "$scratch/broken"
     [ ! -e "$scratch/broken/metrics.jsonl" ] || fail "a run without its GPU backend still trained"
+    # Where NVIDIA's driver is installed (a stand-in libcuda.so.1 here: the loader finds it, the CUDA
+    # runtime finds no GPU through it), `devices: auto` looks for GPUs: a module that cannot load
+    # stops there instead of leaving the run to the CPU unnoticed; a module that loads finds none.
+    mkdir -p "$scratch/driver" && gcc -shared -o "$scratch/driver/libcuda.so.1" -x c /dev/null \
+      || fail "cannot build a stand-in libcuda.so.1"
+    LD_LIBRARY_PATH="$scratch/driver" dtrain="$scratch/bin/dtrain" expect_error 2 \
+      "devices: auto looks for GPUs: this machine has NVIDIA's driver, but the CUDA backend .* could not be loaded .*; or list cpu devices" -- \
+      validate "$small" --set "strategy={kind: mirrored}"
+    LD_LIBRARY_PATH="$scratch/driver" "$dtrain" validate "$small" --set "strategy={kind: mirrored}" >"$scratch/auto" \
+      || fail "devices: auto refused where the module loads and the runtime finds no GPU"
     ;;
   bf16_refused)
     # A CPU without bfloat16 instructions, played by capping oneDNN's ISA: mixed_bfloat16 stops at
