@@ -86,7 +86,6 @@ void cap_instruction_set(Device::Kind kind, std::string_view isa) {
 
 std::vector<std::string> device_inventory(Device::Kind kind) {
   const Registered* r = find_or_load(kind);
-  if (!r && kind == Device::Kind::gpu && build_info::have_cuda) return {load_cuda_backend()};
   return r && r->inventory ? r->inventory() : std::vector<std::string>{};
 }
 

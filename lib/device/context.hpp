@@ -174,8 +174,7 @@ std::string_view backend_for(Device::Kind kind);
 // Whether a backend is registered for the kind now: loads nothing (the CUDA module's loader asks,
 // so that a binary with the backend linked in, dtrain_gpu_tests, does not load it twice).
 bool backend_registered(Device::Kind kind);
-// Its inventory (empty when it has none, or no backend is registered for the kind; for gpu in a
-// build with CUDA whose module cannot load, the one line that says why).
+// Its inventory (empty when it has none, or no backend is registered for the kind).
 std::vector<std::string> device_inventory(Device::Kind kind);
 // The usable devices of a kind (0 when no backend of this build runs it, or the machine has none;
 // for gpu, without NVIDIA's driver, 0 before loading anything). ConfigError, saying why, where the
