@@ -517,9 +517,16 @@ TEST_CASE("small dense layers' own loops match the oracle on every instruction s
       {9, 257, 17, Activation::linear, true},
       {4, 12, 64, Activation::softmax, true},
       {3, 9, 1, Activation::linear, true},
+      // 1-3 outputs and inputs a multiple of the vector (the kernel's gradient as transposed
+      // sums): an AVX2 vector of one row's outputs spans several rows, and must stop at dW's end.
+      {7, 48, 1, Activation::relu, true},
+      {5, 16, 2, Activation::linear, true},
+      {9, 24, 3, Activation::linear, false},
+      {2, 8, 1, Activation::linear, true},
       {2, 6, 10, Activation::linear, true, DType::f32, false},  // the first layer: no dx
       {32, 64, 10, Activation::linear, true, DType::bf16},
       {33, 19, 21, Activation::relu, false, DType::bf16},
+      {17, 32, 2, Activation::linear, true, DType::bf16},
   };
   for (const auto isa : testing::loop_isas_here())
     for (const DenseCase& t : cases) check_dense(t, isa);

@@ -270,8 +270,8 @@ inline void transpose_square(Vec<float, 8> (&r)[8]) { transpose_8x8(r); }
 
 // The first n < L lanes of v at p. AVX-512 stores them under a mask. AVX2's masked store
 // (vmaskmovps) took a third more time than the whole kernel gradient below without it (2-core Zen 3
-// EPYC), so there a whole vector is stored where its lanes past n may land on memory that is
-// written again later (`spill`), and the lanes one by one elsewhere.
+// EPYC), so there a whole vector is stored where its lanes past n land on memory that is written
+// again later and inside the array (`spill`), and the lanes one by one elsewhere.
 [[gnu::target("avx512f")]] inline void store_first(float* p, const Vec<float, 16>& v, int n, bool) {
   _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), reinterpret_cast<__m512>(v));
 }
@@ -295,7 +295,9 @@ constexpr int transposed_outputs(int lanes) { return lanes == 16 ? 16 : 12; }
 // each L x L block of them into dW's rows. A sum is the product's: over the samples in order from
 // zero, one multiply-add each, its two factors swapped (which does not change a product's bits).
 // Each row's blocks of outputs are stored last to first: on AVX2 a block's vector past the row's
-// end lands on the next row's first outputs, stored after it (as the product's rows do).
+// end lands on the next rows' first outputs, stored after it (as the product's rows do), wherever
+// the whole vector lies inside dW: with 1-3 outputs it spans several rows, and near dW's end it
+// would run past it.
 template <int L, int O, int V, class TA>
 void kernel_gradient_pass(const Product<TA, float>& p, std::int64_t m0) {
   using F = Vec<float, L>;
@@ -321,7 +323,7 @@ void kernel_gradient_pass(const Product<TA, float>& p, std::int64_t m0) {
       for (int b = blocks - 1; b >= 0; --b) {
         constexpr int last = O - (blocks - 1) * L;  // outputs in the last block
         if (b < blocks - 1 || last == L) store(p.c + i * O + b * L, r[b][l]);
-        else store_first(p.c + i * O + b * L, r[b][l], last, i + 1 < p.rows);
+        else store_first(p.c + i * O + b * L, r[b][l], last, i * O + b * L + L <= p.rows * O);
       }
     }
   }
