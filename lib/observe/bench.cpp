@@ -144,6 +144,7 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
   device::Context& ctx = trainer.model(0).context();
   strategy.all_reduce_max(0, "bench: start of the GEMM peak");
   r.peak = device::measure_gemm_peak(ctx, dtype, r.threads);
+  if (dtype != DType::f32 && r.peak.available) r.float32_peak = device::measure_gemm_peak(ctx, DType::f32, r.threads);
   r.bandwidth = device::measure_copy_bandwidth(ctx, r.threads);
 
   // Then whole steps alone: a GPU's step is mostly launches, and timing each layer waits for the
@@ -377,6 +378,18 @@ std::string bench_table(const BenchReport& r) {
                        r.peak.what, r.peak.size, r.threads, r.threads == 1 ? "" : "s", per_worker,
                        100.0 * r.peak_fraction, r.rounds, r.rounds == 1 ? "" : "s", r.round_warmup_steps,
                        r.round_warmup_steps == 1 ? "" : "s");
+    if (r.float32_peak.available) {
+      // The two sweeps, one after the other: the rounds' medians above are the compute dtype's alone.
+      const double ratio = r.float32_peak.gflops / r.peak.gflops;
+      out += fmt::format("float32 GEMM peak on the same threads: {} at {}^3: {:.1f} GFLOP/s, {:.2f}x {}'s sweep "
+                         "({:.1f}){}\n",
+                         r.float32_peak.what, r.float32_peak.size, r.float32_peak.gflops, ratio, r.compute_dtype,
+                         r.peak.gflops,
+                         ratio > 1.0 ? fmt::format(": this CPU multiplies float32 faster than {}, so precision: float32 "
+                                                   "may train faster here",
+                                                   r.compute_dtype)
+                                     : "");
+    }
   }
   if (!r.bandwidth.available) {
     out += fmt::format("copy bandwidth: not available: {}\n", r.bandwidth.why_not);
@@ -483,7 +496,14 @@ std::string bench_json(const BenchReport& r) {
   }
   else
     out += fmt::format(", \"why_not\": {}", json_string(r.peak.why_not));
-  out += fmt::format("}}, \"copy_bandwidth\": {{\"available\": {}", r.bandwidth.available ? "true" : "false");
+  out += "}, \"float32_gemm_peak\": ";
+  if (r.float32_peak.available)
+    out += fmt::format("{{\"what\": {}, \"size\": {}, \"gflops\": {}, \"compute_dtype_sweep_gflops\": {}}}",
+                       json_string(r.float32_peak.what), r.float32_peak.size, num(r.float32_peak.gflops),
+                       num(r.peak.gflops));
+  else
+    out += "null";
+  out += fmt::format(", \"copy_bandwidth\": {{\"available\": {}", r.bandwidth.available ? "true" : "false");
   if (r.bandwidth.available)
     out += fmt::format(", \"what\": {}, \"bytes\": {}, \"gb_per_s_per_worker\": {}", json_string(r.bandwidth.what),
                        r.bandwidth.bytes, json_spread(r.bandwidth_gb_per_s));

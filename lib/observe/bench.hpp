@@ -95,6 +95,11 @@ struct BenchReport {
   // Rapids): per worker the median over the rounds of its share of the job's FLOP rate against the
   // peak measured right after, then the mean over the workers; < 0 without a peak.
   double peak_fraction = -1.0;
+  // Under a computation in another dtype than float32 (bfloat16): float32's sweep on the same
+  // threads, right after that dtype's, to say which of the two multiplies faster on this CPU (an
+  // Intel Xeon with AVX512-BF16 but no AMX: bfloat16's 152-164 GFLOP/s against float32's
+  // 231-318). Not available (why_not empty) under float32.
+  device::GemmPeak float32_peak;
   device::CopyBandwidth bandwidth;  // the chief's (what, bytes; available or why not)
   Spread bandwidth_gb_per_s;        // per worker
 };

@@ -160,7 +160,7 @@ assert abs(fused["backward"] - (2 * 26 * 26 * 32 * 4 + 13 * 13 * 32 * 5 + 2 * va
 PY
     # mixed_bfloat16: the peak is a bf16 matmul's (where the CPU has bfloat16; otherwise run stops at the key).
     if "$dtrain" bench "$small" --steps 3 --warmup 1 --set precision=mixed_bfloat16 --json >"$scratch/bf16" 2>"$scratch/bf16.err"; then
-      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r["gemm_peak"]; assert r["compute_dtype"] == "bf16" and p["dtype"] == "bf16" and p["available"] and "bf16 x bf16" in p["what"], r' \
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r["gemm_peak"]; assert r["compute_dtype"] == "bf16" and p["dtype"] == "bf16" and p["available"] and "bf16 x bf16" in p["what"] and r["float32_gemm_peak"]["gflops"] > 0, r' \
         "$scratch/bf16" || fail "bf16 JSON"
     else
       grep -q "no bfloat16 instructions" "$scratch/bf16.err" || fail "mixed_bfloat16 bench failed: $(cat "$scratch/bf16.err")"

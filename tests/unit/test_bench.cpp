@@ -213,6 +213,7 @@ TEST_CASE("run_bench: the timed steps, the layers' FLOPs adding up, the phases w
   CHECK(json.find("\"reduction\": {\"mean\": ") != std::string::npos);
   CHECK(json.find("\"bound_by\": {\"forward\": \"memory\", \"backward\": \"memory\"}") != std::string::npos);
   CHECK(json.find("\"copy_bandwidth\": {\"available\": true, \"what\": \"memcpy of ") != std::string::npos);
+  CHECK(json.find("\"float32_gemm_peak\": null, ") != std::string::npos);  // float32 computes: nothing to compare
   CHECK(json.ends_with("}}\n"));
   const std::string table = observe::bench_table(r);
   CHECK(table.find("sum of phases") != std::string::npos);
@@ -238,6 +239,22 @@ TEST_CASE("the GEMM peak in each compute dtype, or why there is none") {
     CHECK(bf16.what == "oneDNN matmul bf16 x bf16 -> f32");
   } else {
     CHECK(bf16.why_not.find("no bfloat16 instructions") != std::string::npos);
+  }
+  if (bf16.available) {
+    // Under bfloat16 the bench also sweeps float32 on the same threads, and says which is faster.
+    auto trainer = testing::make_trainer(kExperiment, {"precision=mixed_bfloat16", "train.threads=1"});
+    observe::BenchOptions options;
+    options.warmup = 1;
+    options.steps = 1;
+    const observe::BenchReport r = observe::run_bench(*trainer, options);
+    REQUIRE(r.float32_peak.available);
+    CHECK(r.float32_peak.what == "oneDNN matmul f32 x f32 -> f32");
+    CHECK(r.float32_peak.gflops > 0.0);
+    const std::string table = observe::bench_table(r);
+    CHECK(table.find("float32 GEMM peak on the same threads: oneDNN matmul f32 x f32 -> f32 at ") != std::string::npos);
+    CHECK((table.find("may train faster here") != std::string::npos) == (r.float32_peak.gflops > r.peak.gflops));
+    CHECK(observe::bench_json(r).find("\"float32_gemm_peak\": {\"what\": \"oneDNN matmul f32 x f32 -> f32\"") !=
+          std::string::npos);
   }
   const device::GemmPeak i32 = device::measure_gemm_peak(ctx, DType::i32, 1);
   CHECK_FALSE(i32.available);
