@@ -7,11 +7,14 @@
 // Then: dropout's masks and outputs bit-identical to the CPU backend's for the same step keys,
 // synchronized batch normalization through a group of replicas, a second step that allocates
 // nothing, and one small CNN (conv2d, max pooling, batch normalization, dropout, dense) on gpu:0
-// and on the CPU backend: outputs and every gradient within 1e-5 relative.
+// and on the CPU backend: outputs and every gradient within 1e-5 relative. Last, random models of
+// every layer kind (tests/unit/random_models.hpp) against the oracle, as the CPU's loops are.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "../unit/layer_oracle.hpp"
+#include "../unit/random_models.hpp"
 #include "config/parse.hpp"
 #include "config/schema.hpp"
 #include "core/rng.hpp"
@@ -487,3 +491,86 @@ TEST_CASE("one CNN on gpu:0 and on the CPU backend: the same outputs and gradien
     }
   }
 }
+
+namespace {
+
+// One random model on gpu:0 against the oracle: its initial kernels (Glorot), random offsets;
+// outputs, the input's gradient and every variable's gradient (against the largest of its
+// layer's), within testing::random_model_tolerances.
+void check_random_model(const testing::RandomModel& m, DType compute) {
+  CAPTURE(m.label);
+  CAPTURE(dtype_name(compute));
+  auto& ctx = gpu();
+  const testing::RandomModelTolerances tol = testing::random_model_tolerances(compute);
+  std::vector<config::LayerConfig> layers = m.layers;
+  nn::Sequential model(model_config(m.input, layers), 7, ctx,
+                       nn::ModelOptions{.compute = compute, .input_gradient = m.input_gradient});
+  RefStack ref;
+  Rng rng(11, RngStream::test);
+  for (std::size_t l = 0; l < model.num_layers(); ++l) {
+    ref.layers.push_back(&model.layer(l));
+    ref.vars.emplace_back();
+    for (Variable& v : model.layer(l).variables()) {
+      std::vector<float> values = read(ctx, v.value);
+      const bool around_one = v.name.ends_with("moving_variance") || v.name.ends_with("gamma");
+      if (!v.name.ends_with("kernel"))
+        for (float& value : values) value = around_one ? rng.uniform(0.5f, 1.5f) : rng.uniform(-0.1f, 0.1f);
+      write(ctx, values, v.value);
+      ref.vars.back().push_back(widen(values));
+    }
+  }
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(m.batch));
+  for (std::int64_t i = 0; i < m.batch; ++i) ids[static_cast<std::size_t>(i)] = 3 * i + 5;
+  const nn::StepContext step = step_for(nn::Mode::training, m.batch, ids);
+  ref.n = m.batch;
+  ref.step = step;
+
+  const std::vector<float> x = draw(rng, m.batch * m.input.numel());
+  const Tensor x_gpu = ctx.upload([&] {
+    Tensor t(m.input.with_batch(m.batch));
+    std::copy(x.begin(), x.end(), t.span<float>().begin());
+    return t;
+  }());
+  const Doubles y = widen(read(ctx, model.forward(x_gpu, step)));
+  CHECK(not_finite(y) == 0);
+  CHECK(rel_err(y, ref.forward(widen(x))) < tol.outputs);
+  if (testing::nearest_pooling_tie(ref) < tol.nearest_tie) {
+    MESSAGE(m.label << ": a max pooling window's two largest inputs lie within " << tol.nearest_tie
+                    << " of each other; gradients not compared");
+    return;
+  }
+  const std::vector<float> dy = draw(rng, static_cast<std::int64_t>(y.size()));
+  write(ctx, dy, model.output_gradient());
+  model.backward(step);
+  std::vector<std::vector<Doubles>> dvars;
+  const Doubles dx_ref = ref.backward(widen(dy), dvars);
+  if (m.input_gradient) CHECK(rel_err(widen(read(ctx, model.input_gradient())), dx_ref) < tol.gradients);
+  const auto norm = [](const Doubles& a) { return std::sqrt(std::inner_product(a.begin(), a.end(), a.begin(), 0.0)); };
+  for (std::size_t l = 0; l < model.num_layers(); ++l) {
+    auto vars = model.layer(l).variables();
+    double layer_gradient = 0;
+    for (std::size_t k = 0; k < vars.size(); ++k) layer_gradient = std::max(layer_gradient, norm(dvars[l][k]));
+    for (std::size_t k = 0; k < vars.size(); ++k) {
+      CAPTURE(vars[k].name);
+      const Doubles g = widen(read(ctx, vars[k].grad));
+      CHECK(not_finite(g) == 0);
+      Doubles difference(g.size());
+      std::transform(g.begin(), g.end(), dvars[l][k].begin(), difference.begin(), std::minus<>());
+      CHECK(norm(difference) / std::max(layer_gradient, 1e-30) < tol.gradients);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CUDA kernels against the oracle on random models of every layer kind") {
+  for (const DType compute : {DType::f32, DType::bf16}) {
+    if (compute == DType::bf16 && !gpu().cannot_compute_in(DType::bf16).empty()) {
+      MESSAGE("skipped: " << gpu().cannot_compute_in(DType::bf16));
+      continue;
+    }
+    Rng rng(2026, RngStream::test);
+    for (int i = 0; i < 60; ++i) check_random_model(testing::random_model(rng, i, compute == DType::bf16), compute);
+  }
+}
+
