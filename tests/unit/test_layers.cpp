@@ -21,7 +21,6 @@
 #include <fmt/format.h>
 
 #include "backends/onednn/weighted_op.hpp"
-#include "config/schema.hpp"
 #include "core/rng.hpp"
 #include "core/shared_work.hpp"
 #include "layer_oracle.hpp"
@@ -135,9 +134,8 @@ void randomize_variables(nn::Sequential& model, Rng& rng) {
     }
 }
 
-// Biases and batch normalization's offsets in [-0.1, 0.1], its scales and variances in
-// Biases and offsets in [-0.1, 0.1]; batch normalization's scales and variances in
-// [0.5, 1.5]; kernels keep their initial values.
+// Biases and offsets in [-0.1, 0.1]; batch normalization's scales and variances in [0.5, 1.5];
+// kernels keep their initial values.
 void randomize_offsets(nn::Sequential& model, Rng& rng) {
   for (std::size_t l = 0; l < model.num_layers(); ++l)
     for (auto& v : model.layer(l).variables()) {
