@@ -5,11 +5,18 @@
 // multi_worker.sh sync_batch_norm.)
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "config/parse.hpp"
+#include "core/rng.hpp"
+#include "nn/batch_normalization.hpp"
+#include "nn/dense.hpp"
+#include "nn/registry.hpp"
+#include "random_models.hpp"
 #include "train/trainer.hpp"
 #include "trainer_support.hpp"
 
@@ -130,5 +137,101 @@ train: {epochs: 1, threads: 1, progress: none}
     CHECK(rel_diff(weights(*t), weights(*reference)) < 1e-5);
     CHECK(rel_diff(variable(*t, "batch_normalization_1/moving_variance"),
                    variable(*reference, "batch_normalization_1/moving_variance")) < 1e-5);
+  }
+}
+
+namespace {
+
+// Random model `index` (tests/unit/random_models.hpp) as an experiment on synthetic data: its
+// batch normalizations synchronized (so that N replicas compute one replica's steps), a dense
+// layer of 3 logits on top, plain SGD (Adam would turn a gradient that is rounding noise, as a
+// bias's below a batch normalization, into a full step), written by config::to_yaml and read
+// back as a user's file would be.
+struct RandomExperiment {
+  std::string label, yaml;
+};
+RandomExperiment random_experiment(Rng& rng, int index, const std::string& reproducibility) {
+  testing::RandomModel m = testing::random_model(rng, index, false);
+  for (config::LayerConfig& layer : m.layers)
+    if (const auto* bn = layer.options.get_if<nn::BatchNormalizationOptions>()) {
+      nn::BatchNormalizationOptions synchronized = *bn;
+      synchronized.synchronized = true;
+      layer.options = synchronized;
+    }
+  nn::DenseOptions logits;
+  logits.units = 3;
+  m.layers.push_back(nn::layer_config("", logits));
+  std::string shape;
+  for (std::size_t d = 0; d < m.input.rank(); ++d) shape += fmt::format("{}{}", d ? ", " : "", m.input[d]);
+  config::Experiment e = config::parse_experiment(fmt::format(R"(
+name: random_{}
+seed: {}
+strategy: {{kind: default}}
+data: {{source: synthetic, shape: [{}], classes: 3, train_size: 60, test_size: 10, global_batch_size: 20,
+        shuffle_buffer: 60, prefetch: false}}
+model: {{input_shape: [{}], layers: [{{flatten: {{}}}}, {{dense: {{units: 3}}}}]}}
+loss: {{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}}
+optimizer: {{kind: sgd, learning_rate: 0.2}}
+metrics: [sparse_categorical_accuracy]
+train: {{epochs: 1, threads: 1, progress: none}}
+{}
+)",
+                                                              index, 100 + index, shape, shape, reproducibility),
+                                                  "random.yaml", {});
+  e.model.layers = m.layers;
+  for (std::size_t l = 0; l < e.model.layers.size(); ++l) e.model.layers[l].name = fmt::format("l{}", l);
+  return {m.label, config::to_yaml(e)};
+}
+
+// DTRAIN_RANDOM_MODELS models (default `fallback`), as test_layers.cpp's random models.
+int random_models(int fallback) {
+  const char* count = std::getenv("DTRAIN_RANDOM_MODELS");
+  return count ? std::atoi(count) : fallback;
+}
+
+}  // namespace
+
+TEST_CASE("random models: every in-process strategy follows the default strategy's steps") {
+  Rng rng(2027, RngStream::test);
+  for (int i = 0, n = random_models(6); i < n; ++i) {
+    const auto [label, yaml] = random_experiment(rng, i, "");
+    INFO(label);
+    auto reference = make_trainer(yaml);
+    const auto steps = testing::trajectory_of(*reference, 2);
+    REQUIRE(steps.one_step != steps.initial);
+    std::vector<testing::StrategyCase> candidates = {{"{kind: one_device, device: cpu:0}", 1}};
+    for (auto& c : testing::replicated_strategies({2, 4})) candidates.push_back(c);
+    for (const auto& c : candidates) {
+      CAPTURE(c.strategy);
+      auto t = make_trainer(yaml, {"strategy=" + c.strategy});
+      REQUIRE(t->strategy().num_replicas_in_sync() == c.replicas);
+      testing::check_follows(*t, steps);
+    }
+  }
+}
+
+TEST_CASE("random models under replica_invariant: the default strategy's bits on 2 lanes and 2, 3 and 4 replicas") {
+  Rng rng(2028, RngStream::test);
+  for (int i = 0, n = random_models(6); i < n; ++i) {
+    const auto [label, yaml] =
+        random_experiment(rng, i, "reproducibility: {mode: replica_invariant, micro_batch_size: 8}");
+    INFO(label);
+    auto reference = make_trainer(yaml);
+    const std::vector<double> initial = weights(*reference);
+    reference->train_steps(0, 3);
+    const std::vector<double> want = weights(*reference);
+    REQUIRE(want != initial);
+    for (const std::string& strategy :
+         {std::string("{kind: mirrored, devices: [cpu:0, cpu:1], cross_device_ops: ring}"),
+          std::string("{kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}"),
+          std::string("{kind: central_storage, devices: [cpu:0, cpu:1, cpu:2, cpu:3]}")}) {
+      CAPTURE(strategy);
+      auto t = make_trainer(yaml, {"strategy=" + strategy});
+      t->train_steps(0, 3);
+      CHECK(weights(*t) == want);
+    }
+    auto lanes = make_trainer(yaml, {"train.threads=2"});
+    lanes->train_steps(0, 3);
+    CHECK(weights(*lanes) == want);
   }
 }
