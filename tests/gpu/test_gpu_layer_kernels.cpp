@@ -13,8 +13,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <functional>
-#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -494,7 +492,7 @@ TEST_CASE("one CNN on gpu:0 and on the CPU backend: the same outputs and gradien
 
 namespace {
 
-// One random model on gpu:0 against the oracle: its initial kernels (Glorot), random offsets;
+// One random model on gpu:0 against the oracle: its initial kernels (Glorot), offsets drawn;
 // outputs, the input's gradient and every variable's gradient (against the largest of its
 // layer's), within testing::random_model_tolerances.
 void check_random_model(const testing::RandomModel& m, DType compute) {
@@ -502,8 +500,7 @@ void check_random_model(const testing::RandomModel& m, DType compute) {
   CAPTURE(dtype_name(compute));
   auto& ctx = gpu();
   const testing::RandomModelTolerances tol = testing::random_model_tolerances(compute);
-  std::vector<config::LayerConfig> layers = m.layers;
-  nn::Sequential model(model_config(m.input, layers), 7, ctx,
+  nn::Sequential model(model_config(m.input, m.layers), 7, ctx,
                        nn::ModelOptions{.compute = compute, .input_gradient = m.input_gradient});
   RefStack ref;
   Rng rng(11, RngStream::test);
@@ -512,9 +509,7 @@ void check_random_model(const testing::RandomModel& m, DType compute) {
     ref.vars.emplace_back();
     for (Variable& v : model.layer(l).variables()) {
       std::vector<float> values = read(ctx, v.value);
-      const bool around_one = v.name.ends_with("moving_variance") || v.name.ends_with("gamma");
-      if (!v.name.ends_with("kernel"))
-        for (float& value : values) value = around_one ? rng.uniform(0.5f, 1.5f) : rng.uniform(-0.1f, 0.1f);
+      testing::draw_offsets(v.name, values, rng);
       write(ctx, values, v.value);
       ref.vars.back().push_back(widen(values));
     }
@@ -545,18 +540,14 @@ void check_random_model(const testing::RandomModel& m, DType compute) {
   std::vector<std::vector<Doubles>> dvars;
   const Doubles dx_ref = ref.backward(widen(dy), dvars);
   if (m.input_gradient) CHECK(rel_err(widen(read(ctx, model.input_gradient())), dx_ref) < tol.gradients);
-  const auto norm = [](const Doubles& a) { return std::sqrt(std::inner_product(a.begin(), a.end(), a.begin(), 0.0)); };
   for (std::size_t l = 0; l < model.num_layers(); ++l) {
     auto vars = model.layer(l).variables();
-    double layer_gradient = 0;
-    for (std::size_t k = 0; k < vars.size(); ++k) layer_gradient = std::max(layer_gradient, norm(dvars[l][k]));
+    const double layer_gradient = testing::largest_norm(dvars[l]);
     for (std::size_t k = 0; k < vars.size(); ++k) {
       CAPTURE(vars[k].name);
       const Doubles g = widen(read(ctx, vars[k].grad));
       CHECK(not_finite(g) == 0);
-      Doubles difference(g.size());
-      std::transform(g.begin(), g.end(), dvars[l][k].begin(), difference.begin(), std::minus<>());
-      CHECK(norm(difference) / std::max(layer_gradient, 1e-30) < tol.gradients);
+      CHECK(testing::distance(g, dvars[l][k]) / std::max(layer_gradient, 1e-30) < tol.gradients);
     }
   }
 }
@@ -569,8 +560,9 @@ TEST_CASE("CUDA kernels against the oracle on random models of every layer kind"
       MESSAGE("skipped: " << gpu().cannot_compute_in(DType::bf16));
       continue;
     }
-    Rng rng(2026, RngStream::test);
-    for (int i = 0; i < 30; ++i) check_random_model(testing::random_model(rng, i, compute == DType::bf16), compute);
+    Rng rng(testing::random_model_seed(2026), RngStream::test);
+    for (int i = 0, n = testing::random_model_count(30); i < n; ++i)
+      check_random_model(testing::random_model(rng, i, compute == DType::bf16), compute);
   }
 }
 

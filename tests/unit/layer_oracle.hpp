@@ -3,6 +3,8 @@
 // and the oracles themselves checked by finite differences.
 #pragma once
 
+#include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "nn/layer.hpp"
@@ -13,6 +15,15 @@ namespace dtrain::testing {
 
 template <class T>
 using Vec = std::vector<T>;
+
+inline double norm(const Vec<double>& a) { return std::sqrt(std::inner_product(a.begin(), a.end(), a.begin(), 0.0)); }
+
+// ||a - b||; a and b of one size.
+inline double distance(const Vec<double>& a, const Vec<double>& b) {
+  double sum = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) sum += (a[i] - b[i]) * (a[i] - b[i]);
+  return std::sqrt(sum);
+}
 
 struct RefStack {
   std::vector<const nn::Layer*> layers;

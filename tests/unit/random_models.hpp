@@ -15,8 +15,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -36,6 +39,17 @@
 #include "nn/reshape.hpp"
 
 namespace dtrain::testing {
+
+// How many models a test draws and from which seed: DTRAIN_RANDOM_MODELS and DTRAIN_RANDOM_SEED
+// where set (to hunt with), else the test's own.
+inline int random_model_count(int fallback) {
+  const char* count = std::getenv("DTRAIN_RANDOM_MODELS");
+  return count ? std::atoi(count) : fallback;
+}
+inline std::uint64_t random_model_seed(std::uint64_t fallback) {
+  const char* seed = std::getenv("DTRAIN_RANDOM_SEED");
+  return seed ? static_cast<std::uint64_t>(std::atoll(seed)) : fallback;
+}
 
 struct RandomModel {
   std::string label;  // "#index HxWxC conv8(3x3/1x1,same,relu) max2/2 ... dense10(linear), batch 7"
@@ -172,7 +186,11 @@ inline RandomModel random_model(Rng& rng, int index, bool bf16) {
 
 struct RandomModelTolerances {
   double outputs;    // ||y - y_ref|| / ||y_ref||
-  double gradients;  // ||g - g_ref|| over the largest ||g_ref|| of the layer's variables; dx over ||dx_ref||
+  // ||g - g_ref|| over the largest ||g_ref|| of the layer's variables (largest_norm), dx over
+  // ||dx_ref||: a gradient that is zero in exact arithmetic (a bias below a batch normalization,
+  // through linear layers) is a sum of terms that cancel, and float's rounding of them is all it
+  // holds.
+  double gradients;
   // Gradients are not compared where two inputs of a max pooling window lie closer than this,
   // relative to the larger (nearest_pooling_tie): rounding may pick either as the maximum.
   double nearest_tie;
@@ -190,6 +208,25 @@ struct RandomModelTolerances {
 inline RandomModelTolerances random_model_tolerances(DType compute) {
   if (compute == DType::bf16) return {0.1, 0.75, 0.0};
   return {1e-4, 2e-3, 1e-6};
+}
+
+// A random model's variable `name` at the start of a comparison: a kernel keeps its initial
+// (Glorot) values; a batch normalization's scale and variance are drawn in [0.5, 1.5], every other
+// variable (biases, offsets, means) in [-0.1, 0.1]. A deep model's units then stay off tanh's and
+// sigmoid's flat ends, where float32's saturated 1 against the oracle's 1 - 1e-9 would be most of
+// a difference; zero biases would hide bias bugs.
+inline void draw_offsets(std::string_view name, std::span<float> values, Rng& rng) {
+  if (name.ends_with("kernel")) return;
+  const bool around_one = name.ends_with("moving_variance") || name.ends_with("gamma");
+  for (float& value : values) value = around_one ? rng.uniform(0.5f, 1.5f) : rng.uniform(-0.1f, 0.1f);
+}
+
+// The largest norm among a layer's gradients: what random models measure each of them against
+// (RandomModelTolerances::gradients).
+inline double largest_norm(const std::vector<std::vector<double>>& gradients) {
+  double largest = 0;
+  for (const auto& g : gradients) largest = std::max(largest, norm(g));
+  return largest;
 }
 
 // The smallest gap between the two largest inputs of any max pooling window of the oracle's

@@ -8,9 +8,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
-#include <cstdlib>
 #include <functional>
-#include <numeric>
 #include <optional>
 #include <span>
 #include <thread>
@@ -49,13 +47,8 @@ using config::Padding;
 
 namespace {
 
-double norm(const Vec<double>& a) { return std::sqrt(std::inner_product(a.begin(), a.end(), a.begin(), 0.0)); }
-
-double distance(const Vec<double>& a, const Vec<double>& b) {
-  double sum = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) sum += (a[i] - b[i]) * (a[i] - b[i]);
-  return std::sqrt(sum);
-}
+using testing::distance;
+using testing::norm;
 
 double rel_err(const Vec<double>& a, const Vec<double>& b) { return distance(a, b) / std::max(norm(b), 1e-30); }
 
@@ -97,20 +90,12 @@ struct Case {
   // Where given, the layers whose output's gradient the layer above writes over that output
   // (gradient_over_output), checked at the case's batch.
   std::optional<std::vector<std::size_t>> gradient_over_output = std::nullopt;
-  // Off for generated models: which layers fuse is the model's to choose there, and a finite
-  // difference across a relu's kink or a pooling window's tie tests the draw, not the oracle.
-  bool check_fusions = true;
-  bool finite_differences = true;
-  // The model's own initial kernels (Glorot) with small random offsets (randomize_offsets), in
-  // place of every variable in [-1, 1]: a deep model's units then stay off tanh's and sigmoid's
-  // flat ends, where float32's saturated 1 against the oracle's 1 - 1e-9 is most of a difference.
-  bool keras_scale = false;
-  // Each variable's gradient error against the largest gradient of its layer, not its own: a
-  // gradient that is zero in exact arithmetic (a bias below a batch normalization, through linear
-  // layers) is a sum of terms that cancel, and float's rounding of them is all it holds.
-  bool layer_scale = false;
-  // Where given, in place of tolerance() and gradient_tolerance (random_model_tolerances).
-  std::optional<testing::RandomModelTolerances> tolerances = std::nullopt;
+  // A generated model (random_models.hpp), compared within these tolerances: which layers fuse
+  // is the model's to choose; its kernels keep their initial values and the rest is drawn
+  // (draw_offsets); gradients are measured against the largest of their layer's; no finite
+  // differences (across a relu's kink or a pooling window's tie they test the draw, not the
+  // oracle), and none of the gradients where a pooling window nearly ties.
+  std::optional<testing::RandomModelTolerances> generated = std::nullopt;
 };
 
 // bfloat16 keeps 8 significant bits: one rounding is 2^-9 relative, and a layer rounds its
@@ -134,26 +119,14 @@ void randomize_variables(nn::Sequential& model, Rng& rng) {
     }
 }
 
-// Biases and offsets in [-0.1, 0.1]; batch normalization's scales and variances in [0.5, 1.5];
-// kernels keep their initial values.
-void randomize_offsets(nn::Sequential& model, Rng& rng) {
-  for (std::size_t l = 0; l < model.num_layers(); ++l)
-    for (auto& v : model.layer(l).variables()) {
-      const bool kernel = v.name.ends_with("kernel");
-      const bool around_one = v.name.ends_with("moving_variance") || v.name.ends_with("gamma");
-      if (kernel) continue;
-      for (float& value : v.value.span<float>()) value = around_one ? rng.uniform(0.5f, 1.5f) : rng.uniform(-0.1f, 0.1f);
-    }
-}
-
 // Runs one case: the backend vs the oracle (to the compute dtype's precision) for outputs, every
 // gradient and dx; then a finite-difference check of the oracle in double (f32 cases: the
 // oracle does not depend on the dtype the backend computes in).
 void check_case(const Case& c, device::Context& ctx = testing::cpu()) {
   CAPTURE(c.label);
   CAPTURE(std::string(dtype_name(c.compute)));
-  const double tol = c.tolerances ? c.tolerances->outputs : tolerance(c.compute);
-  const double grad_tol = c.tolerances ? c.tolerances->gradients : c.gradient_tolerance > 0 ? c.gradient_tolerance : tol;
+  const double tol = c.generated ? c.generated->outputs : tolerance(c.compute);
+  const double grad_tol = c.generated ? c.generated->gradients : c.gradient_tolerance > 0 ? c.gradient_tolerance : tol;
   config::ModelConfig mc;
   mc.input_shape = c.input.to_vector();
   for (std::size_t i = 0; i < c.layers.size(); ++i) mc.layers.push_back(named(c.layers[i], fmt::format("l{}", i)));
@@ -161,16 +134,18 @@ void check_case(const Case& c, device::Context& ctx = testing::cpu()) {
   for (std::size_t l = 0; l < model.num_layers(); ++l) {
     CAPTURE(l);
     const bool expected = std::find(c.computed_below.begin(), c.computed_below.end(), l) != c.computed_below.end();
-    if (c.check_fusions) CHECK(model.computed_by_layer_below(l) == expected);
+    if (!c.generated) CHECK(model.computed_by_layer_below(l) == expected);
   }
   const nn::StepContext step = testing::step_of(c.mode, c.batch);
   Rng rng(11, RngStream::test);
 
   // Random variables (biases too: zero biases would hide bias bugs), shared by both paths.
-  if (c.keras_scale)
-    randomize_offsets(model, rng);
-  else
+  if (c.generated) {
+    for (std::size_t l = 0; l < model.num_layers(); ++l)
+      for (auto& v : model.layer(l).variables()) testing::draw_offsets(v.name, v.value.span<float>(), rng);
+  } else {
     randomize_variables(model, rng);
+  }
   RefStack ref = RefStack::of(model, c.batch, step);
   REQUIRE(model.output_shape() == ref.layers.back()->output_shape());
 
@@ -193,8 +168,8 @@ void check_case(const Case& c, device::Context& ctx = testing::cpu()) {
       CHECK(model.gradient_over_output(c.batch, l) == listed(c.gradient_over_output, l));
   }
   if (c.mode == nn::Mode::inference) return;  // backward is a training step's
-  if (c.tolerances && testing::nearest_pooling_tie(ref) < c.tolerances->nearest_tie) {
-    MESSAGE(c.label << ": a max pooling window's two largest inputs lie within " << c.tolerances->nearest_tie
+  if (c.generated && testing::nearest_pooling_tie(ref) < c.generated->nearest_tie) {
+    MESSAGE(c.label << ": a max pooling window's two largest inputs lie within " << c.generated->nearest_tie
                     << " of each other; gradients not compared");
     return;
   }
@@ -208,16 +183,14 @@ void check_case(const Case& c, device::Context& ctx = testing::cpu()) {
   if (c.input_gradient) CHECK(rel_err(to_double(model.input_gradient()), dx_ref) < grad_tol);
   for (std::size_t l = 0; l < model.num_layers(); ++l) {
     auto vars = model.layer(l).variables();
-    double layer_gradient = 0;  // the largest of the layer's gradients (layer_scale)
-    for (std::size_t k = 0; k < vars.size(); ++k) layer_gradient = std::max(layer_gradient, norm(dvars[l][k]));
+    const double layer_gradient = testing::largest_norm(dvars[l]);
     for (std::size_t k = 0; k < vars.size(); ++k) {
       CAPTURE(vars[k].name);
-      const Vec<double> got = to_double(vars[k].grad);
-      const double scale = c.layer_scale ? layer_gradient : norm(dvars[l][k]);
-      CHECK(distance(got, dvars[l][k]) / std::max(scale, 1e-30) < grad_tol);
+      const double scale = c.generated ? layer_gradient : norm(dvars[l][k]);
+      CHECK(distance(to_double(vars[k].grad), dvars[l][k]) / std::max(scale, 1e-30) < grad_tol);
     }
   }
-  if (c.compute != DType::f32 || !c.finite_differences) return;
+  if (c.compute != DType::f32 || c.generated) return;
 
   // Finite differences on the reference, in double: L = sum(dy * y), perturbing the input and
   // every variable in place.
@@ -1891,13 +1864,9 @@ TEST_CASE("mixed_bfloat16 really computes in bfloat16, with float32 variables an
 }
 
 TEST_CASE("random models of every layer kind agree with the reference on every loop level") {
-  // DTRAIN_RANDOM_MODELS and DTRAIN_RANDOM_SEED draw more or other models, to hunt with.
-  const char* count = std::getenv("DTRAIN_RANDOM_MODELS");
-  const char* seed = std::getenv("DTRAIN_RANDOM_SEED");
-  const int models = count ? std::atoi(count) : 40;
   on_each_loop_level([&](device::Context& ctx, DType compute) {
-    Rng rng(seed ? static_cast<std::uint64_t>(std::atoll(seed)) : 2026, RngStream::test);
-    for (int i = 0; i < models; ++i) {
+    Rng rng(testing::random_model_seed(2026), RngStream::test);
+    for (int i = 0, n = testing::random_model_count(40); i < n; ++i) {
       const testing::RandomModel m = testing::random_model(rng, i, compute == DType::bf16);
       Case c;
       c.label = m.label;
@@ -1906,11 +1875,7 @@ TEST_CASE("random models of every layer kind agree with the reference on every l
       c.batch = m.batch;
       c.compute = compute;
       c.input_gradient = m.input_gradient;
-      c.check_fusions = false;  // which layers fuse is the model's to choose
-      c.finite_differences = false;
-      c.keras_scale = true;
-      c.layer_scale = true;
-      c.tolerances = testing::random_model_tolerances(compute);
+      c.generated = testing::random_model_tolerances(compute);
       check_case(c, ctx);
     }
   });

@@ -5,7 +5,6 @@
 // multi_worker.sh sync_batch_norm.)
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -183,17 +182,11 @@ train: {{epochs: 1, threads: 1, progress: none}}
   return {m.label, config::to_yaml(e)};
 }
 
-// DTRAIN_RANDOM_MODELS models (default `fallback`), as test_layers.cpp's random models.
-int random_models(int fallback) {
-  const char* count = std::getenv("DTRAIN_RANDOM_MODELS");
-  return count ? std::atoi(count) : fallback;
-}
-
 }  // namespace
 
 TEST_CASE("random models: every in-process strategy follows the default strategy's steps") {
-  Rng rng(2027, RngStream::test);
-  for (int i = 0, n = random_models(6); i < n; ++i) {
+  Rng rng(testing::random_model_seed(2027), RngStream::test);
+  for (int i = 0, n = testing::random_model_count(6); i < n; ++i) {
     const auto [label, yaml] = random_experiment(rng, i, "");
     INFO(label);
     auto reference = make_trainer(yaml);
@@ -211,8 +204,8 @@ TEST_CASE("random models: every in-process strategy follows the default strategy
 }
 
 TEST_CASE("random models under replica_invariant: the default strategy's bits on 2 lanes and 2, 3 and 4 replicas") {
-  Rng rng(2028, RngStream::test);
-  for (int i = 0, n = random_models(6); i < n; ++i) {
+  Rng rng(testing::random_model_seed(2028), RngStream::test);
+  for (int i = 0, n = testing::random_model_count(6); i < n; ++i) {
     const auto [label, yaml] =
         random_experiment(rng, i, "reproducibility: {mode: replica_invariant, micro_batch_size: 8}");
     INFO(label);
