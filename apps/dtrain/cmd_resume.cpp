@@ -135,7 +135,7 @@ int resume_command(const ResumeArgs& args) {
   StopOnSignal signals;
   signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
-  return signals.finished(run_as_worker(*workers, [&] {
+  return finish_command(signals, *workers, run_as_worker(*workers, [&] {
   // Only the chief speaks; every worker restores the same checkpoint.
   std::FILE* say = workers->rank() == 0 ? stderr : nullptr;
   if (args.run_dir.empty() && args.checkpoint.empty())

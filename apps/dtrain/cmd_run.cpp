@@ -20,12 +20,16 @@
 #include "interop/keras_weights.hpp"
 #include "observe/observers.hpp"
 #include "signals.hpp"
+#include "train/callbacks.hpp"
 #include "train/evaluator.hpp"
 #include "checkpoint/manager.hpp"
 #include "checkpoint/run_dir.hpp"
 #include "train/trainer.hpp"
 
 namespace dtrain::app {
+
+// DTRAIN_TEST_HOLD_AT_STEP's value that holds after the command instead of at a step.
+constexpr std::string_view kHoldAtExit = "exit";
 
 void record_job_status(const distribute::WorkerGroup& workers, int code) {
   const char* path = std::getenv("DTRAIN_JOB_STATUS");
@@ -102,6 +106,7 @@ train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requeste
   const char* dir = std::getenv("DTRAIN_TEST_HOLD_DIR");
   if (step == nullptr || dir == nullptr) return hold;
   const std::string_view text(step);
+  if (text == kHoldAtExit) return hold;  // finish_command's
   std::int64_t value = -1;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size() || value < 0)
@@ -111,6 +116,24 @@ train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requeste
   hold.dir = dir;
   hold.released_by = stop_requested;
   return hold;
+}
+
+int finish_command(StopOnSignal& signals, const distribute::WorkerGroup& workers, int code) {
+  signals.finished(code);
+  const char* step = std::getenv("DTRAIN_TEST_HOLD_AT_STEP");
+  const char* dir = std::getenv("DTRAIN_TEST_HOLD_DIR");
+  if (step != nullptr && dir != nullptr && std::string_view(step) == kHoldAtExit) {
+    std::fflush(stdout);  // what the command printed is out before the test acts
+    train::StepHold hold;
+    hold.dir = dir;
+    // The watcher ends the process on a signal; were it to take the signal as a stop instead, the
+    // hold lets go and the process ends as it would have, announcing a checkpoint the test sees.
+    hold.released_by = &signals.requested();
+    // A peer finalizing waits on this process: a test that broke must fail in a minute, not ten.
+    hold.limit_seconds = 60.0;
+    train::hold_here(hold, workers.world_rank(), fmt::format("after the command, exit code {}", code));
+  }
+  return code;
 }
 
 std::string continue_after_loss(const std::string& run_dir, const std::string& checkpoint_dir) {
@@ -215,7 +238,7 @@ int run_command(const RunArgs& args) {
   StopOnSignal signals;
   signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
-  return signals.finished(run_as_worker(*workers, [&] {
+  return finish_command(signals, *workers, run_as_worker(*workers, [&] {
     config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
     refuse_local_strategy_under_launcher(exp, *workers, "each would train alone, all into one run directory");
     train::TrainerOptions options;

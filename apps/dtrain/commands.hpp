@@ -28,6 +28,8 @@ class Sequential;
 
 namespace dtrain::app {
 
+class StopOnSignal;
+
 // Documented exit codes.
 enum ExitCode : int {
   kOk = 0,
@@ -133,7 +135,15 @@ void refuse_local_strategy_under_launcher(const config::Experiment& experiment, 
 // The tests' hold on the training loop (train::StepHold), from the environment:
 // DTRAIN_TEST_HOLD_AT_STEP=N and DTRAIN_TEST_HOLD_DIR=DIR hold every training process after global
 // step N (0: before its model is built) until a signal stops it or DIR/release exists. Off when either is unset.
+// DTRAIN_TEST_HOLD_AT_STEP=exit holds no step: see finish_command.
 train::StepHold test_hold_from_environment(const std::atomic<int>* stop_requested);
+
+// How run and resume end: tells `signals` the command returned `code` (a signal from now on ends
+// the process quietly with it) and returns it. With DTRAIN_TEST_HOLD_AT_STEP=exit and
+// DTRAIN_TEST_HOLD_DIR=DIR every process first writes DIR/held.rank<R> and waits, its exit code
+// decided and MPI not yet finalized, until DIR/release exists, a signal ends it or a minute has
+// passed: the moment at which mpirun's SIGTERM reaches a rank whose peer has already exited.
+int finish_command(StopOnSignal& signals, const distribute::WorkerGroup& workers, int code);
 
 // Under a launcher whose own exit status cannot carry the job's (mpirun 4.1 --enable-recovery
 // exits 0 whatever its ranks return), world rank 0 (the chief, the coordinator) writes its exit

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,7 +17,6 @@
 #include <string>
 
 #include "core/atomic_file.hpp"
-#include "commands.hpp"
 #include "core/error.hpp"
 
 namespace dtrain::app {
@@ -107,7 +107,7 @@ StopOnSignal::~StopOnSignal() {
 }
 
 int StopOnSignal::finished(int exit_code) {
-  if (exit_code == kInterrupted) stop_completed_ = true;
+  finished_code_ = exit_code;
   return exit_code;
 }
 
@@ -135,7 +135,11 @@ void StopOnSignal::watch() {
     signalfd_siginfo info;
     if (read(signal_fd_, &info, sizeof info) != static_cast<ssize_t>(sizeof info)) continue;
     const int sig = static_cast<int>(info.ssi_signo);
-    if (stop_completed_) _exit(kInterrupted);  // nothing is left to save or to remove
+    if (const int code = finished_code_.load(); code >= 0) {
+      // Nothing is left to save or to remove; what the command printed still reaches its reader.
+      std::fflush(stdout);
+      _exit(code);
+    }
     if (stop_signal_.exchange(sig) != 0) {
       // Second signal: the user means it. No checkpoint, no destructors; only the temporary of a
       // save in flight goes, so that no half-written file is left behind.

@@ -49,10 +49,11 @@ class StopOnSignal {
   // death by signal.
   void keep_blocked() { restore_mask_ = false; }
 
-  // The command is done and returns `exit_code` (returned here). When that is 4, the stop a
-  // signal asked for is complete (checkpoint saved, resume command printed), and a signal while
-  // the process shuts down ends it quietly with 4 instead of "exiting without a checkpoint":
-  // under mpirun that is the SIGTERM mpirun sends the chief once another rank has exited 4.
+  // The command is done and returns `exit_code` (returned here): nothing is left for a signal to
+  // stop, so one that arrives while the process shuts down ends it quietly with that code (stdout
+  // flushed) instead of announcing a checkpoint. Under mpirun that is the SIGTERM mpirun sends a
+  // rank still finalizing once another has exited non-zero: after a stop (4, checkpoint saved,
+  // resume command printed) or after an error every rank refused alike (2, reported once).
   int finished(int exit_code);
 
   // Where the run writes files (the run directory, with config.yaml and the metrics, and the
@@ -67,7 +68,7 @@ class StopOnSignal {
   void close_fds() noexcept;
 
   std::atomic<int> stop_signal_{0};
-  std::atomic<bool> stop_completed_{false};
+  std::atomic<int> finished_code_{-1};  // the command's exit code once it returned
   bool restore_mask_ = true;
   std::mutex directories_mutex_;
   std::string run_dir_;

@@ -59,7 +59,7 @@ void hold_here(const StepHold& hold, int rank, const std::string& where) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(hold.limit_seconds);
   while (!(hold.released_by && hold.released_by->load() != 0) && !fs::exists(release, ignored)) {
     if (std::chrono::steady_clock::now() > until) {
-      fmt::print(stderr, "dtrain: warning: held at step {} for {} s and never released; going on\n", hold.step,
+      fmt::print(stderr, "dtrain: warning: held ({}) for {} s and never released; going on\n", where,
                  hold.limit_seconds);
       return;
     }

@@ -370,6 +370,42 @@ EOF
       no_temporaries "$run"
     done
     ;;
+  signal_after_command)
+    # A signal that reaches a process whose command has already returned its exit code ends it
+    # quietly with that code: nothing is left to stop or to save. Each process holds there
+    # (DTRAIN_TEST_HOLD_AT_STEP=exit) until the test acts.
+    command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 77; }
+    # mpirun -n 2 with a strategy that runs in one process: both ranks refuse it (exit 2, rank 0
+    # reports). Rank 1 ends first; mpirun then sends SIGTERM to rank 0, still finalizing.
+    run="$scratch/refused"
+    hold_env "$run.hold" exit
+    env "${hold[@]}" mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" --set 'strategy={kind: mirrored}' \
+      --run-dir "$run" >"$run.out" 2>"$run.err" &
+    pid=$!
+    wait_held "$run.hold" 2 "$pid"
+    rank1=$(rank_pid "$run" 1)
+    [ -n "$rank1" ] || fail "no process of rank 1 found"
+    kill -TERM "$rank1"
+    wait "$pid"
+    rc=$?
+    cat "$run.err"
+    [ "$rc" -eq 2 ] || fail "refused under mpirun, then SIGTERM: exit $rc, wanted 2"
+    [ "$(grep -c '^dtrain' "$run.err")" -eq 1 ] || fail "wanted the one refusal from dtrain: $(cat "$run.err")"
+    grep -q '^dtrain: error: .*strategy kind mirrored runs in one process' "$run.err" || fail "not the refusal"
+    # One process that trained: SIGTERM after it returned 0 leaves 0 and everything it printed.
+    run="$scratch/trained"
+    hold_env "$run.hold" exit
+    env "${hold[@]}" "$dtrain" run "$small" "${quiet[@]}" --set train.epochs=2 --set train.steps_per_epoch=2 \
+      --run-dir "$run" >"$run.out" 2>"$run.err" &
+    pid=$!
+    wait_held "$run.hold" 1 "$pid"
+    kill -TERM "$pid"
+    wait "$pid"
+    rc=$?
+    [ "$rc" -eq 0 ] || fail "SIGTERM after a finished run: exit $rc, wanted 0: $(cat "$run.err")"
+    [ -s "$run.err" ] && fail "SIGTERM after a finished run printed: $(cat "$run.err")"
+    [ "$(grep -c '^Epoch [12], Loss: ' "$run.out")" -eq 2 ] || fail "the epoch lines are lost: $(cat "$run.out")"
+    ;;
   mpi_signals)
     # mpirun -n 2: SIGUSR1 is forwarded to the ranks, which stop at an agreed step, save once and
     # exit 4, and so does mpirun. SIGTERM makes mpirun abort the job (docs/multi_worker.md): no rank survives it
