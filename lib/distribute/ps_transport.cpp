@@ -26,7 +26,13 @@ constexpr int kPushDataTag = 7204;
 constexpr int kReplyTag = 7205;
 constexpr int kValuesTag = 7206;
 
-enum RequestKind : std::int64_t { pull_request = 0, push_request = 1, gather_request = 2, stop_request = 3 };
+enum RequestKind : std::int64_t {
+  pull_request = 0,
+  push_request = 1,
+  gather_request = 2,
+  stop_request = 3,
+  roll_call_request = 4
+};
 
 void check(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
@@ -230,6 +236,16 @@ void PsTransport::stop_server(int server_rank) {
   impl_->post(server_rank, kRequestTag, {stop_request, impl_->peer_lost ? 1 : 0});
 }
 
+bool PsTransport::server_answers(int server_rank) {
+  impl_->request(server_rank, roll_call_request, 0);
+  try {
+    impl_->await_reply(server_rank, nullptr, {}, nullptr, server_timeout(), "roll call");
+  } catch (const ServerLost&) {
+    return false;  // await_reply noted the loss
+  }
+  return true;
+}
+
 StepOrder PsTransport::receive_order() {
   std::int64_t o[3] = {0, 0, 0};
   MPI_Request req;
@@ -354,6 +370,7 @@ void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_flo
         impl_->reply(from, version, iterations, &state);
         break;
       }
+      case roll_call_request: impl_->reply(from, version, 0, nullptr); break;
       case stop_request: {
         if (r[1] != 0) impl_->peer_lost = true;
         // The chief's last message: every step has been answered, unless the job is failing.

@@ -2,12 +2,17 @@
 // its own, so they never meet the collectives of the rest of the job. World ranks: the chief
 // (coordinator) 0, then the workers, then the parameter servers (roles.hpp).
 //
-//   chief -> worker   an order: run global step g of epoch e, or stop
-//   worker -> chief   a step's result (loss, samples, staleness, metric state), as doubles
+//   chief -> worker   an order: run global step g of epoch e, answer a roll call, or stop
+//   worker -> chief   a step's result (loss, samples, staleness, metric state), or its answer to
+//                     a roll call, as doubles
 //   worker -> server  pull (the server's shards, and its version: updates applied so far), or
 //                     push (gradients read at a version; the server applies them as they arrive
 //                     and answers how many updates landed in between: the staleness)
-//   chief -> server   gather (values, optimizer slots, iterations), or stop
+//   chief -> server   gather (values, optimizer slots, iterations), a roll call, or stop
+//
+// The roll call comes before the stop: a rank that died with nothing asked of it (a worker idle
+// since the last boundary, a server after the last gather) is noticed by nobody else, and every
+// survivor told to stop normally would then wait forever in MPI_Finalize for it.
 //
 // Nothing waits without a limit on one peer: every wait polls (giving the core away, for
 // oversubscribed ranks) until a limit, and a peer that does not answer by then is named in the
@@ -46,7 +51,7 @@ struct ServerLost : PeerLostError {
 };
 
 struct StepOrder {
-  enum Kind : std::int64_t { step = 0, stop = 1, stop_after_loss = 2 };
+  enum Kind : std::int64_t { step = 0, stop = 1, stop_after_loss = 2, roll_call = 3 };
   std::int64_t kind = step;
   std::int64_t global_step = 0;
   std::int64_t epoch = 0;
@@ -97,6 +102,9 @@ class PsTransport {
   // does not answer within server_timeout().
   std::int64_t gather(int server_rank, std::vector<float>& state);
   void stop_server(int server_rank);
+  // Whether the server answers a roll call within server_timeout(); when it does not, a peer is
+  // lost (peer_lost()).
+  bool server_answers(int server_rank);
 
   // ---- worker
   // The next order from the chief; PeerLostError after coordinator_timeout() without one.

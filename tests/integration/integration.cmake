@@ -71,7 +71,8 @@ foreach(case ${DTRAIN_UX_CASES})
 endforeach()
 set_tests_properties(ux.mpi_log ux.init_strategies ux.local_strategy_under_mpirun PROPERTIES RUN_SERIAL TRUE)
 # ParameterServerStrategy over real mpirun with 3 to 5 ranks (tests/integration/parameter_server.sh).
-dtrain_script_cases(parameter_server sync_equals_default async roles sigterm lost_worker lost_mid_push lost_exit_codes lost_ps lost_coordinator)
+dtrain_script_cases(parameter_server sync_equals_default async roles sigterm lost_worker lost_at_the_end lost_mid_push
+                    lost_exit_codes lost_ps lost_coordinator)
 # dtrain export: ONNX Runtime (build/venv, tools/setup) against dtrain eval, every layer kind and
 # the strategies' checkpoints; --format keras and model.initial_weights reading it back.
 dtrain_script_cases(export layer_kinds strategies errors keras)

@@ -168,6 +168,39 @@ EOS
     grep -q "^Evaluator: ckpt-96.h5" "$run.out" || fail "the evaluator did not evaluate the last checkpoint: $(grep Evaluator "$run.out")"
     echo "ok: a worker killed with kill -9 is survived: $(grep -m1 'was lost' "$run.err")"
     ;;
+  lost_at_the_end)
+    # A rank that dies once nothing more is asked of it (a worker after the last step, a server
+    # after the last gather) is noticed by nobody, and the survivors would wait for it in
+    # MPI_Finalize forever. The coordinator's roll call before the stop finds it lost, and the job
+    # ends with its training complete. The coordinator holds after the last step (2 epochs of 4)
+    # while the rank is killed. World ranks: 0 the chief, 1-2 the workers, 3-4 the servers.
+    for victim in 2 4; do
+      run="$scratch/end_$victim"
+      hold_env "$run.hold" 8
+      env "${hold[@]}" timeout 120 mpirun -n 5 --oversubscribe --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run \
+        "$small" "${common[@]}" --set train.epochs=2 --set train.steps_per_epoch=4 --set "$(ps 2 2 "{kind: none}" 3)" \
+        --run-dir "$run" >"$run.out" 2>"$run.err" &
+      job=$!
+      wait_held "$run.hold" 1 "$job"
+      pid=$(rank_pid "$run" "$victim")
+      [ -n "$pid" ] || fail "no process for rank $victim"
+      kill -9 "$pid"
+      release_hold "$run.hold"
+      start=$(date +%s)
+      wait "$job"
+      took=$(($(date +%s) - start))
+      [ "$took" -le 60 ] || fail "rank $victim: the job took $took s to end after the kill (hung in MPI_Finalize?)"
+      for rank in 0 1 2 3 4; do
+        [ "$rank" = "$victim" ] && continue
+        [ "$(cat "$run.rc$rank" 2>/dev/null)" = 0 ] || fail "rank $victim killed: rank $rank exited $(cat "$run.rc$rank" 2>/dev/null): $(grep dtrain: "$run.err")"
+      done
+      [ "$(grep -c '^Epoch' "$run.out")" -eq 2 ] || fail "rank $victim killed: wanted 2 epoch lines: $(cat "$run.out")"
+      grep -q "warning: .* rank $victim did not answer the coordinator's roll call" "$run.err" \
+        || fail "no warning naming rank $victim: $(grep dtrain: "$run.err")"
+      [ -f "$run/checkpoints/ckpt-8.h5" ] || fail "no final checkpoint: $(ls "$run/checkpoints")"
+      echo "ok: rank $victim killed after the last step, the job ended in $took s: $(grep 'roll call' "$run.err")"
+    done
+    ;;
   lost_mid_push)
     # A worker that dies between a push's request and its gradients: the server goes on answering
     # the other worker meanwhile (it is not reported lost), and the job finishes without the dead one.

@@ -51,6 +51,27 @@ import zlib
 import h5py
 import numpy as np
 
+
+def descendants(pid):
+    """The PIDs of every process below `pid` (children, their children, ...), read from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
 SEAL_BYTES = 512
 TIMEOUT = 60
 SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer", "runtime error:", "ERROR: ")
@@ -723,7 +744,13 @@ train: {epochs: 2, threads: 1, progress: none}
             out, err = p.communicate(timeout=timeout)
             return p.returncode, out, err
         except subprocess.TimeoutExpired:
-            p.kill()
+            # The whole tree: mpirun and its ranks hold the pipes open, so killing only `p` (a
+            # launcher script) would leave communicate() waiting for them forever.
+            for pid in [p.pid] + descendants(p.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             out, err = p.communicate()
             return None, out, err
 

@@ -20,6 +20,8 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -76,6 +78,8 @@ void shard_from_host(device::Context& ctx, const float* host, Tensor& t, const d
 constexpr std::size_t kResultHead = 4;
 // In place of a global step: the worker lost the server named next.
 constexpr double kServerLost = -1.0;
+// In place of a global step: the worker's answer to the coordinator's roll call.
+constexpr double kRollCallAnswer = -2.0;
 
 class ParameterServerLoop final : public StrategyLoop {
  public:
@@ -263,6 +267,11 @@ void ParameterServerLoop::work(LoopHost& host) {
   for (;;) {
     const distribute::StepOrder order = transport.receive_order();
     if (order.kind == distribute::StepOrder::stop) return;
+    if (order.kind == distribute::StepOrder::roll_call) {
+      const double here[1] = {kRollCallAnswer};
+      transport.send_result(here, transport.timeout_seconds());
+      continue;
+    }
     if (order.epoch != epoch) {
       epoch = order.epoch;
       input->start_epoch(epoch);
@@ -333,11 +342,16 @@ void gather(ParameterServerStrategy& ps, const Layout& layout, nn::Sequential& m
   optimizer.set_iterations(iterations);
 }
 
-// Stops every worker and server when the coordinator leaves, however it leaves.
+// Stops every worker and server when the coordinator leaves, however it leaves. Unless a rank is
+// known lost already (every survivor then ends without MPI_Finalize), a roll call comes first: a
+// rank that died with nothing asked of it (a worker given no step since, a server after the last
+// gather) is noticed by nobody else, and the survivors, told to stop normally, would wait for it
+// in MPI_Finalize forever. Found missing, it is lost, and the stop orders say so.
 struct StopEveryone {
   ParameterServerStrategy& ps;
   ~StopEveryone() {
     try {
+      if (!ps.transport().peer_lost()) roll_call();
       for (int w = 0; w < ps.plan().workers; ++w)
         ps.transport().send_order(ps.worker_rank(w),
                                   distribute::StepOrder{ps.transport().peer_lost() ? distribute::StepOrder::stop_after_loss
@@ -347,6 +361,33 @@ struct StopEveryone {
     } catch (const std::exception&) {
       // The job is failing already: the error on its way out says why.
     }
+  }
+
+  // Every worker and server answers within its limit, or is marked lost (a warning names it).
+  void roll_call() {
+    distribute::PsTransport& transport = ps.transport();
+    const int workers = ps.plan().workers;
+    for (int w = 0; w < workers; ++w)
+      transport.send_order(ps.worker_rank(w), distribute::StepOrder{distribute::StepOrder::roll_call, 0, 0});
+    std::vector<bool> answered(static_cast<std::size_t>(workers), false);
+    const auto until = Clock::now() + std::chrono::duration<double>(transport.timeout_seconds());
+    while (!std::all_of(answered.begin(), answered.end(), [](bool a) { return a; }) && Clock::now() < until) {
+      const std::optional<distribute::StepResultMessage> got = transport.poll_result();  // waits a little
+      // Only answers count: a step's result still on its way (the coordinator leaving on an error) does not.
+      if (!got || got->payload.empty() || got->payload[0] != kRollCallAnswer) continue;
+      const auto i = static_cast<std::size_t>(got->worker_rank - ps.worker_rank(0));
+      if (i < answered.size()) answered[i] = true;
+    }
+    for (int w = 0; w < workers; ++w) {
+      if (answered[static_cast<std::size_t>(w)]) continue;
+      transport.mark_peer_lost();
+      fmt::print(stderr, "dtrain: warning: worker rank {} did not answer the coordinator's roll call within {:g} s as the "
+                 "job ended: it is lost\n", ps.worker_rank(w), transport.timeout_seconds());
+    }
+    for (int s = 0; s < ps.plan().ps; ++s)
+      if (!transport.server_answers(ps.server_rank(s)))
+        fmt::print(stderr, "dtrain: warning: parameter server rank {} did not answer the coordinator's roll call within {:g} "
+                   "s as the job ended: it is lost\n", ps.server_rank(s), transport.server_timeout());
   }
 };
 
