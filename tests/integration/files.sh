@@ -21,6 +21,16 @@ one_line_error() {
   return 0
 }
 
+# start_held RUN STEP COMMAND...: COMMAND in the background, holding at STEP (hold_env) in
+# RUN.hold, its stdout into RUN.out and its stderr into RUN.err; its PID in $pid.
+start_held() {
+  local run=$1 step=$2
+  shift 2
+  hold_env "$run.hold" "$step"
+  env "${hold[@]}" "$@" >"$run.out" 2>"$run.err" &
+  pid=$!
+}
+
 mount_tmpfs() {  # dir size
   mkdir -p "$1"
   if ! mount -t tmpfs -o "size=$2" tmpfs "$1" 2>/dev/null; then
@@ -378,10 +388,8 @@ EOF
     # mpirun -n 2 with a strategy that runs in one process: both ranks refuse it (exit 2, rank 0
     # reports). Rank 1 ends first; mpirun then sends SIGTERM to rank 0, still finalizing.
     run="$scratch/refused"
-    hold_env "$run.hold" exit
-    env "${hold[@]}" mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" --set 'strategy={kind: mirrored}' \
-      --run-dir "$run" >"$run.out" 2>"$run.err" &
-    pid=$!
+    start_held "$run" exit mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" \
+      --set 'strategy={kind: mirrored}' --run-dir "$run"
     wait_held "$run.hold" 2 "$pid"
     rank1=$(rank_pid "$run" 1)
     [ -n "$rank1" ] || fail "no process of rank 1 found"
@@ -394,10 +402,8 @@ EOF
     grep -q '^dtrain: error: .*strategy kind mirrored runs in one process' "$run.err" || fail "not the refusal"
     # One process that trained: SIGTERM after it returned 0 leaves 0 and everything it printed.
     run="$scratch/trained"
-    hold_env "$run.hold" exit
-    env "${hold[@]}" "$dtrain" run "$small" "${quiet[@]}" --set train.epochs=2 --set train.steps_per_epoch=2 \
-      --run-dir "$run" >"$run.out" 2>"$run.err" &
-    pid=$!
+    start_held "$run" exit "$dtrain" run "$small" "${quiet[@]}" --set train.epochs=2 --set train.steps_per_epoch=2 \
+      --run-dir "$run"
     wait_held "$run.hold" 1 "$pid"
     kill -TERM "$pid"
     wait "$pid"
@@ -415,10 +421,8 @@ EOF
     for sig in USR1 TERM TERM2; do
       run="$scratch/mpi_$sig"
       # Both ranks hold at a step past the first checkpoint while mpirun is signalled.
-      hold_env "$run.hold" $((3 + RANDOM % 40))
-      env "${hold[@]}" mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" "${mw[@]}" --run-dir "$run" \
-        >"$run.out" 2>"$run.err" &
-      pid=$!
+      start_held "$run" $((3 + RANDOM % 40)) mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" "${mw[@]}" \
+        --run-dir "$run"
       wait_held "$run.hold" 2 "$pid"
       case $sig in
         USR1) kill -USR1 "$pid" ;;
@@ -444,10 +448,8 @@ EOF
     # What a batch system sends, SIGTERM, to tools/dtrain-mpirun: it reaches the ranks as SIGUSR1,
     # the chief saves, and the job's exit status is 4, where mpirun alone would say 1.
     run="$scratch/wrapped"
-    hold_env "$run.hold" $((3 + RANDOM % 40))
-    env "${hold[@]}" tools/dtrain-mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" "${mw[@]}" \
-      --run-dir "$run" >"$run.out" 2>"$run.err" &
-    pid=$!
+    start_held "$run" $((3 + RANDOM % 40)) tools/dtrain-mpirun -n 2 --oversubscribe "$dtrain" run "$small" "${quiet[@]}" \
+      "${mw[@]}" --run-dir "$run"
     wait_held "$run.hold" 2 "$pid"
     kill -TERM "$pid"
     wait "$pid"

@@ -28,6 +28,21 @@ advice_fits_checkpoints() {
   done < <(grep -E "^dtrain: error: rank [0-9]+: .*(is lost|lost \()" "$1.err")
 }
 chief_rc() { cat "$1.rc0" 2>/dev/null || echo "none"; }
+# kill_held_rank RUN JOB RANK: once the job JOB writing into RUN holds (RUN.hold), kill -9 its world
+# rank RANK, release the hold and wait for the job: its exit code in $rc, the seconds from the kill
+# to its end in $took.
+kill_held_rank() {
+  local run=$1 job=$2 rank=$3 victim start
+  wait_held "$run.hold" 1 "$job"
+  victim=$(rank_pid "$run" "$rank")
+  [ -n "$victim" ] || fail "no process for rank $rank"
+  start=$(date +%s)
+  kill -9 "$victim"
+  release_hold "$run.hold"
+  wait "$job"
+  rc=$?
+  took=$(($(date +%s) - start))
+}
 # Waits (up to 120 s) until the file $1 holds a line matching $2.
 wait_for_line() {
   for _ in $(seq 1 1200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
@@ -148,16 +163,8 @@ EOS
     env "${hold[@]}" timeout 300 mpirun -n 6 --oversubscribe --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run "$small" "${common[@]}" --set train.epochs=3 \
       --set "strategy={kind: parameter_server, roles: {chief: 1, ps: 2, worker: 2, evaluator: 1}, communication: {timeout_seconds: 3}}" \
       --set checkpoint.every_steps=5 --run-dir "$run" >"$run.out" 2>"$run.err" &
-    job=$!
     # The coordinator holds at a step of epoch 1 while the worker is killed: still training.
-    wait_held "$run.hold" 1 "$job"
-    victim=$(rank_pid "$run" 2)
-    [ -n "$victim" ] || fail "no process for rank 2"
-    kill -9 "$victim"
-    release_hold "$run.hold"
-    start=$(date +%s)
-    wait "$job"
-    took=$(($(date +%s) - start))
+    kill_held_rank "$run" $! 2
     [ "$(chief_rc "$run")" = 0 ] || fail "the chief exited $(chief_rc "$run") after losing a worker: $(tail -5 "$run.err")"
     # Not hung in MPI_Finalize, which would wait for the dead rank.
     [ "$took" -le 60 ] || fail "the job took $took s to end after the kill"
@@ -180,15 +187,7 @@ EOS
       env "${hold[@]}" timeout 120 mpirun -n 5 --oversubscribe --enable-recovery "$scratch/rc.sh" "$run" "$dtrain" run \
         "$small" "${common[@]}" --set train.epochs=2 --set train.steps_per_epoch=4 --set "$(ps 2 2 "{kind: none}" 3)" \
         --run-dir "$run" >"$run.out" 2>"$run.err" &
-      job=$!
-      wait_held "$run.hold" 1 "$job"
-      pid=$(rank_pid "$run" "$victim")
-      [ -n "$pid" ] || fail "no process for rank $victim"
-      kill -9 "$pid"
-      release_hold "$run.hold"
-      start=$(date +%s)
-      wait "$job"
-      took=$(($(date +%s) - start))
+      kill_held_rank "$run" $! "$victim"
       [ "$took" -le 60 ] || fail "rank $victim: the job took $took s to end after the kill (hung in MPI_Finalize?)"
       for rank in 0 1 2 3 4; do
         [ "$rank" = "$victim" ] && continue
@@ -274,14 +273,7 @@ EOS
       env "${hold[@]}" timeout 300 "${launcher[@]}" -n 4 --oversubscribe "${flags[@]}" "$dtrain" run "$small" "${common[@]}" \
         --set train.epochs=3 --set train.steps_per_epoch=10 --set "$(ps 1 2 "{kind: none}" 4)" --set checkpoint.every_steps=5 \
         --run-dir "$run" >"$run.out" 2>"$run.err" &
-      job=$!
-      wait_held "$run.hold" 1 "$job"
-      start=$(date +%s)
-      kill -9 "$(rank_pid "$run" 3)"
-      release_hold "$run.hold"
-      wait "$job"
-      rc=$?
-      took=$(($(date +%s) - start))
+      kill_held_rank "$run" $! 3
       [ "$took" -le 60 ] || fail "$recovery recovery: the job took $took s to end"
       if [ "$recovery" = no ]; then
         [ "$rc" -ne 0 ] || fail "the job went on without its parameter server"
