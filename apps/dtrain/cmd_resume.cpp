@@ -39,17 +39,33 @@ bool keeps_results(const std::string& override_text, bool replica_invariant) {
          key == "train.log_every_steps" || key == "train.plot";
 }
 
+// A checkpoint found through RUN_DIR whose stored experiment is not the run's (check_belongs_to_run):
+// a ConfigError, not a damaged file; `skipped` says it briefly for the warning that passes over it.
+struct NotOfTheRun : ConfigError {
+  NotOfTheRun(const std::string& message, std::string skipped) : ConfigError(message), skipped(std::move(skipped)) {}
+  std::string skipped;
+};
+
 // Calls `use` on candidates[from], candidates[from + 1], ... (newest first) until one reads
-// without an InputError, and returns its index. A checkpoint that fails is skipped, with a warning
-// on `say` (null: silently), for the previous one; when the last one fails too, its error is
-// thrown — alone when it was the only candidate, else saying that none of them was valid.
+// without an InputError and belongs to the run, and returns its index. A checkpoint that fails is
+// skipped, with a warning on `say` (null: silently), for the previous one. When the last one fails
+// too: the newest one's NotOfTheRun where any was another run's or another history's (the run
+// has none of its own, so the newest of them is what a user may want to continue with
+// --checkpoint), else the InputError — alone when it was the only candidate, else saying that none
+// of them was valid.
 std::size_t first_valid(const std::vector<std::string>& candidates, std::size_t from, const std::string& where,
                         std::FILE* say, const std::function<void(const std::string&)>& use) {
+  std::optional<NotOfTheRun> newest_foreign;
   for (std::size_t i = from;; ++i) {
     try {
       use(candidates[i]);
       return i;
+    } catch (const NotOfTheRun& e) {
+      if (!newest_foreign) newest_foreign = e;
+      if (i + 1 == candidates.size()) throw *newest_foreign;
+      if (say) fmt::print(say, "dtrain: warning: skipping {}: {}; trying the previous checkpoint\n", candidates[i], e.skipped);
     } catch (const InputError& e) {
+      if (i + 1 == candidates.size() && newest_foreign) throw *newest_foreign;
       if (candidates.size() == 1) throw;
       if (i + 1 == candidates.size())
         throw InputError(fmt::format("no valid checkpoint among the {} in {}; the oldest, {}: {}", candidates.size(),
@@ -94,8 +110,11 @@ std::pair<std::string, std::string> first_difference(const std::string& a, const
 // RUN_DIR/config.yaml but for the keys a resume may change without changing the results (those of
 // keeps_results). Another run's checkpoints (two runs that shared a checkpoint.dir, one replaced with
 // --overwrite; a config.yaml of an older dtrain whose relative checkpoint.dir meant the current
-// directory) are refused, never continued under this run's name. A ConfigError: it is not a
-// damaged file that an older checkpoint could stand in for.
+// directory) are never continued under this run's name, nor those of a history this run left: a
+// resume from an older checkpoint with a --set that changes the results rewrites config.yaml, and
+// the checkpoints it has not yet overwritten with higher steps (a save never prunes those) hold the
+// old experiment. They are skipped for the run's newest own checkpoint; with none, the newest is
+// refused (NotOfTheRun), naming the difference.
 void check_belongs_to_run(const std::string& path, const std::string& stored_yaml, const config::Experiment& run,
                           const std::string& run_dir) {
   config::Experiment stored = config::parse_experiment(stored_yaml, path + ":/experiment", {});
@@ -108,11 +127,14 @@ void check_belongs_to_run(const std::string& path, const std::string& stored_yam
   if (ours == theirs) return;
   const auto [in_run, in_checkpoint] = first_difference(ours, theirs);
   const std::string config_file = (fs::path(run_dir) / "config.yaml").string();
-  throw ConfigError(fmt::format("{}: not a checkpoint of the run in {}: the experiment stored in it differs from {} "
-                                "(`{}` in the checkpoint, `{}` in config.yaml); resume the run that wrote it, or, if "
-                                "a resume with --set changed this run since, continue from it with `dtrain resume {} "
-                                "--checkpoint {}`",
-                                path, run_dir, config_file, in_checkpoint, in_run, run_dir, path));
+  throw NotOfTheRun(fmt::format("{}: not a checkpoint of the run in {}: the experiment stored in it differs from {} "
+                                 "(`{}` in the checkpoint, `{}` in config.yaml); resume the run that wrote it, or, if "
+                                 "a resume with --set changed this run since, continue from it with `dtrain resume {} "
+                                 "--checkpoint {}`",
+                                 path, run_dir, config_file, in_checkpoint, in_run, run_dir, path),
+                     fmt::format("its experiment is not the one in {} (`{}` in the checkpoint, `{}` in config.yaml): "
+                                 "another run's, or a history this run left when a resume with --set changed it",
+                                 config_file, in_checkpoint, in_run));
 }
 
 // A checkpoint whose epoch lies past the end of the experiment stored with it cannot come from
@@ -192,7 +214,10 @@ int resume_command(const ResumeArgs& args) {
     // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.
     const std::string& chosen = candidates[first_valid(candidates, first, args.run_dir, say,
                                                        [&](const std::string& path) {
-                                                         check_epoch_in_run(path, checkpoint::peek(path));
+                                                         const checkpoint::Contents contents = checkpoint::peek(path);
+                                                         check_epoch_in_run(path, contents);
+                                                         if (run) check_belongs_to_run(path, contents.experiment_yaml, *run,
+                                                                                       args.run_dir);
                                                          trainer.restore(path);
                                                        })];
     stored = checkpoint::peek(chosen);

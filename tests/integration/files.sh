@@ -236,6 +236,32 @@ EOF
     grep -q '^Epoch' "$scratch/out" && fail "trained from another run's checkpoint"
     true
     ;;
+  branched_resume)
+    # A resume from an older checkpoint with a --set that changes the results starts another history
+    # in the same run directory; the old history's checkpoint with a higher step stays (a save never
+    # prunes one). A plain resume afterwards continues the new history from its newest checkpoint,
+    # skipping the old one with a warning, and the log reads epochs 1, 2, 3 once each.
+    run="$scratch/run"
+    "$dtrain" run "$toy" "${quiet[@]}" --set train.epochs=3 --run-dir "$run" >/dev/null 2>&1 || fail "run failed"
+    old30=$(sha256sum <"$run/checkpoints/ckpt-30.h5")
+    "$dtrain" resume "$run" --checkpoint "$run/checkpoints/ckpt-10.h5" --set optimizer.learning_rate=0.02 \
+      --set train.epochs=2 >/dev/null 2>&1 || fail "the branching resume failed"
+    [ "$old30" = "$(sha256sum <"$run/checkpoints/ckpt-30.h5")" ] || fail "the old history's ckpt-30.h5 changed"
+    "$dtrain" resume "$run" --set train.epochs=3 >"$scratch/out" 2>"$scratch/err" \
+      || fail "plain resume after the branch failed: $(cat "$scratch/err")"
+    grep -q "^Resuming from $run/checkpoints/ckpt-20.h5 at epoch 3" "$scratch/out" \
+      || fail "not resumed from the new history's newest checkpoint: $(cat "$scratch/out" "$scratch/err")"
+    [ "$(grep -c '^dtrain: warning: skipping' "$scratch/err")" -eq 1 ] || fail "wanted one skip warning: $(cat "$scratch/err")"
+    grep -qF "skipping $run/checkpoints/ckpt-30.h5: its experiment is not the one in $run/config.yaml" "$scratch/err" \
+      || fail "the warning does not name the old history's checkpoint: $(cat "$scratch/err")"
+    grep -q "learning_rate: 0.01" "$scratch/err" && grep -q "learning_rate: 0.02" "$scratch/err" \
+      || fail "the warning does not name the difference: $(cat "$scratch/err")"
+    grep -q -- "--checkpoint" "$scratch/err" && fail "the warning suggests continuing the old history: $(cat "$scratch/err")"
+    [ "$("$py" -c 'import json,sys; print(" ".join(str(json.loads(l)["epoch"]) for l in open(sys.argv[1])))' \
+        "$run/metrics.jsonl")" = "1 2 3" ] || fail "metrics.jsonl does not read 1 2 3: $(cat "$run/metrics.jsonl")"
+    # The new history's epoch 3 is the one the lower learning rate trained, not the old one's.
+    [ "$old30" != "$(sha256sum <"$run/checkpoints/ckpt-30.h5")" ] || fail "ckpt-30.h5 is still the old history's"
+    ;;
   metrics_once)
     # Epoch 3 is logged but not checkpointed (every 2 epochs): the resumed run trains it again and
     # the log must hold it once.
