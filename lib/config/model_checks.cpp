@@ -49,6 +49,12 @@ void check_loss_fits_model(const Experiment& e, std::span<const std::int64_t> ou
     throw ConfigError(fmt::format("{}loss sparse_categorical_crossentropy needs integer class ids, but data source {} "
                                   "gives float targets; use categorical_crossentropy or mean_squared_error",
                                   at_loss, name_of(e.data.source)));
+  if (labels && !labels->class_ids && labels->targets > 0 && labels->targets != outputs)
+    throw ConfigError(fmt::format("{}loss {} compares {} output{} per example with the {} float target{} of each "
+                                  "example of data source {}; make {} give {}, or give the data {} target{} per example",
+                                  at_loss, name_of(kind), outputs, outputs == 1 ? "" : "s", labels->targets,
+                                  labels->targets == 1 ? "" : "s", name_of(e.data.source), last_layer, labels->targets,
+                                  outputs, outputs == 1 ? "" : "s"));
   if (e.data.source == SourceKind::tensors) {
     // data.y is the targets of the one example the source repeats.
     const auto targets = static_cast<std::int64_t>(e.data.y.size());
@@ -56,6 +62,13 @@ void check_loss_fits_model(const Experiment& e, std::span<const std::int64_t> ou
       throw ConfigError(fmt::format("{}loss {} compares {} outputs per example with the {} targets of data.y; make "
                                     "{} give {}",
                                     at_loss, name_of(kind), outputs, targets, last_layer, targets));
+    if (kind == LossKind::binary_crossentropy || kind == LossKind::categorical_crossentropy)
+      for (const double t : e.data.y)
+        if (!(t >= 0.0 && t <= 1.0))
+          throw ConfigError(fmt::format("{}data.y holds {}, outside [0, 1]; loss {} reads float targets as "
+                                        "probabilities: scale the targets into [0, 1], or use mean_squared_error for "
+                                        "values",
+                                        location_prefix(e.data_where, file), t, name_of(kind)));
   }
 }
 

@@ -17,6 +17,7 @@ namespace dtrain::config {
 struct LabelKind {
   bool class_ids = true;
   std::int64_t classes = 0;  // 0 = unknown
+  std::int64_t targets = 0;  // float targets per example (their shape past the batch, flat); 0 = unknown
 };
 
 // Throws ConfigError when the loss cannot use outputs of `output_shape` (per example) for the

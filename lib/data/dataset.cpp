@@ -70,6 +70,24 @@ void check_label_range(const DataSplits& splits, std::int64_t classes) {
   check(splits.test);
 }
 
+void check_probability_targets(const DataSplits& splits, std::string_view loss) {
+  const auto check = [loss](const Dataset& ds) {
+    if (!ds.y.defined() || ds.y.dtype() != DType::f32 || ds.size() == 0) return;
+    const float* y = ds.y.data<float>();
+    const std::int64_t n = ds.y.numel(), per_sample = std::max<std::int64_t>(1, n / ds.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (y[i] >= 0.0f && y[i] <= 1.0f) continue;
+      throw InputError(fmt::format("{}: target {} of sample {} is outside [0, 1]; loss {} reads float targets as "
+                                   "probabilities: scale the targets into [0, 1], or use mean_squared_error for values",
+                                   ds.labels_source.empty() ? ds.description : ds.labels_source, y[i],
+                                   ds.first_row + i / per_sample, loss));
+    }
+  };
+  check(splits.train);
+  if (splits.validation) check(*splits.validation);
+  check(splits.test);
+}
+
 Dataset make_synthetic(const std::vector<std::int64_t>& shape, int classes, std::int64_t size, std::uint64_t seed,
                        std::uint64_t split_index) {
   if (classes < 1) throw ConfigError(fmt::format("data.classes is {}; synthetic data needs at least 1 class", classes));

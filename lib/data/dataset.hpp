@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/experiment.hpp"
@@ -71,6 +72,11 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description);
 // InputError naming the file and the first sample whose integer label lies outside [0, classes)
 // (checked once at start rather than when its batch trains); nothing for float targets.
 void check_label_range(const DataSplits& splits, std::int64_t classes);
+
+// InputError naming the file and the first sample with a float target outside [0, 1], for a
+// crossentropy loss, which reads float targets as probabilities (a negative or larger target
+// trains to a loss that falls without bound); nothing for integer labels.
+void check_probability_targets(const DataSplits& splits, std::string_view loss);
 
 // InputError naming `file`, `dataset` and the first sample (row of `x`, counted from 0) holding a
 // NaN or an infinity: non-finite inputs would train to non-finite weights without a word.

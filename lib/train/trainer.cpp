@@ -224,11 +224,16 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     if (outputs.rank() != 1) return;  // check_loss_fits_model explains what the loss needs
     if (exp_.loss.kind == config::LossKind::binary_crossentropy) data::check_label_range(splits_, 2);
     else if (exp_.loss.kind != config::LossKind::mean_squared_error) data::check_label_range(splits_, outputs[0]);
+    if (exp_.loss.kind == config::LossKind::binary_crossentropy ||
+        exp_.loss.kind == config::LossKind::categorical_crossentropy)
+      data::check_probability_targets(splits_, config::name_of(exp_.loss.kind));
   };
   if (splits_.train.classes_from_labels) check_labels();
   // The loaded labels, which validate cannot see for every source (hdf5), against the loss.
+  const bool class_ids = splits_.train.y.dtype() == DType::i32;
   config::check_loss_fits_model(exp_, model().output_shape().dims(),
-                                config::LabelKind{splits_.train.y.dtype() == DType::i32, splits_.train.num_classes});
+                                config::LabelKind{class_ids, splits_.train.num_classes,
+                                                  class_ids ? 0 : splits_.train.y.shape().tail().numel()});
   if (splits_.test.size() == 0)
     throw InputError(fmt::format("{}: the test split of {} is empty, so evaluation would report nothing; give the "
                                  "data a test split",

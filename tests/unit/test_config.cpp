@@ -1256,6 +1256,38 @@ TEST_CASE("config: a loss the last layer cannot feed is refused at the loss, nam
                                         "loss: {kind: mean_squared_error}\n";
   CHECK(contains(error_for(tensors, {2}), "compares 2 outputs per example with the 3 targets of data.y"));
   CHECK(error_for(tensors, {3}).empty());
+  // A crossentropy reads data.y as probabilities: a value outside [0, 1] is refused at data.
+  const std::string bce = minimal + "data: {source: tensors, x: [1, 2, 3, 4], y: [3.0], size: 4}\n"
+                                    "loss: {kind: binary_crossentropy}\n";
+  CHECK(error_for(bce, {1}).rfind("t.yaml:5:7: data.y holds 3, outside [0, 1]; loss binary_crossentropy", 0) == 0);
+  CHECK(error_for(minimal + "data: {source: tensors, x: [1, 2, 3, 4], y: [0, -0.5], size: 4}\n"
+                            "loss: {kind: categorical_crossentropy}\n", {2})
+            .rfind("t.yaml:5:7: data.y holds -0.5", 0) == 0);
+  CHECK(error_for(minimal + "data: {source: tensors, x: [1, 2, 3, 4], y: [0, 0.25, 1], size: 4}\n"
+                            "loss: {kind: categorical_crossentropy}\n", {3}).empty());
+  CHECK(error_for(minimal + "data: {source: tensors, x: [1, 2, 3, 4], y: [3.0], size: 4}\n"
+                            "loss: {kind: mean_squared_error}\n", {1}).empty());
+}
+
+TEST_CASE("config: float targets of another width than the model's outputs are refused at the loss, once loaded") {
+  auto error_for = [](const std::string& loss, std::vector<std::int64_t> outputs, std::int64_t targets) {
+    const std::string yaml = "model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2}\n"
+                             "data: {source: hdf5, path: d.h5}\nloss: {kind: " + loss + "}\n";
+    try {
+      check_loss_fits_model(parse_experiment(yaml, "t.yaml"), outputs, LabelKind{false, 0, targets});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string two = error_for("mean_squared_error", {1}, 2);
+  CHECK(two.rfind("t.yaml:6:1: loss mean_squared_error compares 1 output per example with the 2 float targets of "
+                  "each example of data source hdf5; make the last layer 'dense' (at t.yaml:4:7) give 2",
+                  0) == 0);
+  CHECK(contains(error_for("categorical_crossentropy", {3}, 1), "compares 3 outputs per example with the 1 float target"));
+  CHECK(error_for("mean_squared_error", {2}, 2).empty());
+  CHECK(error_for("binary_crossentropy", {1}, 1).empty());
+  CHECK(error_for("mean_squared_error", {2}, 0).empty());  // unknown before the data is loaded
 }
 
 TEST_CASE("config: model.initial_weights names a file, located for the errors of reading it") {

@@ -498,6 +498,34 @@ TEST_CASE("special files are refused before they are opened, instead of blocking
   CHECK(contains(idx_error("/dev/zero"), "not a regular file"));
 }
 
+TEST_CASE("float targets outside [0, 1] are found for a crossentropy, naming the source and the sample") {
+  DataSplits splits;
+  splits.train.x = Tensor(Shape{3, 2}, DType::f32);
+  splits.train.y = Tensor(Shape{3, 2}, DType::f32);
+  splits.train.labels_source = "d.h5 /train/y";
+  splits.train.first_row = 10;
+  float* y = splits.train.y.data<float>();
+  for (int i = 0; i < 6; ++i) y[i] = 0.25f * static_cast<float>(i % 5);  // 0 .. 1
+  splits.test = splits.train;
+  check_probability_targets(splits, "binary_crossentropy");  // fits
+  y[5] = 1.5f;
+  try {
+    check_probability_targets(splits, "binary_crossentropy");
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) ==
+          "d.h5 /train/y: target 1.5 of sample 12 is outside [0, 1]; loss binary_crossentropy reads float targets as "
+          "probabilities: scale the targets into [0, 1], or use mean_squared_error for values");
+  }
+  y[5] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_AS(check_probability_targets(splits, "categorical_crossentropy"), InputError);
+  // Integer labels are check_label_range's.
+  splits.train.y = Tensor(Shape{3}, DType::i32);
+  splits.test = splits.train;
+  splits.train.y.data<std::int32_t>()[0] = 7;
+  check_probability_targets(splits, "binary_crossentropy");
+}
+
 TEST_CASE("labels outside the model's classes are found at load, naming the file and the sample") {
   TempDir dir;
   write_idx_split(dir, "train", 12, 2, 2, 4, /*gz=*/false);
