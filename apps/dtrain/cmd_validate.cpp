@@ -8,6 +8,7 @@
 #include "config/parse.hpp"
 #include "core/checked.hpp"
 #include "core/machine.hpp"
+#include "data/input_context.hpp"
 #include "distribute/strategy.hpp"
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
@@ -46,6 +47,18 @@ int validate_command(const ValidateArgs& args) {
   };
   nn::Sequential model(exp.model, exp.seed, *ctx, options);
   config::check_loss_fits_model(exp, model.output_shape().dims());
+  // Per-replica pipelines cannot split a remainder: a global batch must divide among the replicas
+  // this process lays out (under mpirun, `run` checks it against every worker's too).
+  if (exp.data.distribute == config::DistributeMode::per_replica && exp.data.global_batch_size > 0) {
+    const config::BatchKey key = config::batch_key(exp, false);
+    try {
+      data::InputContext{.num_replicas_in_sync = std::max(
+                             1, distribute::num_replicas_in_sync(exp.strategy, train::resolve_threads(exp.train.threads), 1))}
+          .get_per_replica_batch_size(key.value);
+    } catch (const ConfigError& e) {
+      throw ConfigError(key.where + e.what());
+    }
+  }
   // model.initial_weights is read whole, as `run` reads it, so a file that is missing, not Keras
   // weights, or of another model's shapes is refused here and not after the launch.
   const std::size_t initial_variables = read_initial_weights(exp, model).size();

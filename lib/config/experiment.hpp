@@ -305,6 +305,8 @@ struct Experiment {
   SourceLocation eval_batch_where;  // data.eval_batch_size, else batch_where
   SourceLocation data_where;        // data.path (or data.shards), else the data section: for errors of the data
   SourceLocation initial_weights_where;  // model.initial_weights (line 0 when left out): for errors of that file
+  SourceLocation input_shape_where;       // model.input_shape: for a data sample of another shape
+  SourceLocation validation_split_where;  // data.validation_split (line 0 when left out): for a split that leaves none
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

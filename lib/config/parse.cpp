@@ -169,7 +169,7 @@ void check_path(const Node& node, const std::string& path, const std::string& va
 
 // `batch_where`, `eval_batch_where` and `data_where` (Experiment) are set too.
 DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocation& eval_batch_where,
-                      SourceLocation& data_where) {
+                      SourceLocation& data_where, SourceLocation& validation_split_where) {
   static constexpr std::string_view keys[] = {
       "source",   "path",     "shape",          "classes",       "train_size",      "test_size",
       "x",        "y",        "size",           "batch_size_per_replica", "global_batch_size", "shuffle_buffer", "drop_remainder",
@@ -253,6 +253,7 @@ DataConfig parse_data(const Node& node, SourceLocation& batch_where, SourceLocat
   s.get_bool("drop_remainder", out.drop_remainder);
   s.get_enum("distribute", out.distribute, "distribute mode", distribute_modes);
   s.get_number("validation_split", out.validation_split, unit_interval_open, "in [0, 1)");
+  if (const Node* split = s.find("validation_split")) validation_split_where = split->origin.location();
   s.get_int("eval_batch_size", out.eval_batch_size, 0);
   s.get_bool("prefetch", out.prefetch);
   const Node* batch = s.find("global_batch_size") ? s.find("global_batch_size") : s.find("batch_size_per_replica");
@@ -330,11 +331,12 @@ std::vector<LayerConfig> parse_layers(const Node& node, const std::string& path)
 }
 
 // `initial_weights_where` (Experiment) is set too.
-ModelConfig parse_model(const Node& node, SourceLocation& initial_weights_where) {
+ModelConfig parse_model(const Node& node, SourceLocation& initial_weights_where, SourceLocation& input_shape_where) {
   static constexpr std::string_view keys[] = {"input_shape", "layers", "initial_weights"};
   Section s(node, "model", keys);
   ModelConfig out;
   out.input_shape = read_shape(s.require("input_shape"), s.path("input_shape"));
+  input_shape_where = s.require("input_shape").origin.location();
   out.layers = parse_layers(s.require("layers"), s.path("layers"));
   if (const Node* weights = s.find("initial_weights")) {
     out.initial_weights = read_string(*weights, s.path("initial_weights"));
@@ -547,8 +549,9 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
     return node ? *node : empty;
   };
   out.strategy = parse_strategy(section("strategy"), s.find("strategy") ? s.key_origin("strategy") : empty.origin);
-  out.data = parse_data(section("data"), out.batch_where, out.eval_batch_where, out.data_where);
-  out.model = parse_model(s.require("model"), out.initial_weights_where);
+  out.data = parse_data(section("data"), out.batch_where, out.eval_batch_where, out.data_where,
+                        out.validation_split_where);
+  out.model = parse_model(s.require("model"), out.initial_weights_where, out.input_shape_where);
   out.loss = parse_loss(section("loss"), s.find("loss") ? s.key_origin("loss") : empty.origin);
   out.optimizer = parse_optimizer(section("optimizer"));
   out.metrics = parse_metrics(section("metrics"));
@@ -607,6 +610,11 @@ BatchKey batch_key(const Experiment& e, bool eval) {
 Experiment parse_experiment(const std::string& yaml_text, const std::string& file_name,
                             const std::vector<std::string>& overrides) {
   Node root = detail::load_tree(yaml_text, file_name);
+  // The file's own top level first: a list or a scalar there is the file's fault, not that of a
+  // --set that cannot find its key in it.
+  if (!root.is_null() && !root.is_map())
+    fail(root.origin, fmt::format("expected a map of settings at the top level (name, data, model, ...), got {}",
+                                  describe(root)));
   // The document is the file's even when it is empty and the overrides fill it, so that what is
   // missing is reported against the file, not against the --set that happened to create the map.
   const Origin document = root.origin;

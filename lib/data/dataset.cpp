@@ -267,7 +267,7 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
     const std::int64_t n = splits.train.size();
     const auto keep = static_cast<std::int64_t>(std::floor(static_cast<double>(n) * (1.0 - config.validation_split)));
     if (keep <= 0 || keep >= n)
-      throw ConfigError(fmt::format(
+      throw ValidationSplitError(fmt::format(
           "data.validation_split {} of {} training examples leaves {} for training and {} for validation; both need "
           "at least one",
           config.validation_split, n, keep, n - keep));

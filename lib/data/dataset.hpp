@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/experiment.hpp"
+#include "core/error.hpp"
 #include "core/tensor.hpp"
 
 namespace dtrain::data {
@@ -81,6 +82,11 @@ void check_probability_targets(const DataSplits& splits, std::string_view loss);
 // InputError naming `file`, `dataset` and the first sample (row of `x`, counted from 0) holding a
 // NaN or an infinity: non-finite inputs would train to non-finite weights without a word.
 void check_finite(const Tensor& x, const std::string& file, const std::string& dataset);
+
+// data.validation_split leaves no sample on one side (load_splits): the caller locates it at the key.
+struct ValidationSplitError : ConfigError {
+  using ConfigError::ConfigError;
+};
 
 // Loads the experiment's data. validation_split follows Keras: the LAST fraction of the training
 // set, before any shuffling, is held out; floor(N * (1 - split)) samples stay in train.

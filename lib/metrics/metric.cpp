@@ -224,16 +224,9 @@ void BinaryAccuracy::update(const Tensor& y_true, const Tensor& y_pred, std::spa
   count_matches(y_true, y_pred, b.N, b.C, &threshold_, sample_weight);
 }
 
-void Accuracy::update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight) {
-  const char* metric = kName;
-  const Batch b = check_predictions(metric, y_pred, sample_weight);
-  check_elementwise_targets(metric, y_true, b);
-  count_matches(y_true, y_pred, b.N, b.C, nullptr, sample_weight);
-}
-
 // ---------------------------------------------------------------- factory
 
-std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss,
+std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss, std::int64_t outputs,
                                     device::Numerics& numerics) {
   switch (kind) {
     case config::MetricKind::sparse_categorical_accuracy:
@@ -241,18 +234,13 @@ std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossC
     case config::MetricKind::categorical_accuracy:
       return std::make_unique<CategoricalAccuracy>(numerics);
     case config::MetricKind::accuracy:
-      switch (loss.kind) {
-        case config::LossKind::sparse_categorical_crossentropy:
-          return std::make_unique<SparseCategoricalAccuracy>(numerics);
-        case config::LossKind::categorical_crossentropy:
-          return std::make_unique<CategoricalAccuracy>(numerics);
-        case config::LossKind::binary_crossentropy:
-          // sigmoid(x) > 0.5 exactly when x > 0.
-          return std::make_unique<BinaryAccuracy>(numerics, loss.from_logits ? 0.0f : 0.5f);
-        case config::LossKind::mean_squared_error:
-          return std::make_unique<Accuracy>(numerics);
+      if (outputs == 1) {
+        const bool logits = loss.kind == config::LossKind::binary_crossentropy && loss.from_logits;
+        return std::make_unique<BinaryAccuracy>(numerics, logits ? 0.0f : 0.5f);
       }
-      break;
+      if (loss.kind == config::LossKind::sparse_categorical_crossentropy)
+        return std::make_unique<SparseCategoricalAccuracy>(numerics);
+      return std::make_unique<CategoricalAccuracy>(numerics);
   }
   DTRAIN_CHECK(false, "unknown metric kind");
   return nullptr;

@@ -149,21 +149,14 @@ class BinaryAccuracy : public CountingMetric {
   float threshold_;
 };
 
-// Keras' Accuracy class: y_pred == y_true exactly, elementwise.
-class Accuracy : public CountingMetric {
- public:
-  using CountingMetric::CountingMetric;
-  static constexpr const char* kName = "accuracy";
-  std::string name() const override { return kName; }
-  void update(const Tensor& y_true, const Tensor& y_pred, std::span<const float> sample_weight = {}) override;
-};
-
-// Like Keras' compile(metrics=[...]): `accuracy` resolves from the loss
-// (sparse_categorical_crossentropy -> sparse_categorical_accuracy, categorical_crossentropy ->
-// categorical_accuracy, binary_crossentropy -> binary_accuracy with threshold 0.5 on
-// probabilities or 0 on logits, otherwise the exact-equality Accuracy).
+// Like Keras 3's compile(metrics=[...]): `accuracy` resolves from the shapes, `outputs` being the
+// model's outputs per example (its last dimension): one output -> binary_accuracy; else integer
+// class ids (sparse_categorical_crossentropy) -> sparse_categorical_accuracy; else (one-hot or
+// other float targets of each output) categorical_accuracy, whatever the loss, as Keras picks it.
+// binary_accuracy thresholds at 0.5, but at 0 on the logits of binary_crossentropy with
+// from_logits (sigmoid(x) > 0.5 exactly when x > 0; Keras would compare the logits with 0.5).
 // The comparisons run on `numerics` (the replica's context).
-std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss,
+std::unique_ptr<Metric> make_metric(config::MetricKind kind, const config::LossConfig& loss, std::int64_t outputs,
                                     device::Numerics& numerics);
 
 }  // namespace dtrain::metrics

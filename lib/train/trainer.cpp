@@ -31,6 +31,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// The model's outputs per example (the last dimension of its output): what `accuracy` resolves by.
+std::int64_t model_outputs(const nn::Sequential& model) {
+  const Shape& shape = model.output_shape();
+  return shape.rank() > 0 ? shape.dims().back() : 1;
+}
+
 // What a replica's layers reach of the other replicas: the strategy's sums inside run().
 class StrategyCrossReplica final : public nn::CrossReplica {
  public:
@@ -123,6 +129,10 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   for_every_worker(batch.where, [&] {
     data::check_batch_reaches_workers(strategy_->workers(), global_batch_size(), batch.name);
     data::check_global_batch(shards_, global_batch_size());
+    // Per-replica pipelines batch alone and cannot split a remainder (evaluation always splits).
+    if (exp_.data.distribute == config::DistributeMode::per_replica)
+      data::InputContext{.num_replicas_in_sync = static_cast<int>(strategy_->num_replicas_in_sync())}
+          .get_per_replica_batch_size(global_batch_size());
   });
   if (exp_.data.eval_batch_size > 0)
     for_every_worker(eval_batch.where, [&] {
@@ -146,6 +156,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   const std::string at_data = config::given_prefix(exp_.data_where, {exp_.source_file, 0, 0});
   try {
     splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
+  } catch (const data::ValidationSplitError& e) {
+    throw ConfigError(config::given_prefix(exp_.validation_split_where, {exp_.source_file, 0, 0}) + e.what());
   } catch (const InputError& e) {
     throw InputError(at_data + e.what());
   }
@@ -248,7 +260,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   model().check_batch_memory(std::min(ceil_div(eval_global, in_sync), eval_samples), eval_batch);
   const Shape sample = splits_.train.x.shape().tail();
   if (sample != model().input_shape())
-    throw ConfigError(fmt::format("{}: model.input_shape {} does not match the data's sample shape {}", exp_.source_file,
+    throw ConfigError(fmt::format("{}model.input_shape {} does not match the data's sample shape {}",
+                                  config::given_prefix(exp_.input_shape_where, {exp_.source_file, 0, 0}),
                                   model().input_shape().to_string(), sample.to_string()));
   check_labels();
 }
@@ -256,7 +269,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
 void Trainer::check_stored_state(const std::string& path, const checkpoint::TrainingState& state,
                                  const config::Experiment& stored) const {
   std::vector<std::unique_ptr<metrics::Metric>> kept;
-  for (auto kind : stored.metrics) kept.push_back(metrics::make_metric(kind, stored.loss, replicas_[0].ctx->numerics()));
+  for (auto kind : stored.metrics)
+    kept.push_back(metrics::make_metric(kind, stored.loss, model_outputs(*replicas_[0].model), replicas_[0].ctx->numerics()));
   check_metric_state(path, state, kept);
 }
 
@@ -301,10 +315,6 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
   nn::check_precision(exp_.precision, exp_.precision_where, *lane.ctx);
   device::Numerics& numerics = lane.ctx->numerics();
   lane.loss = losses::make_loss(exp_.loss, numerics);
-  for (auto kind : exp_.metrics) {
-    lane.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
-    lane.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, numerics));
-  }
   nn::ModelOptions model_options;
   model_options.compute = nn::compute_dtype(exp_.precision);
   if (check_run_memory)
@@ -329,6 +339,10 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
   if (opt_.stop_requested)
     model_options.should_stop = [requested = opt_.stop_requested] { return requested->load() != 0; };
   lane.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *lane.ctx, model_options);
+  for (auto kind : exp_.metrics) {
+    lane.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, model_outputs(*lane.model), numerics));
+    lane.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, model_outputs(*lane.model), numerics));
+  }
   return lane;
 }
 
@@ -921,7 +935,7 @@ metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index)
 }
 
 double Trainer::combined_metric(bool train, std::size_t index) const {
-  auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss, replicas_[0].ctx->numerics());
+  auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss, model_outputs(*replicas_[0].model), replicas_[0].ctx->numerics());
   merged->merge(merged_metric_state(train, index));
   return merged->result();
 }
@@ -1026,6 +1040,13 @@ CallbackList Trainer::make_callbacks(const std::atomic<int>* stop_requested) {
 
 std::int64_t Trainer::steps_per_epoch(const data::DistributedIterator& input) const {
   std::int64_t steps = input.steps_per_epoch();
+  // Each epoch is at most one pass over the training data (reshuffled every epoch): more steps
+  // than a pass makes are cut to it, said once (Keras instead stops the training where its input
+  // runs out).
+  if (exp_.train.steps_per_epoch > steps && steps > 0 && strategy_->is_chief())
+    fmt::print(stderr, "dtrain: warning: {}: train.steps_per_epoch {} is more than the {} steps of one pass over the {} "
+               "training samples at global batch {}; each epoch trains {}\n",
+               exp_.source_file, exp_.train.steps_per_epoch, steps, splits_.train.size(), input.global_batch_size(), steps);
   if (exp_.train.steps_per_epoch > 0) steps = std::min(steps, exp_.train.steps_per_epoch);
   if (steps == 0)
     throw ConfigError(fmt::format("{}: an epoch has no steps: {} training samples, global batch {} with drop_remainder",

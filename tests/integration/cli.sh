@@ -311,6 +311,23 @@ YAML
     : >"$scratch/empty.yaml"
     expect_error 2 "^dtrain: error: [^ ]*empty\.yaml:1:1: missing required key 'model'" -- \
       validate "$scratch/empty.yaml" --set train.epochs=1
+    # So is a top level that is not a map, whatever a --set then looks for in it.
+    printf '%s\n' '- a' '- b' >"$scratch/list.yaml"
+    expect_error 2 "^dtrain: error: [^ ]*list\.yaml:1:1: expected a map of settings at the top level .*got a list" -- \
+      validate "$scratch/list.yaml" --set train.epochs=1
+    # Errors found once the data is loaded are located at the key that decides them.
+    expect_error 2 "^dtrain: error: --set model\.input_shape=\[28,28\]: model\.input_shape \(28, 28\) does not match" -- \
+      run "$small" --set 'model.input_shape=[28,28]' --set 'model.layers=[{flatten: {}}, {dense: {units: 10}}]' \
+      --run-dir "$scratch/shape"
+    expect_error 2 "^dtrain: error: --set data\.validation_split=0\.9999: data\.validation_split 0\.9999 of 2000 training examples leaves 0" -- \
+      run "$small" --set data.validation_split=0.9999 --run-dir "$scratch/split"
+    # Per-replica pipelines cannot split a remainder: refused by validate and run, at the batch key.
+    for command in validate run; do
+      expect_error 2 "^dtrain: error: --set data\.global_batch_size=7: the global batch size 7 does not divide among 2 replicas" -- \
+        $command "$small" --set data.batch_size_per_replica=null --set data.global_batch_size=7 --set data.distribute=per_replica \
+        --set "strategy={kind: mirrored, devices: [cpu:0, cpu:1]}" $([ $command = run ] && echo --run-dir "$scratch/per_replica")
+      [ ! -e "$scratch/per_replica" ] || fail "the refused per_replica run made its run directory"
+    done
     # Billion laughs: ten levels of aliases expand past the budget at once.
     { echo 'a: &a [x, x, x, x, x, x, x, x, x]'
       prev=a

@@ -90,6 +90,8 @@ Experiment without_locations(Experiment e) {
   e.eval_batch_where = {};
   e.data_where = {};
   e.initial_weights_where = {};
+  e.input_shape_where = {};
+  e.validation_split_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }

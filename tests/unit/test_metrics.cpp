@@ -103,18 +103,15 @@ TEST_CASE("categorical accuracy with one-hot rows and with class ids") {
   CHECK_THROWS_AS(m.update(make_f32({3, 2}, {0, 1, 0, 1, 0, 1}), pred), InputError);
 }
 
-TEST_CASE("Accuracy is exact elementwise equality") {
-  Accuracy m(testing::cpu_numerics());
-  m.update(make_f32({3, 1}, {1, 2, 4}), make_f32({3, 1}, {1, 2, 3}));
-  CHECK(m.result() == doctest::Approx(2.0 / 3.0));
-  m.update(make_labels({7}), make_f32({1, 1}, {7.0f}));
-  CHECK(m.state().counts == std::vector<std::int64_t>{3, 4});
-  m.reset();
-  m.update(make_f32({2, 2}, {1, 0, 0, 0}), make_f32({2, 2}, {1, 1, 0, 0}));
+TEST_CASE("binary accuracy counts each example with the mean of its outputs' matches, weighted") {
+  BinaryAccuracy m(testing::cpu_numerics(), 0.5f);
+  m.update(make_f32({2, 2}, {1, 0, 0, 0}), make_f32({2, 2}, {0.9f, 0.8f, 0.1f, 0.2f}));
   CHECK(m.result() == doctest::Approx(0.75));
+  m.update(make_labels({1}), make_f32({1, 1}, {0.7f}));
+  CHECK(m.state().counts == std::vector<std::int64_t>{4, 5});
   // Weighted: each example counts with its mean match.
   m.reset();
-  m.update(make_f32({2, 2}, {1, 0, 0, 0}), make_f32({2, 2}, {1, 1, 0, 0}), std::vector<float>{1.0f, 3.0f});
+  m.update(make_f32({2, 2}, {1, 0, 0, 0}), make_f32({2, 2}, {0.9f, 0.8f, 0.1f, 0.2f}), std::vector<float>{1.0f, 3.0f});
   CHECK(m.result() == doctest::Approx((0.5 * 1 + 1.0 * 3) / 4));
   CHECK_THROWS_AS(m.update(make_f32({2, 1}, {1, 0}), make_f32({2, 2}, {1, 1, 0, 0})), InputError);
 }
@@ -128,27 +125,45 @@ TEST_CASE("binary accuracy thresholds probabilities at 0.5, logits at 0") {
   CHECK(logits.state().counts == std::vector<std::int64_t>{3, 4});
 }
 
-TEST_CASE("make_metric resolves accuracy from the loss, with Keras names") {
+TEST_CASE("make_metric resolves accuracy as Keras 3's compile does: from the outputs and the labels, with Keras names") {
   using config::LossKind;
   using config::MetricKind;
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::sparse_categorical_crossentropy), testing::cpu_numerics())->name() ==
+  const auto name_of = [](MetricKind kind, config::LossConfig loss, std::int64_t outputs) {
+    return make_metric(kind, loss, outputs, testing::cpu_numerics())->name();
+  };
+  CHECK(name_of(MetricKind::accuracy, loss_of(LossKind::sparse_categorical_crossentropy), 10) ==
         "sparse_categorical_accuracy");
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::categorical_crossentropy), testing::cpu_numerics())->name() ==
-        "categorical_accuracy");
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy), testing::cpu_numerics())->name() == "binary_accuracy");
-  CHECK(make_metric(MetricKind::accuracy, loss_of(LossKind::mean_squared_error), testing::cpu_numerics())->name() == "accuracy");
-  CHECK(make_metric(MetricKind::sparse_categorical_accuracy, loss_of(LossKind::mean_squared_error), testing::cpu_numerics())->name() ==
+  CHECK(name_of(MetricKind::accuracy, loss_of(LossKind::categorical_crossentropy), 10) == "categorical_accuracy");
+  CHECK(name_of(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy), 1) == "binary_accuracy");
+  // One output is binary whatever the loss; several float targets each are categorical (Keras
+  // picks categorical_accuracy for a multi-label binary_crossentropy too).
+  CHECK(name_of(MetricKind::accuracy, loss_of(LossKind::mean_squared_error), 1) == "binary_accuracy");
+  CHECK(name_of(MetricKind::accuracy, loss_of(LossKind::mean_squared_error), 3) == "categorical_accuracy");
+  CHECK(name_of(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy), 4) == "categorical_accuracy");
+  CHECK(name_of(MetricKind::accuracy, loss_of(LossKind::categorical_crossentropy), 1) == "binary_accuracy");
+  // Named metrics are what they say.
+  CHECK(name_of(MetricKind::sparse_categorical_accuracy, loss_of(LossKind::mean_squared_error), 1) ==
         "sparse_categorical_accuracy");
-  CHECK(make_metric(MetricKind::categorical_accuracy, loss_of(LossKind::sparse_categorical_crossentropy), testing::cpu_numerics())->name() ==
+  CHECK(name_of(MetricKind::categorical_accuracy, loss_of(LossKind::sparse_categorical_crossentropy), 10) ==
         "categorical_accuracy");
 
   // With logits the binary threshold is 0: a logit of 0.3 is class 1, a probability of 0.3 is not.
-  auto on_logits = make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, true), testing::cpu_numerics());
-  auto on_probabilities = make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, false), testing::cpu_numerics());
+  auto on_logits = make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, true), 1, testing::cpu_numerics());
+  auto on_probabilities =
+      make_metric(MetricKind::accuracy, loss_of(LossKind::binary_crossentropy, false), 1, testing::cpu_numerics());
   on_logits->update(make_labels({1}), make_f32({1, 1}, {0.3f}));
   on_probabilities->update(make_labels({1}), make_f32({1, 1}, {0.3f}));
   CHECK(on_logits->result() == 1.0);
   CHECK(on_probabilities->result() == 0.0);
+  // A regression's one output is thresholded at 0.5, as Keras' BinaryAccuracy does: 0.7 against a
+  // target of 1 is a hit, 0.4 against 1 and 0.6 against 0 are not.
+  auto regression = make_metric(MetricKind::accuracy, loss_of(LossKind::mean_squared_error), 1, testing::cpu_numerics());
+  regression->update(make_f32({3, 1}, {1.0f, 1.0f, 0.0f}), make_f32({3, 1}, {0.7f, 0.4f, 0.6f}));
+  CHECK(regression->result() == doctest::Approx(1.0 / 3.0));
+  // Several float targets: the largest prediction against the largest target.
+  auto several = make_metric(MetricKind::accuracy, loss_of(LossKind::mean_squared_error), 2, testing::cpu_numerics());
+  several->update(make_f32({2, 2}, {0.1f, 0.9f, 0.8f, 0.2f}), make_f32({2, 2}, {0.0f, 2.0f, 0.0f, 1.0f}));
+  CHECK(several->result() == doctest::Approx(0.5));
 }
 
 TEST_CASE("Mean: weighted mean, reset, merge") {

@@ -64,7 +64,7 @@ void check_steps_allocate_nothing(const config::ModelConfig& mc) {
   lc.from_logits = true;
   lc.reduction = config::Reduction::none;
   auto loss = losses::make_loss(lc, ctx.numerics());
-  auto metric = metrics::make_metric(config::MetricKind::sparse_categorical_accuracy, lc, ctx.numerics());
+  auto metric = metrics::make_metric(config::MetricKind::sparse_categorical_accuracy, lc, 10, ctx.numerics());
   config::OptimizerConfig oc;
   auto optimizer = optim::make_optimizer(oc, ctx.numerics());
   Tensor x(Shape{16, 28, 28, 1}), y(Shape{16}, DType::i32);
