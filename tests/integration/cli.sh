@@ -98,6 +98,12 @@ case "$case_name" in
     grep -Eq '^Epoch 1, Loss: [0-9.]+, Accuracy: [0-9.]+, Validation Loss: [0-9.]+, Validation Accuracy: [0-9.]+, Test Loss: [0-9.]+, Test Accuracy: [0-9.]+$' "$scratch/out" \
       || fail "validation figures missing from the epoch line"
     grep -q '(24 steps' "$scratch/out" || fail "1500 training samples at batch 64 make 24 steps"
+    # More steps than one pass makes are cut to it, with a warning.
+    "$dtrain" run "$small" --set train.epochs=1 --set data.validation_split=0.25 --set train.steps_per_epoch=100 \
+      --set train.progress=none --run-dir "$scratch/long" >"$scratch/out" 2>"$scratch/err" || fail "run failed"
+    grep -q '(24 steps' "$scratch/out" || fail "steps_per_epoch 100 did not train the 24 steps of one pass"
+    grep -q "warning: .*train.steps_per_epoch 100 is more than the 24 steps of one pass over the 1500 training samples" \
+      "$scratch/err" || fail "no warning for steps_per_epoch past the data: $(cat "$scratch/err")"
     ;;
   deterministic)
     for i in 1 2; do
