@@ -264,6 +264,19 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
                                   config::given_prefix(exp_.input_shape_where, {exp_.source_file, 0, 0}),
                                   model().input_shape().to_string(), sample.to_string()));
   check_labels();
+  // Micro-batches of one sample leave a batch normalization of flat features (after dense or
+  // flatten) that is not synchronized nothing to normalize over: each feature's variance is 0, its
+  // output its beta whatever the input, so nothing below it learns. Over an image's positions one
+  // sample still has statistics.
+  if (exp_.reproducibility.invariant() && exp_.reproducibility.micro_batch_size == 1 && strategy_->is_chief())
+    for (std::size_t i = 0; i < model().num_layers(); ++i) {
+      const nn::Layer& layer = model().layer(i);
+      if (layer.kind() == "batch_normalization" && !layer.synchronizes_replicas() && layer.input_shape().rank() == 1)
+        fmt::print(stderr, "dtrain: warning: {}reproducibility.micro_batch_size 1 normalizes layer '{}' over one sample "
+                   "at a time: each feature's variance is 0 and its output its beta, so the layers below it learn "
+                   "nothing; use micro-batches of several samples, or synchronized: true\n",
+                   config::given_prefix(exp_.reproducibility.where, {exp_.source_file, 0, 0}), layer.name());
+    }
 }
 
 void Trainer::check_stored_state(const std::string& path, const checkpoint::TrainingState& state,

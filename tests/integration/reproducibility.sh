@@ -154,6 +154,20 @@ case "$case_name" in
       --set reproducibility.micro_batch_size=4
     expect "raise micro_batch_size to at least" run "$exp" --set reproducibility.micro_batch_size=1 \
       --set data.global_batch_size=1000 --run-dir "$scratch/r2"
+    # Micro-batches of one sample under a batch normalization of flat features that is not
+    # synchronized: warned of (it would learn nothing below it), at the mode.
+    "$dtrain" run "$exp" --set reproducibility.micro_batch_size=1 --set data.global_batch_size=4 \
+      --set train.steps_per_epoch=2 --set 'model.layers=[{flatten: {}}, {dense: {units: 8}},
+      {batch_normalization: {}}, {dense: {units: 10}}]' --run-dir "$scratch/r3" >"$scratch/out" 2>&1 \
+      || fail "the run with micro-batches of one failed: $(cat "$scratch/out")"
+    grep -q "warning: .*replica_invariant.yaml:[0-9]*:[0-9]*: reproducibility.micro_batch_size 1 normalizes layer 'batch_normalization' over one sample" \
+      "$scratch/out" || fail "no warning of one-sample batch normalization: $(cat "$scratch/out")"
+    "$dtrain" run "$exp" --set reproducibility.micro_batch_size=2 --set data.global_batch_size=4 \
+      --set train.steps_per_epoch=2 --set 'model.layers=[{flatten: {}}, {dense: {units: 8}},
+      {batch_normalization: {}}, {dense: {units: 10}}]' --run-dir "$scratch/r4" >"$scratch/out" 2>&1 \
+      || fail "the run with micro-batches of two failed: $(cat "$scratch/out")"
+    grep -q "warning" "$scratch/out" && fail "a warning for micro-batches of two: $(cat "$scratch/out")"
+    true
     ;;
   *) fail "unknown case" ;;
 esac
