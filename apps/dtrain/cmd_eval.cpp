@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -25,7 +26,19 @@ int naming_source(const std::string& source, const std::function<int()>& body) {
   }
 }
 
+void refuse_writing_onto(const std::string& output, const char* option, std::initializer_list<std::string> inputs) {
+  if (output.empty()) return;
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    if (input.empty() || !std::filesystem::equivalent(output, input, error)) continue;
+    throw ConfigError(fmt::format("{} {} is {}, which this command reads: writing there would replace it; choose "
+                                  "another file",
+                                  option, output, input));
+  }
+}
+
 int eval_command(const EvalArgs& args) {
+  refuse_writing_onto(args.predictions, "--predictions", {args.checkpoint, args.experiment});
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
     // The model comes from the experiment stored in the checkpoint, unless one is given.

@@ -17,6 +17,7 @@ namespace dtrain::app {
 
 int export_command(const ExportArgs& args) {
   const bool keras = args.format == "keras";
+  refuse_writing_onto(args.output, "-o", {args.checkpoint, args.experiment});
   if (args.checkpoint.empty() && args.experiment.empty())
     throw ConfigError("dtrain export needs a CHECKPOINT to export, or --experiment EXP alone for the model as that "
                       "experiment initializes it");

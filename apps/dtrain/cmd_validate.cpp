@@ -19,6 +19,8 @@ namespace dtrain::app {
 
 int validate_command(const ValidateArgs& args) {
   config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+  // As `run` does, before any kernel: what reproducibility.isa leaves the kernels (and bfloat16).
+  train::cap_instruction_set(exp);
   // Building the model checks what YAML alone cannot: that the layers fit the input shape. Its
   // kernels are made on the CPU backend, which has one for every layer kind.
   const auto ctx = device::make_context(Device{});

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -164,6 +165,11 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
 // stored experiment names the checkpoint it came from. A stop on a non-finite loss is not an
 // error of the stored experiment and passes unchanged.
 int naming_source(const std::string& source, const std::function<int()>& body);
+
+// ConfigError when `output` (what `option` names to write: --predictions, -o) is one of the
+// command's `inputs` (the checkpoint, the experiment file) under any spelling or link: the write
+// would replace the file it reads. Empty names are skipped.
+void refuse_writing_onto(const std::string& output, const char* option, std::initializer_list<std::string> inputs);
 
 // The values of model.initial_weights (a Keras 3 weights file) for `model`'s variables, in
 // model.variables() order; empty when the experiment names no file. An error reading it names the

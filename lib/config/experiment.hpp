@@ -307,6 +307,7 @@ struct Experiment {
   SourceLocation initial_weights_where;  // model.initial_weights (line 0 when left out): for errors of that file
   SourceLocation input_shape_where;       // model.input_shape: for a data sample of another shape
   SourceLocation validation_split_where;  // data.validation_split (line 0 when left out): for a split that leaves none
+  SourceLocation metrics_where;           // the metrics list (line 0 when left out): for labels a metric cannot read
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

@@ -1,5 +1,7 @@
 #include "config/model_checks.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "config/parse.hpp"
@@ -55,6 +57,11 @@ void check_loss_fits_model(const Experiment& e, std::span<const std::int64_t> ou
                                   at_loss, name_of(kind), outputs, outputs == 1 ? "" : "s", labels->targets,
                                   labels->targets == 1 ? "" : "s", name_of(e.data.source), last_layer, labels->targets,
                                   outputs, outputs == 1 ? "" : "s"));
+  if (labels && !labels->class_ids &&
+      std::find(e.metrics.begin(), e.metrics.end(), MetricKind::sparse_categorical_accuracy) != e.metrics.end())
+    throw ConfigError(fmt::format("{}metric sparse_categorical_accuracy needs integer class ids, but data source {} "
+                                  "gives float targets; use categorical_accuracy, or accuracy",
+                                  location_prefix(e.metrics_where, file), name_of(e.data.source)));
   if (e.data.source == SourceKind::tensors) {
     // data.y is the targets of the one example the source repeats.
     const auto targets = static_cast<std::int64_t>(e.data.y.size());

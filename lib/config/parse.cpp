@@ -555,6 +555,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
   out.loss = parse_loss(section("loss"), s.find("loss") ? s.key_origin("loss") : empty.origin);
   out.optimizer = parse_optimizer(section("optimizer"));
   out.metrics = parse_metrics(section("metrics"));
+  if (s.find("metrics")) out.metrics_where = section("metrics").origin.location();
   out.train = parse_train(section("train"));
   out.checkpoint = parse_checkpoint(section("checkpoint"));
   out.reproducibility = parse_reproducibility(section("reproducibility"));

@@ -188,6 +188,10 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
                                    dtype_name(first.x.dtype()), first.x.shape().tail().to_string(),
                                    dtype_name(first.y.dtype()), first.y.shape().tail().to_string()));
     total += part.size();
+    if (!part.classes_from_labels && !first.classes_from_labels && part.num_classes != first.num_classes)
+      throw InputError(fmt::format("{} declares {} classes but {} declares {}; every shard must declare the same "
+                                   "num_classes",
+                                   part.description, part.num_classes, first.description, first.num_classes));
     classes = std::max(classes, part.num_classes);
   }
   Dataset out;
@@ -202,9 +206,22 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
     y_at += part.y.bytes();
   }
   out.num_classes = classes;
+  out.classes_from_labels = std::any_of(parts.begin(), parts.end(), [](const Dataset& p) { return p.classes_from_labels; });
   out.x_scale = first.x_scale;
   out.description = std::move(description);
   return out;
+}
+
+// Train and test (or shards) share one class count: the larger where either counted its labels
+// (a split may lack the top class); two that declare theirs (num_classes) must declare the same.
+void agree_on_classes(Dataset& a, Dataset& b) {
+  if (!a.classes_from_labels && !b.classes_from_labels && a.num_classes > 0 && b.num_classes > 0 &&
+      a.num_classes != b.num_classes)
+    throw InputError(fmt::format("{} declares {} classes but {} declares {}; the splits must declare the same "
+                                 "num_classes",
+                                 a.description, a.num_classes, b.description, b.num_classes));
+  a.num_classes = b.num_classes = std::max(a.num_classes, b.num_classes);
+  a.classes_from_labels = b.classes_from_labels = a.classes_from_labels && b.classes_from_labels;
 }
 
 DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, const std::vector<std::string>& shard_files) {
@@ -241,15 +258,13 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
                                               files.front(), files.size() > 1 ? ", ..." : "");
         splits.train = concatenate(train, fmt::format("HDF5 /train: {} examples from {}", total_size(train), which));
         splits.test = concatenate(test, fmt::format("HDF5 /test: {} examples from {}", total_size(test), which));
-        const int classes = std::max(splits.train.num_classes, splits.test.num_classes);
-        splits.train.num_classes = splits.test.num_classes = classes;
+        agree_on_classes(splits.train, splits.test);
         break;
       }
       if (config.path.empty()) throw ConfigError("data.path is empty; source hdf5 needs the path of an HDF5 file");
       splits.train = load_hdf5(config.path, "train");
       splits.test = load_hdf5(config.path, "test");
-      const int classes = std::max(splits.train.num_classes, splits.test.num_classes);
-      splits.train.num_classes = splits.test.num_classes = classes;
+      agree_on_classes(splits.train, splits.test);
       break;
     }
     case config::SourceKind::synthetic:

@@ -116,7 +116,9 @@ Dataset load_hdf5(const std::string& path, const std::string& group) {
   QuietHdf5Errors quiet;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
-    throw InputError(fmt::format("{}: no such file; set data.path to an HDF5 file with groups /train and /test", path));
+    throw InputError(fmt::format("{}: no such file; data.path and each of data.shards name an HDF5 file with groups "
+                                 "/train and /test",
+                                 path));
   if (!std::filesystem::is_regular_file(path, ec))
     throw InputError(fmt::format("{}: is not a regular file (a directory, FIFO, socket or device); set data.path to an "
                                  "HDF5 file",

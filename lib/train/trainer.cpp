@@ -91,6 +91,16 @@ void check_update_count(const std::string& path, const checkpoint::TrainingState
 
 }  // namespace
 
+void cap_instruction_set(const config::Experiment& experiment) {
+  if (experiment.reproducibility.isa == config::IsaCap::native) return;
+  try {
+    device::cap_instruction_set(Device::Kind::cpu, config::name_of(experiment.reproducibility.isa));
+  } catch (const ConfigError& e) {
+    throw ConfigError(config::given_prefix(experiment.reproducibility.isa_where, {experiment.source_file, 0, 0}) +
+                      e.what());
+  }
+}
+
 int resolve_threads(int configured) {
   if (configured > 0) return configured;
   int cores = std::max(1, omp_get_num_procs());
@@ -104,14 +114,7 @@ int resolve_threads(int configured) {
 Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
-  // Before any kernel exists: the instruction set the CPU's kernels may use.
-  if (exp_.reproducibility.isa != config::IsaCap::native) {
-    try {
-      device::cap_instruction_set(Device::Kind::cpu, config::name_of(exp_.reproducibility.isa));
-    } catch (const ConfigError& e) {
-      throw ConfigError(config::given_prefix(exp_.reproducibility.isa_where, {exp_.source_file, 0, 0}) + e.what());
-    }
-  }
+  cap_instruction_set(exp_);
   strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
   // The experiment against the job's worker count: every worker finds the same at the same point,
   // so the chief alone reports it (JobConfigError), at the key that decides it.
@@ -122,7 +125,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       throw JobConfigError(where + e.what());
     }
   };
-  for_every_worker(exp_.source_file + ": ", [&] {
+  for_every_worker(config::given_prefix(exp_.data_where, {exp_.source_file, 0, 0}), [&] {
     shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
   });
   const config::BatchKey batch = config::batch_key(exp_, false), eval_batch = config::batch_key(exp_, true);
@@ -247,9 +250,9 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
                                 config::LabelKind{class_ids, splits_.train.num_classes,
                                                   class_ids ? 0 : splits_.train.y.shape().tail().numel()});
   if (splits_.test.size() == 0)
-    throw InputError(fmt::format("{}: the test split of {} is empty, so evaluation would report nothing; give the "
+    throw InputError(fmt::format("{}the test split of {} is empty, so evaluation would report nothing; give the "
                                  "data a test split",
-                                 exp_.source_file, splits_.test.description));
+                                 at_data, splits_.test.description));
   // The largest batch a replica holds in training and in evaluation (never more than the split),
   // against the memory, naming the batch key and the layer that decide it.
   const std::int64_t in_sync = strategy_->num_replicas_in_sync();
@@ -1062,8 +1065,9 @@ std::int64_t Trainer::steps_per_epoch(const data::DistributedIterator& input) co
                exp_.source_file, exp_.train.steps_per_epoch, steps, splits_.train.size(), input.global_batch_size(), steps);
   if (exp_.train.steps_per_epoch > 0) steps = std::min(steps, exp_.train.steps_per_epoch);
   if (steps == 0)
-    throw ConfigError(fmt::format("{}: an epoch has no steps: {} training samples, global batch {} with drop_remainder",
-                                  exp_.source_file, splits_.train.size(), input.global_batch_size()));
+    throw ConfigError(fmt::format("{}an epoch has no steps: {} training samples, global batch {} with drop_remainder; "
+                                  "choose a smaller batch, or data.drop_remainder: false",
+                                  config::batch_key(exp_, false).where, splits_.train.size(), input.global_batch_size()));
   return steps;
 }
 

@@ -70,6 +70,10 @@ struct TrainerOptions {
 // shared with the other ranks an MPI launcher started on the same node.
 int resolve_threads(int configured);
 
+// reproducibility.isa: caps the instruction set the CPU's kernels may use, before any kernel
+// exists (a ConfigError at the key when the CPU lacks it); nothing for `native`.
+void cap_instruction_set(const config::Experiment& experiment);
+
 // A strategy that schedules its own steps runs its loop (train/strategy_loop.hpp) in fit(), on the
 // trainer as a LoopHost.
 class Trainer : private LoopHost {

@@ -129,6 +129,23 @@ case "$case_name" in
     rc=$?
     [ "$rc" = 2 ] || fail "no -o: exit $rc"
     [ -z "$(find "$scratch" -name '*.onnx*')" ] || fail "files were left: $(find "$scratch" -name '*.onnx*')"
+    # An output onto the file the command reads (under another spelling, or a link) would replace
+    # it: refused, the checkpoint untouched.
+    before=$(sha256sum <"$ckpt")
+    ln -s "$ckpt" "$scratch/link.h5"
+    for out in "$ckpt" "$(dirname "$ckpt")/../checkpoints/$(basename "$ckpt")" "$scratch/link.h5"; do
+      for format in onnx keras; do
+        "$dtrain" export "$ckpt" --format $format -o "$out" 2>"$scratch/err"
+        rc=$?
+        [ "$rc" = 2 ] && grep -qF -- "-o $out is $ckpt, which this command reads" "$scratch/err" \
+          || fail "export --format $format onto its checkpoint ($out): exit $rc, $(cat "$scratch/err")"
+      done
+      "$dtrain" eval --checkpoint "$ckpt" --predictions "$out" >/dev/null 2>"$scratch/err"
+      rc=$?
+      [ "$rc" = 2 ] && grep -qF -- "--predictions $out is $ckpt" "$scratch/err" \
+        || fail "eval --predictions onto its checkpoint ($out): exit $rc, $(cat "$scratch/err")"
+    done
+    [ "$before" = "$(sha256sum <"$ckpt")" ] || fail "the checkpoint changed"
     ;;
   keras)
     # --format keras, and model.initial_weights reading it back, without Keras (tests/anchors has

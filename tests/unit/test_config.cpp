@@ -92,6 +92,7 @@ Experiment without_locations(Experiment e) {
   e.initial_weights_where = {};
   e.input_shape_where = {};
   e.validation_split_where = {};
+  e.metrics_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
@@ -1290,6 +1291,18 @@ TEST_CASE("config: float targets of another width than the model's outputs are r
   CHECK(error_for("mean_squared_error", {2}, 2).empty());
   CHECK(error_for("binary_crossentropy", {1}, 1).empty());
   CHECK(error_for("mean_squared_error", {2}, 0).empty());  // unknown before the data is loaded
+  // A metric that reads class ids, over float targets: refused at the metrics list.
+  const std::string yaml = "model:\n  input_shape: [4]\n  layers:\n    - dense: {units: 2}\n"
+                           "data: {source: hdf5, path: d.h5}\nloss: {kind: categorical_crossentropy}\n"
+                           "metrics: [sparse_categorical_accuracy]\n";
+  try {
+    check_loss_fits_model(parse_experiment(yaml, "t.yaml"), std::vector<std::int64_t>{2}, LabelKind{false, 0, 2});
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()) == "t.yaml:7:10: metric sparse_categorical_accuracy needs integer class ids, but data "
+                                   "source hdf5 gives float targets; use categorical_accuracy, or accuracy");
+  }
+  check_loss_fits_model(parse_experiment(yaml, "t.yaml"), std::vector<std::int64_t>{2}, LabelKind{true, 2, 0});
 }
 
 TEST_CASE("config: model.initial_weights names a file, located for the errors of reading it") {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -496,6 +497,51 @@ TEST_CASE("special files are refused before they are opened, instead of blocking
   REQUIRE(::mkfifo(h5_fifo.c_str(), 0600) == 0);
   CHECK(contains(hdf5_error(h5_fifo, "train"), "not a regular file"));
   CHECK(contains(idx_error("/dev/zero"), "not a regular file"));
+}
+
+// Attribute num_classes = `classes` on `group` of the file at `path`.
+void h5_num_classes(const std::string& path, const std::string& group, long long classes) {
+  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  hid_t g = H5Gopen2(file, group.c_str(), H5P_DEFAULT);
+  hid_t space = H5Screate(H5S_SCALAR);
+  hid_t attr = H5Acreate2(g, "num_classes", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+  REQUIRE(H5Awrite(attr, H5T_NATIVE_LLONG, &classes) >= 0);
+  H5Aclose(attr);
+  H5Sclose(space);
+  H5Gclose(g);
+  H5Fclose(file);
+}
+
+TEST_CASE("train and test splits that declare different num_classes are refused, naming both") {
+  TempDir dir;
+  const auto make = [&](const std::string& name, std::optional<long long> train, std::optional<long long> test) {
+    const std::string path = dir.file(name);
+    for (const char* group : {"train", "test"}) {
+      h5_write<std::uint8_t>(path, group, "x", {2, 2}, {1, 2, 3, 4}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+      h5_write<std::int32_t>(path, group, "y", {2}, {0, 1}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    }
+    if (train) h5_num_classes(path, "train", *train);
+    if (test) h5_num_classes(path, "test", *test);
+    config::DataConfig config;
+    config.source = config::SourceKind::hdf5;
+    config.path = path;
+    return config;
+  };
+  try {
+    load_splits(make("differ.h5", 3, 5), 1);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(contains(e.what(), "declares 3 classes but HDF5 /test"));
+    CHECK(contains(e.what(), "declares 5; the splits must declare the same num_classes"));
+  }
+  CHECK(load_splits(make("same.h5", 4, 4), 1).test.num_classes == 4);
+  // One declared, one counted from its labels: the larger, as a split may lack the top class.
+  const DataSplits one = load_splits(make("one.h5", 4, std::nullopt), 1);
+  CHECK(one.train.num_classes == 4);
+  CHECK(one.test.num_classes == 4);
+  CHECK(!one.train.classes_from_labels);
+  CHECK(load_splits(make("none.h5", std::nullopt, std::nullopt), 1).train.classes_from_labels);
 }
 
 TEST_CASE("float targets outside [0, 1] are found for a crossentropy, naming the source and the sample") {

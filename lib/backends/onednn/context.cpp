@@ -358,6 +358,11 @@ std::string OnednnContext::cannot_compute_in(DType compute) const {
     case DType::f32: return {};
     case DType::bf16:
       if (cpu_has_bf16()) return {};
+      // The CPU may have them with oneDNN capped below them (reproducibility.isa, ONEDNN_MAX_CPU_ISA).
+      if (__builtin_cpu_supports("avx512bf16"))
+        return fmt::format("oneDNN is capped to isa {} (reproducibility.isa, or ONEDNN_MAX_CPU_ISA), below the "
+                           "avx512_core_bf16 that bfloat16 needs, which this CPU has; lift the cap",
+                           effective_isa());
       return fmt::format("this CPU has no bfloat16 instructions (oneDNN dispatches to isa {}; bfloat16 needs "
                          "avx512_core_bf16 or avx512_core_amx)",
                          effective_isa());
