@@ -57,6 +57,12 @@ int export_command(const ExportArgs& args) {
   }
 
   if (keras) {
+    // Keras 3's load_weights reads its own format only from a name ending in .weights.h5 (a plain
+    // .h5 it reads as Keras 2's legacy layout, and fails).
+    if (!args.output.ends_with(".weights.h5"))
+      fmt::print(stderr, "dtrain: warning: -o {}: Keras 3's model.load_weights reads this format only from a file "
+                 "named *.weights.h5\n",
+                 args.output);
     write_file_atomically(args.output, interop::keras_weights_image(*model, exp.name));
     fmt::print("Exported {} to {}: Keras 3 weights of {} layers ({} variables) for model.load_weights\n", what,
                args.output, model->num_layers(), model->variables().size());

@@ -19,6 +19,10 @@ int plot_command(const PlotArgs& args) {
   const std::string png = !args.output.empty() ? args.output
                           : args.run_dirs.size() == 1 ? args.run_dirs.front() + "/curves.png"
                                                       : std::string("curves.png");
+  // The picture is a PNG whatever the name says; a viewer goes by the name.
+  if (!png.ends_with(".png"))
+    fmt::print(stderr, "dtrain: warning: -o {}: dtrain plot writes a PNG image; name it .png so that viewers read it as one\n",
+               png);
   observe::plot_curves(runs, png);
   fmt::print("wrote {}\n", png);
   return kOk;

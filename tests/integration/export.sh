@@ -160,6 +160,12 @@ case "$case_name" in
       || fail "export --format keras failed: $(cat "$scratch/out")"
     grep -q "^Exported $ckpt (global step 2) to $scratch/b.weights.h5: Keras 3 weights of 12 layers" "$scratch/out" \
       || fail "export printed $(cat "$scratch/out")"
+    grep -q "warning" "$scratch/out" && fail "a warning for a .weights.h5 name: $(cat "$scratch/out")"
+    # Another name is written, with a warning that Keras 3 will not read it under that name.
+    "$dtrain" export "$ckpt" --format keras -o "$scratch/b.h5" >/dev/null 2>"$scratch/err" || fail "export to b.h5 failed"
+    grep -q "warning: -o $scratch/b.h5: Keras 3's model.load_weights reads this format only from a file named \*.weights.h5" \
+      "$scratch/err" || fail "no warning for b.h5: $(cat "$scratch/err")"
+    cmp -s "$scratch/b.h5" "$scratch/b.weights.h5" || fail "b.h5 differs from b.weights.h5"
     # The experiment starting from them: its initial model is the checkpoint's weights, bit for bit.
     awk -v weights="$scratch/b.weights.h5" '/^loss:/ && !done {print "  initial_weights: " weights; done = 1} {print}' \
       "$b" >"$scratch/from.yaml"

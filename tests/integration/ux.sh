@@ -127,8 +127,11 @@ case "$case_name" in
     "$dtrain" run "$small" "${short[@]}" --set train.progress=none --run-dir "$scratch/a" >/dev/null || fail "run a failed"
     "$dtrain" run "$small" "${short[@]}" --set train.progress=none --set data.validation_split=0.2 \
       --set optimizer.learning_rate=0.003 --run-dir "$scratch/b" >/dev/null || fail "run b failed"
-    "$dtrain" plot "$scratch/a" -o "$scratch/one.png" || fail "plot of one run failed"
+    "$dtrain" plot "$scratch/a" -o "$scratch/one.png" 2>"$scratch/err" || fail "plot of one run failed"
     is_png "$scratch/one.png" || fail "one.png is not a PNG"
+    [ ! -s "$scratch/err" ] || fail "plot to one.png said: $(cat "$scratch/err")"
+    "$dtrain" plot "$scratch/a" -o "$scratch/one.jpg" >/dev/null 2>"$scratch/err" || fail "plot to one.jpg failed"
+    grep -q "warning: -o $scratch/one.jpg: dtrain plot writes a PNG image" "$scratch/err" || fail "no warning for .jpg: $(cat "$scratch/err")"
     "$dtrain" plot "$scratch/a" "$scratch/b" -o "$scratch/two.png" || fail "plot of two runs failed"
     is_png "$scratch/two.png" || fail "two.png is not a PNG"
     "$dtrain" plot "$scratch/a" >/dev/null || fail "plot without -o failed"
