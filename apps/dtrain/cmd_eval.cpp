@@ -26,8 +26,11 @@ int naming_source(const std::string& source, const std::function<int()>& body) {
   }
 }
 
-void refuse_writing_onto(const std::string& output, const char* option, std::initializer_list<std::string> inputs) {
+void refuse_writing_onto(const std::string& output, const char* option, std::vector<std::string> inputs,
+                         const config::Experiment& experiment) {
   if (output.empty()) return;
+  inputs.push_back(experiment.data.path);
+  inputs.insert(inputs.end(), experiment.data.shards.begin(), experiment.data.shards.end());
   for (const std::string& input : inputs) {
     std::error_code error;
     if (input.empty() || !std::filesystem::equivalent(output, input, error)) continue;
@@ -38,7 +41,6 @@ void refuse_writing_onto(const std::string& output, const char* option, std::ini
 }
 
 int eval_command(const EvalArgs& args) {
-  refuse_writing_onto(args.predictions, "--predictions", {args.checkpoint, args.experiment});
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
     // The model comes from the experiment stored in the checkpoint, unless one is given.
@@ -47,6 +49,7 @@ int eval_command(const EvalArgs& args) {
         args.experiment.empty()
             ? config::parse_experiment(stored.experiment_yaml, args.checkpoint + ":/experiment", args.overrides)
             : config::load_experiment(args.experiment, args.overrides);
+    refuse_writing_onto(args.predictions, "--predictions", {args.checkpoint, args.experiment}, exp);
     // Evaluate with the global batch training evaluated with: the per-example results, so the
     // printed figures, are those training printed. (A multi-worker experiment's replicas are
     // counted in this job's workers: the checkpoint does not say how many trained.)

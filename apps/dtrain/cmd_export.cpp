@@ -17,7 +17,6 @@ namespace dtrain::app {
 
 int export_command(const ExportArgs& args) {
   const bool keras = args.format == "keras";
-  refuse_writing_onto(args.output, "-o", {args.checkpoint, args.experiment});
   if (args.checkpoint.empty() && args.experiment.empty())
     throw ConfigError("dtrain export needs a CHECKPOINT to export, or --experiment EXP alone for the model as that "
                       "experiment initializes it");
@@ -31,6 +30,7 @@ int export_command(const ExportArgs& args) {
   const config::Experiment exp = args.experiment.empty()
                                      ? config::parse_experiment(stored->experiment_yaml, source, args.overrides)
                                      : config::load_experiment(args.experiment, args.overrides);
+  refuse_writing_onto(args.output, "-o", {args.checkpoint, args.experiment, exp.model.initial_weights}, exp);
   // The weights are float32 whatever precision trained them; the graph computes in float32.
   const std::unique_ptr<device::Context> cpu = device::make_context(Device{});
   std::unique_ptr<nn::Sequential> model;

@@ -50,6 +50,7 @@ std::string npy_int64(const std::vector<std::int64_t>& values, std::int64_t rows
 
 int order_command(const OrderArgs& args) {
   const config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+  refuse_writing_onto(args.output, "-o", {args.experiment}, exp);
   const std::int64_t epochs = args.epochs > 0 ? args.epochs : exp.train.epochs;
   // Worker 0's order, which is every worker's unless auto_shard is off (then each shuffles with a
   // seed of its own) or the workers load different shard files.

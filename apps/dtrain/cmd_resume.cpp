@@ -118,6 +118,11 @@ std::pair<std::string, std::string> first_difference(const std::string& a, const
 void check_belongs_to_run(const std::string& path, const std::string& stored_yaml, const config::Experiment& run,
                           const std::string& run_dir) {
   config::Experiment stored = config::parse_experiment(stored_yaml, path + ":/experiment", {});
+  if (stored.reproducibility.invariant()) {  // the layout changes no bits (keeps_results)
+    stored.strategy = run.strategy;
+    stored.train.threads = run.train.threads;
+    stored.train.parallelism = run.train.parallelism;
+  }
   stored.train.epochs = run.train.epochs;
   stored.train.progress = run.train.progress;
   stored.train.tensorboard = run.train.tensorboard;
@@ -212,12 +217,11 @@ int resume_command(const ResumeArgs& args) {
   return naming_source(candidates[first] + ":/experiment", [&] {
   return train_or_evaluate(*workers, exp, options, [&](train::Trainer& trainer) {
     // Restoring verifies every checksum; a checkpoint that fails it is skipped for the previous one.
+    // Those are older than the run's newest own checkpoint, so of its history (the point a resume
+    // with --set branched from holds the experiment before the --set): not compared with it.
     const std::string& chosen = candidates[first_valid(candidates, first, args.run_dir, say,
                                                        [&](const std::string& path) {
-                                                         const checkpoint::Contents contents = checkpoint::peek(path);
-                                                         check_epoch_in_run(path, contents);
-                                                         if (run) check_belongs_to_run(path, contents.experiment_yaml, *run,
-                                                                                       args.run_dir);
+                                                         check_epoch_in_run(path, checkpoint::peek(path));
                                                          trainer.restore(path);
                                                        })];
     stored = checkpoint::peek(chosen);

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <exception>
 #include <functional>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -167,9 +166,10 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
 int naming_source(const std::string& source, const std::function<int()>& body);
 
 // ConfigError when `output` (what `option` names to write: --predictions, -o) is one of the
-// command's `inputs` (the checkpoint, the experiment file) under any spelling or link: the write
-// would replace the file it reads. Empty names are skipped.
-void refuse_writing_onto(const std::string& output, const char* option, std::initializer_list<std::string> inputs);
+// command's `inputs` (the checkpoint, the experiment file) or `experiment`'s data files under any
+// spelling or link: the write would replace a file the command reads. Empty names are skipped.
+void refuse_writing_onto(const std::string& output, const char* option, std::vector<std::string> inputs,
+                         const config::Experiment& experiment);
 
 // The values of model.initial_weights (a Keras 3 weights file) for `model`'s variables, in
 // model.variables() order; empty when the experiment names no file. An error reading it names the

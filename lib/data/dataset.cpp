@@ -188,7 +188,8 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
                                    dtype_name(first.x.dtype()), first.x.shape().tail().to_string(),
                                    dtype_name(first.y.dtype()), first.y.shape().tail().to_string()));
     total += part.size();
-    if (!part.classes_from_labels && !first.classes_from_labels && part.num_classes != first.num_classes)
+    if (part.has_labels() && !part.classes_from_labels && !first.classes_from_labels &&
+        part.num_classes != first.num_classes)
       throw InputError(fmt::format("{} declares {} classes but {} declares {}; every shard must declare the same "
                                    "num_classes",
                                    part.description, part.num_classes, first.description, first.num_classes));
@@ -215,8 +216,9 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
 // Train and test (or shards) share one class count: the larger where either counted its labels
 // (a split may lack the top class); two that declare theirs (num_classes) must declare the same.
 void agree_on_classes(Dataset& a, Dataset& b) {
-  if (!a.classes_from_labels && !b.classes_from_labels && a.num_classes > 0 && b.num_classes > 0 &&
-      a.num_classes != b.num_classes)
+  // Float targets' "classes" are their width, which check_compatible compares.
+  if (a.has_labels() && b.has_labels() && !a.classes_from_labels && !b.classes_from_labels && a.num_classes > 0 &&
+      b.num_classes > 0 && a.num_classes != b.num_classes)
     throw InputError(fmt::format("{} declares {} classes but {} declares {}; the splits must declare the same "
                                  "num_classes",
                                  a.description, a.num_classes, b.description, b.num_classes));

@@ -146,6 +146,14 @@ case "$case_name" in
         || fail "eval --predictions onto its checkpoint ($out): exit $rc, $(cat "$scratch/err")"
     done
     [ "$before" = "$(sha256sum <"$ckpt")" ] || fail "the checkpoint changed"
+    # Nor onto the data it evaluates (copied: the shipped file stays untouched if this fails).
+    cp data/fashion_mnist_small.h5 "$scratch/data.h5"
+    "$dtrain" eval --checkpoint "$ckpt" --set "data.path=$scratch/data.h5" --predictions "$scratch/data.h5" >/dev/null \
+      2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -qF -- "--predictions $scratch/data.h5 is $scratch/data.h5" "$scratch/err" \
+      || fail "eval --predictions onto its data: exit $rc, $(cat "$scratch/err")"
+    cmp -s data/fashion_mnist_small.h5 "$scratch/data.h5" || fail "the data changed"
     ;;
   keras)
     # --format keras, and model.initial_weights reading it back, without Keras (tests/anchors has

@@ -261,6 +261,20 @@ EOF
         "$run/metrics.jsonl")" = "1 2 3" ] || fail "metrics.jsonl does not read 1 2 3: $(cat "$run/metrics.jsonl")"
     # The new history's epoch 3 is the one the lower learning rate trained, not the old one's.
     [ "$old30" != "$(sha256sum <"$run/checkpoints/ckpt-30.h5")" ] || fail "ckpt-30.h5 is still the old history's"
+    # Under replica_invariant a resume may change the layout (threads) without leaving the run: the
+    # checkpoints before it are still the run's own.
+    ri="$scratch/ri"
+    invariant=(--set 'reproducibility={mode: replica_invariant, micro_batch_size: 5}' --set data.batch_size_per_replica=null
+               --set data.global_batch_size=10)
+    "$dtrain" run "$toy" "${quiet[@]}" "${invariant[@]}" --set train.epochs=2 --run-dir "$ri" >/dev/null 2>&1 \
+      || fail "the replica_invariant run failed"
+    "$dtrain" resume "$ri" --set train.threads=2 --set train.epochs=3 >/dev/null 2>&1 || fail "the resume on 2 threads failed"
+    rm "$ri/checkpoints/ckpt-30.h5"  # as if killed before its first save
+    "$dtrain" resume "$ri" --set train.epochs=3 >"$scratch/out" 2>"$scratch/err" \
+      || fail "resume after a layout change failed: $(cat "$scratch/err")"
+    grep -q "^Resuming from $ri/checkpoints/ckpt-20.h5" "$scratch/out" || fail "not resumed from ckpt-20: $(cat "$scratch/out")"
+    grep -q "its experiment is not the one" "$scratch/err" && fail "a layout change taken for another run: $(cat "$scratch/err")"
+    true
     ;;
   metrics_once)
     # Epoch 3 is logged but not checkpointed (every 2 epochs): the resumed run trains it again and

@@ -542,6 +542,23 @@ TEST_CASE("train and test splits that declare different num_classes are refused,
   CHECK(one.test.num_classes == 4);
   CHECK(!one.train.classes_from_labels);
   CHECK(load_splits(make("none.h5", std::nullopt, std::nullopt), 1).train.classes_from_labels);
+  // Float targets' widths are not classes: splits of other widths are told apart as targets.
+  const std::string widths = dir.file("widths.h5");
+  for (const auto& [group, width] : {std::pair{"train", 2}, std::pair{"test", 3}}) {
+    h5_write<std::uint8_t>(widths, group, "x", {2, 2}, {1, 2, 3, 4}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+    h5_write<float>(widths, group, "y", {2, static_cast<hsize_t>(width)}, std::vector<float>(2 * width, 0.5f),
+                    H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+  }
+  config::DataConfig config;
+  config.source = config::SourceKind::hdf5;
+  config.path = widths;
+  try {
+    load_splits(config, 1);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(!contains(e.what(), "num_classes"));
+    CHECK(contains(e.what(), "targets"));
+  }
 }
 
 TEST_CASE("float targets outside [0, 1] are found for a crossentropy, naming the source and the sample") {
