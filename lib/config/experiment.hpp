@@ -308,6 +308,7 @@ struct Experiment {
   SourceLocation input_shape_where;       // model.input_shape: for a data sample of another shape
   SourceLocation validation_split_where;  // data.validation_split (line 0 when left out): for a split that leaves none
   SourceLocation metrics_where;           // the metrics list (line 0 when left out): for labels a metric cannot read
+  SourceLocation steps_per_epoch_where;   // train.steps_per_epoch (line 0 when left out): for more steps than the data
   StrategyConfig strategy;
   DataConfig data;
   ModelConfig model;

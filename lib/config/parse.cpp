@@ -464,13 +464,14 @@ std::vector<MetricKind> parse_metrics(const Node& node) {
   return out;
 }
 
-TrainConfig parse_train(const Node& node) {
+TrainConfig parse_train(const Node& node, SourceLocation& steps_per_epoch_where) {
   static constexpr std::string_view keys[] = {"epochs",      "steps_per_epoch", "threads", "parallelism",
                                               "progress",    "tensorboard",     "log_every_steps", "plot"};
   Section s(node, "train", keys);
   TrainConfig out;
   s.get_int("epochs", out.epochs, 1);
   s.get_int("steps_per_epoch", out.steps_per_epoch, 0);
+  if (const Node* steps = s.find("steps_per_epoch")) steps_per_epoch_where = steps->origin.location();
   s.get_int("threads", out.threads, 0);
   if (out.threads > max_compute_threads())
     range_error(*s.find("threads"), s.path("threads"),
@@ -556,7 +557,7 @@ Experiment parse_tree(const Node& root, const std::string& file_name) {
   out.optimizer = parse_optimizer(section("optimizer"));
   out.metrics = parse_metrics(section("metrics"));
   if (s.find("metrics")) out.metrics_where = section("metrics").origin.location();
-  out.train = parse_train(section("train"));
+  out.train = parse_train(section("train"), out.steps_per_epoch_where);
   out.checkpoint = parse_checkpoint(section("checkpoint"));
   out.reproducibility = parse_reproducibility(section("reproducibility"));
 

@@ -1060,9 +1060,9 @@ std::int64_t Trainer::steps_per_epoch(const data::DistributedIterator& input) co
   // than a pass makes are cut to it, said once (Keras instead stops the training where its input
   // runs out).
   if (exp_.train.steps_per_epoch > steps && steps > 0 && strategy_->is_chief())
-    fmt::print(stderr, "dtrain: warning: {}: train.steps_per_epoch {} is more than the {} steps of one pass over the {} "
+    fmt::print(stderr, "dtrain: warning: {}train.steps_per_epoch {} is more than the {} steps of one pass over the {} "
                "training samples at global batch {}; each epoch trains {}\n",
-               exp_.source_file, exp_.train.steps_per_epoch, steps, splits_.train.size(), input.global_batch_size(), steps);
+               config::given_prefix(exp_.steps_per_epoch_where, {exp_.source_file, 0, 0}), exp_.train.steps_per_epoch, steps, splits_.train.size(), input.global_batch_size(), steps);
   if (exp_.train.steps_per_epoch > 0) steps = std::min(steps, exp_.train.steps_per_epoch);
   if (steps == 0)
     throw ConfigError(fmt::format("{}an epoch has no steps: {} training samples, global batch {} with drop_remainder; "

@@ -102,7 +102,7 @@ case "$case_name" in
     "$dtrain" run "$small" --set train.epochs=1 --set data.validation_split=0.25 --set train.steps_per_epoch=100 \
       --set train.progress=none --run-dir "$scratch/long" >"$scratch/out" 2>"$scratch/err" || fail "run failed"
     grep -q '(24 steps' "$scratch/out" || fail "steps_per_epoch 100 did not train the 24 steps of one pass"
-    grep -q "warning: .*train.steps_per_epoch 100 is more than the 24 steps of one pass over the 1500 training samples" \
+    grep -q "warning: --set train.steps_per_epoch=100: train.steps_per_epoch 100 is more than the 24 steps of one pass over the 1500 training samples" \
       "$scratch/err" || fail "no warning for steps_per_epoch past the data: $(cat "$scratch/err")"
     ;;
   deterministic)

@@ -93,6 +93,7 @@ Experiment without_locations(Experiment e) {
   e.input_shape_where = {};
   e.validation_split_where = {};
   e.metrics_where = {};
+  e.steps_per_epoch_where = {};
   for (LayerConfig& layer : e.model.layers) layer.where = {};
   return e;
 }
