@@ -55,13 +55,13 @@ int order_command(const OrderArgs& args) {
   // Worker 0's order, which is every worker's unless auto_shard is off (then each shuffles with a
   // seed of its own) or the workers load different shard files.
   const data::ShardPlan plan = data::plan_shards(exp.data, 1, 0);
-  const data::DataSplits splits = data::load_splits(exp.data, exp.seed, plan.files);
+  data::DataSplits splits;
+  try {
+    splits = data::load_splits(exp.data, exp.seed, plan.files);
+  } catch (const InputError& e) {  // located at the key that chose the data, as `run` locates it
+    throw InputError(config::given_prefix(exp.data_where, {exp.source_file, 0, 0}) + e.what());
+  }
   const std::int64_t n = splits.train.size();
-  if (n == 0)
-    throw InputError(fmt::format("{}the training split is empty ({}), so it has no order; give the data training "
-                                 "examples",
-                                 config::given_prefix(exp.data_where, {exp.source_file, 0, 0}),
-                                 splits.train.description));
   std::vector<std::int64_t> order;
   order.reserve(static_cast<std::size_t>(epochs * n));
   for (std::int64_t e = 0; e < epochs; ++e) {

@@ -165,6 +165,24 @@ void check_compatible(const Dataset& train, const Dataset& test) {
                                  test.description));
 }
 
+// InputError when `a` and `b` both declare their classes (num_classes) and declare different
+// counts; `which` names what must agree. Float targets' "classes" are their width, which the
+// shape checks compare.
+void check_declared_classes(const Dataset& a, const Dataset& b, std::string_view which) {
+  if (a.has_labels() && b.has_labels() && !a.classes_from_labels && !b.classes_from_labels &&
+      a.num_classes != b.num_classes)
+    throw InputError(fmt::format("{} declares {} classes but {} declares {}; {} must declare the same num_classes",
+                                 a.description, a.num_classes, b.description, b.num_classes, which));
+}
+
+// Train and test share one class count: the larger where either counted its labels
+// (a split may lack the top class); two that declare theirs (num_classes) must declare the same.
+void agree_on_classes(Dataset& a, Dataset& b) {
+  check_declared_classes(a, b, "the splits");
+  a.num_classes = b.num_classes = std::max(a.num_classes, b.num_classes);
+  a.classes_from_labels = b.classes_from_labels = a.classes_from_labels && b.classes_from_labels;
+}
+
 }  // namespace
 
 Dataset concatenate(const std::vector<Dataset>& parts, std::string description) {
@@ -188,11 +206,7 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
                                    dtype_name(first.x.dtype()), first.x.shape().tail().to_string(),
                                    dtype_name(first.y.dtype()), first.y.shape().tail().to_string()));
     total += part.size();
-    if (part.has_labels() && !part.classes_from_labels && !first.classes_from_labels &&
-        part.num_classes != first.num_classes)
-      throw InputError(fmt::format("{} declares {} classes but {} declares {}; every shard must declare the same "
-                                   "num_classes",
-                                   part.description, part.num_classes, first.description, first.num_classes));
+    check_declared_classes(part, first, "every shard");
     classes = std::max(classes, part.num_classes);
   }
   Dataset out;
@@ -207,23 +221,11 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
     y_at += part.y.bytes();
   }
   out.num_classes = classes;
-  out.classes_from_labels = std::any_of(parts.begin(), parts.end(), [](const Dataset& p) { return p.classes_from_labels; });
+  // Counted only where no part declared its classes, as agree_on_classes has it.
+  out.classes_from_labels = std::all_of(parts.begin(), parts.end(), [](const Dataset& p) { return p.classes_from_labels; });
   out.x_scale = first.x_scale;
   out.description = std::move(description);
   return out;
-}
-
-// Train and test (or shards) share one class count: the larger where either counted its labels
-// (a split may lack the top class); two that declare theirs (num_classes) must declare the same.
-void agree_on_classes(Dataset& a, Dataset& b) {
-  // Float targets' "classes" are their width, which check_compatible compares.
-  if (a.has_labels() && b.has_labels() && !a.classes_from_labels && !b.classes_from_labels && a.num_classes > 0 &&
-      b.num_classes > 0 && a.num_classes != b.num_classes)
-    throw InputError(fmt::format("{} declares {} classes but {} declares {}; the splits must declare the same "
-                                 "num_classes",
-                                 a.description, a.num_classes, b.description, b.num_classes));
-  a.num_classes = b.num_classes = std::max(a.num_classes, b.num_classes);
-  a.classes_from_labels = b.classes_from_labels = a.classes_from_labels && b.classes_from_labels;
 }
 
 DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, const std::vector<std::string>& shard_files) {
@@ -279,6 +281,10 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
       break;
   }
   check_compatible(splits.train, splits.test);
+  if (splits.train.size() == 0)
+    throw InputError(fmt::format("the training split is empty ({}), so there is nothing to train on; give the data "
+                                 "training examples",
+                                 splits.train.description));
 
   if (config.validation_split > 0.0) {
     const std::int64_t n = splits.train.size();

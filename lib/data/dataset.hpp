@@ -88,8 +88,9 @@ struct ValidationSplitError : ConfigError {
   using ConfigError::ConfigError;
 };
 
-// Loads the experiment's data. validation_split follows Keras: the LAST fraction of the training
-// set, before any shuffling, is held out; floor(N * (1 - split)) samples stay in train.
+// Loads the experiment's data (an empty training split is an InputError). validation_split follows
+// Keras: the LAST fraction of the training set, before any shuffling, is held out;
+// floor(N * (1 - split)) samples stay in train.
 // With source hdf5 and data.shards, `shard_files` are the files to load (a worker's share, see
 // data/sharding.hpp), concatenated in order; every shard when left empty.
 DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed,

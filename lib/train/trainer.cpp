@@ -164,10 +164,6 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   } catch (const InputError& e) {
     throw InputError(at_data + e.what());
   }
-  if (splits_.train.size() == 0)
-    throw InputError(fmt::format("{}the training split is empty ({}), so there is nothing to train on; give the data "
-                                 "training examples",
-                                 at_data, splits_.train.description));
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
