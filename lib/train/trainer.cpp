@@ -286,7 +286,10 @@ void Trainer::check_stored_state(const std::string& path, const checkpoint::Trai
   check_metric_state(path, state, kept);
 }
 
-void Trainer::note_layout_change(const checkpoint::TrainingState& state) const {
+void Trainer::note_resume_changes(const checkpoint::TrainingState& state) const {
+  if (state.seed != exp_.seed)
+    fmt::print(stderr, "dtrain: warning: the checkpoint was trained with seed {}, the experiment says {}: the data order "
+                       "from here on follows seed {}\n", state.seed, exp_.seed, exp_.seed);
   const std::int64_t replicas = strategy_->num_replicas_in_sync(), workers = strategy_->workers();
   if (state.global_batch > 0 && state.global_batch != global_batch_size()) {
     fmt::print(stderr, "dtrain: warning: the checkpoint was trained with a global batch of {}, this run's is {}{}: the "
@@ -474,10 +477,6 @@ checkpoint::TrainingState Trainer::restore(const std::string& checkpoint_path) {
   reset_train_metrics();
   for (std::size_t i = 0; strategy_->is_chief() && i < exp_.metrics.size() && i < c.state.metric_counts.size(); ++i)
     replicas_[0].train_metrics[i]->merge(metrics::MetricState{c.state.metric_counts[i], c.state.metric_sums[i]});
-  if (strategy_->is_chief()) note_layout_change(c.state);
-  if (c.state.seed != exp_.seed)
-    fmt::print(stderr, "dtrain: warning: the checkpoint was trained with seed {}, the experiment says {}: the data order "
-                       "from here on follows seed {}\n", c.state.seed, exp_.seed, exp_.seed);
   global_step_ = c.state.global_step;
   resume_ = c.state;
   return c.state;
@@ -805,6 +804,10 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
   for (int l = 0; l < rep.lane_count(); ++l) rep.lane(l).exponents.assign(vars, fixed_point::kAllZero);
   run_lanes(rep, lane_step);
   PhaseClock phases(profile);
+  // The step's regularization loss, of the weights its gradients were taken at: read before the
+  // exchanges below, which the replica holding the variables (central_storage) must also pass
+  // before it updates them in place.
+  const double regularization = rc.global_replica_id == 0 ? rep.model->regularization_loss() : 0.0;
 
   // First exchange: each variable's largest exponent over this replica's micro-batches (in the
   // replica's own slot) and the per-example losses' bins, summed exactly over every replica.
@@ -865,8 +868,7 @@ void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica
   // The step's loss is replica 0's figure (the others add zeros to it in reduce_sum).
   const bool divide = exp_.loss.reduction != config::Reduction::sum;
   const double data_loss = losses.value() / (divide ? static_cast<double>(step_samples_) : 1.0);
-  replica_losses_[static_cast<std::size_t>(rc.replica_id)] =
-      rc.global_replica_id == 0 ? data_loss + rep.model->regularization_loss() : 0.0;
+  replica_losses_[static_cast<std::size_t>(rc.replica_id)] = rc.global_replica_id == 0 ? data_loss + regularization : 0.0;
 }
 
 void Trainer::invariant_eval_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
@@ -1164,6 +1166,8 @@ std::vector<EpochLog> Trainer::fit() {
   if (!strategy_->choice_note().empty()) fmt::print(opt_.out, "{}\n", strategy_->choice_note());
   if (!shards_.note.empty()) fmt::print(opt_.out, "{}\n", shards_.note);
   if (!shards_.warning.empty() && strategy_->is_chief()) fmt::print(stderr, "{}\n", shards_.warning);
+  // Here, not in restore(): the evaluator restores every checkpoint it evaluates and continues no run.
+  if (resume_ && strategy_->is_chief()) note_resume_changes(*resume_);
   std::fflush(opt_.out);
   if (strategy_->schedules_steps()) {
     // The loop of the strategy's kind (a coordinator scheduling steps on workers) runs instead.

@@ -237,9 +237,9 @@ class Trainer : private LoopHost {
   // lanes each replica needs (one per micro-batch of a full step, at least 2).
   // `synchronizes`: whether the model has synchronized layers (then one lane per micro-batch).
   int invariant_lanes(bool synchronizes) const;
-  // After a restore, on the chief: what resuming on another layout (replicas, processes, global
-  // batch) than the checkpoint's changes.
-  void note_layout_change(const checkpoint::TrainingState& state) const;
+  // As fit() continues a restored run, on the chief: what resuming with another seed or on another
+  // layout (replicas, processes, global batch) than the checkpoint's changes.
+  void note_resume_changes(const checkpoint::TrainingState& state) const;
   // What replica `rc`'s layers know about the current step; with lanes, what lane `lane` of it
   // knows, computing the batch's rows `rows`.
   nn::StepContext step_context(const distribute::ReplicaContext& rc, nn::Mode mode, const data::ReplicaBatch& batch) const;

@@ -197,6 +197,10 @@ case "$case_name" in
     evaluated_run eval_role "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored, roles: {evaluator: 1}}"
     grep -q "roles (strategy.roles): 1 chief, 1 worker, 1 evaluator; rank 2 evaluates" "$scratch/eval_role.out" || fail "no roles line"
     grep -q "| workers 2 | replicas 2 " "$scratch/eval_role.out" || fail "the evaluator must not train: $(grep '^dtrain' "$scratch/eval_role.out")"
+    # It restores each checkpoint on its own layout (1 replica, not the training's 2) and resumes
+    # nothing: resume's note of a layout change is not its to print.
+    grep -q "checkpoint was written by" "$scratch/eval_role.out" &&
+      fail "the evaluator printed resume's layout note: $(grep "checkpoint was written by" "$scratch/eval_role.out" | head -1)"
     chief=$(sed -nE 's/^Epoch 2, .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/eval_role.out")
     evaluator=$(sed -nE 's/^Evaluator: ckpt-32.h5 .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/eval_role.out")
     [ -n "$chief" ] && [ "$chief" = "$evaluator" ] || fail "evaluator '$evaluator' differs from the chief's epoch 2 '$chief'"
