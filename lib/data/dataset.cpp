@@ -31,6 +31,23 @@ void prefetch_sample(const Dataset& ds, std::int64_t i) {
   for (std::size_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at);
 }
 
+void data_out_of_memory(const std::string& path, const std::string& what, const std::string& why) {
+  throw InputError(fmt::format("{}: {}: {}; dtrain holds each split in memory: use a smaller file, raise the memory "
+                               "limit, or give each worker a part (data.shards with auto_shard: file)",
+                               path, what, why));
+}
+
+Tensor data_tensor(const std::string& path, const std::string& what, const Shape& shape, DType dtype) {
+  try {
+    return Tensor(shape, dtype);
+  } catch (const ConfigError& e) {  // more than the machine or the process's limit holds, refused before allocating
+    data_out_of_memory(path, what, e.what());
+  } catch (const std::bad_alloc&) {
+    data_out_of_memory(path, what,
+                       fmt::format("out of memory allocating {} of shape {}", dtype_name(dtype), shape.to_string()));
+  }
+}
+
 Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description) {
   Dataset part = whole;
   part.x = whole.x.slice_rows(begin, end);
@@ -210,8 +227,8 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
     classes = std::max(classes, part.num_classes);
   }
   Dataset out;
-  out.x = Tensor(first.x.shape().tail().with_batch(total), first.x.dtype());
-  out.y = Tensor(first.y.shape().tail().with_batch(total), first.y.dtype());
+  out.x = data_tensor(description, "the shards' x together", first.x.shape().tail().with_batch(total), first.x.dtype());
+  out.y = data_tensor(description, "the shards' y together", first.y.shape().tail().with_batch(total), first.y.dtype());
   std::size_t x_at = 0, y_at = 0;
   for (const Dataset& part : parts) {
     if (part.size() == 0) continue;

@@ -45,6 +45,14 @@ void sample_as_f32(const Dataset& ds, std::int64_t i, float* dst);
 // Asks the CPU to start loading sample i's row of x into the caches (no effect on any value).
 void prefetch_sample(const Dataset& ds, std::int64_t i);
 
+// A tensor of `shape` and `dtype` in host memory for `what` (a dataset, say "/train/x") of the data
+// `path`; where the machine or the process cannot hold it (dtrain holds every split in memory),
+// data_out_of_memory's error.
+Tensor data_tensor(const std::string& path, const std::string& what, const Shape& shape, DType dtype);
+// The InputError for `what` of the data `path` that the process cannot hold (`why`): the file, the
+// reason and what to do.
+[[noreturn]] void data_out_of_memory(const std::string& path, const std::string& what, const std::string& why);
+
 // Rows [begin, end) of a dataset; shares storage with `whole` (no copy).
 Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description);
 

@@ -74,7 +74,7 @@ Tensor read_dataset(hid_t file, const std::string& path, const std::string& name
     bytes *= d;
   }
 
-  Tensor out(Shape(dims), dtype);
+  Tensor out = data_tensor(path, name, Shape(dims), dtype);
   if (out.numel() == 0) return out;
   H5Id transfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   bool overflow = false;

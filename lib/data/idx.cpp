@@ -220,14 +220,18 @@ Tensor read_idx(const std::string& path) {
 
   // Grow with the data actually present; read one byte past the promise to detect trailing data.
   std::vector<unsigned char> payload;
-  payload.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(promised + 1, 16 * kChunkBytes)));
-  while (payload.size() < promised + 1) {
-    std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(promised + 1 - payload.size(), kChunkBytes));
-    std::size_t old = payload.size();
-    payload.resize(old + want);
-    std::size_t n = reader.read(payload.data() + old, want);
-    payload.resize(old + n);
-    if (n < want) break;
+  try {
+    payload.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(promised + 1, 16 * kChunkBytes)));
+    while (payload.size() < promised + 1) {
+      std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(promised + 1 - payload.size(), kChunkBytes));
+      std::size_t old = payload.size();
+      payload.resize(old + want);
+      std::size_t n = reader.read(payload.data() + old, want);
+      payload.resize(old + n);
+      if (n < want) break;
+    }
+  } catch (const std::bad_alloc&) {
+    data_out_of_memory(path, "its data", fmt::format("out of memory reading {} bytes", promised));
   }
   if (payload.size() < promised)
     throw InputError(fmt::format("{}: truncated: header promises {} bytes of data ({} {} elements), file has {}", path,
@@ -237,7 +241,7 @@ Tensor read_idx(const std::string& path) {
         "{}: more data than the header promises ({} bytes for {} {} elements); the file is not a valid IDX file", path,
         promised, Shape(dims).to_string(), type->name));
 
-  Tensor out(Shape(dims), type->dtype);
+  Tensor out = data_tensor(path, "the data", Shape(dims), type->dtype);
   decode(*type, payload.data(), out);
   return out;
 }

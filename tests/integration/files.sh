@@ -105,6 +105,28 @@ EOF
       2>"$scratch/err"
     one_line_error 2 $? "$scratch/err" "$scratch/nan.h5" "/train/x sample 17" "non-finite"
     ;;
+  data_beyond_memory)
+    # A data file larger than the process may hold: its /train/x declares 2.2 GB (chunks never
+    # written, so the file is a few KB). Under a limit below that size the tensor is refused before
+    # allocating; under one just above it (the process's own mappings then leave too little) the
+    # allocation fails. Either way one located error that names the file, the dataset and what to
+    # do, exit 2 (it was an unlocated "a tensor of shape ..." or "out of memory").
+    "$py" - "$scratch/huge.h5" <<'EOF' || fail "cannot write the HDF5 file"
+import sys, h5py
+with h5py.File(sys.argv[1], "w") as f:
+    for g, n in (("train", 3000000), ("test", 100)):
+        f.create_dataset(g + "/x", shape=(n, 28, 28), dtype="u1", chunks=(100, 28, 28))
+        f.create_dataset(g + "/y", shape=(n,), dtype="i4", chunks=(100,))
+EOF
+    x_kib=$((3000000 * 28 * 28 / 1024))
+    for limit in $((x_kib * 2 / 3)) $((x_kib + 10240)); do
+      (ulimit -v "$limit" && exec "$dtrain" run "$small" "${quiet[@]}" --set "data.path=$scratch/huge.h5" \
+        --set train.steps_per_epoch=1 --run-dir "$scratch/run") >/dev/null 2>"$scratch/err"
+      one_line_error 2 $? "$scratch/err" "--set data.path=$scratch/huge.h5: $scratch/huge.h5: /train/x: " \
+        "dtrain holds each split in memory"
+      echo "ok under ulimit -v $limit: $(cat "$scratch/err")"
+    done
+    ;;
   idx_labels)
     "$py" - "$scratch/idx" <<'EOF' || fail "cannot write the IDX files"
 import os, struct, sys

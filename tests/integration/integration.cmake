@@ -81,7 +81,7 @@ dtrain_script_cases(bench table_and_json bad_args mpi)
 # Bad files, full and read-only disks, damaged checkpoints and manifests, signals under mpirun
 # (tests/integration/files.sh CASE ...). The disk cases mount a tmpfs and are skipped (exit 77)
 # where that is not permitted.
-set(DTRAIN_FILES_CASES full_disk readonly_run_dir unwritable_checkpoint_dir nan_data idx_labels special_files manifest
+set(DTRAIN_FILES_CASES full_disk readonly_run_dir unwritable_checkpoint_dir nan_data data_beyond_memory idx_labels special_files manifest
     resume_checkpoint_dir relative_checkpoint_dir shared_checkpoint_dir branched_resume metrics_once diverged damaged_state stored_experiment
     double_signal signal_after_command mpi_signals)
 foreach(case ${DTRAIN_FILES_CASES})
