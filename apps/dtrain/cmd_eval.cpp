@@ -94,8 +94,8 @@ int eval_command(const EvalArgs& args) {
     const train::EvalResult r = trainer.evaluate_split(args.split);
     const char* label = args.split == "test" ? "Test" : args.split == "validation" ? "Validation" : "Train";
     if (!trainer.strategy().is_chief()) return static_cast<int>(kOk);
-    fmt::print("Checkpoint {} (epoch {}, step {} of it, global step {})\n", args.checkpoint, stored.state.epoch,
-               stored.state.step_in_epoch, stored.state.global_step);
+    fmt::print("Checkpoint {} ({}, global step {})\n", args.checkpoint, checkpoint::position_in_training(stored.state),
+               stored.state.global_step);
     std::string line = fmt::format("{} Loss: {:.4f}", label, r.loss);
     if (r.accuracy) line += fmt::format(", {} Accuracy: {:.2f}", label, 100.0 * *r.accuracy);
     fmt::print("{}\n  {} samples, {:.2f} s\n", line, r.samples, r.seconds);

@@ -43,8 +43,8 @@ int export_command(const ExportArgs& args) {
   if (stored) {
     checkpoint::restore_model(args.checkpoint, *model);
     what = fmt::format("{} (global step {})", args.checkpoint, stored->state.global_step);
-    origin = fmt::format("{} (epoch {}, step {} of it, global step {}), exported by dtrain {}", args.checkpoint,
-                         stored->state.epoch, stored->state.step_in_epoch, stored->state.global_step,
+    origin = fmt::format("{} ({}, global step {}), exported by dtrain {}", args.checkpoint,
+                         checkpoint::position_in_training(stored->state), stored->state.global_step,
                          stored->dtrain_version);
   } else {
     // What a run of the experiment starts its first step from.

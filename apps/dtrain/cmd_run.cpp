@@ -43,6 +43,7 @@ void record_job_status(const distribute::WorkerGroup& workers, int code) {
 
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {
   const bool alone = workers.size() == 1;  // before the body: roles may split the group
+  workers.on_watchdog_abort([&workers](int code) { record_job_status(workers, code); });
   int code = kOk;
   try {
     code = body();

@@ -27,6 +27,11 @@
 #include "core/hdf5.hpp"
 
 namespace dtrain::checkpoint {
+
+std::string position_in_training(const TrainingState& state) {
+  return state.step_in_epoch == 0 ? fmt::format("after epoch {}", state.epoch)
+                                  : fmt::format("epoch {}, step {} of it", state.epoch + 1, state.step_in_epoch);
+}
 namespace {
 
 using hdf5::H5Id;

@@ -67,6 +67,10 @@ struct TrainingState {
   bool operator==(const TrainingState&) const = default;
 };
 
+// Where in training a state stands, epochs counted from 1 as the epoch lines count them: "after
+// epoch 2" at an epoch's end, "epoch 3, step 10 of it" within one.
+std::string position_in_training(const TrainingState& state);
+
 // What a checkpoint holds besides the model and the optimizer.
 struct Contents {
   TrainingState state;

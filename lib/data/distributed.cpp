@@ -127,13 +127,19 @@ const std::vector<ReplicaBatch>* DistributedIterator::next() {
   if (mode_ == config::DistributeMode::split_global_batch) {
     const Batch* b = pipeline_->next();
     const std::int64_t size = b ? b->size : 0;
-    // This worker's batch starts on a part boundary, so dividing it over its replicas as the whole
-    // batch is divided over every replica gives each the rows it has there (granule or not).
-    const std::int64_t granule = pipeline_->options().part_granule;
-    auto rows_before = [&](int r) { return part_offset(size, replicas_, r, granule); };
+    // Under data sharding this worker's batch is its replicas' rows of the whole step's batch, so
+    // each local replica takes the rows the whole batch's split gives it there (granule or not).
+    const PipelineOptions& o = pipeline_->options();
+    const int in_sync = whole_order_ ? o.parts : replicas_, first = whole_order_ ? o.part_begin : 0;
+    const std::int64_t whole = whole_order_ ? global_samples_ : size;
+    auto rows_before = [&](int r) {
+      return replica_offset(whole, in_sync, first + r, o.part_granule) - replica_offset(whole, in_sync, first, o.part_granule);
+    };
     for (int r = 0; r < replicas_; ++r) {
       ReplicaBatch& rb = out_[static_cast<std::size_t>(r)];
       const std::int64_t begin = rows_before(r), end = rows_before(r + 1);
+      DTRAIN_CHECK(end <= size, fmt::format("replica {}'s rows [{}, {}) lie past its worker's {} rows of the step",
+                                            r, begin, end, size));
       rb.size = end - begin;
       if (rb.size > 0) {
         rb.x = b->x.slice_rows(begin, end);

@@ -5,8 +5,8 @@
 // and this iterator hands them to the worker's local replicas:
 //
 //   split_global_batch (tf.distribute experimental_distribute_dataset): each global batch is
-//     split over the replicas in sync as one process splits it over its replicas (G / R each, the
-//     first G % R one more, a short last batch likewise), and each worker keeps its replicas'
+//     split over the replicas in sync as one process splits it over its replicas (ceil(G / R)
+//     each in turn, as tf.distribute does: replica_offset), and each worker keeps its replicas'
 //     rows, split over its local replicas in order as views (no copy). Under data sharding every
 //     worker holds the same shuffled order, so for every G and W the workers' rows of step k
 //     together are exactly one process's batch k, in the same replica order. When each worker

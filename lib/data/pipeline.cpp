@@ -45,6 +45,11 @@ std::int64_t part_offset(std::int64_t size, int parts, int part, std::int64_t gr
   return std::min(size, (part * base + std::min<std::int64_t>(part, extra)) * granule);
 }
 
+std::int64_t replica_offset(std::int64_t size, int replicas, int replica, std::int64_t granule) {
+  const std::int64_t each = ceil_div(ceil_div(size, granule), replicas);
+  return std::min(size, replica * each * granule);
+}
+
 Pipeline::Pipeline(const Dataset& dataset, PipelineOptions options) : dataset_(dataset), options_(options) {
   if (options_.batch_size < 1)
     throw ConfigError(fmt::format("batch size {} is less than 1; set data.batch_size_per_replica to at least 1",
@@ -164,8 +169,8 @@ void Pipeline::fill(Batch& batch, std::int64_t step) const {
   const std::int64_t begin = step * options_.batch_size;
   const std::int64_t whole = std::min(options_.batch_size, n - begin);
   // This pipeline's rows of the batch: all of them unless it keeps some replicas' parts.
-  const std::int64_t first = part_offset(whole, options_.parts, options_.part_begin, options_.part_granule);
-  const std::int64_t count = part_offset(whole, options_.parts, options_.part_end, options_.part_granule) - first;
+  const std::int64_t first = replica_offset(whole, options_.parts, options_.part_begin, options_.part_granule);
+  const std::int64_t count = replica_offset(whole, options_.parts, options_.part_end, options_.part_granule) - first;
   const std::int64_t row = dataset_.x.shape().tail().numel();
 
   batch.x.ensure(dataset_.x.shape().tail().with_batch(count), DType::f32);

@@ -40,8 +40,8 @@ struct PipelineOptions {
   int shard_index = 0;
   // A part of every batch (multi-worker split_global_batch over one shared order): batch_size is
   // the global batch, each batch is divided over `parts` replicas as one process divides it over
-  // its replicas (size / parts each, the first size % parts one more), and this pipeline keeps
-  // the rows of replicas [part_begin, part_end). The default keeps whole batches.
+  // its replicas (replica_offset), and this pipeline keeps the rows of replicas
+  // [part_begin, part_end). The default keeps whole batches.
   int parts = 1;
   int part_begin = 0;
   int part_end = 1;
@@ -53,9 +53,17 @@ struct PipelineOptions {
 };
 
 // The first row of part `part` when `size` rows are divided over `parts` as evenly as possible,
-// the first parts one more: in rows (granule 1, Mirrored's split of a global batch) or in whole
-// units of `granule` rows, the last unit short when size is not a multiple of it.
+// the first parts one more: in rows (granule 1) or in whole units of `granule` rows, the last unit
+// short when size is not a multiple of it. For work shared by a replica's threads.
 std::int64_t part_offset(std::int64_t size, int parts, int part, std::int64_t granule = 1);
+
+// The first row of replica `replica`'s rows when a batch of `size` rows is split over `replicas`
+// replicas in sync, as tf.distribute's experimental_distribute_dataset splits a global batch
+// (TensorFlow 2.21): ceil(size / replicas) rows each, in replica order, until the batch runs out,
+// so the last replicas may get fewer or none (64 over 3: 22, 22, 20; 9 over 4: 3, 3, 3, 0). In rows
+// (granule 1) or in whole units of `granule` rows (replica_invariant's micro-batches), the last
+// unit short when size is not a multiple of it.
+std::int64_t replica_offset(std::int64_t size, int replicas, int replica, std::int64_t granule = 1);
 
 struct Batch {
   Tensor x;

@@ -172,6 +172,7 @@ void MpiCommunicator::answer_census(Failure failure) {
                    rank_, static_cast<long long>(step_), static_cast<unsigned long long>(collective_), status.MPI_SOURCE,
                    missing, kCollectiveTimeoutExit);
       std::fflush(stderr);
+      before_watchdog_abort(kCollectiveTimeoutExit);
     }
   }
   if (!succeeded(MPI_Iprobe(MPI_ANY_SOURCE, kCensusRequestTag, comm_->handle, &pending, &status), "MPI_Iprobe", failure))
@@ -194,6 +195,7 @@ void MpiCommunicator::answer_census(Failure failure) {
 // The abort sequence: every MPI call here is best effort (a failure only means less is reported),
 // since the job ends with MPI_Abort whatever happens.
 void MpiCommunicator::report_timeout(const char* what) {
+  before_watchdog_abort(kCollectiveTimeoutExit);  // first: another rank's abort may end this one any time now
   // Ask every other rank where it is; the live ones answer from their own wait loops. A rank that
   // does not answer within a few seconds is dead or stuck outside a collective.
   std::vector<MPI_Request> requests;

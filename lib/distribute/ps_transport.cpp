@@ -85,7 +85,7 @@ struct PsTransport::Impl {
   // A server's replies still travelling (a reply to a dead worker never completes: it stays here).
   struct Outgoing {
     MPI_Request request[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    std::int64_t header[3] = {0, 0, 0};
+    std::int64_t header[4] = {0, 0, 0, 0};
     std::vector<float> data;
   };
   std::list<Outgoing> outgoing;
@@ -156,6 +156,7 @@ struct PsTransport::Impl {
   void post(int to, int tag, std::initializer_list<std::int64_t> values) {
     reap();
     Outgoing& o = outgoing.emplace_back();
+    DTRAIN_CHECK(values.size() <= std::size(o.header), fmt::format("a message of {} integers", values.size()));
     std::copy(values.begin(), values.end(), o.header);
     check(MPI_Isend(o.header, static_cast<int>(values.size()), MPI_INT64_T, to, tag, comm, &o.request[0]), "MPI_Isend");
   }
@@ -200,7 +201,7 @@ void PsTransport::mark_peer_lost() { impl_->peer_lost = true; }
 bool PsTransport::peer_lost() const { return impl_->peer_lost; }
 
 void PsTransport::send_order(int worker_rank, const StepOrder& order) {
-  impl_->post(worker_rank, kOrderTag, {order.kind, order.global_step, order.epoch});
+  impl_->post(worker_rank, kOrderTag, {order.kind, order.global_step, order.epoch, order.epoch_first_step});
 }
 
 std::optional<StepResultMessage> PsTransport::poll_result() {
@@ -247,9 +248,9 @@ bool PsTransport::server_answers(int server_rank) {
 }
 
 StepOrder PsTransport::receive_order() {
-  std::int64_t o[3] = {0, 0, 0};
+  std::int64_t o[4] = {0, 0, 0, 0};
   MPI_Request req;
-  check(MPI_Irecv(o, 3, MPI_INT64_T, 0, kOrderTag, impl_->comm, &req), "MPI_Irecv");
+  check(MPI_Irecv(o, 4, MPI_INT64_T, 0, kOrderTag, impl_->comm, &req), "MPI_Irecv");
   if (!wait_for(&req, 1, coordinator_timeout())) {
     MPI_Cancel(&req);
     impl_->peer_lost = true;
@@ -260,7 +261,7 @@ StepOrder PsTransport::receive_order() {
     impl_->peer_lost = true;
     o[0] = StepOrder::stop;
   }
-  return StepOrder{o[0], o[1], o[2]};
+  return StepOrder{o[0], o[1], o[2], o[3]};
 }
 
 void PsTransport::send_result(std::span<const double> payload, double seconds) {
@@ -273,9 +274,12 @@ void PsTransport::send_result(std::span<const double> payload, double seconds) {
   }
 }
 
-std::int64_t PsTransport::pull(int server_rank, std::span<float> values) {
+std::int64_t PsTransport::pull(int server_rank, std::span<float> values, bool* server_asked_to_stop) {
   impl_->request(server_rank, pull_request, 0);
-  return impl_->await_reply(server_rank, nullptr, values, nullptr, server_timeout(), "pull");
+  std::int64_t stop = 0;
+  const std::int64_t version = impl_->await_reply(server_rank, &stop, values, nullptr, server_timeout(), "pull");
+  if (server_asked_to_stop) *server_asked_to_stop = stop != 0;
+  return version;
 }
 
 std::int64_t PsTransport::push(int server_rank, std::int64_t read_version, std::span<const float> gradients) {
@@ -345,7 +349,7 @@ void PsTransport::serve(const ServerHandlers& handlers, std::size_t gradient_flo
       case pull_request: {
         std::vector<float> values;
         handlers.values(values);
-        impl_->reply(from, version, 0, &values);
+        impl_->reply(from, version, handlers.stop_requested && handlers.stop_requested() ? 1 : 0, &values);
         break;
       }
       case push_request: {

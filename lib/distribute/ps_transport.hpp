@@ -55,6 +55,9 @@ struct StepOrder {
   std::int64_t kind = step;
   std::int64_t global_step = 0;
   std::int64_t epoch = 0;
+  // The step of the epoch the coordinator started it at (0, or a resumed checkpoint's step):
+  // where in its share a worker's input starts the epoch.
+  std::int64_t epoch_first_step = 0;
 };
 
 struct StepResultMessage {
@@ -67,6 +70,9 @@ struct ServerHandlers {
   std::function<void(std::vector<float>& out)> values;  // its shards, in shard order
   std::function<void(std::span<const float> gradients)> apply;
   std::function<std::int64_t(std::vector<float>& out)> state;  // values then slots; returns iterations
+  // Whether this server's process was asked to stop (a signal): told to the workers that pull, who
+  // pass it on to the coordinator. Null: never.
+  std::function<bool()> stop_requested;
 };
 
 class PsTransport {
@@ -113,8 +119,9 @@ class PsTransport {
   // coordinator is gone).
   void send_result(std::span<const double> payload, double seconds);
   // Returns the server's version; `values` must have the size of its shards. ServerLost when the
-  // server does not answer within server_timeout().
-  std::int64_t pull(int server_rank, std::span<float> values);
+  // server does not answer within server_timeout(). `server_asked_to_stop` (when given) is set to
+  // whether the server's process was asked to stop (ServerHandlers::stop_requested).
+  std::int64_t pull(int server_rank, std::span<float> values, bool* server_asked_to_stop = nullptr);
   // Returns the staleness: updates the server applied between `read_version` and this one.
   std::int64_t push(int server_rank, std::int64_t read_version, std::span<const float> gradients);
 

@@ -5,6 +5,7 @@
 // watcher (MPI_Init starts some).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -32,6 +33,10 @@ class WorkerGroup : public Communicator {
   // Ends every process of the job at once with this exit code (after this one failed alone: the
   // others would wait for it in their next collective).
   [[noreturn]] void abort(int exit_code);
+  // Called with the exit code as a collective that timed out is about to abort the job (the
+  // watchdog, on the rank that timed out and on those it told), so that the app can record how
+  // the job ended (tools/dtrain-mpirun reads it).
+  void on_watchdog_abort(std::function<void(int exit_code)> hook) { watchdog_abort_ = std::move(hook); }
 
   // A process of the job died and this one outlived it (Strategy::lost_a_rank). With OpenMPI
   // 4.1.4 under mpirun --enable-recovery (measured), MPI_Finalize then waits forever over TCP,
@@ -45,9 +50,13 @@ class WorkerGroup : public Communicator {
  protected:
   // Ends the other processes of the job, best effort; abort() then ends this one.
   virtual void end_job(int exit_code) = 0;
+  void before_watchdog_abort(int exit_code) const {
+    if (watchdog_abort_) watchdog_abort_(exit_code);
+  }
 
  private:
   bool rank_lost_ = false;
+  std::function<void(int)> watchdog_abort_;
 };
 
 // The worker group of this process: MPI when launched by an MPI launcher, else a group of one.

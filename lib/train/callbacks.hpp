@@ -35,6 +35,9 @@ struct LoopState {
   std::int64_t global_step = 0;  // steps done in the whole run
   double loss_sum = 0.0;         // this epoch's step losses so far
   std::int64_t samples = 0;      // this epoch's training samples so far
+  // Where this process began the epoch: a resumed epoch's checkpoint had `first_step` steps and
+  // `first_samples` samples of it done (0 otherwise). Its figures per second count the rest.
+  std::int64_t first_step = 0, first_samples = 0;
   // Set by a callback: the loop ends after this batch (or this epoch's end) and reports where.
   bool stop_training = false;
   // The newest checkpoint a callback saved ("" before any).

@@ -22,7 +22,9 @@ struct EpochLog {
   double loss = 0.0;                // mean over the epoch's steps of the global step loss
   std::optional<double> accuracy;   // fraction
   std::optional<EvalResult> validation, test;
-  std::int64_t samples = 0;         // training samples seen this epoch
+  // Training samples and steps this process computed this epoch, in train_seconds (a resumed
+  // epoch's steps before its checkpoint are not among them).
+  std::int64_t samples = 0;
   std::int64_t steps = 0;
   double train_seconds = 0.0;
   double allreduce_seconds = -1.0;  // gradient sums across workers this epoch; < 0 = one worker

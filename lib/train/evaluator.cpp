@@ -15,11 +15,9 @@ namespace dtrain::train {
 namespace fs = std::filesystem;
 
 std::string evaluator_line(const std::string& checkpoint, const checkpoint::TrainingState& state, const EvalResult& r) {
-  const std::string when = state.step_in_epoch == 0
-                               ? fmt::format("after epoch {}", state.epoch)
-                               : fmt::format("epoch {}, step {} of it", state.epoch + 1, state.step_in_epoch);
   std::string line = fmt::format("Evaluator: {} ({}, global step {}), Test Loss: {:.4f}",
-                                 fs::path(checkpoint).filename().string(), when, state.global_step, r.loss);
+                                 fs::path(checkpoint).filename().string(), checkpoint::position_in_training(state),
+                                 state.global_step, r.loss);
   if (r.accuracy) line += fmt::format(", Test Accuracy: {:.2f}", *r.accuracy * 100.0);
   return line;
 }

@@ -130,7 +130,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   });
   const config::BatchKey batch = config::batch_key(exp_, false), eval_batch = config::batch_key(exp_, true);
   for_every_worker(batch.where, [&] {
-    data::check_batch_reaches_workers(strategy_->workers(), global_batch_size(), batch.name);
+    data::check_batch_reaches_workers(shards_, strategy_->num_local_replicas(), global_batch_size(), batch.name);
     data::check_global_batch(shards_, global_batch_size());
     // Per-replica pipelines batch alone and cannot split a remainder (evaluation always splits).
     if (exp_.data.distribute == config::DistributeMode::per_replica)
@@ -139,7 +139,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   });
   if (exp_.data.eval_batch_size > 0)
     for_every_worker(eval_batch.where, [&] {
-      data::check_batch_reaches_workers(strategy_->workers(), exp_.data.eval_batch_size, eval_batch.name);
+      data::check_batch_reaches_workers(shards_, strategy_->num_local_replicas(), exp_.data.eval_batch_size, eval_batch.name);
     });
   if (!strategy_->is_chief()) {
     // Workers other than the chief compute and take part in every collective, silently.
@@ -744,10 +744,10 @@ int Trainer::invariant_lanes(bool synchronizes) const {
 std::pair<std::int64_t, std::int64_t> Trainer::micro_batches_of(const distribute::ReplicaContext& rc,
                                                                 std::int64_t samples) const {
   // The step's micro-batches are divided over the replicas in sync as data/pipeline.hpp's
-  // part_offset divides them (which is how the input gave each replica its rows).
+  // replica_offset divides them (which is how the input gave each replica its rows).
   const std::int64_t micro_batches = ceil_div(samples, exp_.reproducibility.micro_batch_size);
-  const std::int64_t first = data::part_offset(micro_batches, rc.num_replicas_in_sync, rc.global_replica_id);
-  return {first, data::part_offset(micro_batches, rc.num_replicas_in_sync, rc.global_replica_id + 1) - first};
+  const std::int64_t first = data::replica_offset(micro_batches, rc.num_replicas_in_sync, rc.global_replica_id);
+  return {first, data::replica_offset(micro_batches, rc.num_replicas_in_sync, rc.global_replica_id + 1) - first};
 }
 
 void Trainer::invariant_train_step(const distribute::ReplicaContext& rc, Replica& rep, const data::ReplicaBatch& batch) {
@@ -1133,6 +1133,8 @@ void Trainer::begin_epoch(LoopState& state, data::DistributedIterator& input) {
   state.step = resuming ? std::min(resume_->step_in_epoch, state.steps) : 0;
   state.loss_sum = resuming ? resume_->epoch_loss_sum : 0.0;
   state.samples = resuming ? resume_->epoch_samples : 0;
+  state.first_step = state.step;
+  state.first_samples = state.samples;
   if (!resuming) reset_train_metrics();
   strategy_->take_cross_worker_seconds();
   strategy_->take_cross_worker_wait_seconds();
@@ -1142,8 +1144,9 @@ void Trainer::begin_epoch(LoopState& state, data::DistributedIterator& input) {
 EpochLog Trainer::end_epoch(const LoopState& state, double train_seconds) {
   EpochLog log;
   log.epoch = state.epoch + 1;
-  log.steps = state.steps;
-  log.samples = state.samples;
+  // What this process trained and timed: a resumed epoch's steps before the checkpoint are not.
+  log.steps = state.steps - state.first_step;
+  log.samples = state.samples - state.first_samples;
   log.train_seconds = train_seconds;
   const double allreduce = strategy_->take_cross_worker_seconds();
   const double allreduce_wait = strategy_->take_cross_worker_wait_seconds();

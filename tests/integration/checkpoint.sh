@@ -101,6 +101,16 @@ case "$case_name" in
       h5diff "$scratch/bn/checkpoints/ckpt-96.h5" "$scratch/$run/checkpoints/ckpt-96.h5" /model /model \
         || fail "$run: the resumed run's weights and moving statistics differ from the uninterrupted run's"
     done
+    # The resumed epoch's speed counts what this run trained: 14 of epoch 2's 32 steps (ckpt-50
+    # stood at its step 18), 13 x 64 samples and the short last batch's 16, not the epoch's 2,000 in
+    # the time of those.
+    grep -q "^  train .* samples/s (14 steps, " "$scratch/bn_steps.resume.out" \
+      || fail "the resumed epoch's throughput line: $(grep 'samples/s' "$scratch/bn_steps.resume.out" | head -1)"
+    grep '"epoch": 2,' "$scratch/bn_steps/metrics.jsonl" | grep -q '"train_samples": 848,' \
+      || fail "metrics.jsonl's resumed epoch: $(grep '"epoch": 2,' "$scratch/bn_steps/metrics.jsonl")"
+    # eval counts epochs from 1 as the epoch lines do.
+    grep -q "^Checkpoint .*ckpt-96.h5 (after epoch 3, global step 96)" "$scratch/eval.out" \
+      || fail "eval's checkpoint line: $(head -1 "$scratch/eval.out")"
     ;;
   eval_matches_training)
     reference

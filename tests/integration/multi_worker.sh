@@ -353,6 +353,23 @@ EOF
     for live in 0 1; do
       grep -q "^dtrain: rank $live: .*ranks that did not arrive: .*rank 2 (no answer" "$scratch/out" || fail "live rank $live did not report"
     done
+    # Under --enable-recovery mpirun exits 0 whatever the ranks did, so tools/dtrain-mpirun takes
+    # the chief's recorded code: the chief records 5 as it times out (or hears that another rank
+    # did) before the abort ends it. It recorded nothing, and the script said 1.
+    timeout 300 tools/dtrain-mpirun -n 3 --oversubscribe --enable-recovery "$dtrain" run "$small" --set train.epochs=50 \
+      --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16 \
+      --set "strategy={kind: multi_worker_mirrored, communication: {timeout_seconds: 5}}" \
+      --run-dir "$scratch/recovery" >"$scratch/recovery.out" 2>&1 &
+    launcher=$!
+    for _ in $(seq 1 600); do [ -s "$scratch/recovery/metrics.jsonl" ] && break; sleep 0.05; done
+    [ -s "$scratch/recovery/metrics.jsonl" ] || fail "epoch 1 never finished under --enable-recovery"
+    stuck=$(rank_pids "$scratch/recovery" | awk '$2 == 2 {print $1}')
+    [ -n "$stuck" ] || fail "rank 2 not found under --enable-recovery"
+    kill -STOP "$stuck"
+    wait "$launcher"
+    rc=$?
+    [ "$rc" -eq 5 ] || fail "tools/dtrain-mpirun --enable-recovery exited $rc after the watchdog, wanted 5: $(grep dtrain "$scratch/recovery.out" | tail -3)"
+    echo "ok: tools/dtrain-mpirun --enable-recovery exits 5 after the watchdog's abort"
     ;;
   uneven)
     # A global batch of 65, which 2 and 3 workers do not divide: each worker takes its replicas'

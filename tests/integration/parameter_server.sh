@@ -87,6 +87,20 @@ case "$case_name" in
         || fail "$sharded: sharded weights differ from the unsharded run's"
     done
     echo "ok: sharded variables (fixed_shards, max_size, min_size over 3 servers) give the unsharded run's weights (1e-6)"
+    # Resumed from a checkpoint in the middle of epoch 2 (step 2 of 4), the one worker goes on from
+    # the batch the run stood at: the uninterrupted run's weights again (it started the epoch's
+    # data over, and trained on batches the checkpoint already held).
+    run="$scratch/ps_mid"
+    mpi 3 "$dtrain" run "$small" "${common[@]}" "${steps[@]}" --set "$(ps 1 1 "{kind: none}")" \
+      --set checkpoint.every_steps=2 --run-dir "$run" >"$run.out" 2>&1 || fail "run failed: $(tail -5 "$run.out")"
+    rm "$run/checkpoints/ckpt-8.h5"
+    mpi 3 "$dtrain" resume "$run" >"$run.resume" 2>&1 || fail "resume failed: $(tail -5 "$run.resume")"
+    grep -q "Resuming from .*ckpt-6.h5 at epoch 2, step 2 of it" "$run.resume" || fail "did not resume: $(head -3 "$run.resume")"
+    tools/compare_weights "$run/checkpoints/ckpt-8.h5" "$scratch/default/checkpoints/ckpt-8.h5" --rtol 1e-6 \
+      || fail "resumed mid-epoch, the weights differ from the default strategy's"
+    cmp <(grep '^Epoch 2' "$run.resume") <(grep '^Epoch 2' "$scratch/default.out") \
+      || fail "resumed mid-epoch, epoch 2 differs: $(grep '^Epoch' "$run.resume")"
+    echo "ok: resumed mid-epoch under parameter_server, the uninterrupted run's weights and epoch line"
     ;;
   async)
     # 1 chief, 2 workers, 2 servers: it trains, its checkpoint evaluates to the printed test
@@ -348,6 +362,29 @@ EOS
       || fail "resume under multi_worker_mirrored failed: $(tail -5 "$run.resume")"
     grep -q "^Epoch 3" "$run.resume" || fail "no epoch 3 after resume: $(tail -3 "$run.resume")"
     echo "ok: SIGTERM at step $held_at stops the parameter-server run with exit 4 at step $saved; multi_worker_mirrored resumes it"
+    # SIGTERM to one worker (rank 1) or to the parameter server (rank 3) alone: each passes it on
+    # to the coordinator (the worker with its next result, the server in its next answer to a
+    # worker), which stops the job as for a signal to itself. Both were announced and ignored.
+    for victim in 1 3; do
+      run="$scratch/term_rank$victim"
+      hold_env "$run.hold" 20
+      env "${hold[@]}" timeout 300 mpirun -n 4 --oversubscribe "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 \
+        --set "$(ps 1 2 "{kind: none}")" --run-dir "$run" >"$run.out" 2>"$run.err" &
+      job=$!
+      wait_held "$run.hold" 1 "$job"
+      pid=$(rank_pid "$run" "$victim")
+      [ -n "$pid" ] || fail "no process for rank $victim"
+      kill -TERM "$pid"
+      release_hold "$run.hold"
+      wait "$job"
+      rc=$?
+      [ "$rc" -eq 4 ] || fail "SIGTERM to rank $victim: exit $rc, wanted 4: $(grep -v '^\[' "$run.err" | tail -5)"
+      stop=$(grep -Eo "^dtrain: stopped at epoch [0-9]+, step [0-9]+ of it; checkpoint .*ckpt-[0-9]+.h5" "$run.err") \
+        || fail "SIGTERM to rank $victim: no stop message: $(cat "$run.err")"
+      saved=$(sed -E 's/.*ckpt-([0-9]+).h5/\1/' <<<"$stop")
+      [ -f "$run/checkpoints/ckpt-$saved.h5" ] || fail "ckpt-$saved.h5 was not written"
+      echo "ok: SIGTERM to rank $victim alone stops the job with exit 4 at step $saved"
+    done
     ;;
   *) fail "unknown case" ;;
 esac

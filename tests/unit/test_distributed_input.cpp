@@ -47,14 +47,15 @@ data::PipelineOptions options(bool prefetch) {
 
 }  // namespace
 
-TEST_CASE("split_global_batch splits each global batch evenly, a short last one too") {
+TEST_CASE("split_global_batch splits each global batch as tf.distribute does, a short last one too") {
   data::InputContext ctx;
   ctx.num_replicas_in_sync = 3;
   data::DistributedIterator it(numbered(10), config::DistributeMode::split_global_batch, ctx, 4, options(true));
   CHECK(it.steps_per_epoch() == 3);
   const auto steps = epoch_samples(it, 0);
   REQUIRE(steps.size() == 3);
-  const std::vector<std::vector<std::size_t>> sizes = {{2, 1, 1}, {2, 1, 1}, {1, 1, 0}};
+  // ceil(4 / 3) = 2 rows to each replica in turn; the short last batch of 2, 1 each.
+  const std::vector<std::vector<std::size_t>> sizes = {{2, 2, 0}, {2, 2, 0}, {1, 1, 0}};
   std::vector<int> seen;
   for (std::size_t s = 0; s < 3; ++s)
     for (std::size_t r = 0; r < 3; ++r) {

@@ -129,7 +129,7 @@ TEST_CASE("fixed point: exponents of zeros, non-finite values and the scale's he
   CHECK(std::isinf(out[0]));  // 8 * FLT_MAX does not fit a float
 }
 
-TEST_CASE("part_offset in whole units: replicas take whole micro-batches, the last one short") {
+TEST_CASE("part_offset in whole units: a replica's threads take whole units, the last one short") {
   // 50 rows in units of 8: 7 units (the last of 2 rows) over 3 parts take 3, 2, 2.
   CHECK(data::part_offset(50, 3, 0, 8) == 0);
   CHECK(data::part_offset(50, 3, 1, 8) == 24);
@@ -138,7 +138,32 @@ TEST_CASE("part_offset in whole units: replicas take whole micro-batches, the la
   // More parts than units: the last parts get none.
   CHECK(data::part_offset(10, 4, 2, 8) == 10);
   CHECK(data::part_offset(10, 4, 1, 8) == 8);
-  // Granule 1 is the row split Mirrored always made.
+  // Granule 1: rows.
   for (int p = 0; p <= 4; ++p) CHECK(data::part_offset(10, 4, p, 1) == data::part_offset(10, 4, p));
   CHECK(data::part_offset(10, 4, 1) == 3);
+}
+
+TEST_CASE("replica_offset: a global batch split over the replicas as tf.distribute splits it") {
+  // TensorFlow 2.21's experimental_distribute_dataset (MirroredStrategy on 3 and 4 logical CPUs,
+  // MultiWorkerMirroredStrategy on 3 workers): ceil(G / R) rows each until the batch runs out.
+  const auto split = [](std::int64_t size, int replicas, std::int64_t granule = 1) {
+    std::vector<std::int64_t> rows;
+    for (int r = 0; r < replicas; ++r)
+      rows.push_back(data::replica_offset(size, replicas, r + 1, granule) - data::replica_offset(size, replicas, r, granule));
+    return rows;
+  };
+  using Rows = std::vector<std::int64_t>;
+  CHECK(split(64, 3) == Rows{22, 22, 20});
+  CHECK(split(66, 4) == Rows{17, 17, 17, 15});
+  CHECK(split(63, 3) == Rows{21, 21, 21});
+  CHECK(split(38, 3) == Rows{13, 13, 12});  // the short last batches of 230 samples
+  CHECK(split(41, 3) == Rows{14, 14, 13});
+  CHECK(split(9, 4) == Rows{3, 3, 3, 0});
+  CHECK(split(1, 2) == Rows{1, 0});
+  CHECK(split(5, 2) == Rows{3, 2});
+  // In whole micro-batches (replica_invariant): 50 rows in units of 8 (7 units, the last of 2 rows)
+  // over 3 replicas take 3, 3 and 1 units.
+  CHECK(split(50, 3, 8) == Rows{24, 24, 2});
+  CHECK(split(10, 4, 8) == Rows{8, 2, 0, 0});
+  CHECK(data::replica_offset(50, 3, 0, 8) == 0);
 }

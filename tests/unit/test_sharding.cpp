@@ -191,15 +191,17 @@ TEST_CASE("data sharding with a global batch that does not divide among the work
   const auto many = run_job({3, 1, 10}, ds, 0);
   check_consistent(many);
   CHECK(epoch_union(many) == iota_ids(0, 41));
-  // The first worker batches 4 samples, the others 3.
+  // As tf.distribute splits 10 over 3: 4, 4 and 2.
   CHECK(many[0].steps[0][0].size() == 4);
-  CHECK(many[1].steps[0][0].size() == 3);
+  CHECK(many[1].steps[0][0].size() == 4);
+  CHECK(many[2].steps[0][0].size() == 2);
 }
 
 TEST_CASE("data sharding: for any global batch, W workers' replicas take one process's replicas' rows of every step") {
   // Odd global batches, worker and replica counts, a short last batch and drop_remainder: the
   // replicas of all workers, in (worker, local replica) order, get exactly the rows one process's
-  // replicas get (65 = 33 + 32 over 2 workers, 22 + 22 + 21 over 3).
+  // replicas get (65 = 33 + 32 over 2 workers, 22 + 22 + 21 over 3; by replica, 17 + 17 + 17 + 14 over
+  // 2 workers of 2).
   for (std::int64_t n : {41, 130, 2000})
     for (std::int64_t global : {7, 10, 65})
       for (int workers : {2, 3})

@@ -73,9 +73,10 @@ void shard_from_host(device::Context& ctx, const float* host, Tensor& t, const d
   ctx.copy_from_host(host, t.address<float>() + s.offset, static_cast<std::size_t>(s.size) * sizeof(float));
 }
 
-// The result of a step, as a worker sends it: global step, loss, samples, staleness, then each
-// metric's counts and sums.
-constexpr std::size_t kResultHead = 4;
+// The result of a step, as a worker sends it: global step, loss, samples, staleness, whether the
+// worker was asked to stop (a signal to its process: the coordinator stops the job for it), then
+// each metric's counts and sums.
+constexpr std::size_t kResultHead = 5;
 // In place of a global step: the worker lost the server named next.
 constexpr double kServerLost = -1.0;
 // In place of a global step: the worker's answer to the coordinator's roll call.
@@ -183,6 +184,10 @@ void ParameterServerLoop::serve(LoopHost& host) {
       optimizer->apply_gradients(trained);
     }
   };
+  handlers.stop_requested = [&host] {
+    const std::atomic<int>* stop = host.stop_requested();
+    return stop && stop->load() != 0;
+  };
   handlers.state = [&](std::vector<float>& out) {
     handlers.values(out);
     for (std::size_t j = 0; j < trained.size(); ++j)
@@ -219,12 +224,15 @@ void ParameterServerLoop::work(LoopHost& host) {
   std::vector<double> result;
   double loss = 0.0;  // the last step's
   std::int64_t samples = 0;
+  bool servers_asked_to_stop = false;  // a server's process was asked to stop: passed on with the results
   // One step: read the variables, compute on `batches`, push; returns the staleness.
   auto exchange = [&](const std::vector<data::ReplicaBatch>& batches, std::int64_t global_step) {
     std::int64_t staleness = 0;
     // Read the current variables from every server.
     for (std::size_t s = 0; s < values.size(); ++s) {
-      versions[s] = transport.pull(ps.server_rank(static_cast<int>(s)), values[s]);
+      bool server_stopping = false;
+      versions[s] = transport.pull(ps.server_rank(static_cast<int>(s)), values[s], &server_stopping);
+      servers_asked_to_stop = servers_asked_to_stop || server_stopping;
       std::size_t at = 0;
       for (std::size_t idx : layout.on_server[s]) {
         const distribute::Shard& sh = layout.shards[idx];
@@ -274,7 +282,12 @@ void ParameterServerLoop::work(LoopHost& host) {
     }
     if (order.epoch != epoch) {
       epoch = order.epoch;
-      input->start_epoch(epoch);
+      // An epoch resumed at step k: the k steps before it are taken to have gone round the
+      // workers in turn, so this worker goes on past its share of them (one worker: exactly
+      // where the run stood).
+      const std::int64_t workers = ps.plan().workers, me = ps.worker_number(), k = order.epoch_first_step;
+      const std::int64_t taken = k / workers + (me < k % workers ? 1 : 0);
+      input->start_epoch(epoch, input->steps_per_epoch() > 0 ? taken % input->steps_per_epoch() : 0);
     }
     const std::vector<data::ReplicaBatch>* batches = input->next();
     if (!batches) {
@@ -295,8 +308,9 @@ void ParameterServerLoop::work(LoopHost& host) {
       transport.send_result(report, std::min(transport.timeout_seconds(), 2.0));
       throw;
     }
+    const std::atomic<int>* stop = host.stop_requested();
     result.assign({static_cast<double>(order.global_step), loss, static_cast<double>(samples),
-                   static_cast<double>(staleness)});
+                   static_cast<double>(staleness), servers_asked_to_stop || (stop && stop->load() != 0) ? 1.0 : 0.0});
     for (std::size_t i = 0; i < host.experiment().metrics.size(); ++i) {
       const metrics::MetricState st = host.train_metric_state(i);  // every lane's counts
       for (std::int64_t c : st.counts) result.push_back(static_cast<double>(c));
@@ -416,7 +430,8 @@ std::vector<EpochLog> ParameterServerLoop::coordinate(LoopHost& host) {
   std::atomic<int> stop_seen{0};
   const std::atomic<int>* stop_requested = host.stop_requested();
   CallbackList callbacks = host.make_callbacks(&stop_seen);
-  auto asked_to_stop = [&] { return stop_requested && stop_requested->load() != 0; };
+  bool worker_asked_to_stop = false;  // a signal to a worker's process, passed on in its results
+  auto asked_to_stop = [&] { return worker_asked_to_stop || (stop_requested && stop_requested->load() != 0); };
 
   const int workers = ps.plan().workers;
   const double timeout = transport.timeout_seconds();
@@ -455,7 +470,7 @@ std::vector<EpochLog> ParameterServerLoop::coordinate(LoopHost& host) {
           pending.pop_front();
           if (in_flight[i].empty()) last_heard[i] = Clock::now();
           transport.send_order(ps.worker_rank(w), distribute::StepOrder{distribute::StepOrder::step, base + (k - first),
-                                                                        state.epoch});
+                                                                        state.epoch, first});
           in_flight[i].push_back(k);
           scheduled_end = std::max(scheduled_end, k + 1);
         }
@@ -505,6 +520,12 @@ std::vector<EpochLog> ParameterServerLoop::coordinate(LoopHost& host) {
       staleness_sum += static_cast<double>(staleness);
       staleness_max = std::max(staleness_max, staleness);
       ++staleness_count;
+      if (r[4] != 0.0 && !worker_asked_to_stop) {
+        worker_asked_to_stop = true;
+        fmt::print(stderr, "dtrain: worker rank {} (or a parameter server it reads) was asked to stop: the job stops "
+                           "after the steps in flight\n",
+                   got->worker_rank);
+      }
       std::size_t at = kResultHead;
       for (std::size_t m = 0; m < exp.metrics.size(); ++m) {
         metrics::MetricState st = host.train_metric_state(m);  // its shape; the values are the worker's
