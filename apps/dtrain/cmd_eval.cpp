@@ -44,11 +44,13 @@ int eval_command(const EvalArgs& args) {
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
     // The model comes from the experiment stored in the checkpoint, unless one is given.
-    const checkpoint::Contents stored = checkpoint::peek(args.checkpoint);
-    config::Experiment exp =
-        args.experiment.empty()
-            ? config::parse_experiment(stored.experiment_yaml, args.checkpoint + ":/experiment", args.overrides)
-            : config::load_experiment(args.experiment, args.overrides);
+    checkpoint::Contents stored;
+    config::Experiment exp = load_on_every_rank(*workers, [&] {
+      stored = checkpoint::peek(args.checkpoint);
+      return args.experiment.empty()
+                 ? config::parse_experiment(stored.experiment_yaml, args.checkpoint + ":/experiment", args.overrides)
+                 : config::load_experiment(args.experiment, args.overrides);
+    });
     refuse_writing_onto(args.predictions, "--predictions", {args.checkpoint, args.experiment}, exp);
     // Evaluate with the global batch training evaluated with: the per-example results, so the
     // printed figures, are those training printed. (A multi-worker experiment's replicas are

@@ -41,6 +41,25 @@ void record_job_status(const distribute::WorkerGroup& workers, int code) {
   }
 }
 
+config::Experiment load_on_every_rank(distribute::WorkerGroup& workers, const std::function<config::Experiment()>& load) {
+  if (workers.size() == 1) return load();
+  std::optional<config::Experiment> exp;
+  std::string error;
+  try {
+    exp = load();
+  } catch (const ConfigError& e) {
+    error = e.what();
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  const int failed = error.empty() ? 0 : 1;
+  if (workers.all_reduce_max(failed, "loading the experiment") == 0) return std::move(*exp);
+  const bool every_rank = -workers.all_reduce_max(-failed, "loading the experiment") == 1;
+  if (every_rank) throw JobConfigError(error);
+  if (failed) throw ConfigError(error);
+  throw JobConfigError("another rank could not load the experiment (its error is above)");
+}
+
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {
   const bool alone = workers.size() == 1;  // before the body: roles may split the group
   workers.on_watchdog_abort([&workers](int code) { record_job_status(workers, code); });
@@ -240,7 +259,8 @@ int run_command(const RunArgs& args) {
   signals.keep_blocked();  // the process ends after this command
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return finish_command(signals, *workers, run_as_worker(*workers, [&] {
-    config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+    config::Experiment exp =
+        load_on_every_rank(*workers, [&] { return config::load_experiment(args.experiment, args.overrides); });
     refuse_local_strategy_under_launcher(exp, *workers, "each would train alone, all into one run directory");
     train::TrainerOptions options;
     options.workers = workers.get();

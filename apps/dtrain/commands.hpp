@@ -151,6 +151,12 @@ int finish_command(StopOnSignal& signals, const distribute::WorkerGroup& workers
 // it. Nothing happens without the variable, or on other ranks.
 void record_job_status(const distribute::WorkerGroup& workers, int code);
 
+// `load` (an experiment: its file, a checkpoint's copy, the --set overrides) on every rank of the
+// job. Every rank reads the same files and arguments, so they fail alike: then the chief alone
+// reports the error and every rank exits 2 without an MPI abort (JobConfigError). A rank that
+// fails alone throws its own error (reported with the rank, and the job aborted).
+config::Experiment load_on_every_rank(distribute::WorkerGroup& workers, const std::function<config::Experiment()>& load);
+
 // What run and resume do on every rank: under a strategy that spans the workers the roles
 // (strategy.roles, TF_CONFIG) split the MPI world into the training ranks and the evaluator. A
 // training rank builds its Trainer, runs `prepare` on it (resume restores there), trains, and the

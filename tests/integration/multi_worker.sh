@@ -429,6 +429,22 @@ EOF
       grep -q "MPI_ABORT" "$scratch/$key.err" "$scratch/$key.out" && fail "$key: the job was aborted"
       [ ! -e "$scratch/$key" ] || fail "$key: the run directory was written"
     done
+    # So does a global batch that tf.distribute's split leaves a worker none of (9 over 4: 3, 3,
+    # 3, 0), and an experiment no rank can load (a key the layer does not have): the chief's one
+    # line, exit 2, no abort. (Every rank printed the bad key, and the job ended in MPI_ABORT.)
+    for bad in "data.global_batch_size=9" "model.layers.0.conv2d.stride=2"; do
+      name=${bad%%=*}
+      mpi 4 "$dtrain" run "$scratch/g.yaml" "${one_step[@]}" --set "$(mwm mpi)" --set "$bad" \
+        --run-dir "$scratch/$name" >"$scratch/$name.out" 2>"$scratch/$name.err"
+      rc=$?
+      [ "$rc" -eq 2 ] || fail "$bad over 4 workers: exit $rc, wanted 2: $(cat "$scratch/$name.err")"
+      [ "$(grep -c '^dtrain: error:' "$scratch/$name.err")" -eq 1 ] || fail "$bad: wanted one error line: $(cat "$scratch/$name.err")"
+      grep -q "^dtrain: error: --set $bad: " "$scratch/$name.err" || fail "$bad: not located: $(cat "$scratch/$name.err")"
+      grep -q "MPI_ABORT" "$scratch/$name.err" "$scratch/$name.out" && fail "$bad: the job was aborted"
+      grep -q "stopping after this step" "$scratch/$name.err" && fail "$bad: a rank announced a checkpoint"
+      [ ! -e "$scratch/$name" ] || fail "$bad: the run directory was written"
+      echo "ok: $bad over 4 workers: $(cat "$scratch/$name.err")"
+    done
     ;;
   *) fail "unknown case" ;;
 esac
