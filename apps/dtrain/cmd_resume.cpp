@@ -203,8 +203,9 @@ int resume_command(const ResumeArgs& args) {
     if (say) fmt::print(say, "dtrain: warning: {} change{} the results: the rest of this run will differ from a run that was "
                        "never stopped\n", list, changing.size() == 1 ? "s" : "");
   }
-  config::Experiment exp =
-      config::parse_experiment(stored.experiment_yaml, candidates[first] + ":/experiment", args.overrides);
+  config::Experiment exp = load_on_every_rank(*workers, [&] {
+    return config::parse_experiment(stored.experiment_yaml, candidates[first] + ":/experiment", args.overrides);
+  });
   refuse_local_strategy_under_launcher(exp, *workers, "each would resume alone, all into one run directory");
 
   train::TrainerOptions options;

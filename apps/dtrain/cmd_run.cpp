@@ -57,7 +57,8 @@ config::Experiment load_on_every_rank(distribute::WorkerGroup& workers, const st
   const bool every_rank = -workers.all_reduce_max(-failed, "loading the experiment") == 1;
   if (every_rank) throw JobConfigError(error);
   if (failed) throw ConfigError(error);
-  throw JobConfigError("another rank could not load the experiment (its error is above)");
+  throw JobConfigError("other ranks could not load the experiment: each reports its error with its rank; fix it and "
+                       "run again");
 }
 
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {

@@ -136,8 +136,9 @@ struct DataConfig {
   std::vector<double> y;
   // pipeline
   std::int64_t batch_size_per_replica = 64;
-  // Instead of batch_size_per_replica: the global batch itself, split as evenly as possible over
-  // the replicas (it need not divide, except with distribute: per_replica). 0 = not given.
+  // Instead of batch_size_per_replica: the global batch itself, split over the replicas as
+  // tf.distribute splits it, ceil(G / R) rows each in turn (data/pipeline.hpp's replica_offset; it
+  // need not divide, except with distribute: per_replica). 0 = not given.
   std::int64_t global_batch_size = 0;
   std::int64_t shuffle_buffer = 60000;  // 0 = no shuffle; >= dataset size = full uniform shuffle
   bool drop_remainder = false;

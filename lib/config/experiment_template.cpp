@@ -243,9 +243,9 @@ std::vector<Note> notes(const std::string& skeleton, const Experiment& experimen
                "into files (tools/make_shards)"});
   n.push_back({"data.shards", "", "hdf5: the data split into files, one or more per worker", ""});
   n.push_back({"data.batch_size_per_replica", "", "the global batch is this times the replicas in sync",
-               "global_batch_size: 128   # instead of batch_size_per_replica: split as evenly as possible over the "
-               "replicas"});
-  n.push_back({"data.global_batch_size", "", "split as evenly as possible over the replicas", ""});
+               "global_batch_size: 128   # instead of batch_size_per_replica: ceil(128 / replicas) to each in "
+               "turn"});
+  n.push_back({"data.global_batch_size", "", "split as tf.distribute splits it: ceil(G / replicas) to each in turn", ""});
   n.push_back({"data.shuffle_buffer", "", "0 = no shuffle; >= the training set = a full shuffle", ""});
   n.push_back({"data.drop_remainder", "", "drop each epoch's short last batch", ""});
   n.push_back({"data.distribute", "", "per_replica = distribute_datasets_from_function, one pipeline per replica", ""});

@@ -32,8 +32,9 @@ void prefetch_sample(const Dataset& ds, std::int64_t i) {
 }
 
 void data_out_of_memory(const std::string& path, const std::string& what, const std::string& why) {
-  throw InputError(fmt::format("{}: {}: {}; dtrain holds each split in memory: use a smaller file, raise the memory "
-                               "limit, or give each worker a part (data.shards with auto_shard: file)",
+  throw InputError(fmt::format("{}: {}: {}; dtrain holds each split in memory: use less data, raise the memory "
+                               "limit, or split it over more workers (data.shards with auto_shard: file: each "
+                               "loads only its own files)",
                                path, what, why));
 }
 

@@ -241,7 +241,7 @@ Tensor read_idx(const std::string& path) {
         "{}: more data than the header promises ({} bytes for {} {} elements); the file is not a valid IDX file", path,
         promised, Shape(dims).to_string(), type->name));
 
-  Tensor out = data_tensor(path, "the data", Shape(dims), type->dtype);
+  Tensor out = data_tensor(path, "its data", Shape(dims), type->dtype);
   decode(*type, payload.data(), out);
   return out;
 }

@@ -59,7 +59,8 @@ std::int64_t part_offset(std::int64_t size, int parts, int part, std::int64_t gr
 
 // The first row of replica `replica`'s rows when a batch of `size` rows is split over `replicas`
 // replicas in sync, as tf.distribute's experimental_distribute_dataset splits a global batch
-// (TensorFlow 2.21): ceil(size / replicas) rows each, in replica order, until the batch runs out,
+// (measured with TensorFlow 2.21, docs/strategies.md): ceil(size / replicas) rows each, in replica
+// order, until the batch runs out,
 // so the last replicas may get fewer or none (64 over 3: 22, 22, 20; 9 over 4: 3, 3, 3, 0). In rows
 // (granule 1) or in whole units of `granule` rows (replica_invariant's micro-batches), the last
 // unit short when size is not a multiple of it.

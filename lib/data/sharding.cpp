@@ -74,22 +74,27 @@ void check_global_batch(const ShardPlan& plan, std::int64_t global_batch) {
       plan.workers));
 }
 
-void check_batch_reaches_workers(const ShardPlan& plan, int local_replicas, std::int64_t batch, std::string_view key) {
-  const int workers = plan.workers;
-  // Under data sharding the last worker's rows of a full batch start at its first replica's
-  // (replica_offset's split); otherwise each worker batches its own share, batch / workers.
-  const int in_sync = workers * local_replicas;
-  const bool split = plan.policy == config::AutoShardPolicy::data;
-  if (batch >= workers && (!split || replica_offset(batch, in_sync, in_sync - local_replicas) < batch)) return;
+void check_batch_reaches_workers(int workers, int local_replicas, bool shared_order, std::int64_t batch,
+                                 std::string_view key) {
   if (batch < workers)
     throw ConfigError(fmt::format("{} {} leaves some of the {} workers without samples; give a global batch of at "
                                   "least {} (one sample per worker), or run fewer ranks",
                                   key, batch, workers, workers));
-  throw ConfigError(fmt::format("{} {} leaves worker {} without samples: a global batch is split as tf.distribute "
+  if (!shared_order) return;  // each worker batches its own share, batch / workers
+  // Over one shared order worker w keeps its replicas' rows of the whole batch (replica_offset's
+  // split): the first worker whose first row lies past the batch gets none, nor do those after it.
+  const int in_sync = workers * local_replicas;
+  int first_empty = workers;
+  while (first_empty > 0 && replica_offset(batch, in_sync, (first_empty - 1) * local_replicas) >= batch) --first_empty;
+  if (first_empty == workers) return;
+  const std::int64_t each = ceil_div(batch, static_cast<std::int64_t>(in_sync));
+  throw ConfigError(fmt::format("{} {} leaves worker{} {} without samples: a global batch is split as tf.distribute "
                                 "splits it, {} rows to each of the {} replicas in sync in turn, and the batch runs out "
-                                "before the last worker's; give a multiple of {} (such as {}), or run fewer ranks",
-                                key, batch, workers - 1, ceil_div(batch, static_cast<std::int64_t>(in_sync)), in_sync,
-                                in_sync, ceil_div(batch, static_cast<std::int64_t>(in_sync)) * in_sync));
+                                "first; give a multiple of {} (such as {}), or run fewer ranks",
+                                key, batch, first_empty + 1 == workers ? "" : "s",
+                                first_empty + 1 == workers ? fmt::format("{}", first_empty)
+                                                           : fmt::format("{}..{}", first_empty, workers - 1),
+                                each, in_sync, in_sync, each * in_sync));
 }
 
 }  // namespace dtrain::data

@@ -46,9 +46,11 @@ ShardPlan plan_shards(const config::DataConfig& data, int workers, int worker);
 // the workers do not divide cannot be split as one process splits it (under data every worker
 // holds the whole order and any global batch works). Throws ConfigError naming the keys then.
 void check_global_batch(const ShardPlan& plan, std::int64_t global_batch);
-// Throws ConfigError when a global batch of `batch` (`key` names it) leaves one of the plan's
-// workers without samples: under data sharding split over the workers' `local_replicas` replicas
-// each as data/pipeline.hpp's replica_offset splits it.
-void check_batch_reaches_workers(const ShardPlan& plan, int local_replicas, std::int64_t batch, std::string_view key);
+// Throws ConfigError when a global batch of `batch` (`key` names it) leaves one of `workers`
+// without samples: fewer samples than workers, or, where the workers share one order of the data
+// (`shared_order`: ShardPlan's train_shard_count() or eval_shard_count() above 1), a split over
+// their `local_replicas` replicas each (data/pipeline.hpp's replica_offset) that runs out first.
+void check_batch_reaches_workers(int workers, int local_replicas, bool shared_order, std::int64_t batch,
+                                 std::string_view key);
 
 }  // namespace dtrain::data

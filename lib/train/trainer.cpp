@@ -130,7 +130,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   });
   const config::BatchKey batch = config::batch_key(exp_, false), eval_batch = config::batch_key(exp_, true);
   for_every_worker(batch.where, [&] {
-    data::check_batch_reaches_workers(shards_, strategy_->num_local_replicas(), global_batch_size(), batch.name);
+    data::check_batch_reaches_workers(shards_.workers, strategy_->num_local_replicas(), shards_.train_shard_count() > 1,
+                                      global_batch_size(), batch.name);
     data::check_global_batch(shards_, global_batch_size());
     // Per-replica pipelines batch alone and cannot split a remainder (evaluation always splits).
     if (exp_.data.distribute == config::DistributeMode::per_replica)
@@ -139,7 +140,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   });
   if (exp_.data.eval_batch_size > 0)
     for_every_worker(eval_batch.where, [&] {
-      data::check_batch_reaches_workers(shards_, strategy_->num_local_replicas(), exp_.data.eval_batch_size, eval_batch.name);
+      data::check_batch_reaches_workers(shards_.workers, strategy_->num_local_replicas(), shards_.eval_shard_count() > 1,
+                                        exp_.data.eval_batch_size, eval_batch.name);
     });
   if (!strategy_->is_chief()) {
     // Workers other than the chief compute and take part in every collective, silently.

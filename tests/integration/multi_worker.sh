@@ -356,7 +356,9 @@ EOF
     # Under --enable-recovery mpirun exits 0 whatever the ranks did, so tools/dtrain-mpirun takes
     # the chief's recorded code: the chief records 5 as it times out (or hears that another rank
     # did) before the abort ends it. It recorded nothing, and the script said 1.
-    timeout 300 tools/dtrain-mpirun -n 3 --oversubscribe --enable-recovery "$dtrain" run "$small" --set train.epochs=50 \
+    # (timeout -k: the script traps SIGTERM; the stopped rank is killed whatever becomes of the job.)
+    trap 'kill -KILL "${stuck:-}" 2>/dev/null' EXIT
+    timeout -k 10 300 tools/dtrain-mpirun -n 3 --oversubscribe --enable-recovery "$dtrain" run "$small" --set train.epochs=50 \
       --set train.threads=1 --set train.progress=none --set data.batch_size_per_replica=16 \
       --set "strategy={kind: multi_worker_mirrored, communication: {timeout_seconds: 5}}" \
       --run-dir "$scratch/recovery" >"$scratch/recovery.out" 2>&1 &

@@ -745,3 +745,13 @@ TEST_CASE("checkpoint: h5dump shows readable names") {
     CHECK(listing.find(name) != std::string::npos);
   }
 }
+
+TEST_CASE("checkpoint: position_in_training counts epochs from 1, as the epoch lines do") {
+  ckpt::TrainingState s;
+  s.epoch = 0;
+  s.step_in_epoch = 10;
+  CHECK(ckpt::position_in_training(s) == "epoch 1, step 10 of it");
+  s.epoch = 1;
+  s.step_in_epoch = 0;  // epoch 1 done, epoch 2 not begun
+  CHECK(ckpt::position_in_training(s) == "after epoch 1");
+}

@@ -1,5 +1,6 @@
-// core/exact_sum.hpp: sums that give the same bits in any order and grouping, and the micro-batch
-// split of data/pipeline.hpp's part_offset that reproducibility: replica_invariant rests on.
+// core/exact_sum.hpp: sums that give the same bits in any order and grouping, and the splits of
+// data/pipeline.hpp that reproducibility: replica_invariant rests on (replica_offset's micro-batches
+// over the replicas, part_offset's work over a replica's threads).
 #include <doctest/doctest.h>
 
 #include <algorithm>

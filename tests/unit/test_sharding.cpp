@@ -382,3 +382,24 @@ TEST_CASE("shard files load concatenated in order; shards of different kinds are
   data::Dataset floats = numbered(4);
   CHECK_THROWS_AS(data::concatenate({one.train, floats}, "mixed"), InputError);
 }
+
+TEST_CASE("check_batch_reaches_workers: refuses a global batch that leaves a worker without samples") {
+  const auto check = [](int workers, int local, bool shared, std::int64_t batch) {
+    data::check_batch_reaches_workers(workers, local, shared, batch, "data.global_batch_size");
+  };
+  // Fewer samples than workers, whatever the order.
+  CHECK_THROWS_WITH_AS(check(4, 1, false, 3), doctest::Contains("3 leaves some of the 4 workers without samples"),
+                       ConfigError);
+  // One shared order: 9 over 4 is 3, 3, 3, 0; 9 over 8 workers is 2 each to workers 0..4, none
+  // to 5..7; 4 over 4 workers of 2 replicas is 1 to each of the first 4 replicas, so workers 2 and
+  // 3 get none.
+  CHECK_THROWS_WITH_AS(check(4, 1, true, 9), doctest::Contains("9 leaves worker 3 without samples"), ConfigError);
+  CHECK_THROWS_WITH_AS(check(8, 1, true, 9), doctest::Contains("9 leaves workers 5..7 without samples"), ConfigError);
+  CHECK_THROWS_WITH_AS(check(4, 2, true, 4), doctest::Contains("give a multiple of 8 (such as 8)"), ConfigError);
+  // Each worker batching its own share (file sharding, auto_shard off for training): batch / workers.
+  CHECK_NOTHROW(check(4, 1, false, 9));
+  CHECK_NOTHROW(check(4, 1, true, 8));
+  CHECK_NOTHROW(check(4, 1, true, 10));  // 3, 3, 3, 1
+  CHECK_NOTHROW(check(2, 2, true, 5));   // 2, 2, 1, 0: worker 1 still has a row
+  CHECK_NOTHROW(check(1, 3, true, 1));   // one worker: its replicas may go without
+}
