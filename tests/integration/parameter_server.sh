@@ -49,6 +49,24 @@ wait_for_line() {
   fail "never saw '$2' in $1: $(tail -5 "$1")"
 }
 
+# start_held_ps RUN STEP: 4 ranks (chief, 2 workers, 1 server) training 50 epochs into RUN,
+# holding at STEP (RUN.hold); the job in $job once it holds.
+start_held_ps() {
+  hold_env "$1.hold" "$2"
+  env "${hold[@]}" timeout 300 mpirun -n 4 --oversubscribe "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 \
+    --set "$(ps 1 2 "{kind: none}")" --run-dir "$1" >"$1.out" 2>"$1.err" &
+  job=$!
+  wait_held "$1.hold" 1 "$job"
+}
+# stopped_with_checkpoint RUN: the job exited 4 ($rc) naming a checkpoint it wrote; its step in $saved.
+stopped_with_checkpoint() {
+  [ "$rc" -eq 4 ] || fail "$1: exit $rc, wanted 4: $(grep -v '^\[' "$1.err" | tail -5)"
+  stop=$(grep -Eo "^dtrain: stopped at epoch [0-9]+, step [0-9]+ of it; checkpoint .*ckpt-[0-9]+.h5" "$1.err") \
+    || fail "$1: no stop message: $(cat "$1.err")"
+  saved=$(sed -E 's/.*ckpt-([0-9]+).h5/\1/' <<<"$stop")
+  [ -f "$1/checkpoints/ckpt-$saved.h5" ] || fail "$1: ckpt-$saved.h5 was not written"
+}
+
 small=experiments/fashion_mnist_small.yaml
 common=(--set train.threads=1 --set train.progress=none)
 ps() { echo "strategy={kind: parameter_server, roles: {chief: 1, ps: $1, worker: $2}, variable_partitioner: $3, communication: {timeout_seconds: ${4:-60}}}"; }
@@ -340,24 +358,16 @@ EOS
     # resumes (here under multi_worker_mirrored).
     run="$scratch/term"
     held_at=$((34 + RANDOM % 20))
-    hold_env "$run.hold" "$held_at"
-    env "${hold[@]}" timeout 300 mpirun -n 4 --oversubscribe "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 \
-      --set "$(ps 1 2 "{kind: none}")" --run-dir "$run" >"$run.out" 2>"$run.err" &
-    job=$!
-    wait_held "$run.hold" 1 "$job"
+    start_held_ps "$run" "$held_at"
     pids=$(for r in 0 1 2 3; do rank_pid "$run" $r; done)
     [ "$(echo $pids | wc -w)" -eq 4 ] || fail "wanted 4 rank processes: $pids"
     kill -TERM $pids
     wait "$job"
     rc=$?
-    [ "$rc" -eq 4 ] || fail "exit $rc, wanted 4: $(grep -v '^\[' "$run.err" | tail -5)"
     # Where it stopped: the held step plus the steps that were in flight, and a checkpoint of it.
-    stop=$(grep -Eo "^dtrain: stopped at epoch [0-9]+, step [0-9]+ of it; checkpoint .*ckpt-[0-9]+.h5" "$run.err") \
-      || fail "no stop message: $(cat "$run.err")"
-    saved=$(sed -E 's/.*ckpt-([0-9]+).h5/\1/' <<<"$stop")
+    stopped_with_checkpoint "$run"
     [ "$saved" -ge "$held_at" ] && [ "$saved" -le $((held_at + 8)) ] \
       || fail "held at step $held_at, but the checkpoint is of step $saved: $stop"
-    [ -f "$run/checkpoints/ckpt-$saved.h5" ] || fail "ckpt-$saved.h5 was not written"
     mpi 2 "$dtrain" resume "$run" --set "strategy={kind: multi_worker_mirrored}" --set train.epochs=3 >"$run.resume" 2>&1 \
       || fail "resume under multi_worker_mirrored failed: $(tail -5 "$run.resume")"
     grep -q "^Epoch 3" "$run.resume" || fail "no epoch 3 after resume: $(tail -3 "$run.resume")"
@@ -367,22 +377,14 @@ EOS
     # worker), which stops the job as for a signal to itself. Both were announced and ignored.
     for victim in 1 3; do
       run="$scratch/term_rank$victim"
-      hold_env "$run.hold" 20
-      env "${hold[@]}" timeout 300 mpirun -n 4 --oversubscribe "$dtrain" run "$small" "${common[@]}" --set train.epochs=50 \
-        --set "$(ps 1 2 "{kind: none}")" --run-dir "$run" >"$run.out" 2>"$run.err" &
-      job=$!
-      wait_held "$run.hold" 1 "$job"
+      start_held_ps "$run" 20
       pid=$(rank_pid "$run" "$victim")
       [ -n "$pid" ] || fail "no process for rank $victim"
       kill -TERM "$pid"
       release_hold "$run.hold"
       wait "$job"
       rc=$?
-      [ "$rc" -eq 4 ] || fail "SIGTERM to rank $victim: exit $rc, wanted 4: $(grep -v '^\[' "$run.err" | tail -5)"
-      stop=$(grep -Eo "^dtrain: stopped at epoch [0-9]+, step [0-9]+ of it; checkpoint .*ckpt-[0-9]+.h5" "$run.err") \
-        || fail "SIGTERM to rank $victim: no stop message: $(cat "$run.err")"
-      saved=$(sed -E 's/.*ckpt-([0-9]+).h5/\1/' <<<"$stop")
-      [ -f "$run/checkpoints/ckpt-$saved.h5" ] || fail "ckpt-$saved.h5 was not written"
+      stopped_with_checkpoint "$run"
       echo "ok: SIGTERM to rank $victim alone stops the job with exit 4 at step $saved"
     done
     ;;
