@@ -25,6 +25,8 @@ class ActivationLayer final : public Layer {
   void reference_backward(const ReferenceBackward& io, const StepContext& step) const override;
   Flops flops_per_sample() const override;
   BackwardReads backward_reads() const override { return BackwardReads::output; }
+  config::Activation final_activation() const override { return opt_.activation; }
+  config::LayerOptions options_without_final_activation() const override;
 
  private:
   Shape build_layer(const Shape& input_shape) override { return input_shape; }

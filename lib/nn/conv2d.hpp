@@ -46,6 +46,8 @@ class Conv2D final : public Layer {
   Flops flops_per_sample() const override;
   BackwardReads backward_reads() const override { return BackwardReads::input; }
   bool activation_reads_output() const override { return opt_.activation != config::Activation::linear; }
+  config::Activation final_activation() const override { return opt_.activation; }
+  config::LayerOptions options_without_final_activation() const override;
 
  private:
   Shape build_layer(const Shape& input_shape) override;

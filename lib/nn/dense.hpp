@@ -38,6 +38,8 @@ class Dense final : public Layer {
   Flops flops_per_sample() const override;
   BackwardReads backward_reads() const override { return BackwardReads::input; }
   bool activation_reads_output() const override { return opt_.activation != config::Activation::linear; }
+  config::Activation final_activation() const override { return opt_.activation; }
+  config::LayerOptions options_without_final_activation() const override;
   // The relu's output below is this layer's input, which backward reads anyway.
   BackwardReads derivative_below_reads() const override { return BackwardReads::input; }
 

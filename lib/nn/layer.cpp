@@ -86,4 +86,8 @@ void Layer::add_l2_gradient(device::Numerics& numerics, std::size_t index, doubl
                 static_cast<std::size_t>(v.value.numel()));
 }
 
+config::LayerOptions Layer::options_without_final_activation() const {
+  throw InternalError(fmt::format("layer '{}' ({}) has no activation of its own to leave out", name_, kind()));
+}
+
 }  // namespace dtrain::nn

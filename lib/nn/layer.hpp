@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config/experiment.hpp"
 #include "device/numerics.hpp"
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
@@ -135,6 +136,14 @@ class Layer {
     std::int64_t rows = 0, columns = 0;
   };
   virtual std::optional<InputExtent> input_extent_read() const { return std::nullopt; }
+
+  // The activation the layer applies to its output last: Dense's and Conv2D's `activation:`, an
+  // Activation layer's function; linear for the other kinds.
+  virtual config::Activation final_activation() const { return config::Activation::linear; }
+  // The layer's options with that activation linear, for a kind whose final_activation() can be
+  // another: the model's last layer is built from them where the model computes the activation as
+  // a step of its own (ModelOptions::crossentropy_from_pre_activation).
+  virtual config::LayerOptions options_without_final_activation() const;
 
   // The oracle: plain loops in double, obviously correct, what every backend's kernel is tested
   // against (and what is itself checked against finite differences).

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/machine.hpp"
 #include "core/rng.hpp"
+#include "nn/activation.hpp"
 #include "nn/registry.hpp"
 
 namespace dtrain::nn {
@@ -98,6 +99,14 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     };
     try {
       auto layer = make_layer(where);
+      const config::Activation last_activation = layer->final_activation();
+      if (i + 1 == config.layers.size() && options_.crossentropy_from_pre_activation &&
+          (last_activation == config::Activation::softmax || last_activation == config::Activation::sigmoid)) {
+        config::LayerConfig without = where;
+        without.options = layer->options_without_final_activation();
+        layer = make_layer(without);
+        output_activation_ = last_activation;
+      }
       shape = layer->declare(i, shape);
       // Each output is held twice per example (activation and its gradient); each variable four
       // times (value, gradient, up to two optimizer slots).
@@ -121,6 +130,12 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     }
   }
   output_shape_ = shape;
+  if (output_activation_ != config::Activation::linear) {
+    // The activation computed after the last layer holds its outputs and a gradient it is bound to.
+    const auto held = checked_mul(shape.numel(), 2 * 4);
+    const auto sum = held ? checked_add(activation_bytes_per_example_, *held) : std::nullopt;
+    activation_bytes_per_example_ = sum.value_or(std::numeric_limits<std::int64_t>::max());
+  }
   if (options_.before_allocating) {
     options_.before_allocating(*this);
     options_.before_allocating = nullptr;  // the caller's state it saw is not kept
@@ -168,6 +183,18 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   std::vector<DType> compute(layers.size(), options_.compute);
   compute.back() = DType::f32;
   kernels_ = make_kernels(layers, ctx_, compute);
+  if (output_activation_ != config::Activation::linear) {
+    // Named as the layer whose activation it computes; its position follows the layers' (it has
+    // no variables, so no random stream is drawn for it).
+    output_activation_layer_ =
+        std::make_unique<ActivationLayer>(layers_.back()->name(), ActivationLayer::Options{output_activation_});
+    output_activation_layer_->declare(layers_.size(), output_shape_);
+    Rng none(seed, RngStream::init, layers_.size());
+    output_activation_layer_->materialize(none);
+    Layer* const activation[] = {output_activation_layer_.get()};
+    const DType f32[] = {DType::f32};
+    output_activation_kernel_ = std::move(make_kernels(activation, ctx_, f32).front());
+  }
   // A pooling that passes through shares its memories with the layer below, so it needs a layer
   // above it (the last layer's output is the model's output tensor).
   computed_in_.assign(kernels_.size(), std::nullopt);
@@ -322,6 +349,19 @@ Sequential::Plan& Sequential::plan_for(std::int64_t batch) {
   }
   p.output_out = ctx_.make_copy(p.act.back(), {out_canonical, p.output.raw()});
   p.grad_in = ctx_.make_copy({out_canonical, p.output_grad.raw()}, p.diff.back());
+  if (output_activation_kernel_) {
+    // Forward only: the loss gives the gradient of its input, so this kernel's backward never
+    // runs (its output gradient is a scratch buffer it is bound to, and it has no input gradient).
+    const device::LayoutPtr activated = output_activation_kernel_->plan(batch, out_canonical);
+    DTRAIN_CHECK(activated->same_as(*out_canonical), "the output activation changed the output's layout");
+    p.activated = ctx_.tensor(output_shape_.with_batch(batch));
+    p.buffers.push_back(ctx_.allocate(out_canonical->bytes()));
+    LayerIO io;
+    io.src = {out_canonical, p.output.raw()};
+    io.dst = {out_canonical, p.activated.raw()};
+    io.diff_dst = {out_canonical, p.buffers.back().get()};
+    output_activation_kernel_->bind(batch, io);
+  }
 
   for (std::size_t i = 0; i < kernels_.size(); ++i) {
     LayerIO io;
@@ -362,9 +402,19 @@ const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
     for (auto& kernel : kernels_) kernel->forward(batch, step);
   }
   if (p.output_out) p.output_out->run();
+  if (output_activation_kernel_) {
+    const auto t = times_ ? Clock::now() : Clock::time_point{};
+    output_activation_kernel_->forward(batch, step);
+    if (times_) lap(ctx_, times_->forward.back(), t);  // counted with the layer it came from
+  }
   wait_for_host();
   current_ = &p;
-  return p.output;
+  return output_activation_kernel_ ? p.activated : p.output;
+}
+
+const Tensor& Sequential::loss_input() const {
+  DTRAIN_CHECK(current_ != nullptr, "loss_input() before forward()");
+  return current_->output;
 }
 
 Tensor& Sequential::output_gradient() {

@@ -45,6 +45,11 @@ struct ModelOptions {
   // Asked between variables while they are allocated and initialized (a large model takes a
   // while): true ends the construction with StoppedBeforeTraining.
   std::function<bool()> should_stop = nullptr;
+  // Where the last layer ends in a softmax or a sigmoid (Layer::final_activation), the layer is
+  // built without it and the model computes it as a step of its own after it, so that a
+  // crossentropy can read the activation's input, as Keras 3's crossentropies read the input of a
+  // Keras softmax or sigmoid that made their predictions (output_activation, loss_input).
+  bool crossentropy_from_pre_activation = false;
 };
 
 // What one backward() does besides computing the gradients of the data loss.
@@ -114,8 +119,14 @@ class Sequential {
   // forward. The pass may still be running where the host cannot read the context's memory in
   // place: the context's copies (and whatever is queued on it next) come after it.
   const Tensor& forward(const Tensor& x, const StepContext& step);
-  // The buffer (in the context's memory) the caller fills with d(loss)/d(y) for the last
-  // forward's batch, then backward().
+  // The softmax or sigmoid the model computes after its last layer (ModelOptions::
+  // crossentropy_from_pre_activation), linear where it computes none.
+  config::Activation output_activation() const { return output_activation_; }
+  // What the loss reads of the last forward: y's pre-activation (N, output_shape...) where the model
+  // computes an output_activation(), else y itself.
+  const Tensor& loss_input() const;
+  // The buffer (in the context's memory) the caller fills with d(loss)/d(loss_input()) for the
+  // last forward's batch, then backward().
   Tensor& output_gradient();
   // Overwrites every variable's grad (trainable: d(loss)/d(variable); not trainable: the step's
   // update contribution).
@@ -183,6 +194,7 @@ class Sequential {
     std::vector<device::Memory> act;      // act[i] = output of layer i
     std::vector<device::Memory> diff;     // diff[i] = gradient wrt act[i]
     Tensor output, output_grad, input_grad;
+    Tensor activated;  // output_activation() of output, where the model computes one
     std::unique_ptr<device::Copy> output_out, grad_in;
   };
   Plan& plan_for(std::int64_t batch);
@@ -196,6 +208,9 @@ class Sequential {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<config::SourceLocation> layer_where_;  // each layer's place in the experiment
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
+  config::Activation output_activation_ = config::Activation::linear;
+  std::unique_ptr<Layer> output_activation_layer_;  // an Activation layer computing it, outside layers_
+  std::unique_ptr<LayerKernel> output_activation_kernel_;
   std::vector<std::optional<std::size_t>> computed_in_;  // per layer: computing_layer, if any
   std::vector<bool> derivative_above_;  // per layer: applies_activation_backward_below
   std::vector<Variable*> variables_, trainable_;

@@ -180,6 +180,15 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
     static_cast<Lane&>(rep) = make_lane(r, r == 0);
     if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
+    if (r == 0 && exp_.loss.from_logits && rep.model->output_activation() != config::Activation::linear &&
+        strategy_->is_chief())
+      fmt::print(stderr,
+                 "dtrain: warning: {}loss.from_logits is true, but the last layer '{}' ends in a {}, so its outputs are "
+                 "probabilities; as Keras does, the loss is computed from the {}'s input: say from_logits: false, or "
+                 "end the model with activation: linear\n",
+                 config::given_prefix(exp_.loss.where, {exp_.source_file, 0, 0}),
+                 rep.model->layer(rep.model->num_layers() - 1).name(), config::name_of(rep.model->output_activation()),
+                 config::name_of(rep.model->output_activation()));
     if (r == 0 && invariant) lanes = invariant_lanes(rep.model->synchronizes_replicas());
     device::Numerics& numerics = rep.ctx->numerics();
     rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
@@ -331,9 +340,9 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
   }
   nn::check_precision(exp_.precision, exp_.precision_where, *lane.ctx);
   device::Numerics& numerics = lane.ctx->numerics();
-  lane.loss = losses::make_loss(exp_.loss, numerics);
   nn::ModelOptions model_options;
   model_options.compute = nn::compute_dtype(exp_.precision);
+  model_options.crossentropy_from_pre_activation = exp_.loss.kind != config::LossKind::mean_squared_error;
   if (check_run_memory)
     model_options.before_allocating = [this, &numerics](const nn::Sequential& declared) {
       const std::int64_t in_sync = strategy_->num_replicas_in_sync();
@@ -356,6 +365,12 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
   if (opt_.stop_requested)
     model_options.should_stop = [requested = opt_.stop_requested] { return requested->load() != 0; };
   lane.model = std::make_unique<nn::Sequential>(exp_.model, exp_.seed, *lane.ctx, model_options);
+  // As Keras 3 computes a crossentropy inside a tf.function (every step of a custom training loop,
+  // fit and evaluate): from the input of the softmax or sigmoid that made the predictions, as
+  // from logits, whatever from_logits says (docs/strategies.md). The metrics read the predictions.
+  config::LossConfig loss = exp_.loss;
+  if (lane.model->output_activation() != config::Activation::linear) loss.from_logits = true;
+  lane.loss = losses::make_loss(loss, numerics);
   for (auto kind : exp_.metrics) {
     lane.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, model_outputs(*lane.model), numerics));
     lane.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, model_outputs(*lane.model), numerics));
@@ -552,7 +567,7 @@ nn::StepContext Trainer::micro_batch_context(const distribute::ReplicaContext& r
 
 double Trainer::compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, const nn::StepContext& step,
                                   const nn::BackwardOptions& backward, PhaseClock& phases, bool deferred) {
-  const Tensor& logits = lane.model->forward(x, step);
+  const Tensor& predictions = lane.model->forward(x, step);
   phases.mark(Phase::forward);
   lane.per_example.resize(static_cast<std::size_t>(x.shape()[0]));
   // Divide by the samples of the whole step (all replicas and lanes), never by this one's share.
@@ -561,12 +576,13 @@ double Trainer::compute_gradients(Lane& lane, const Tensor& x, const Tensor& y, 
   // settle_step(), when the rest of the step is queued, and the host never waits for the forward
   // pass in the middle of the step.
   const float scale = divide ? 1.0f / static_cast<float>(step_samples_) : 1.0f;
-  lane.loss->per_example_and_gradient(logits, y, lane.per_example, scale, lane.model->output_gradient(), deferred);
-  // The metrics compare the logits before backward, which leaves them as they are: deferred, the
-  // device's comparisons are queued before backward, so what settle_step() waits for is done early.
+  lane.loss->per_example_and_gradient(lane.model->loss_input(), y, lane.per_example, scale, lane.model->output_gradient(),
+                                      deferred);
+  // The metrics compare the predictions before backward, which leaves them as they are: deferred,
+  // the device's comparisons are queued before backward, so what settle_step() waits for is done early.
   for (auto& m : lane.train_metrics) {
-    if (deferred) m->update_deferred(y, logits);
-    else m->update(y, logits);
+    if (deferred) m->update_deferred(y, predictions);
+    else m->update(y, predictions);
   }
   phases.mark(Phase::loss);
   lane.model->backward(step, backward);
@@ -883,11 +899,11 @@ void Trainer::invariant_eval_step(const distribute::ReplicaContext& rc, Replica&
       const Lanes::Rows rows{k * m, std::min(batch.size, (k + 1) * m)};
       const Tensor x = stage_into(*lane.ctx, lane.staged_x, batch.x.slice_rows(rows.begin, rows.end));
       const Tensor y = stage_into(*lane.ctx, lane.staged_y, batch.y.slice_rows(rows.begin, rows.end));
-      const Tensor& logits = lane.model->forward(x, micro_batch_context(rc, nn::Mode::inference, batch, l, rows));
+      const Tensor& predictions = lane.model->forward(x, micro_batch_context(rc, nn::Mode::inference, batch, l, rows));
       lane.per_example.resize(static_cast<std::size_t>(rows.size()));
-      lane.loss->per_example(logits, y, lane.per_example);
+      lane.loss->per_example(lane.model->loss_input(), y, lane.per_example);
       lane.eval_loss_bins.add(lane.per_example);
-      for (auto& metric : lane.eval_metrics) metric->update(y, logits);
+      for (auto& metric : lane.eval_metrics) metric->update(y, predictions);
     }
   };
   run_lanes(rep, lane_step);
@@ -904,21 +920,21 @@ void Trainer::replica_eval_step(const distribute::ReplicaContext& rc) {
       const Lanes::Rows rows = rep.lanes->rows(batch.size, l);
       if (rows.size() == 0) return;
       const Tensor x = batch.x.slice_rows(rows.begin, rows.end), y = batch.y.slice_rows(rows.begin, rows.end);
-      const Tensor& logits = lane.model->forward(x, lane_step_context(rc, nn::Mode::inference, batch, l, rows));
+      const Tensor& predictions = lane.model->forward(x, lane_step_context(rc, nn::Mode::inference, batch, l, rows));
       lane.per_example.resize(static_cast<std::size_t>(rows.size()));
-      lane.loss->per_example(logits, y, lane.per_example);
+      lane.loss->per_example(lane.model->loss_input(), y, lane.per_example);
       lane.eval_loss_sum += std::accumulate(lane.per_example.begin(), lane.per_example.end(), 0.0);
-      for (auto& m : lane.eval_metrics) m->update(y, logits);
+      for (auto& m : lane.eval_metrics) m->update(y, predictions);
     };
     run_lanes(rep, lane_step);
     return;
   }
   const auto [x, y] = stage(rep, batch);
-  const Tensor& logits = rep.model->forward(x, step_context(rc, nn::Mode::inference, batch));
+  const Tensor& predictions = rep.model->forward(x, step_context(rc, nn::Mode::inference, batch));
   rep.per_example.resize(static_cast<std::size_t>(batch.size));
-  rep.loss->per_example(logits, y, rep.per_example);
+  rep.loss->per_example(rep.model->loss_input(), y, rep.per_example);
   rep.eval_loss_sum += std::accumulate(rep.per_example.begin(), rep.per_example.end(), 0.0);
-  for (auto& m : rep.eval_metrics) m->update(y, logits);
+  for (auto& m : rep.eval_metrics) m->update(y, predictions);
 }
 
 metrics::MetricState Trainer::local_metric_state(bool train, std::size_t index) const {

@@ -276,6 +276,10 @@ class Loop:
                 self.optimizer.build(self.model.trainable_variables)
                 options = {"from_logits": loss.get("from_logits", False)} if kind != "mean_squared_error" else {}
                 self.per_example = getattr(tf.keras.losses, loss_class)(reduction=None, **options)
+                # Keras' compile(metrics=["accuracy"]) picks from the shapes, not the loss: a binary
+                # crossentropy over several outputs (multi-label rows) gets CategoricalAccuracy.
+                if accuracy_class == "BinaryAccuracy" and self.model.output_shape[-1] != 1:
+                    accuracy_class = "CategoricalAccuracy"
                 # (A regression has no accuracy: None.)
                 accuracy = lambda: getattr(tf.keras.metrics, accuracy_class)() if accuracy_class else None
                 self.train_accuracy, self.test_accuracy = accuracy(), accuracy()
