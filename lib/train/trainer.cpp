@@ -111,6 +111,30 @@ int resolve_threads(int configured) {
   return cores;
 }
 
+void Trainer::agree_on_every_worker(const char* what, const std::function<void()>& step) const {
+  distribute::Communicator* job = opt_.workers;
+  if (!job || job->size() == 1) return step();
+  std::string error;
+  bool input = false;
+  try {
+    step();
+  } catch (const InputError& e) {
+    error = e.what();
+    input = true;
+  } catch (const ConfigError& e) {
+    error = e.what();
+  }
+  const int failed = error.empty() ? 0 : 1;
+  if (job->all_reduce_max(failed, what) == 0) return;
+  const bool every_worker = -job->all_reduce_max(-failed, what) == 1;
+  if (every_worker) throw JobConfigError(error);
+  if (failed) {
+    if (input) throw InputError(error);
+    throw ConfigError(error);
+  }
+  throw JobConfigError(fmt::format("other ranks failed {}: each reports its error with its rank", what));
+}
+
 Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
@@ -159,13 +183,15 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   // A data file's errors name the file; they are also located at the key that chose it (data.path,
   // data.shards, or the data section for a source's default).
   const std::string at_data = config::given_prefix(exp_.data_where, {exp_.source_file, 0, 0});
-  try {
-    splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
-  } catch (const data::ValidationSplitError& e) {
-    throw ConfigError(config::given_prefix(exp_.validation_split_where, {exp_.source_file, 0, 0}) + e.what());
-  } catch (const InputError& e) {
-    throw InputError(at_data + e.what());
-  }
+  agree_on_every_worker("loading the data", [&] {
+    try {
+      splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
+    } catch (const data::ValidationSplitError& e) {
+      throw ConfigError(config::given_prefix(exp_.validation_split_where, {exp_.source_file, 0, 0}) + e.what());
+    } catch (const InputError& e) {
+      throw InputError(at_data + e.what());
+    }
+  });
 
   // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under

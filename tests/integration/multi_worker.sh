@@ -432,9 +432,10 @@ EOF
       [ ! -e "$scratch/$key" ] || fail "$key: the run directory was written"
     done
     # So does a global batch that tf.distribute's split leaves a worker none of (9 over 4: 3, 3,
-    # 3, 0), and an experiment no rank can load (a key the layer does not have): the chief's one
-    # line, exit 2, no abort. (Every rank printed the bad key, and the job ended in MPI_ABORT.)
-    for bad in "data.global_batch_size=9" "model.layers.0.conv2d.stride=2"; do
+    # 3, 0), an experiment no rank can load (a key the layer does not have) and a data file no
+    # rank can read: the chief's one line, exit 2, no abort. (Every rank printed the bad key or
+    # file, and the job ended in MPI_ABORT.)
+    for bad in "data.global_batch_size=9" "model.layers.0.conv2d.stride=2" "data.path=$scratch/missing.h5"; do
       name=${bad%%=*}
       mpi 4 "$dtrain" run "$scratch/g.yaml" "${one_step[@]}" --set "$(mwm mpi)" --set "$bad" \
         --run-dir "$scratch/$name" >"$scratch/$name.out" 2>"$scratch/$name.err"
@@ -447,6 +448,18 @@ EOF
       [ ! -e "$scratch/$name" ] || fail "$bad: the run directory was written"
       echo "ok: $bad over 4 workers: $(cat "$scratch/$name.err")"
     done
+    # A data file one worker alone cannot read (shards of their own): that rank reports it with
+    # its rank, the chief says others failed, exit 2.
+    mpi 2 "$dtrain" run "$scratch/g.yaml" "${one_step[@]}" --set "$(mwm mpi)" --set data.path=null \
+      --set "data.shards=[$(pwd)/data/fashion_mnist_small.h5, $scratch/missing.h5]" --run-dir "$scratch/shard" \
+      >"$scratch/shard.out" 2>"$scratch/shard.err"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "a missing shard: exit $rc, wanted 2: $(cat "$scratch/shard.err")"
+    grep -q "^dtrain: error: rank 1: --set data.shards=.*$scratch/missing.h5: no such file" "$scratch/shard.err" \
+      || fail "a missing shard: not reported by its rank: $(cat "$scratch/shard.err")"
+    grep -q "^dtrain: error: other ranks failed loading the data" "$scratch/shard.err" \
+      || fail "a missing shard: the chief did not say so: $(cat "$scratch/shard.err")"
+    echo "ok: a shard one worker cannot read: $(grep '^dtrain: error' "$scratch/shard.err")"
     ;;
   *) fail "unknown case" ;;
 esac
