@@ -30,11 +30,15 @@ namespace {
 // The overrides a resumed run may take without leaving the path of the run it continues (the keys
 // check_belongs_to_run lets differ). Under reproducibility: replica_invariant the layout (strategy,
 // threads) changes no bits either; a global batch that changes with it is warned of by the trainer.
+// So is one that a batch key changes: those keys are judged there, by the global batch they
+// resolve to (switching batch_size_per_replica: 16 on 2 replicas to global_batch_size: 32, as an
+// elastic resume does, changes nothing).
 bool keeps_results(const std::string& override_text, bool replica_invariant) {
   const std::string key = override_text.substr(0, override_text.find('='));
   if (replica_invariant && (key == "strategy" || key.starts_with("strategy.") || key == "train.threads" ||
                             key == "train.parallelism"))
     return true;
+  if (key == "data.batch_size_per_replica" || key == "data.global_batch_size") return true;
   return key == "train.epochs" || key == "train.progress" || key == "train.tensorboard" ||
          key == "train.log_every_steps" || key == "train.plot";
 }

@@ -89,6 +89,14 @@ void check_update_count(const std::string& path, const checkpoint::TrainingState
                                                     : fmt::format(" ({} at most two)", fmt::join(rescheduling, ", "))));
 }
 
+// The loss as it describes the model's outputs, what the metrics are made with: probabilities
+// where the model ends in a softmax or sigmoid (Sequential::output_activation), whatever
+// from_logits says (binary_accuracy then thresholds them at 0.5, as Keras' does).
+config::LossConfig loss_of_outputs(config::LossConfig loss, const nn::Sequential& model) {
+  if (model.output_activation() != config::Activation::linear) loss.from_logits = false;
+  return loss;
+}
+
 }  // namespace
 
 void cap_instruction_set(const config::Experiment& experiment) {
@@ -319,7 +327,8 @@ void Trainer::check_stored_state(const std::string& path, const checkpoint::Trai
                                  const config::Experiment& stored) const {
   std::vector<std::unique_ptr<metrics::Metric>> kept;
   for (auto kind : stored.metrics)
-    kept.push_back(metrics::make_metric(kind, stored.loss, model_outputs(*replicas_[0].model), replicas_[0].ctx->numerics()));
+    kept.push_back(metrics::make_metric(kind, loss_of_outputs(stored.loss, *replicas_[0].model),
+                                        model_outputs(*replicas_[0].model), replicas_[0].ctx->numerics()));
   check_metric_state(path, state, kept);
 }
 
@@ -397,9 +406,10 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
   config::LossConfig loss = exp_.loss;
   if (lane.model->output_activation() != config::Activation::linear) loss.from_logits = true;
   lane.loss = losses::make_loss(loss, numerics);
+  const config::LossConfig outputs = loss_of_outputs(exp_.loss, *lane.model);
   for (auto kind : exp_.metrics) {
-    lane.train_metrics.push_back(metrics::make_metric(kind, exp_.loss, model_outputs(*lane.model), numerics));
-    lane.eval_metrics.push_back(metrics::make_metric(kind, exp_.loss, model_outputs(*lane.model), numerics));
+    lane.train_metrics.push_back(metrics::make_metric(kind, outputs, model_outputs(*lane.model), numerics));
+    lane.eval_metrics.push_back(metrics::make_metric(kind, outputs, model_outputs(*lane.model), numerics));
   }
   return lane;
 }
@@ -993,7 +1003,8 @@ metrics::MetricState Trainer::merged_metric_state(bool train, std::size_t index)
 }
 
 double Trainer::combined_metric(bool train, std::size_t index) const {
-  auto merged = metrics::make_metric(exp_.metrics[index], exp_.loss, model_outputs(*replicas_[0].model), replicas_[0].ctx->numerics());
+  auto merged = metrics::make_metric(exp_.metrics[index], loss_of_outputs(exp_.loss, *replicas_[0].model),
+                                     model_outputs(*replicas_[0].model), replicas_[0].ctx->numerics());
   merged->merge(merged_metric_state(train, index));
   return merged->result();
 }

@@ -65,6 +65,9 @@ std::vector<Case> cases() {
        sparse_logits, Activation::sigmoid},
       {"softmax dense, from_logits: true", 4, "dense: {units: 4, activation: softmax}", "dense: {units: 4}",
        sparse_logits, sparse_logits, Activation::softmax},
+      // ... and the accuracy of a sigmoid's probabilities thresholds them at 0.5, not at 0.
+      {"sigmoid dense, binary crossentropy from_logits: true", 2, "dense: {units: 1, activation: sigmoid}",
+       "dense: {units: 1}", binary_logits, binary_logits, Activation::sigmoid},
   };
 }
 
@@ -83,7 +86,12 @@ TEST_CASE("a crossentropy on a softmax or sigmoid output is computed from its in
       const std::vector<double> a = activated->train_steps(0, 6), b = linear->train_steps(0, 6);
       CHECK(a == b);  // the same kernels on the same logits: the same bits
       CHECK(weights(*activated) == weights(*linear));
-      CHECK(activated->evaluate_split("test").loss == linear->evaluate_split("test").loss);
+      // The accuracy of the probabilities is the accuracy of the logits (argmax, or 0.5 against 0).
+      const train::EvalResult ea = activated->evaluate_split("test"), eb = linear->evaluate_split("test");
+      CHECK(ea.loss == eb.loss);
+      REQUIRE(ea.accuracy.has_value());
+      CHECK(*ea.accuracy == *eb.accuracy);
+      CHECK(*ea.accuracy > 0.0);
 
       // The outputs stay the activation's: probabilities, where the linear model's are logits.
       const train::Predictions p = activated->predict_split("test", 8), q = linear->predict_split("test", 8);
