@@ -27,6 +27,7 @@ class ActivationLayer final : public Layer {
   BackwardReads backward_reads() const override { return BackwardReads::output; }
   config::Activation final_activation() const override { return opt_.activation; }
   config::LayerOptions options_without_final_activation() const override;
+  bool returns_its_input() const override { return opt_.activation == config::Activation::linear; }
 
  private:
   Shape build_layer(const Shape& input_shape) override { return input_shape; }

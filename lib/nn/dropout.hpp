@@ -42,6 +42,7 @@ class Dropout final : public Layer {
   Dropout(std::string name, const Options& options) : Layer(std::move(name)), opt_(options) {}
   std::string_view kind() const override { return Options::kind; }
   double rate() const { return opt_.rate; }
+  bool returns_its_input() const override { return opt_.rate == 0.0; }
   // Fills keep (batch x elements) for a training step.
   void masks(const StepContext& step, std::int64_t batch, std::uint8_t* keep) const;
   void reference_forward(const ReferenceForward& io, const StepContext& step) const override;

@@ -144,6 +144,11 @@ class Layer {
   // another: the model's last layer is built from them where the model computes the activation as
   // a step of its own (ModelOptions::crossentropy_from_pre_activation).
   virtual config::LayerOptions options_without_final_activation() const;
+  // Whether forward returns its input itself, in training and in inference: a linear Activation, a
+  // dropout of rate 0 (Keras' return the very tensor they were given, so a softmax's output keeps
+  // what Keras' crossentropies look for through them). A reshape or flatten is not: Keras' make a
+  // new tensor.
+  virtual bool returns_its_input() const { return false; }
 
   // The oracle: plain loops in double, obviously correct, what every backend's kernel is tested
   // against (and what is itself checked against finite differences).

@@ -88,6 +88,19 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   if (config.layers.empty()) throw ConfigError("model: the model has no layers");
   Shape shape = input_shape_;
   std::int64_t parameter_bytes = 0;
+  // The layer whose softmax or sigmoid the model may compute after the last layer: the last one,
+  // or the last one before layers that return their input (ModelOptions::crossentropy_from_pre_activation).
+  std::size_t activation_layer = config.layers.size() - 1;
+  while (options_.crossentropy_from_pre_activation && activation_layer > 0) {
+    std::unique_ptr<Layer> after;
+    try {
+      after = make_layer(config.layers[activation_layer]);
+    } catch (const ConfigError&) {
+      break;  // reported below, where the layer is built, at its place in the experiment
+    }
+    if (!after->returns_its_input()) break;
+    --activation_layer;
+  }
   for (std::size_t i = 0; i < config.layers.size(); ++i) {
     // A layer that does not fit its input, or is too large for the machine, is reported at the
     // layer's place in the experiment file.
@@ -100,12 +113,13 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     try {
       auto layer = make_layer(where);
       const config::Activation last_activation = layer->final_activation();
-      if (i + 1 == config.layers.size() && options_.crossentropy_from_pre_activation &&
+      if (i == activation_layer && options_.crossentropy_from_pre_activation &&
           (last_activation == config::Activation::softmax || last_activation == config::Activation::sigmoid)) {
         config::LayerConfig without = where;
         without.options = layer->options_without_final_activation();
         layer = make_layer(without);
         output_activation_ = last_activation;
+        output_activation_from_ = i;
       }
       shape = layer->declare(i, shape);
       // Each output is held twice per example (activation and its gradient); each variable four
@@ -185,9 +199,10 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   kernels_ = make_kernels(layers, ctx_, compute);
   if (output_activation_ != config::Activation::linear) {
     // Named as the layer whose activation it computes; its position follows the layers' (it has
-    // no variables, so no random stream is drawn for it).
-    output_activation_layer_ =
-        std::make_unique<ActivationLayer>(layers_.back()->name(), ActivationLayer::Options{output_activation_});
+    // no variables, so no random stream is drawn for it). The layers after that one return their
+    // input: the activation of the last one's output is the activation of that layer's.
+    output_activation_layer_ = std::make_unique<ActivationLayer>(layers_[output_activation_from_]->name(),
+                                                                 ActivationLayer::Options{output_activation_});
     output_activation_layer_->declare(layers_.size(), output_shape_);
     Rng none(seed, RngStream::init, layers_.size());
     output_activation_layer_->materialize(none);

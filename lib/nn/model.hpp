@@ -45,10 +45,11 @@ struct ModelOptions {
   // Asked between variables while they are allocated and initialized (a large model takes a
   // while): true ends the construction with StoppedBeforeTraining.
   std::function<bool()> should_stop = nullptr;
-  // Where the last layer ends in a softmax or a sigmoid (Layer::final_activation), the layer is
-  // built without it and the model computes it as a step of its own after it, so that a
-  // crossentropy can read the activation's input, as Keras 3's crossentropies read the input of a
-  // Keras softmax or sigmoid that made their predictions (output_activation, loss_input).
+  // Where the last layer ends in a softmax or a sigmoid (Layer::final_activation; or the last one
+  // before layers that return their input, Layer::returns_its_input), that layer is built without
+  // it and the model computes it as a step of its own after the last layer, so that a crossentropy
+  // can read the activation's input, as Keras 3's crossentropies read the input of a Keras softmax
+  // or sigmoid that made their predictions (output_activation, loss_input).
   bool crossentropy_from_pre_activation = false;
 };
 
@@ -122,6 +123,8 @@ class Sequential {
   // The softmax or sigmoid the model computes after its last layer (ModelOptions::
   // crossentropy_from_pre_activation), linear where it computes none.
   config::Activation output_activation() const { return output_activation_; }
+  // The layer whose activation that is (meaningful where output_activation() is not linear).
+  std::size_t output_activation_from() const { return output_activation_from_; }
   // What the loss reads of the last forward: y's pre-activation (N, output_shape...) where the model
   // computes an output_activation(), else y itself.
   const Tensor& loss_input() const;
@@ -209,6 +212,7 @@ class Sequential {
   std::vector<config::SourceLocation> layer_where_;  // each layer's place in the experiment
   std::vector<std::unique_ptr<LayerKernel>> kernels_;
   config::Activation output_activation_ = config::Activation::linear;
+  std::size_t output_activation_from_ = 0;
   std::unique_ptr<Layer> output_activation_layer_;  // an Activation layer computing it, outside layers_
   std::unique_ptr<LayerKernel> output_activation_kernel_;
   std::vector<std::optional<std::size_t>> computed_in_;  // per layer: computing_layer, if any

@@ -217,11 +217,11 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     if (r == 0 && exp_.loss.from_logits && rep.model->output_activation() != config::Activation::linear &&
         strategy_->is_chief())
       fmt::print(stderr,
-                 "dtrain: warning: {}loss.from_logits is true, but the last layer '{}' ends in a {}, so its outputs are "
+                 "dtrain: warning: {}loss.from_logits is true, but the model's outputs are layer '{}''s {}, "
                  "probabilities; as Keras does, the loss is computed from the {}'s input: say from_logits: false, or "
                  "end the model with activation: linear\n",
                  config::given_prefix(exp_.loss.where, {exp_.source_file, 0, 0}),
-                 rep.model->layer(rep.model->num_layers() - 1).name(), config::name_of(rep.model->output_activation()),
+                 rep.model->layer(rep.model->output_activation_from()).name(), config::name_of(rep.model->output_activation()),
                  config::name_of(rep.model->output_activation()));
     if (r == 0 && invariant) lanes = invariant_lanes(rep.model->synchronizes_replicas());
     device::Numerics& numerics = rep.ctx->numerics();

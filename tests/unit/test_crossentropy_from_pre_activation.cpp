@@ -57,6 +57,11 @@ std::vector<Case> cases() {
        sparse_logits, Activation::softmax},
       {"softmax Activation layer", 4, "dense: {units: 4}, activation: {activation: softmax}",
        "dense: {units: 4}, activation: {activation: linear}", sparse, sparse_logits, Activation::softmax},
+      // Layers that return their input (Keras' return the tensor itself) leave the activation last.
+      {"softmax dense, then a linear Activation", 4, "dense: {units: 4, activation: softmax}, activation: {activation: linear}",
+       "dense: {units: 4}, activation: {activation: linear}", sparse, sparse_logits, Activation::softmax},
+      {"softmax dense, then dropout of rate 0", 4, "dense: {units: 4, activation: softmax}, dropout: {rate: 0.0}",
+       "dense: {units: 4}, dropout: {rate: 0.0}", sparse, sparse_logits, Activation::softmax},
       {"sigmoid dense, binary crossentropy", 2, "dense: {units: 1, activation: sigmoid}", "dense: {units: 1}", binary,
        binary_logits, Activation::sigmoid},
       // Keras takes the input whichever activation made the predictions: a softmax crossentropy of
@@ -121,6 +126,21 @@ TEST_CASE("a crossentropy on a softmax or sigmoid output is computed from its in
       if (c.activation == config::Activation::softmax) CHECK(smallest_label_probability < 1e-7);
     }
   }
+}
+
+TEST_CASE("a softmax under layers that make a new tensor stays in its layer") {
+  // Keras' flatten and reshape, and a dropout while training, make a new tensor: its crossentropy
+  // then reads the probabilities, and so does dtrain's.
+  const std::string sparse = "{kind: sparse_categorical_crossentropy, from_logits: false, reduction: none}";
+  for (const char* last : {"dense: {units: 4, activation: softmax}, dropout: {rate: 0.3}",
+                           "dense: {units: 4, activation: softmax}, reshape: {target_shape: [2, 2]}, flatten: {}"}) {
+    CAPTURE(last);
+    auto t = make_trainer(experiment(4, last, sparse, 1));
+    CHECK(t->model().output_activation() == config::Activation::linear);
+  }
+  auto t = make_trainer(experiment(4, "dense: {units: 4, activation: softmax}, dropout: {rate: 0.0}", sparse, 1));
+  CHECK(t->model().output_activation() == config::Activation::softmax);
+  CHECK(t->model().output_activation_from() == 1);
 }
 
 TEST_CASE("mean squared error on a softmax output reads the probabilities") {
