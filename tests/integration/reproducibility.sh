@@ -96,10 +96,13 @@ case "$case_name" in
     kill -9 "$victim"
     wait "$launcher" && fail "mpirun returned 0 after a rank was killed"
     rm -f "$victim_run"/checkpoints/ckpt-2[1-9].h5  # what the others may have saved while dying: none is due
-    # Resumed from step 20 (epoch 1, step 20 of 40) on 2 ranks, and in one process on 3 replicas.
+    # Resumed from step 20 (epoch 1, step 20 of 40) on 2 ranks, and in one process on 3 replicas,
+    # with the batch keys an elastic resume sets (the global batch they resolve to is the
+    # checkpoint's, so nothing changes, and nothing says it does).
     cp -r "$victim_run" "$scratch/on2" && cp -r "$victim_run" "$scratch/on3"
     mpirun -n 2 "$dtrain" resume "$scratch/on2" >"$scratch/on2.out" 2>&1 || fail "resume on 2 ranks: $(tail -5 "$scratch/on2.out")"
     "$dtrain" resume "$scratch/on3" --set 'strategy={kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}' \
+      --set data.batch_size_per_replica=null --set data.global_batch_size=50 \
       >"$scratch/on3.out" 2>&1 || fail "resume on 3 replicas: $(tail -5 "$scratch/on3.out")"
     for name in on2 on3; do
       grep -q "Resuming from .*ckpt-20.h5" "$scratch/$name.out" || fail "$name did not resume from step 20: $(head -5 "$scratch/$name.out")"
