@@ -71,6 +71,15 @@ void check_finite(const Tensor& x, const std::string& file, const std::string& d
   }
 }
 
+std::string label_out_of_range(const std::string& where, std::int64_t label, std::int64_t index, std::int64_t classes) {
+  if (label < 0)
+    return fmt::format("{}: label {} at index {} is negative; class ids count from 0{}", where, label, index,
+                       classes > 0 ? fmt::format(" (0..{})", classes - 1) : std::string());
+  return fmt::format("{}: label {} at index {} is outside 0..{}, the {} classes declared; check the labels or the "
+                     "declared class count",
+                     where, label, index, classes - 1, classes);
+}
+
 void check_label_range(const DataSplits& splits, std::int64_t classes) {
   const auto check = [classes](const Dataset& ds) {
     if (!ds.has_labels()) return;

@@ -53,6 +53,10 @@ Tensor data_tensor(const std::string& path, const std::string& what, const Shape
 // reason and what to do.
 [[noreturn]] void data_out_of_memory(const std::string& path, const std::string& what, const std::string& why);
 
+// The error text for class id `label` of sample `index` of `where` (a file, or a file and its
+// dataset) that is negative, or not below the `classes` the source declares (0: none declared).
+std::string label_out_of_range(const std::string& where, std::int64_t label, std::int64_t index, std::int64_t classes);
+
 // Rows [begin, end) of a dataset; shares storage with `whole` (no copy).
 Dataset take_rows(const Dataset& whole, std::int64_t begin, std::int64_t end, std::string description);
 

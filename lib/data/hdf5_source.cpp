@@ -106,7 +106,9 @@ std::optional<int> read_num_classes(hid_t group, const std::string& path, const 
   if (H5Aread(attr.get(), H5T_NATIVE_LLONG, &value) < 0)
     throw InputError(fmt::format("{}: reading attribute num_classes on /{} failed ({})", path, group_name, hdf5_detail()));
   if (value < 1 || value > std::numeric_limits<int>::max())
-    throw InputError(fmt::format("{}: attribute num_classes on /{} is {}; it must be at least 1", path, group_name, value));
+    throw InputError(fmt::format("{}: attribute num_classes on /{} is {}; it must lie in 1..{} (the number of classes "
+                                 "the labels count)",
+                                 path, group_name, value, std::numeric_limits<int>::max()));
   return static_cast<int>(value);
 }
 
@@ -161,8 +163,7 @@ Dataset load_hdf5(const std::string& path, const std::string& group) {
     const auto* labels = y.data<std::int32_t>();
     for (std::int64_t i = 0; i < n; ++i) {
       if (labels[i] < 0 || (declared && labels[i] >= *declared))
-        throw InputError(fmt::format("{}: {} label {} at index {} is outside 0..{}", path, y_name, labels[i], i,
-                                     declared ? *declared - 1 : std::numeric_limits<std::int32_t>::max()));
+        throw InputError(label_out_of_range(fmt::format("{}: {}", path, y_name), labels[i], i, declared.value_or(0)));
       max_label = std::max(max_label, labels[i]);
     }
     ds.num_classes = declared ? *declared : max_label + 1;

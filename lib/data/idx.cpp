@@ -272,9 +272,7 @@ Dataset load_idx_split(const std::string& dir, const std::string& prefix, int nu
   std::int32_t max_label = -1;
   for (std::int64_t i = 0; i < labels.numel(); ++i) {
     std::int32_t v = labels.dtype() == DType::u8 ? labels.data<std::uint8_t>()[i] : labels.data<std::int32_t>()[i];
-    if (v < 0 || (num_classes > 0 && v >= num_classes))
-      throw InputError(fmt::format("{}: label {} at index {} is outside 0..{}", labels_path, v, i,
-                                   num_classes > 0 ? num_classes - 1 : std::numeric_limits<std::int32_t>::max()));
+    if (v < 0 || (num_classes > 0 && v >= num_classes)) throw InputError(label_out_of_range(labels_path, v, i, num_classes));
     dst[i] = v;
     max_label = std::max(max_label, v);
   }

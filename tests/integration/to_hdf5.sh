@@ -112,7 +112,19 @@ EOF
     "$dtrain" run "$scratch/csv.yaml" --run-dir "$scratch/run_csv" >"$scratch/train" || fail "dtrain did not train on csv.h5"
     grep -E '^Epoch 1' "$scratch/train" || fail "no epoch line for csv.h5"
 
+    # An empty class folder is a class (as Keras' image_dataset_from_directory counts it), also
+    # where it sorts last and no label takes it.
+    mkdir -p "$scratch/with_empty" && cp -r "$scratch/images/circle" "$scratch/images/square" "$scratch/with_empty/"
+    mkdir "$scratch/with_empty/z_empty"
+    "$to_hdf5" images "$scratch/with_empty" --shape 8 8 --output "$scratch/with_empty.h5" >"$scratch/out" \
+      || fail "images with an empty class folder did not convert"
+    grep -q ", 3 classes" "$scratch/out" && grep -q "units: 3" "$scratch/out" || fail "the empty class is not counted: $(cat "$scratch/out")"
+    $py -c "import h5py,sys; f=h5py.File(sys.argv[1]); assert int(f['train'].attrs['num_classes'])==3" "$scratch/with_empty.h5" \
+      || fail "with_empty.h5 does not declare 3 classes"
+
     "$to_hdf5" npz "$scratch/own.npz" --output "$scratch/npz.h5" >"$scratch/out" || fail "npz did not convert"
+    # The input shape to paste is the one dtrain reads: uint8 (N, 8, 8) gets a channel axis.
+    grep -q "input_shape: \[8, 8, 1\]" "$scratch/out" || fail "npz: the printed input_shape is not dtrain's: $(cat "$scratch/out")"
     $py -c "import h5py,sys; f=h5py.File(sys.argv[1]); assert f['train/x'].shape==(240,8,8) and f['test/x'].shape==(60,8,8) and f['train/x'].dtype=='uint8'" \
       "$scratch/npz.h5" || fail "npz.h5 keeps neither the npz's split nor its uint8 images"
     experiment "$scratch/npz.yaml" "$scratch/npz.h5" "[8, 8, 1]" 2 ""

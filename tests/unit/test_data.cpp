@@ -513,6 +513,28 @@ void h5_num_classes(const std::string& path, const std::string& group, long long
   H5Fclose(file);
 }
 
+TEST_CASE("a label below 0 or past num_classes, and a num_classes out of range, are refused saying which") {
+  TempDir dir;
+  const std::string path = dir.file("d.h5");
+  h5_write<std::uint8_t>(path, "train", "x", {3}, {1, 2, 3}, H5T_STD_U8LE, H5T_NATIVE_UINT8);
+  SUBCASE("a negative label, no class count declared") {
+    h5_write<std::int32_t>(path, "train", "y", {3}, {0, -1, 1}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    const std::string msg = hdf5_error(path, "train");
+    CHECK(contains(msg, "/train/y: label -1 at index 1 is negative; class ids count from 0"));
+    CHECK(!contains(msg, "2147483647"));
+  }
+  SUBCASE("a label past the declared class count") {
+    h5_write<std::int32_t>(path, "train", "y", {3}, {0, 3, 1}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    h5_num_classes(path, "train", 3);
+    CHECK(contains(hdf5_error(path, "train"), "label 3 at index 1 is outside 0..2, the 3 classes declared"));
+  }
+  SUBCASE("a class count past int32") {
+    h5_write<std::int32_t>(path, "train", "y", {3}, {0, 1, 1}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    h5_num_classes(path, "train", 1LL << 40);
+    CHECK(contains(hdf5_error(path, "train"), "is 1099511627776; it must lie in 1..2147483647"));
+  }
+}
+
 TEST_CASE("train and test splits that declare different num_classes are refused, naming both") {
   TempDir dir;
   const auto make = [&](const std::string& name, std::optional<long long> train, std::optional<long long> test) {
