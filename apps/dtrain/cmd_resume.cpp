@@ -32,7 +32,8 @@ namespace {
 // threads) changes no bits either; a global batch that changes with it is warned of by the trainer.
 // So is one that a batch key changes: those keys are judged there, by the global batch they
 // resolve to (switching batch_size_per_replica: 16 on 2 replicas to global_batch_size: 32, as an
-// elastic resume does, changes nothing).
+// elastic resume does, changes nothing), and check_belongs_to_run lets them differ where they
+// give the checkpoint's global batch.
 bool keeps_results(const std::string& override_text, bool replica_invariant) {
   const std::string key = override_text.substr(0, override_text.find('='));
   if (replica_invariant && (key == "strategy" || key.starts_with("strategy.") || key == "train.threads" ||
@@ -119,9 +120,15 @@ std::pair<std::string, std::string> first_difference(const std::string& a, const
 // the checkpoints it has not yet overwritten with higher steps (a save never prunes those) hold the
 // old experiment. They are skipped for the run's newest own checkpoint; with none, the newest is
 // refused (NotOfTheRun), naming the difference.
-void check_belongs_to_run(const std::string& path, const std::string& stored_yaml, const config::Experiment& run,
+void check_belongs_to_run(const std::string& path, const checkpoint::Contents& contents, const config::Experiment& run,
                           const std::string& run_dir) {
-  config::Experiment stored = config::parse_experiment(stored_yaml, path + ":/experiment", {});
+  config::Experiment stored = config::parse_experiment(contents.experiment_yaml, path + ":/experiment", {});
+  // The run's batch keys where they give the global batch the checkpoint trained with: the
+  // switch an elastic resume makes (batch_size_per_replica to global_batch_size) keeps its path.
+  if (run.data.global_batch_size > 0 && run.data.global_batch_size == contents.state.global_batch) {
+    stored.data.batch_size_per_replica = run.data.batch_size_per_replica;
+    stored.data.global_batch_size = run.data.global_batch_size;
+  }
   if (stored.reproducibility.invariant()) {  // the layout changes no bits (keeps_results)
     stored.strategy = run.strategy;
     stored.train.threads = run.train.threads;
@@ -193,7 +200,7 @@ int resume_command(const ResumeArgs& args) {
                                         [&](const std::string& path) {
                                           stored = checkpoint::peek(path);
                                           check_epoch_in_run(path, stored);
-                                          if (run) check_belongs_to_run(path, stored.experiment_yaml, *run, args.run_dir);
+                                          if (run) check_belongs_to_run(path, stored, *run, args.run_dir);
                                         });
 
   const bool invariant =

@@ -14,6 +14,7 @@
 #include "config/parse.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "distribute/agreement.hpp"
 #include "distribute/roles.hpp"
 #include "distribute/strategy.hpp"
 #include "distribute/worker_group.hpp"
@@ -42,23 +43,9 @@ void record_job_status(const distribute::WorkerGroup& workers, int code) {
 }
 
 config::Experiment load_on_every_rank(distribute::WorkerGroup& workers, const std::function<config::Experiment()>& load) {
-  if (workers.size() == 1) return load();
   std::optional<config::Experiment> exp;
-  std::string error;
-  try {
-    exp = load();
-  } catch (const ConfigError& e) {
-    error = e.what();
-  } catch (const InputError& e) {
-    error = e.what();
-  }
-  const int failed = error.empty() ? 0 : 1;
-  if (workers.all_reduce_max(failed, "loading the experiment") == 0) return std::move(*exp);
-  const bool every_rank = -workers.all_reduce_max(-failed, "loading the experiment") == 1;
-  if (every_rank) throw JobConfigError(error);
-  if (failed) throw ConfigError(error);
-  throw JobConfigError("other ranks could not load the experiment: each reports its error with its rank; fix it and "
-                       "run again");
+  distribute::agree_on_every_worker(workers, "loading the experiment", [&] { exp = load(); });
+  return std::move(*exp);
 }
 
 int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& body) {
@@ -68,9 +55,12 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
   try {
     code = body();
   } catch (const JobConfigError& e) {
-    // Every worker raised it alike before any waits for another: one report, and the job ends
-    // with its code without an abort.
-    if (workers.world_rank() == 0) {
+    // Every worker raised one before any waits for another: the chief's report (or each one's own
+    // with its rank), and the job ends with its code without an abort.
+    if (e.reported_by == JobConfigError::per_rank) {
+      std::fflush(stdout);
+      fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
+    } else if (workers.world_rank() == 0) {
       std::fflush(stdout);
       fmt::print(stderr, "dtrain: error: {}\n", e.what());
     }

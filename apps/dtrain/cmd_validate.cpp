@@ -9,6 +9,7 @@
 #include "core/checked.hpp"
 #include "core/machine.hpp"
 #include "data/input_context.hpp"
+#include "losses/loss.hpp"
 #include "distribute/strategy.hpp"
 #include "nn/model.hpp"
 #include "optim/optimizer.hpp"
@@ -27,7 +28,8 @@ int validate_command(const ValidateArgs& args) {
   nn::check_precision(exp.precision, exp.precision_where, *ctx);
   // Before any variable is allocated, the run's memory from the declared shapes, as `run` checks
   // it: this process's replicas and lanes as the strategy lays them out on this machine.
-  nn::ModelOptions options{.compute = nn::compute_dtype(exp.precision)};
+  nn::ModelOptions options{.compute = nn::compute_dtype(exp.precision),
+                           .crossentropy_from_pre_activation = losses::reads_activation_input(exp.loss.kind)};
   options.before_allocating = [&](const nn::Sequential& declared) {
     const int threads = train::resolve_threads(exp.train.threads);
     train::RunCopies copies;

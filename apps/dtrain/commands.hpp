@@ -152,9 +152,9 @@ int finish_command(StopOnSignal& signals, const distribute::WorkerGroup& workers
 void record_job_status(const distribute::WorkerGroup& workers, int code);
 
 // `load` (an experiment: its file, a checkpoint's copy, the --set overrides) on every rank of the
-// job. Every rank reads the same files and arguments, so they fail alike: then the chief alone
-// reports the error and every rank exits 2 without an MPI abort (JobConfigError). A rank that
-// fails alone throws its own error (reported with the rank, and the job aborted).
+// job, agreeing on the outcome (distribute::agree_on_every_worker): where every rank fails (they
+// read the same files and arguments) the chief alone reports the error; where some do, each of
+// them reports its own with its rank; every rank exits 2 without an MPI abort.
 config::Experiment load_on_every_rank(distribute::WorkerGroup& workers, const std::function<config::Experiment()>& load);
 
 // What run and resume do on every rank: under a strategy that spans the workers the roles

@@ -28,12 +28,17 @@ class Error : public std::runtime_error {
 struct ConfigError : Error {
   explicit ConfigError(const std::string& message) : Error(ErrorKind::config, message) {}
 };
-// A ConfigError that every worker of a job raises alike, at the same point and before any of
-// them waits for another: a check of the experiment against the job's size (the global batch
-// against the worker count). The chief alone reports it and every worker exits with its code,
-// instead of one report per rank and an aborted job.
+// A ConfigError that every worker of a job raises at the same point and before any of them waits
+// for another: a check of the experiment against the job's size (the global batch against the
+// worker count), or an agreement that some failed a set-up step (distribute/agreement.hpp). Every
+// worker exits with its code, none aborting the others: the chief alone reports it, or, marked
+// per_rank, each worker that raised it reports it with its rank (its own error, which the others
+// did not have).
 struct JobConfigError : ConfigError {
-  explicit JobConfigError(const std::string& message) : ConfigError(message) {}
+  enum Reporter { chief, per_rank };
+  explicit JobConfigError(const std::string& message, Reporter reporter = chief)
+      : ConfigError(message), reported_by(reporter) {}
+  Reporter reported_by;
 };
 struct InputError : Error {
   explicit InputError(const std::string& message) : Error(ErrorKind::input, message) {}

@@ -127,6 +127,11 @@ bool is_crossentropy(LossKind kind) {
 
 }  // namespace
 
+bool reads_activation_input(LossKind kind) {
+  return kind == LossKind::sparse_categorical_crossentropy || kind == LossKind::categorical_crossentropy ||
+         kind == LossKind::binary_crossentropy;
+}
+
 template <class T>
 T row_loss(const LossSpec& spec, const T* pred, std::int64_t C, RowTarget<T> target, T* grad) {
   switch (spec.kind) {

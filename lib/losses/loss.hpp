@@ -23,6 +23,9 @@
 namespace dtrain::losses {
 
 const char* loss_name(config::LossKind kind);  // the Keras spelling, e.g. "sparse_categorical_crossentropy"
+// Whether the kind is one of the crossentropies, which Keras 3 computes from the input of a
+// softmax or sigmoid that made the predictions (nn::ModelOptions::crossentropy_from_pre_activation).
+bool reads_activation_input(config::LossKind kind);
 
 class Loss {
  public:

@@ -90,8 +90,12 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   std::int64_t parameter_bytes = 0;
   // The layer whose softmax or sigmoid the model may compute after the last layer: the last one,
   // or the last one before layers that return their input (ModelOptions::crossentropy_from_pre_activation).
+  // Only the last layer computes in float32 under a bfloat16 policy, as Keras' advice for mixed
+  // precision has it: there Keras' float32 last layer casts what a bfloat16 one below gives it, a
+  // new tensor, and its crossentropy reads the probabilities (and a softmax below keeps its own
+  // float32 in its layer).
   std::size_t activation_layer = config.layers.size() - 1;
-  while (options_.crossentropy_from_pre_activation && activation_layer > 0) {
+  while (options_.crossentropy_from_pre_activation && options_.compute == DType::f32 && activation_layer > 0) {
     std::unique_ptr<Layer> after;
     try {
       after = make_layer(config.layers[activation_layer]);
@@ -145,8 +149,9 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   }
   output_shape_ = shape;
   if (output_activation_ != config::Activation::linear) {
-    // The activation computed after the last layer holds its outputs and a gradient it is bound to.
-    const auto held = checked_mul(shape.numel(), 2 * 4);
+    // The activation computed after the last layer holds its outputs, a gradient it is bound to
+    // and, for a softmax, oneDNN's scratch for its derivative.
+    const auto held = checked_mul(shape.numel(), 3 * 4);
     const auto sum = held ? checked_add(activation_bytes_per_example_, *held) : std::nullopt;
     activation_bytes_per_example_ = sum.value_or(std::numeric_limits<std::int64_t>::max());
   }
@@ -420,7 +425,7 @@ const Tensor& Sequential::forward(const Tensor& x, const StepContext& step) {
   if (output_activation_kernel_) {
     const auto t = times_ ? Clock::now() : Clock::time_point{};
     output_activation_kernel_->forward(batch, step);
-    if (times_) lap(ctx_, times_->forward.back(), t);  // counted with the layer it came from
+    if (times_) lap(ctx_, times_->forward[output_activation_from_], t);  // counted with the layer it came from
   }
   wait_for_host();
   current_ = &p;

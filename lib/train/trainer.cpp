@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/machine.hpp"
 #include "data/pipeline.hpp"
+#include "distribute/agreement.hpp"
 #include "dtrain/build_info.hpp"
 #include "train/memory_estimate.hpp"
 #include "checkpoint/run_dir.hpp"
@@ -119,30 +120,6 @@ int resolve_threads(int configured) {
   return cores;
 }
 
-void Trainer::agree_on_every_worker(const char* what, const std::function<void()>& step) const {
-  distribute::Communicator* job = opt_.workers;
-  if (!job || job->size() == 1) return step();
-  std::string error;
-  bool input = false;
-  try {
-    step();
-  } catch (const InputError& e) {
-    error = e.what();
-    input = true;
-  } catch (const ConfigError& e) {
-    error = e.what();
-  }
-  const int failed = error.empty() ? 0 : 1;
-  if (job->all_reduce_max(failed, what) == 0) return;
-  const bool every_worker = -job->all_reduce_max(-failed, what) == 1;
-  if (every_worker) throw JobConfigError(error);
-  if (failed) {
-    if (input) throw InputError(error);
-    throw ConfigError(error);
-  }
-  throw JobConfigError(fmt::format("other ranks failed {}: each reports its error with its rank", what));
-}
-
 Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
@@ -191,7 +168,9 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   // A data file's errors name the file; they are also located at the key that chose it (data.path,
   // data.shards, or the data section for a source's default).
   const std::string at_data = config::given_prefix(exp_.data_where, {exp_.source_file, 0, 0});
-  agree_on_every_worker("loading the data", [&] {
+  // Every process of the job loads its data and they agree on the outcome (a file none of them
+  // can read is the chief's one error, without an abort).
+  const auto load = [&] {
     try {
       splits_ = data::load_splits(exp_.data, exp_.seed, shards_.files);
     } catch (const data::ValidationSplitError& e) {
@@ -199,9 +178,11 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     } catch (const InputError& e) {
       throw InputError(at_data + e.what());
     }
-  });
+  };
+  if (opt_.workers) distribute::agree_on_every_worker(*opt_.workers, "loading the data", load);
+  else load();
 
-  // In the strategy's scope: the loss, then per replica the metrics, the model and the optimizer.
+  // In the strategy's scope, per replica: the model, its loss and metrics, and the optimizer.
   // Every replica builds its model from the same seed, so mirrored copies start identical; under
   // central storage the replicas compute with the parameter device's replica's variables. With
   // train.parallelism: batch each of a replica's threads is a lane (train/lanes.hpp) with its own
@@ -217,11 +198,11 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     if (r == 0 && exp_.loss.from_logits && rep.model->output_activation() != config::Activation::linear &&
         strategy_->is_chief())
       fmt::print(stderr,
-                 "dtrain: warning: {}loss.from_logits is true, but the model's outputs are layer '{}''s {}, "
-                 "probabilities; as Keras does, the loss is computed from the {}'s input: say from_logits: false, or "
-                 "end the model with activation: linear\n",
+                 "dtrain: warning: {}loss.from_logits is true, but the model's outputs come from the {} of layer '{}', "
+                 "so they are probabilities; as Keras does, the loss is computed from the {}'s input: say from_logits: "
+                 "false, or end the model with activation: linear\n",
                  config::given_prefix(exp_.loss.where, {exp_.source_file, 0, 0}),
-                 rep.model->layer(rep.model->output_activation_from()).name(), config::name_of(rep.model->output_activation()),
+                 config::name_of(rep.model->output_activation()), rep.model->layer(rep.model->output_activation_from()).name(),
                  config::name_of(rep.model->output_activation()));
     if (r == 0 && invariant) lanes = invariant_lanes(rep.model->synchronizes_replicas());
     device::Numerics& numerics = rep.ctx->numerics();
@@ -377,7 +358,7 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
   device::Numerics& numerics = lane.ctx->numerics();
   nn::ModelOptions model_options;
   model_options.compute = nn::compute_dtype(exp_.precision);
-  model_options.crossentropy_from_pre_activation = exp_.loss.kind != config::LossKind::mean_squared_error;
+  model_options.crossentropy_from_pre_activation = losses::reads_activation_input(exp_.loss.kind);
   if (check_run_memory)
     model_options.before_allocating = [this, &numerics](const nn::Sequential& declared) {
       const std::int64_t in_sync = strategy_->num_replicas_in_sync();

@@ -136,14 +136,6 @@ class Trainer : private LoopHost {
   void open_checkpoints();
 
  private:
-  // Runs `step` (set-up that may fail on bad input: loading the data) on every process of the job
-  // (TrainerOptions::workers) and agrees on the outcome, as loading the experiment does: where
-  // every process failed (one data file they all read), each throws JobConfigError with its own
-  // error and the chief alone reports it, without an abort; where some did (files of their own),
-  // those throw their error (each reports it with its rank) and the others a JobConfigError
-  // saying so. `what` names the agreement for the watchdog.
-  void agree_on_every_worker(const char* what, const std::function<void()>& step) const;
-
   // ---- LoopHost: what a strategy's own loop may use (strategy_loop.hpp)
   std::FILE* out() const override { return opt_.out; }
   nn::Sequential& replica_model() override { return *replicas_[0].model; }

@@ -58,7 +58,7 @@ dtrain_script_cases(tensorboard events_match_metrics resume chief_only read_by_t
 dtrain_script_cases(checked_memory one_process multi_worker resume parameter_server)
 dtrain_script_cases(to_hdf5 convert_and_train bad_inputs png_16bit csv_class_names)
 # reproducibility: replica_invariant: the same bits under every layout, and an elastic resume.
-dtrain_script_cases(reproducibility one_process multi_worker elastic_resume pinned_isa refusals loss_figure)
+dtrain_script_cases(reproducibility one_process multi_worker elastic_resume elastic_batch_keys pinned_isa refusals loss_figure)
 # Logs under mpirun, dtrain init, dtrain plot and train.plot (tests/integration/ux.sh).
 set(DTRAIN_UX_CASES mpi_log bar_on_terminal init_strategies init_default_trains init_overwrite plot plot_errors train_plot
     local_strategy_under_mpirun)

@@ -449,7 +449,8 @@ EOF
       echo "ok: $bad over 4 workers: $(cat "$scratch/$name.err")"
     done
     # A data file one worker alone cannot read (shards of their own): that rank reports it with
-    # its rank, the chief says others failed, exit 2.
+    # its rank, the chief says others failed, exit 2, and no rank aborts the others (none waits
+    # in a collective).
     mpi 2 "$dtrain" run "$scratch/g.yaml" "${one_step[@]}" --set "$(mwm mpi)" --set data.path=null \
       --set "data.shards=[$(pwd)/data/fashion_mnist_small.h5, $scratch/missing.h5]" --run-dir "$scratch/shard" \
       >"$scratch/shard.out" 2>"$scratch/shard.err"
@@ -459,6 +460,8 @@ EOF
       || fail "a missing shard: not reported by its rank: $(cat "$scratch/shard.err")"
     grep -q "^dtrain: error: other ranks failed loading the data" "$scratch/shard.err" \
       || fail "a missing shard: the chief did not say so: $(cat "$scratch/shard.err")"
+    grep -q "MPI_ABORT" "$scratch/shard.err" "$scratch/shard.out" && fail "a missing shard: the job was aborted"
+    [ ! -e "$scratch/shard" ] || fail "a missing shard: the run directory was written"
     echo "ok: a shard one worker cannot read: $(grep '^dtrain: error' "$scratch/shard.err")"
     ;;
   *) fail "unknown case" ;;

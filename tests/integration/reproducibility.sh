@@ -114,6 +114,40 @@ case "$case_name" in
       same ref "$name"
     done
     ;;
+  elastic_batch_keys)
+    # A run written with batch_size_per_replica (25 on 2 replicas), resumed elastically as
+    # docs/reproducibility.md says: --set data.batch_size_per_replica=null --set
+    # data.global_batch_size=50, the checkpoint's global batch, here on 3 replicas. Nothing changes
+    # and resume says nothing does; and once the resume has rewritten config.yaml with those keys,
+    # the run's earlier checkpoints are still its own (a resume that died before its first save
+    # goes on from them).
+    per=(--set data.global_batch_size=null --set data.batch_size_per_replica=25 --set train.threads=1
+         --set 'strategy={kind: mirrored, devices: [cpu:0, cpu:1]}')
+    run ref "" "${per[@]}" --set train.epochs=2
+    run part "" "${per[@]}"
+    elastic=(--set train.epochs=2 --set data.batch_size_per_replica=null --set data.global_batch_size=50
+             --set 'strategy={kind: mirrored, devices: [cpu:0, cpu:1, cpu:2]}')
+    "$dtrain" resume "$scratch/part" "${elastic[@]}" >"$scratch/resumed.out" 2>&1 || fail "resume: $(tail -5 "$scratch/resumed.out")"
+    grep -q "change.* the results" "$scratch/resumed.out" && fail "the batch keys are said to change the results: $(head -3 "$scratch/resumed.out")"
+    grep -q "^dtrain: warning" "$scratch/resumed.out" && fail "a warning: $(grep '^dtrain: warning' "$scratch/resumed.out")"
+    grep '^Epoch' "$scratch/resumed.out" >"$scratch/resumed.epoch"
+    grep '^Epoch 2' "$scratch/ref.out" >"$scratch/ref.epoch"
+    cp -r "$scratch/part" "$scratch/resumed"
+    same ref resumed
+    # The resumed run's own checkpoint gone (it died before saving): the epoch-1 checkpoint, its
+    # experiment written with batch_size_per_replica, is still the run's, whose config.yaml the
+    # resume rewrote with global_batch_size (each resume passes its overrides again).
+    last=$(ls "$scratch/part"/checkpoints/ckpt-*.h5 | sort -V | tail -1)
+    rm "$last"
+    grep -q "global_batch_size: 50" "$scratch/part/config.yaml" || fail "the resume did not write its experiment"
+    "$dtrain" resume "$scratch/part" "${elastic[@]}" \
+      >"$scratch/again.out" 2>&1 || fail "resume after the resumed run's checkpoint was lost: $(tail -5 "$scratch/again.out")"
+    grep -q "Resuming from .*$(basename "$(ls "$scratch/part"/checkpoints/ckpt-*.h5 | sort -V | head -1)")" "$scratch/again.out" \
+      || fail "did not resume from the epoch-1 checkpoint: $(head -5 "$scratch/again.out")"
+    grep '^Epoch' "$scratch/again.out" >"$scratch/again.epoch"
+    cp -r "$scratch/part" "$scratch/again"
+    same ref again
+    ;;
   pinned_isa)
     # reproducibility.isa: avx2 caps oneDNN's kernels (the header says so) and keeps the mode's
     # invariance; the run is then the same on every machine with AVX2 (docs/reproducibility.md).

@@ -4,7 +4,11 @@
 // outputs (what the metrics and predictions read) stay probabilities.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,7 +27,8 @@ namespace {
 // A learning rate high enough that predictions saturate within a few steps: probabilities of the
 // label below 1e-7, where a loss computed from the probabilities (clipped to [1e-7, 1 - 1e-7], as
 // Keras' formula for probabilities does) would cap at 16.1 and give no gradient.
-std::string experiment(int classes, const std::string& last_layers, const std::string& loss, int threads) {
+std::string experiment(int classes, const std::string& last_layers, const std::string& loss, int threads,
+                       const std::string& more = "") {
   return fmt::format(R"(
 name: pre_activation
 seed: 11
@@ -33,8 +38,27 @@ loss: {}
 optimizer: {{kind: sgd, learning_rate: 25.0}}
 metrics: [accuracy]
 train: {{epochs: 1, threads: {}, progress: none}}
-)",
-                     classes, last_layers, loss, threads);
+{})",
+                     classes, last_layers, loss, threads, more);
+}
+
+// What `f` writes to stderr.
+std::string stderr_of(const std::function<void()>& f) {
+  std::fflush(stderr);
+  std::FILE* into = std::tmpfile();
+  REQUIRE(into != nullptr);
+  const int saved = dup(STDERR_FILENO);
+  dup2(fileno(into), STDERR_FILENO);
+  f();
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::rewind(into);
+  std::string text;
+  char chunk[4096];
+  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, into)) > 0;) text.append(chunk, n);
+  std::fclose(into);
+  return text;
 }
 
 struct Case {
@@ -141,6 +165,39 @@ TEST_CASE("a softmax under layers that make a new tensor stays in its layer") {
   auto t = make_trainer(experiment(4, "dense: {units: 4, activation: softmax}, dropout: {rate: 0.0}", sparse, 1));
   CHECK(t->model().output_activation() == config::Activation::softmax);
   CHECK(t->model().output_activation_from() == 1);
+}
+
+TEST_CASE("the same under mixed_bfloat16 and replica_invariant, where the activation is the last layer's") {
+  const std::string sparse = "{kind: sparse_categorical_crossentropy, from_logits: false, reduction: none}";
+  const std::string sparse_logits = "{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}";
+  for (const char* more : {"precision: mixed_bfloat16\n", "reproducibility: {mode: replica_invariant, micro_batch_size: 3}\n"}) {
+    CAPTURE(more);
+    auto activated = make_trainer(experiment(4, "dense: {units: 4, activation: softmax}", sparse, 2, more));
+    auto linear = make_trainer(experiment(4, "dense: {units: 4}", sparse_logits, 2, more));
+    CHECK(activated->model().output_activation() == config::Activation::softmax);
+    CHECK(activated->train_steps(0, 4) == linear->train_steps(0, 4));
+    CHECK(weights(*activated) == weights(*linear));
+    CHECK(activated->evaluate_split("test").loss == linear->evaluate_split("test").loss);
+  }
+  // Under a bfloat16 policy only the last layer computes in float32 (Keras' advice): a softmax
+  // below a layer that returns its input stays in its own layer, in float32, and the loss reads
+  // the probabilities, as Keras' does once its float32 last layer has cast them.
+  auto below = make_trainer(experiment(4, "dense: {units: 4, activation: softmax}, dropout: {rate: 0.0}", sparse, 1,
+                                       "precision: mixed_bfloat16\n"));
+  CHECK(below->model().output_activation() == config::Activation::linear);
+}
+
+TEST_CASE("from_logits: true on a softmax output is warned of, naming the layer; from_logits: false is not") {
+  const std::string layers = "dense: {units: 4, activation: softmax}, activation: {activation: linear}";
+  const std::string warned = stderr_of([&] {
+    make_trainer(experiment(4, layers, "{kind: sparse_categorical_crossentropy, from_logits: true, reduction: none}", 1));
+  });
+  CHECK(warned.find("test.yaml:6:1: loss.from_logits is true, but the model's outputs come from the softmax of layer "
+                    "'dense_1', so they are probabilities") != std::string::npos);
+  const std::string quiet = stderr_of([&] {
+    make_trainer(experiment(4, layers, "{kind: sparse_categorical_crossentropy, from_logits: false, reduction: none}", 1));
+  });
+  CHECK(quiet.find("warning") == std::string::npos);
 }
 
 TEST_CASE("mean squared error on a softmax output reads the probabilities") {
