@@ -39,10 +39,6 @@ void ActivationLayer::reference_backward(const ReferenceBackward& io, const Step
                                  static_cast<std::int64_t>(io.dx.size()), output_shape()[output_shape().rank() - 1]);
 }
 
-config::LayerOptions ActivationLayer::options_without_final_activation() const {
-  return Options{config::Activation::linear};
-}
-
 Flops ActivationLayer::flops_per_sample() const {
   if (opt_.activation == config::Activation::linear) return {};
   const double n = static_cast<double>(input_shape().numel());

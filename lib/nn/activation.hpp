@@ -26,7 +26,7 @@ class ActivationLayer final : public Layer {
   Flops flops_per_sample() const override;
   BackwardReads backward_reads() const override { return BackwardReads::output; }
   config::Activation final_activation() const override { return opt_.activation; }
-  config::LayerOptions options_without_final_activation() const override;
+  config::LayerOptions options_without_final_activation() const override { return with_linear_activation(opt_); }
   bool returns_its_input() const override { return opt_.activation == config::Activation::linear; }
 
  private:

@@ -42,12 +42,6 @@ const LayerRegistration<Conv2D> registered({.kind = "conv2d",
 
 }  // namespace
 
-config::LayerOptions Conv2D::options_without_final_activation() const {
-  Options linear = opt_;
-  linear.activation = config::Activation::linear;
-  return linear;
-}
-
 Shape Conv2D::build_layer(const Shape& in) {
   if (in.rank() != 3)
     throw ConfigError(fmt::format("layer '{}': conv2d needs an input of shape (height, width, channels), got {}", name(),

@@ -47,7 +47,7 @@ class Conv2D final : public Layer {
   BackwardReads backward_reads() const override { return BackwardReads::input; }
   bool activation_reads_output() const override { return opt_.activation != config::Activation::linear; }
   config::Activation final_activation() const override { return opt_.activation; }
-  config::LayerOptions options_without_final_activation() const override;
+  config::LayerOptions options_without_final_activation() const override { return with_linear_activation(opt_); }
 
  private:
   Shape build_layer(const Shape& input_shape) override;

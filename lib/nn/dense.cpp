@@ -35,12 +35,6 @@ const LayerRegistration<Dense> registered({.kind = "dense",
 
 }  // namespace
 
-config::LayerOptions Dense::options_without_final_activation() const {
-  Options linear = opt_;
-  linear.activation = config::Activation::linear;
-  return linear;
-}
-
 Shape Dense::build_layer(const Shape& in) {
   if (in.rank() != 1)
     throw ConfigError(fmt::format(

@@ -39,7 +39,7 @@ class Dense final : public Layer {
   BackwardReads backward_reads() const override { return BackwardReads::input; }
   bool activation_reads_output() const override { return opt_.activation != config::Activation::linear; }
   config::Activation final_activation() const override { return opt_.activation; }
-  config::LayerOptions options_without_final_activation() const override;
+  config::LayerOptions options_without_final_activation() const override { return with_linear_activation(opt_); }
   // The relu's output below is this layer's input, which backward reads anyway.
   BackwardReads derivative_below_reads() const override { return BackwardReads::input; }
 

@@ -38,6 +38,13 @@
 
 namespace dtrain::nn {
 
+// A layer kind's options with their `activation` linear (Layer::options_without_final_activation).
+template <class Options>
+config::LayerOptions with_linear_activation(Options options) {
+  options.activation = config::Activation::linear;
+  return options;
+}
+
 // The oracle's view of one call: canonical arrays in double. variables[i] / dvariables[i] follow
 // variables() order.
 struct ReferenceForward {

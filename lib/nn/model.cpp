@@ -94,16 +94,19 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
   // precision has it: there Keras' float32 last layer casts what a bfloat16 one below gives it, a
   // new tensor, and its crossentropy reads the probabilities (and a softmax below keeps its own
   // float32 in its layer).
-  std::size_t activation_layer = config.layers.size() - 1;
-  while (options_.crossentropy_from_pre_activation && options_.compute == DType::f32 && activation_layer > 0) {
-    std::unique_ptr<Layer> after;
-    try {
-      after = make_layer(config.layers[activation_layer]);
-    } catch (const ConfigError&) {
-      break;  // reported below, where the layer is built, at its place in the experiment
+  std::size_t activation_layer = config.layers.size();  // none
+  if (options_.crossentropy_from_pre_activation) {
+    activation_layer = config.layers.size() - 1;
+    while (options_.compute == DType::f32 && activation_layer > 0) {
+      std::unique_ptr<Layer> after;
+      try {
+        after = make_layer(config.layers[activation_layer]);
+      } catch (const ConfigError&) {
+        break;  // reported below, where the layer is built, at its place in the experiment
+      }
+      if (!after->returns_its_input()) break;
+      --activation_layer;
     }
-    if (!after->returns_its_input()) break;
-    --activation_layer;
   }
   for (std::size_t i = 0; i < config.layers.size(); ++i) {
     // A layer that does not fit its input, or is too large for the machine, is reported at the
@@ -117,7 +120,7 @@ Sequential::Sequential(const config::ModelConfig& config, std::uint64_t seed, de
     try {
       auto layer = make_layer(where);
       const config::Activation last_activation = layer->final_activation();
-      if (i == activation_layer && options_.crossentropy_from_pre_activation &&
+      if (i == activation_layer &&
           (last_activation == config::Activation::softmax || last_activation == config::Activation::sigmoid)) {
         config::LayerConfig without = where;
         without.options = layer->options_without_final_activation();
