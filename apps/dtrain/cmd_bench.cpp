@@ -20,13 +20,14 @@ namespace dtrain::app {
 int bench_command(const BenchArgs& args) {
   const std::unique_ptr<distribute::WorkerGroup> workers = distribute::make_worker_group();
   return run_as_worker(*workers, [&] {
-    config::Experiment exp = config::load_experiment(args.experiment, args.overrides);
+    config::Experiment exp =
+        load_on_every_rank(*workers, [&] { return config::load_experiment(args.experiment, args.overrides); });
     refuse_local_strategy_under_launcher(exp, *workers, "each would time its own steps alone on the shared cores "
                                                         "and print its own table");
     if (const config::RolesConfig* written = distribute::roles_of(exp.strategy)) {
       const auto roles = workers->assign_roles(*written, std::getenv("TF_CONFIG"));
-      if (roles && roles->evaluators > 0)
-        throw ConfigError(fmt::format("{}: dtrain bench times training steps, and the evaluator role runs none; leave it "
+      if (roles && roles->evaluators > 0)  // every rank's roles agree: each refuses, the chief reports
+        throw JobConfigError(fmt::format("{}: dtrain bench times training steps, and the evaluator role runs none; leave it "
                                       "out (--set strategy.roles.evaluator=0)",
                                       exp.source_file));
     }

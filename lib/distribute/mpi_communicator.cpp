@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "distribute/agreement.hpp"
 
 namespace dtrain::distribute {
 
@@ -116,8 +117,13 @@ bool MpiCommunicator::succeeded(int rc, const char* call, Failure failure) const
 }
 
 std::optional<RolePlan> MpiCommunicator::assign_roles(const config::RolesConfig& roles, const char* tf_config) {
-  const RolePlan plan = resolve_roles(roles, tf_config, world_size_, world_rank_);
-  split(plan.role_of(world_rank_) != Role::evaluator);
+  // Each rank resolves its roles (TF_CONFIG is its own), and they agree on whether that failed
+  // before the split, which every rank must join: one report and no abort where the roles do not
+  // fit the world, each rank's own where only its TF_CONFIG is wrong.
+  std::optional<RolePlan> plan;
+  agree_on_every_worker(*this, "assigning the roles",
+                        [&] { plan = resolve_roles(roles, tf_config, world_size_, world_rank_); });
+  split(plan->role_of(world_rank_) != Role::evaluator);
   return plan;
 }
 

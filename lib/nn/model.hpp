@@ -125,6 +125,8 @@ class Sequential {
   config::Activation output_activation() const { return output_activation_; }
   // The layer whose activation that is (meaningful where output_activation() is not linear).
   std::size_t output_activation_from() const { return output_activation_from_; }
+  // The Activation layer that computes it (its shapes, its FLOPs), null where the model computes none.
+  const Layer* output_activation_layer() const { return output_activation_layer_.get(); }
   // What the loss reads of the last forward: y's pre-activation (N, output_shape...) where the model
   // computes an output_activation(), else y itself.
   const Tensor& loss_input() const;

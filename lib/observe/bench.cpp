@@ -249,6 +249,12 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     l.forward_wait_ms = figure(1 + kPhases + 4 * layers + i);
     l.backward_wait_ms = figure(1 + kPhases + 5 * layers + i);
     l.flops = layer.flops_per_sample();
+    // The softmax or sigmoid the model computes after the last layer (for a crossentropy that reads
+    // its input) is timed with the layer it came from: its FLOPs and bytes go there too. It runs
+    // forward only (the loss's gradient is its input's) and in float32.
+    const nn::Layer* output_activation =
+        i == model.output_activation_from() ? model.output_activation_layer() : nullptr;
+    if (output_activation) l.flops.forward += output_activation->flops_per_sample().forward;
     l.backward_data = model.computes_input_gradient(i);  // training never needs d(loss)/d(input)
     const double backward = backward_flops(l);
     l.forward_gflops = gflops_of(l.flops.forward, replica_samples, l.forward_ms.mean);
@@ -260,9 +266,13 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     // a layer whose backward is then the identity (the relu's) moves none and has no bound ('-'),
     // nor one whose forward the layer below applies.
     if (model.applies_activation_backward_below(i)) l.backward_bytes += derivative_bytes(layer, dtype_size(dtype));
-    l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
+    if (model.forward_moves_nothing(i)) l.forward_bytes = 0.0;
+    if (output_activation) {
+      l.forward_bytes +=
+          layer_bytes(*output_activation, false, false, sizeof(float), static_cast<double>(r.replica_batch)).first;
+    }
+    l.forward_bound_ms = l.forward_bytes > 0.0 ? bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound) : 0.0;
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
-    if (model.forward_moves_nothing(i)) l.forward_bytes = l.forward_bound_ms = 0.0;
     if (model.backward_moves_nothing(i) || !model.backward_runs(i)) l.backward_bytes = l.backward_bound_ms = 0.0;
     r.flops_per_sample += l.flops.forward + backward;
     if (computed) {

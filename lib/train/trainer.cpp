@@ -196,7 +196,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     static_cast<Lane&>(rep) = make_lane(r, r == 0);
     if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
     if (r == 0 && exp_.loss.from_logits && rep.model->output_activation() != config::Activation::linear &&
-        strategy_->is_chief())
+        warns_of_experiment())
       fmt::print(stderr,
                  "dtrain: warning: {}loss.from_logits is true, but the model's outputs come from the {} of layer '{}', "
                  "so they are probabilities; as Keras does, the loss is computed from the {}'s input: say from_logits: "
@@ -293,7 +293,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   // flatten) that is not synchronized nothing to normalize over: each feature's variance is 0, its
   // output its beta whatever the input, so nothing below it learns. Over an image's positions one
   // sample still has statistics.
-  if (exp_.reproducibility.invariant() && exp_.reproducibility.micro_batch_size == 1 && strategy_->is_chief())
+  if (exp_.reproducibility.invariant() && exp_.reproducibility.micro_batch_size == 1 && warns_of_experiment())
     for (std::size_t i = 0; i < model().num_layers(); ++i) {
       const nn::Layer& layer = model().layer(i);
       if (layer.kind() == "batch_normalization" && !layer.synchronizes_replicas() && layer.input_shape().rank() == 1)
@@ -1093,7 +1093,7 @@ std::int64_t Trainer::steps_per_epoch(const data::DistributedIterator& input) co
   // Each epoch is at most one pass over the training data (reshuffled every epoch): more steps
   // than a pass makes are cut to it, said once (Keras instead stops the training where its input
   // runs out).
-  if (exp_.train.steps_per_epoch > steps && steps > 0 && strategy_->is_chief())
+  if (exp_.train.steps_per_epoch > steps && steps > 0 && warns_of_experiment())
     fmt::print(stderr, "dtrain: warning: {}train.steps_per_epoch {} is more than the {} steps of one pass over the {} "
                "training samples at global batch {}; each epoch trains {}\n",
                config::given_prefix(exp_.steps_per_epoch_where, {exp_.source_file, 0, 0}), exp_.train.steps_per_epoch, steps, splits_.train.size(), input.global_batch_size(), steps);

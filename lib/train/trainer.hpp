@@ -60,6 +60,9 @@ struct TrainerOptions {
   distribute::Communicator* workers = nullptr;
   // A test's hold at a chosen step (callbacks.hpp); off unless apps/ sets it.
   StepHold hold;
+  // The job's evaluator rank (train/evaluator.hpp): a chief on its side of the job, which leaves
+  // the warnings about the experiment to the training chief, so that a job prints them once.
+  bool evaluator = false;
   // What observes the run (progress, metrics.jsonl, TensorBoard, curves: observe::add_observers,
   // installed by apps/), added after the loop's own callbacks (callbacks.hpp); none = the epoch
   // lines alone.
@@ -151,6 +154,8 @@ class Trainer : private LoopHost {
   void set_global_step(std::int64_t step) override { global_step_ = step; }
   int first_epoch() const override { return resume_ ? static_cast<int>(resume_->epoch) : 0; }
   const std::atomic<int>* stop_requested() const override { return opt_.stop_requested; }
+  // Whether this process prints the warnings about the experiment: the chief, once for the job.
+  bool warns_of_experiment() const { return strategy_->is_chief() && !opt_.evaluator; }
 
   // What computes one slice of a replica's batch: the replica itself when it has one lane
   // (train/lanes.hpp), else each of its lanes, whose models share the replica's variables.

@@ -194,6 +194,16 @@ PY
     mpirun -n 2 --oversubscribe "$dtrain" bench "$small" "${few[@]}" --set data.batch_size_per_replica=32 \
       --set "$mwm" --json >"$scratch/json" 2>"$scratch/err" || fail "mpirun bench --json failed: $(tail -5 "$scratch/err")"
     check_json "$scratch/json" 2
+    # What every rank finds alike (a key the layer lacks, an evaluator role, which bench has no
+    # steps for) is the chief's one line, exit 2, without an MPI abort.
+    for bad in "model.layers.0.conv2d.stride=2" "strategy.roles={evaluator: 1}"; do
+      mpirun -n 2 --oversubscribe "$dtrain" bench "$small" "${few[@]}" --set data.batch_size_per_replica=32 \
+        --set "$mwm" --set "$bad" >"$scratch/bad.out" 2>"$scratch/bad.err"
+      rc=$?
+      [ "$rc" -eq 2 ] || fail "$bad: exit $rc, wanted 2: $(cat "$scratch/bad.err")"
+      [ "$(grep -c '^dtrain: error:' "$scratch/bad.err")" -eq 1 ] || fail "$bad: wanted one error line: $(cat "$scratch/bad.err")"
+      grep -q "MPI_ABORT" "$scratch/bad.err" "$scratch/bad.out" && fail "$bad: the job was aborted"
+    done
     ;;
   *) fail "unknown case" ;;
 esac

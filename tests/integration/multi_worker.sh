@@ -238,6 +238,31 @@ EOF
     [ "$rc" -eq 2 ] || fail "roles for 4 ranks under 2: exit $rc, wanted 2"
     grep -q "strategy.roles (1 chief, 3 workers) name 4 ranks, but mpirun started 2" "$scratch/bad_roles.out" \
       || fail "no clear roles error: $(head -3 "$scratch/bad_roles.out")"
+    # Both are every rank's error: the chief's one line, and the job ends without an abort (each
+    # rank printed it, and MPI_ABORT made the others announce a checkpoint they never wrote).
+    for out in bad_tf bad_roles; do
+      [ "$(grep -c '^dtrain: error:' "$scratch/$out.out")" -eq 1 ] || fail "$out: wanted one error line: $(cat "$scratch/$out.out")"
+      grep -q "MPI_ABORT" "$scratch/$out.out" && fail "$out: the job was aborted"
+      grep -q "stopping after this step" "$scratch/$out.out" && fail "$out: a rank announced a checkpoint"
+    done
+    # A TF_CONFIG wrong on one rank alone (both say worker 0): that rank reports it with its rank,
+    # the chief says others failed, exit 2, no abort.
+    cat >"$scratch/tf_twice.sh" <<'EOF'
+#!/usr/bin/env bash
+export TF_CONFIG='{"cluster": {"worker": ["h0:1", "h1:1"]}, "task": {"type": "worker", "index": 0}}'
+exec "$@"
+EOF
+    chmod +x "$scratch/tf_twice.sh"
+    mpi 2 "$scratch/tf_twice.sh" "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored}" \
+      --run-dir "$scratch/tf_twice" >"$scratch/tf_twice.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "TF_CONFIG of worker 0 on both ranks: exit $rc, wanted 2: $(cat "$scratch/tf_twice.out")"
+    grep -q "^dtrain: error: rank 1: TF_CONFIG says this process is worker 0, which is rank 0" "$scratch/tf_twice.out" \
+      || fail "the rank whose TF_CONFIG is wrong did not say so: $(cat "$scratch/tf_twice.out")"
+    grep -q "^dtrain: error: other ranks failed assigning the roles" "$scratch/tf_twice.out" \
+      || fail "the chief did not say that another rank failed: $(cat "$scratch/tf_twice.out")"
+    grep -q "MPI_ABORT" "$scratch/tf_twice.out" && fail "TF_CONFIG wrong on one rank: the job was aborted"
+    [ ! -e "$scratch/tf_twice" ] || fail "TF_CONFIG wrong on one rank: the run directory was written"
     ;;
   regularization)
     # L2 is divided by the replicas in sync over ALL workers, whatever each worker's replica count:

@@ -178,9 +178,15 @@ EOS
       || fail "no clear roles error: $(head -3 "$scratch/bad.out")"
     echo "ok: TF_CONFIG ps tasks give the roles; a disagreeing world is refused (exit 2)"
     # An evaluator rank (last) evaluates each checkpoint: the chief's Test figures of that epoch.
-    mpi 4 "$dtrain" run "$small" "${common[@]}" --set train.epochs=2 --set train.steps_per_epoch=3 \
+    # The model ends in a softmax under from_logits: true, which the job warns of once (the
+    # evaluator, a chief on its side of the job, printed it too).
+    sed 's/- dense: {units: 10}/- dense: {units: 10, activation: softmax}/' "$small" >"$scratch/softmax.yaml"
+    grep -q "activation: softmax" "$scratch/softmax.yaml" || fail "could not end the model in a softmax"
+    mpi 4 "$dtrain" run "$scratch/softmax.yaml" "${common[@]}" --set train.epochs=2 --set train.steps_per_epoch=3 \
       --set "strategy={kind: parameter_server, roles: {chief: 1, ps: 1, worker: 1, evaluator: 1}}" --run-dir "$scratch/ev" \
       >"$scratch/ev.out" 2>&1 || fail "run with an evaluator failed: $(tail -5 "$scratch/ev.out")"
+    [ "$(grep -c "loss.from_logits is true, but the model's outputs come from the softmax" "$scratch/ev.out")" -eq 1 ] \
+      || fail "wanted the from_logits warning once: $(grep -c 'loss.from_logits is true' "$scratch/ev.out") times"
     chief=$(sed -nE 's/^Epoch 2, .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/ev.out")
     evaluator=$(sed -nE 's/^Evaluator: ckpt-6.h5 .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/ev.out")
     [ -n "$chief" ] && [ "$chief" = "$evaluator" ] || fail "evaluator '$evaluator' differs from the chief's epoch 2 '$chief'"

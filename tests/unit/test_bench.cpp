@@ -304,6 +304,44 @@ TEST_CASE("a kernel that marks the end of one of its two gradients gets its back
   CHECK(json.find("\"backward_weights_ms\": {\"mean\": ") != std::string::npos);
 }
 
+TEST_CASE("a softmax the model computes after the last layer is counted on that layer's row") {
+  // The crossentropy reads the softmax's input, so the dense layer is built linear and the model
+  // applies the softmax after it, timed with the dense layer: its FLOPs and bytes go there too.
+  // The second model has it in an Activation layer of its own, whose row is then the softmax's.
+  for (const bool own_layer : {false, true}) {
+    CAPTURE(own_layer);
+    std::string yaml = kExperiment;
+    const std::string dense = "    - dense: {units: 3}\n";
+    yaml.replace(yaml.find(dense), dense.size(),
+                 own_layer ? dense + "    - activation: {activation: softmax}\n"
+                           : std::string("    - dense: {units: 3, activation: softmax}\n"));
+    const std::string logits = "from_logits: true";
+    yaml.replace(yaml.find(logits), logits.size(), "from_logits: false");
+    auto trainer = testing::make_trainer(yaml);
+    const nn::Sequential& model = trainer->model(0);
+    REQUIRE(model.output_activation() == config::Activation::softmax);
+    const std::size_t at = model.output_activation_from();
+    CHECK(at == (own_layer ? 4u : 3u));
+    observe::BenchOptions options;
+    options.warmup = 1;
+    options.steps = 2;
+    const observe::BenchReport r = observe::run_bench(*trainer, options);
+    const observe::LayerBench& row = r.layers[at];
+    // 3 outputs: a dense layer of 3x3x4 inputs (2 x 108 multiply-adds and 3 biases), then 3 for the softmax.
+    CHECK(row.flops.forward == (own_layer ? 3.0 : 2.0 * 108 + 3 + 3));
+    // The dense layer reads 36 inputs and writes 3 outputs, and its 111 variables once per step of
+    // 4; the Activation layer, built linear, copies its 3 inputs to its output. Then the softmax
+    // reads those 3 and writes 3 probabilities (float32).
+    const double softmax_bytes = (3 + 3) * 4;
+    CHECK(row.forward_bytes ==
+          doctest::Approx((own_layer ? (3 + 3) * 4 : (36 + 3) * 4 + 111 * 4 / 4.0) + softmax_bytes));
+    CHECK(row.forward_bound_ms > 0.0);
+    double flops = 0.0;
+    for (const auto& l : r.layers) flops += l.flops.forward + l.flops.backward_weights + (l.backward_data ? l.flops.backward_data : 0.0);
+    CHECK(r.flops_per_sample == doctest::Approx(flops));
+  }
+}
+
 // Lanes that sum their batch statistics: a lane's sums report how long it waited for the others
 // (nn::CrossReplica::waited_seconds). This one is a lane alone (a sum is its own values) whose
 // every sum "waits" a quarter of a second, so that the waits the model charges are known exactly.
