@@ -485,7 +485,8 @@ void Sequential::backward(const StepContext& step, const BackwardOptions& option
 void Sequential::step_without_samples(const StepContext& step) {
   ctx_.zero(gradients_);
   for (auto& kernel : kernels_) kernel->forward_without_samples(step);
-  for (std::size_t i = kernels_.size(); i-- > 0;) kernels_[i]->backward_without_samples(step);
+  // As backward(): the layers below the lowest one whose backward runs make no collective there.
+  for (std::size_t i = kernels_.size(); i-- > first_backward_;) kernels_[i]->backward_without_samples(step);
   wait_for_host();
 }
 

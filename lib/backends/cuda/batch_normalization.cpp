@@ -42,7 +42,7 @@ class BatchNormalizationKernel final : public Float32Kernel<nn::BatchNormalizati
         channels_(layer.channels()),
         sums_(static_cast<std::size_t>(2 * channels_ + 1)),
         means_(static_cast<std::size_t>(2 * channels_)),
-        has_input_gradient_(layer.position() > 0) {}
+        has_input_gradient_(true) {}
 
   void bind(std::int64_t batch, const nn::LayerIO& io) override {
     Float32Kernel::bind(batch, io);
@@ -101,6 +101,7 @@ class BatchNormalizationKernel final : public Float32Kernel<nn::BatchNormalizati
     ensure_state();
     synchronized_statistics(nullptr, 0, step, statistics_out(step, 0), nullptr);
   }
+  void without_input_gradient() override { has_input_gradient_ = false; }
   void backward_without_samples(const nn::StepContext& step) override {
     nn::CrossReplica* group = statistics_group(step);
     if (!group || !has_input_gradient_) return;
@@ -204,7 +205,8 @@ class BatchNormalizationKernel final : public Float32Kernel<nn::BatchNormalizati
   std::vector<double> means_;  // host: the means sent back to the device (2C)
   double count_ = 0.0;         // rows of the last training forward's statistics, over the group
   // Whether backward computes dx, which decides whether a synchronized backward makes its
-  // collective (bind() knows; before any bind, a first layer has none).
+  // collective: bind() knows; before any bind (a replica that has had no samples yet), true unless
+  // the model said nothing wants it (without_input_gradient), as for the replicas with samples.
   bool has_input_gradient_;
 };
 

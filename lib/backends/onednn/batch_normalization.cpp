@@ -758,6 +758,7 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
     statistics(nullptr, step);
     write_contributions(step, 0);
   }
+  void without_input_gradient() override { input_gradient_ = false; }
   void backward_without_samples(const nn::StepContext& step) override {
     nn::CrossReplica* group = statistics_group(step);
     // The replicas with samples make this collective only for an input gradient (backward()).
@@ -931,9 +932,10 @@ class BatchNormalizationKernel final : public nn::LayerKernel {
   std::vector<double> sums_, batch_mean_, batch_variance_;
   double count_ = 0.0;
   // Whether backward computes the input gradient (and so makes its collective): what bind() was
-  // given; before any bind, whether a layer sits below (the first layer has none, unless a test
-  // asks the model for the input's gradient, which binds first).
-  bool input_gradient_ = layer_.position() > 0;
+  // given, and before any bind (a replica that has had no samples yet) true unless the model said
+  // nothing wants it (without_input_gradient): the replicas with samples and those without must
+  // agree on it, or their collectives pair up wrongly.
+  bool input_gradient_ = true;
   bool relu_ = false;  // the Activation above left its relu to this layer (take_output_activation)
   // and its derivative too (take_output_activation_derivative; not with the pooling, whose
   // winners carry it)
