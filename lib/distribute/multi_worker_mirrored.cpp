@@ -40,6 +40,11 @@ class MultiWorkerMirroredStrategy final : public ReplicatedStrategy {
                            : "");
   }
 
+  void abandon_device_sums() override {
+    ReplicatedStrategy::abandon_device_sums();
+    if (nccl_) nccl_->abandon_device_sums();
+  }
+
   void set_collectives_in_backward(bool yes) override {
     DTRAIN_CHECK(!reducer_, "set_collectives_in_backward() after the gradients were bound");
     ReplicatedStrategy::set_collectives_in_backward(yes);

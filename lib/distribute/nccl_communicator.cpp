@@ -147,6 +147,16 @@ class NcclLocalGroup final : public ReplicaGroup {
     return *endpoints_[static_cast<std::size_t>(replica)];
   }
   Barrier& barrier() override { return host_.barrier(); }
+  // ncclCommAbort, not finalize or destroy: those wait for the queued sums, which wait for the
+  // failed replica's. The next sum makes a new clique (comm()).
+  void abandon_device_sums() override {
+    if (!made_) return;
+    for (ncclComm_t& c : comms_) {
+      (void)ncclCommAbort(c);
+      c = nullptr;
+    }
+    made_ = false;
+  }
 
   // Replica r's communicator, made on the first sum: every replica arrives, replica 0 makes the
   // whole clique with ncclCommInitAll (one thread: a failure is one exception, which breaks the
@@ -196,6 +206,7 @@ class NcclWorkerCommunicator final : public NcclCommunicator {
   NcclWorkerCommunicator& operator=(const NcclWorkerCommunicator&) = delete;
 
   void all_reduce_sum_on_device(device::Context& ctx, float* values, std::size_t count, const char* what) override {
+    DTRAIN_CHECK(!abandoned_, fmt::format("{}: a device sum after a failed step abandoned NCCL's communicator", what));
     if (!comm_) join(ctx.device());
     all_reduce_on_stream(comm_, ctx, values, count, what, where_);
   }
@@ -217,7 +228,17 @@ class NcclWorkerCommunicator final : public NcclCommunicator {
     DTRAIN_NCCL_CALL(where_, ncclCommInitRank(&comm_, size(), id, rank()));
   }
 
+  // The other workers may wait in the sum this one queued (or it in theirs): abort, do not
+  // destroy, which would wait for it. No sum follows: the failed step ends the job, and a new
+  // communicator would need every worker to join it at the same point.
+  void abandon_device_sums() override {
+    if (comm_) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    abandoned_ = true;
+  }
+
   ncclComm_t comm_ = nullptr;
+  bool abandoned_ = false;
   std::string where_;
 };
 

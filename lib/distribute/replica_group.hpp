@@ -35,6 +35,9 @@ class ReplicaGroup {
   virtual Communicator& endpoint(int replica) = 0;
   // The barrier the replicas meet at; the strategy breaks it when a replica fails.
   virtual Barrier& barrier() = 0;
+  // A replica failed in a step, and its threads have stopped: cancels the device sums the others
+  // queued for it (Communicator::abandon_device_sums); a later sum starts the group afresh.
+  virtual void abandon_device_sums() {}
 };
 
 // The group of `size` local replicas whose sums run on `op`, one of the host-memory ops.

@@ -58,6 +58,17 @@ std::vector<std::int64_t> ReplicatedStrategy::all_gather(std::int64_t mine, cons
   return all;
 }
 
+void ReplicatedStrategy::run(const ReplicaFn& fn) {
+  try {
+    threads_.run(fn);
+  } catch (...) {
+    // Every replica thread has stopped; a device sum another replica queued waits on its GPU for
+    // the failed one's, and the contexts' teardown would wait for it: cancel it, then report.
+    abandon_device_sums();
+    throw;
+  }
+}
+
 void ReplicatedStrategy::bind_gradients(int replica, device::Context& ctx, const Tensor& gradients,
                                         std::span<const std::size_t> sizes) {
   DTRAIN_CHECK(replica >= 0 && replica < num_local_replicas(),

@@ -2,6 +2,7 @@
 // local group and the workers' communicator, which every machine with a GPU can run), over two
 // GPUs when the machine has them, and mirrored training over two GPUs against one.
 #include <cmath>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,6 +108,61 @@ TEST_CASE("nccl over two GPUs: every replica holds the sum, the same bits twice"
   for (std::size_t i = 0; i < n; ++i)
     if (results[0][i] != a[i] + b[i]) ++off;  // two terms: any order gives the same float
   CHECK(off == 0);
+}
+
+TEST_CASE("nccl over two GPUs: a sum whose peer never comes is abandoned, and the group sums afresh after") {
+  if (skip_without_nccl()) return;
+  if (gpu_count() < 2) {
+    MESSAGE("SKIP: this machine has " << gpu_count() << " GPU; abandoning a two-GPU NCCL sum needs two");
+    return;
+  }
+  const std::size_t n = 4099;
+  auto group = distribute::make_replica_group({Device{Device::Kind::gpu, 0}, Device{Device::Kind::gpu, 1}},
+                                              distribute::CrossDeviceOp::nccl);
+  std::vector<std::unique_ptr<device::Context>> contexts;
+  std::vector<device::Buffer> buffers;
+  for (int r = 0; r < 2; ++r) {
+    contexts.push_back(cuda::make_cuda_context({Device::Kind::gpu, r}));
+    auto& c = cuda::CudaContext::of(*contexts.back());
+    c.activate();
+    buffers.push_back(c.allocate(n * sizeof(float)));
+    const std::vector<float> ones(n, 1.0f);
+    c.copy_from_host(ones.data(), buffers.back().get(), n * sizeof(float));
+  }
+  auto sum_on = [&](int r) {
+    cuda::CudaContext::of(*contexts[static_cast<std::size_t>(r)]).activate();
+    group->endpoint(r).all_reduce_sum_on_device(*contexts[static_cast<std::size_t>(r)],
+                                                static_cast<float*>(buffers[static_cast<std::size_t>(r)].get()), n,
+                                                "gradients");
+  };
+  auto both = [&] {
+    std::thread t0(sum_on, 0), t1(sum_on, 1);
+    t0.join();
+    t1.join();
+  };
+  both();  // makes the clique: 2 everywhere
+  // Replica 1 fails before its sum: replica 0's waits on its GPU for ever, and so would the
+  // stream's synchronize of its context's teardown, until the group abandons it.
+  sum_on(0);
+  group->abandon_device_sums();
+  auto& c0 = cuda::CudaContext::of(*contexts[0]);
+  c0.activate();
+  c0.synchronize();  // returns: the aborted sum no longer holds the stream
+  // A later step makes a new clique and sums as before.
+  std::vector<float> ones(n, 1.0f);
+  for (int r = 0; r < 2; ++r) {
+    auto& c = cuda::CudaContext::of(*contexts[static_cast<std::size_t>(r)]);
+    c.activate();
+    c.copy_from_host(ones.data(), buffers[static_cast<std::size_t>(r)].get(), n * sizeof(float));
+  }
+  both();
+  for (int r = 0; r < 2; ++r) {
+    auto& c = cuda::CudaContext::of(*contexts[static_cast<std::size_t>(r)]);
+    c.activate();
+    std::vector<float> back(n);
+    c.copy_to_host(buffers[static_cast<std::size_t>(r)].get(), back.data(), n * sizeof(float));
+    CHECK(back == std::vector<float>(n, 2.0f));
+  }
 }
 
 TEST_CASE("mirrored over two GPUs with nccl follows one GPU on the same global batch") {
