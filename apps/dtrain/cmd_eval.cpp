@@ -20,6 +20,10 @@ int naming_source(const std::string& source, const std::function<int()>& body) {
     return body();
   } catch (const train::TrainingDiverged&) {
     throw;
+  } catch (const JobConfigError& e) {
+    // Still the job's (every rank has it, the chief reports it) or each rank's own.
+    if (std::string(e.what()).find(source) != std::string::npos) throw;
+    throw JobConfigError(fmt::format("{}: {}", source, e.what()), e.reported_by);
   } catch (const ConfigError& e) {
     if (std::string(e.what()).find(source) != std::string::npos) throw;
     throw ConfigError(fmt::format("{}: {}", source, e.what()));
@@ -65,6 +69,11 @@ int eval_command(const EvalArgs& args) {
     // One process evaluates on the default strategy; under an MPI launcher the workers split the
     // split exactly (no padding, no duplicates) and combine exact counts.
     exp.strategy = distribute::evaluation_strategy(workers->size());
+    // --predictions: the chief writes every sample of the split, which under auto_shard: file it
+    // does not hold (only its own files): every rank then reads every file and the workers split
+    // the samples (by data), with the same figures.
+    if (!args.predictions.empty() && workers->size() > 1 && !exp.data.shards.empty())
+      exp.data.auto_shard = config::AutoShardPolicy::data;
     if (args.split == "validation" && exp.data.validation_split <= 0.0)
       throw ConfigError(
           fmt::format("--split validation: the experiment has no validation_split; use --split test or train"));
@@ -72,6 +81,7 @@ int eval_command(const EvalArgs& args) {
     train::TrainerOptions options;
     options.out = stdout;
     options.workers = workers.get();
+    options.purpose = train::TrainerOptions::Purpose::evaluate;
     const std::string source = args.experiment.empty() ? args.checkpoint + ":/experiment" : args.experiment;
     std::unique_ptr<train::Trainer> built;
     naming_source(source, [&] {

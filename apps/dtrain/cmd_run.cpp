@@ -179,7 +179,7 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
   if (roles && roles->role_of(workers.world_rank()) == distribute::Role::evaluator) {
     train::TrainerOptions mine = options;
     mine.out = stdout;
-    mine.evaluator = true;
+    mine.purpose = train::TrainerOptions::Purpose::job_evaluator;
     train::Trainer trainer(std::move(experiment), mine);
     train::EvaluatorOptions eval;
     eval.run_dir = options.run_dir;

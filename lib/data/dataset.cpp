@@ -173,6 +173,11 @@ Dataset make_repeated(const std::vector<double>& x, const std::vector<double>& y
 
 namespace {
 
+// The rows of n that data.validation_split leaves for training: the first floor(n (1 - split)).
+std::int64_t kept_rows(std::int64_t n, double validation_split) {
+  return static_cast<std::int64_t>(std::floor(static_cast<double>(n) * (1.0 - validation_split)));
+}
+
 std::int64_t total_size(const std::vector<Dataset>& parts) {
   std::int64_t n = 0;
   for (const Dataset& part : parts) n += part.size();
@@ -287,6 +292,28 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
         }
         const std::string which = fmt::format("{} of {} shard files ({}{})", files.size(), config.shards.size(),
                                               files.front(), files.size() > 1 ? ", ..." : "");
+        if (config.validation_split > 0.0) {
+          // Each shard file holds out the last part of its own rows: the validation set is then the
+          // same whichever files a worker reads (auto_shard: file, any worker count) and when one
+          // process reads them all.
+          const std::int64_t n = total_size(train);
+          std::vector<Dataset> kept, held;
+          for (const Dataset& part : train) {
+            const std::int64_t rows = part.size(), keep = kept_rows(rows, config.validation_split);
+            kept.push_back(take_rows(part, 0, keep, part.description));
+            held.push_back(take_rows(part, keep, rows, part.description));
+          }
+          const std::int64_t keep = total_size(kept);
+          if (keep <= 0 || keep >= n)
+            throw ValidationSplitError(fmt::format(
+                "data.validation_split {} of {} training examples (the last part of each shard file) leaves {} for "
+                "training and {} for validation; both need at least one",
+                config.validation_split, n, keep, n - keep));
+          splits.validation = concatenate(held, fmt::format("validation: the last {} of each shard's /train, {} of {} "
+                                                            "examples from {}",
+                                                            config.validation_split, n - keep, n, which));
+          train = std::move(kept);
+        }
         splits.train = concatenate(train, fmt::format("HDF5 /train: {} examples from {}", total_size(train), which));
         splits.test = concatenate(test, fmt::format("HDF5 /test: {} examples from {}", total_size(test), which));
         agree_on_classes(splits.train, splits.test);
@@ -313,9 +340,9 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
                                  "training examples",
                                  splits.train.description));
 
-  if (config.validation_split > 0.0) {
+  if (config.validation_split > 0.0 && !splits.validation) {
     const std::int64_t n = splits.train.size();
-    const auto keep = static_cast<std::int64_t>(std::floor(static_cast<double>(n) * (1.0 - config.validation_split)));
+    const std::int64_t keep = kept_rows(n, config.validation_split);
     if (keep <= 0 || keep >= n)
       throw ValidationSplitError(fmt::format(
           "data.validation_split {} of {} training examples leaves {} for training and {} for validation; both need "

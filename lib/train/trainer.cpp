@@ -138,7 +138,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     shards_ = data::plan_shards(exp_.data, strategy_->workers(), strategy_->worker_index());
   });
   const config::BatchKey batch = config::batch_key(exp_, false), eval_batch = config::batch_key(exp_, true);
-  for_every_worker(batch.where, [&] {
+  // Evaluation alone batches by the evaluation batch only (dtrain eval sets it).
+  const auto check_training_batch = [&] {
     data::check_batch_reaches_workers(shards_.workers, strategy_->num_local_replicas(), shards_.train_shard_count() > 1,
                                       global_batch_size(), batch.name);
     data::check_global_batch(shards_, global_batch_size());
@@ -146,7 +147,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     if (exp_.data.distribute == config::DistributeMode::per_replica)
       data::InputContext{.num_replicas_in_sync = static_cast<int>(strategy_->num_replicas_in_sync())}
           .get_per_replica_batch_size(global_batch_size());
-  });
+  };
+  if (opt_.purpose != TrainerOptions::Purpose::evaluate) for_every_worker(batch.where, check_training_batch);
   if (exp_.data.eval_batch_size > 0)
     for_every_worker(eval_batch.where, [&] {
       data::check_batch_reaches_workers(shards_.workers, strategy_->num_local_replicas(), shards_.eval_shard_count() > 1,
@@ -265,30 +267,44 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
         exp_.loss.kind == config::LossKind::categorical_crossentropy)
       data::check_probability_targets(splits_, config::name_of(exp_.loss.kind));
   };
-  if (splits_.train.classes_from_labels) check_labels();
-  // The loaded labels, which validate cannot see for every source (hdf5), against the loss.
-  const bool class_ids = splits_.train.y.dtype() == DType::i32;
-  config::check_loss_fits_model(exp_, model().output_shape().dims(),
-                                config::LabelKind{class_ids, splits_.train.num_classes,
-                                                  class_ids ? 0 : splits_.train.y.shape().tail().numel()});
-  if (splits_.test.size() == 0)
-    throw InputError(fmt::format("{}the test split of {} is empty, so evaluation would report nothing; give the "
-                                 "data a test split",
-                                 at_data, splits_.test.description));
-  // The largest batch a replica holds in training and in evaluation (never more than the split),
-  // against the memory, naming the batch key and the layer that decide it.
-  const std::int64_t in_sync = strategy_->num_replicas_in_sync();
-  const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
-  const std::int64_t eval_samples =
-      std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
-  model().check_batch_memory(std::min(ceil_div(global_batch_size(), in_sync), splits_.train.size()), batch);
-  model().check_batch_memory(std::min(ceil_div(eval_global, in_sync), eval_samples), eval_batch);
-  const Shape sample = splits_.train.x.shape().tail();
-  if (sample != model().input_shape())
-    throw ConfigError(fmt::format("{}model.input_shape {} does not match the data's sample shape {}",
-                                  config::given_prefix(exp_.input_shape_where, {exp_.source_file, 0, 0}),
-                                  model().input_shape().to_string(), sample.to_string()));
-  check_labels();
+  // Each worker checks the data it loaded (under auto_shard: file, files of its own), and the
+  // workers agree on the outcome as on the loading: one that alone finds a bad label reports it
+  // with its rank, and no other waits for it in a collective.
+  const auto check_data = [&] {
+    if (splits_.train.classes_from_labels) check_labels();
+    // The loaded labels, which validate cannot see for every source (hdf5), against the loss.
+    const bool class_ids = splits_.train.y.dtype() == DType::i32;
+    config::check_loss_fits_model(exp_, model().output_shape().dims(),
+                                  config::LabelKind{class_ids, splits_.train.num_classes,
+                                                    class_ids ? 0 : splits_.train.y.shape().tail().numel()});
+    // The largest batch a replica holds in training and in evaluation (never more than the split),
+    // against the memory, naming the batch key and the layer that decide it.
+    const std::int64_t in_sync = strategy_->num_replicas_in_sync();
+    const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
+    const std::int64_t eval_samples =
+        std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
+    model().check_batch_memory(std::min(ceil_div(global_batch_size(), in_sync), splits_.train.size()), batch);
+    model().check_batch_memory(std::min(ceil_div(eval_global, in_sync), eval_samples), eval_batch);
+    const Shape sample = splits_.train.x.shape().tail();
+    if (sample != model().input_shape())
+      throw ConfigError(fmt::format("{}model.input_shape {} does not match the data's sample shape {}",
+                                    config::given_prefix(exp_.input_shape_where, {exp_.source_file, 0, 0}),
+                                    model().input_shape().to_string(), sample.to_string()));
+    check_labels();
+  };
+  if (opt_.workers) distribute::agree_on_every_worker(*opt_.workers, "checking the data", check_data);
+  else check_data();
+  // The job's test split: under auto_shard: file each worker holds its own files' part of it, and
+  // a worker whose part is empty still evaluates (its replicas take empty batches).
+  const int workers = opt_.workers ? opt_.workers->size() : 1;
+  const bool test_here = splits_.test.size() > 0;
+  if (!(workers > 1 ? opt_.workers->all_reduce_max(test_here ? 1 : 0, "test split sizes") > 0 : test_here)) {
+    const std::string message = fmt::format("{}the test split of {} is empty{}, so evaluation would report nothing; "
+                                            "give the data a test split",
+                                            at_data, splits_.test.description, workers > 1 ? " on every worker" : "");
+    if (workers > 1) throw JobConfigError(message);  // every worker finds it: the chief reports it
+    throw InputError(message);
+  }
   // Micro-batches of one sample leave a batch normalization of flat features (after dense or
   // flatten) that is not synchronized nothing to normalize over: each feature's variance is 0, its
   // output its beta whatever the input, so nothing below it learns. Over an image's positions one
@@ -334,6 +350,46 @@ void Trainer::note_resume_changes(const checkpoint::TrainingState& state) const 
   };
   const std::string layout = fmt::format("the checkpoint was written by {}, this run has {}",
                                          count(state.replicas_in_sync, state.workers), count(replicas, workers));
+  // Under auto_shard: file each worker reads files of its own (under off, all of them in an order
+  // of its own): with another worker count the workers' batches are made of other samples, not
+  // only summed in another order. (Under data every worker keeps its share of one order.)
+  const auto policy_of = [&](std::int64_t job_workers) {
+    try {
+      return job_workers > 1 ? data::plan_shards(exp_.data, static_cast<int>(job_workers), 0).policy
+                             : config::AutoShardPolicy::data;
+    } catch (const ConfigError&) {
+      return config::AutoShardPolicy::data;
+    }
+  };
+  const config::AutoShardPolicy before = policy_of(state.workers), now = policy_of(workers);
+  if (state.workers != workers && (before != config::AutoShardPolicy::data || now != config::AutoShardPolicy::data)) {
+    const bool file = before == config::AutoShardPolicy::file || now == config::AutoShardPolicy::file;
+    fmt::print(stderr, "dtrain: warning: {}; under data.auto_shard: {} each worker reads {}, so from here on the "
+                       "batches are made of other samples than in a run that was never stopped{}; resume on {} "
+                       "process{} to continue as the run would have\n",
+               layout, file ? "file" : "off", file ? "files of its own" : "all the data in an order of its own",
+               state.step_in_epoch > 0
+                   ? fmt::format(", and epoch {} goes on from step {} of each worker's new {}: some of its samples "
+                                 "are left out and others seen twice",
+                                 state.epoch + 1, state.step_in_epoch, file ? "files" : "order")
+                   : "",
+               state.workers, state.workers == 1 ? "" : "es");
+    return;
+  }
+  // A batch normalization that is not synchronized normalizes by each replica's share of the
+  // batch: with another replica count it computes another function (replica_invariant
+  // normalizes by micro-batches instead, which the replica count does not change).
+  if (state.replicas_in_sync != replicas && !exp_.reproducibility.invariant())
+    for (std::size_t i = 0; i < replicas_[0].model->num_layers(); ++i) {
+      const nn::Layer& layer = replicas_[0].model->layer(i);
+      if (layer.kind() != "batch_normalization" || layer.synchronizes_replicas()) continue;
+      fmt::print(stderr, "dtrain: warning: {}; layer '{}' normalizes by each replica's share of the batch (it is not "
+                         "synchronized), so with {} replicas instead of {} it computes another function: the rest of "
+                         "the run differs from one that was never stopped (synchronized: true, or reproducibility.mode: "
+                         "replica_invariant, makes it independent of the replica count)\n",
+                 layout, layer.name(), replicas, state.replicas_in_sync);
+      return;
+    }
   if (exp_.reproducibility.invariant())
     fmt::print(stderr, "dtrain: {}; reproducibility: replica_invariant keeps the bits: the run goes on exactly as it "
                        "would have on the layout that wrote the checkpoint\n", layout);

@@ -60,9 +60,12 @@ struct TrainerOptions {
   distribute::Communicator* workers = nullptr;
   // A test's hold at a chosen step (callbacks.hpp); off unless apps/ sets it.
   StepHold hold;
-  // The job's evaluator rank (train/evaluator.hpp): a chief on its side of the job, which leaves
-  // the warnings about the experiment to the training chief, so that a job prints them once.
-  bool evaluator = false;
+  // What the trainer is for: training (run, resume, bench); evaluating alone (dtrain eval: the
+  // training batch's checks against the workers do not apply); or the job's evaluator rank
+  // (train/evaluator.hpp), a chief on its side of the job which leaves the warnings about the
+  // experiment to the training chief, so that a job prints them once.
+  enum class Purpose { train, evaluate, job_evaluator };
+  Purpose purpose = Purpose::train;
   // What observes the run (progress, metrics.jsonl, TensorBoard, curves: observe::add_observers,
   // installed by apps/), added after the loop's own callbacks (callbacks.hpp); none = the epoch
   // lines alone.
@@ -155,7 +158,9 @@ class Trainer : private LoopHost {
   int first_epoch() const override { return resume_ ? static_cast<int>(resume_->epoch) : 0; }
   const std::atomic<int>* stop_requested() const override { return opt_.stop_requested; }
   // Whether this process prints the warnings about the experiment: the chief, once for the job.
-  bool warns_of_experiment() const { return strategy_->is_chief() && !opt_.evaluator; }
+  bool warns_of_experiment() const {
+    return strategy_->is_chief() && opt_.purpose != TrainerOptions::Purpose::job_evaluator;
+  }
 
   // What computes one slice of a replica's batch: the replica itself when it has one lane
   // (train/lanes.hpp), else each of its lanes, whose models share the replica's variables.

@@ -28,7 +28,7 @@ foreach(case ${DTRAIN_CHECKPOINT_CASES})
 endforeach()
 
 # MultiWorkerMirrored over real mpirun with 2 and 4 ranks (tests/integration/multi_worker.sh).
-set(DTRAIN_MPI_CASES equivalence mixed_bfloat16 sync_batch_norm exact_eval sharding roles resume_other_world regularization overlap kill_rank watchdog
+set(DTRAIN_MPI_CASES equivalence mixed_bfloat16 sync_batch_norm exact_eval sharding file_shards roles resume_other_world regularization overlap kill_rank watchdog
     uneven tiny_batch)
 foreach(case ${DTRAIN_MPI_CASES})
   add_test(NAME mpi.${case}

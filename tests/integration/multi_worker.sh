@@ -90,6 +90,21 @@ case "$case_name" in
         || fail "$n workers differ from the default strategy after 3 steps"
       echo "ok: $n workers with synchronized batch normalization match the default strategy"
     done
+    # Resumed on another worker count: synchronized, only the order of the sums changes (a note);
+    # not synchronized, each replica normalizes by its own share of the batch, which the replica
+    # count changes, and the resume says so.
+    elastic=(--set train.epochs=2 --set data.batch_size_per_replica=null --set data.global_batch_size=64)
+    "$dtrain" resume "$scratch/mw_2" "${elastic[@]}" >"$scratch/sync_resume.out" 2>&1 \
+      || fail "resume of the synchronized run failed: $(tail -5 "$scratch/sync_resume.out")"
+    grep -q "note: the checkpoint was written by 2 replicas in 2 processes, this run has 1 replica in 1 process; sums" \
+      "$scratch/sync_resume.out" || fail "no note of the layout: $(grep -E 'note|warning' "$scratch/sync_resume.out")"
+    mpi 2 "$dtrain" run experiments/fashion_mnist_bn_dropout.yaml "${steps[@]}" --set data.batch_size_per_replica=32 \
+      --set "$(mwm mpi)" --run-dir "$scratch/per_replica" >"$scratch/per_replica.out" 2>&1 \
+      || fail "mpirun -n 2 of per-replica batch normalization failed: $(tail -5 "$scratch/per_replica.out")"
+    "$dtrain" resume "$scratch/per_replica" "${elastic[@]}" >"$scratch/per_replica_resume.out" 2>&1 \
+      || fail "resume of the per-replica run failed: $(tail -5 "$scratch/per_replica_resume.out")"
+    grep -q "warning: the checkpoint was written by 2 replicas in 2 processes, this run has 1 replica in 1 process; layer 'batch_normalization' normalizes by each replica's share of the batch" \
+      "$scratch/per_replica_resume.out" || fail "no warning of the per-replica statistics: $(grep -E 'note|warning' "$scratch/per_replica_resume.out")"
     ;;
   sharding)
     # auto_shard over real shard files: each worker reads its own files, the test set is still
@@ -133,6 +148,93 @@ case "$case_name" in
     mpi 2 "$dtrain" run "$small" "${common[@]}" --set data.auto_shard=data --set "strategy={kind: multi_worker_mirrored}" \
       --run-dir "$scratch/data" >"$scratch/data.out" 2>&1 || fail "auto_shard data failed"
     grep -q "(16 steps" "$scratch/data.out" || fail "data: wanted 2000 samples / 128 global = 16 steps"
+    ;;
+  file_shards)
+    # auto_shard: file over 3 files whose test parts are uneven (2 of them: the third has none),
+    # on 3 ranks: the worker without test samples still evaluates (empty batches), and the job's
+    # figures are one process's over the same files. The validation set is the last tenth of each
+    # file's own training rows, the same for any worker count. `dtrain eval --predictions` under
+    # mpirun writes every test sample, and eval checks its own batch, not training's.
+    tools/make_shards --input data/fashion_mnist_small.h5 --shards 2 --output-prefix "$scratch/fm" >/dev/null \
+      || fail "tools/make_shards failed"
+    /usr/bin/python3 - "$scratch" <<'EOF' || fail "could not write the third shard"
+import sys, h5py
+d = sys.argv[1]
+with h5py.File(f"{d}/fm-00001-of-00002.h5", "r") as src, h5py.File(f"{d}/no_test.h5", "w") as out:
+    for group in ("train", "test"):
+        rows = slice(0, 300) if group == "train" else slice(0, 0)
+        for name in ("x", "y"):
+            out[f"{group}/{name}"] = src[f"{group}/{name}"][rows]
+EOF
+    files="$scratch/fm-00000-of-00002.h5, $scratch/fm-00001-of-00002.h5, $scratch/no_test.h5"
+    sed -e "s|^  path: .*|  shards: [$files]|" -e 's|^strategy: .*|strategy: {kind: multi_worker_mirrored}|' \
+      -e 's/batch_size_per_replica: 64/global_batch_size: 60/' "$small" >"$scratch/files.yaml"
+    common=(--set train.epochs=1 --set train.steps_per_epoch=4 --set train.threads=1 --set train.progress=none
+            --set data.auto_shard=file --set data.validation_split=0.1)
+    mpi 3 "$dtrain" run "$scratch/files.yaml" "${common[@]}" --run-dir "$scratch/run" >"$scratch/run.out" 2>&1 \
+      || fail "3 ranks over 3 files, one without test samples, failed: $(tail -5 "$scratch/run.out")"
+    grep -q '"test_samples": 500,' "$scratch/run/metrics.jsonl" \
+      || fail "the 500 test samples of the files were not evaluated once: $(cat "$scratch/run/metrics.jsonl")"
+    ckpt=$(ls "$scratch"/run/checkpoints/ckpt-*.h5 | tail -1)
+    test_line() { grep -E "^$1 Loss" "$2" | sed 's/ *[0-9]* samples.*//'; }
+    "$dtrain" eval --checkpoint "$ckpt" --predictions "$scratch/p1.h5" >"$scratch/eval1" 2>&1 || fail "eval failed"
+    "$dtrain" eval --checkpoint "$ckpt" --split validation >"$scratch/val1" 2>&1 || fail "eval --split validation failed"
+    # The training global batch of 2 cannot reach 3 workers; evaluation's own batch of 30 does.
+    mpi 3 "$dtrain" eval --checkpoint "$ckpt" --set data.global_batch_size=2 --set data.eval_batch_size=30 \
+      --predictions "$scratch/p3.h5" >"$scratch/eval3" 2>&1 || fail "mpirun -n 3 eval failed: $(cat "$scratch/eval3")"
+    mpi 3 "$dtrain" eval --checkpoint "$ckpt" --split validation >"$scratch/val3" 2>&1 \
+      || fail "mpirun -n 3 eval --split validation failed: $(cat "$scratch/val3")"
+    grep -q '500 samples' "$scratch/eval3" || fail "3 ranks did not evaluate the 500 test samples: $(cat "$scratch/eval3")"
+    [ -n "$(test_line Test "$scratch/eval1")" ] && [ "$(test_line Test "$scratch/eval1")" = "$(test_line Test "$scratch/eval3")" ] \
+      || fail "test figures differ: '$(test_line Test "$scratch/eval1")' / '$(test_line Test "$scratch/eval3")'"
+    [ -n "$(test_line Validation "$scratch/val1")" ] &&
+      [ "$(test_line Validation "$scratch/val1")" = "$(test_line Validation "$scratch/val3")" ] \
+      || fail "validation figures differ: '$(test_line Validation "$scratch/val1")' / '$(test_line Validation "$scratch/val3")'"
+    grep -qF "$(test_line Validation "$scratch/val1")" "$scratch/run.out" \
+      || fail "eval's validation figures are not training's: $(test_line Validation "$scratch/val1") / $(grep Epoch "$scratch/run.out")"
+    /usr/bin/python3 - "$scratch/p1.h5" "$scratch/p3.h5" <<'EOF' || fail "the predictions of 3 ranks are not one process's"
+import sys, h5py, numpy as np
+one, three = (h5py.File(f, "r") for f in sys.argv[1:])
+assert one["labels"].shape[0] == three["labels"].shape[0] == 500, (one["labels"].shape, three["labels"].shape)
+assert np.array_equal(one["labels"][()], three["labels"][()]), "labels differ"
+assert np.allclose(one["logits"][()], three["logits"][()], rtol=1e-5, atol=1e-6), "logits differ"
+EOF
+    # Under mpirun every rank's eval-batch refusal is the chief's one line, without an abort.
+    mpi 3 "$dtrain" eval --checkpoint "$ckpt" --set data.eval_batch_size=2 >"$scratch/bad_eval.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "an eval batch of 2 over 3 workers: exit $rc, wanted 2"
+    [ "$(grep -c '^dtrain: error:' "$scratch/bad_eval.out")" -eq 1 ] || fail "wanted one error line: $(cat "$scratch/bad_eval.out")"
+    grep -q "MPI_ABORT" "$scratch/bad_eval.out" && fail "an eval batch of 2 over 3 workers: the job was aborted"
+    # A bad label in the third file, which rank 2 alone reads: it reports it with its rank, the
+    # chief says so, exit 2, no abort.
+    /usr/bin/python3 - "$scratch" <<'EOF' || fail "could not write the bad shard"
+import sys, h5py
+d = sys.argv[1]
+with h5py.File(f"{d}/no_test.h5", "r") as src, h5py.File(f"{d}/bad_label.h5", "w") as out:
+    for group in ("train", "test"):
+        for name in ("x", "y"):
+            out[f"{group}/{name}"] = src[f"{group}/{name}"][()]
+    y = out["train/y"][()]
+    y[5] = 12
+    out["train/y"][...] = y
+EOF
+    mpi 3 "$dtrain" run "$scratch/files.yaml" "${common[@]}" \
+      --set "data.shards=[$scratch/fm-00000-of-00002.h5, $scratch/fm-00001-of-00002.h5, $scratch/bad_label.h5]" \
+      --run-dir "$scratch/bad" >"$scratch/bad.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "a bad label in rank 2's file: exit $rc, wanted 2: $(cat "$scratch/bad.out")"
+    grep -q "^dtrain: error: rank 2: .*bad_label.h5 /train/y: label 12 of sample 5 is outside 0..9" "$scratch/bad.out" \
+      || fail "rank 2 did not report its bad label: $(cat "$scratch/bad.out")"
+    grep -q "^dtrain: error: other ranks failed checking the data" "$scratch/bad.out" \
+      || fail "the chief did not say that another rank failed: $(cat "$scratch/bad.out")"
+    grep -q "MPI_ABORT" "$scratch/bad.out" && fail "a bad label in rank 2's file: the job was aborted"
+    # A resume on another worker count reads other files per worker: said, with what a resume
+    # within the epoch does to it.
+    mpi 2 "$dtrain" resume "$scratch/run" --set train.epochs=2 >"$scratch/resume.out" 2>&1 \
+      || fail "resume on 2 ranks failed: $(tail -5 "$scratch/resume.out")"
+    grep -q "warning: the checkpoint was written by 3 replicas in 3 processes, this run has 2 replicas in 2 processes; under data.auto_shard: file each worker reads files of its own" \
+      "$scratch/resume.out" || fail "no warning that the workers read other files: $(grep -E 'note|warning' "$scratch/resume.out")"
+    grep -q "last bits" "$scratch/resume.out" && fail "the resume says only the last bits change"
     ;;
   exact_eval)
     "$dtrain" run "$small" --set train.epochs=1 --set train.progress=none --run-dir "$scratch/run" >/dev/null || fail "run failed"
