@@ -446,6 +446,48 @@ TEST_CASE("load_splits: validation_split holds out the last fraction, Keras-styl
   CHECK_THROWS_AS(load_splits(missing, 0), InputError);
 }
 
+TEST_CASE("load_splits: with data.shards each file holds out the last part of its own rows") {
+  // Files of 10 and 7 rows (x = the row's number), validation_split 0.25: floor(10 * 0.75) = 7 and
+  // floor(7 * 0.75) = 5 stay; rows 7..9 of the first and 5..6 of the second are held out, whether
+  // one process reads both files or two workers read one each (auto_shard: file).
+  TempDir dir;
+  const std::vector<std::string> files = {dir.file("a.h5"), dir.file("b.h5")};
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    const hsize_t rows = f == 0 ? 10 : 7;
+    std::vector<std::int32_t> x(rows), y(rows, 0);
+    for (hsize_t i = 0; i < rows; ++i) x[i] = static_cast<std::int32_t>(100 * f + i);
+    for (const char* group : {"train", "test"}) {
+      h5_write<std::int32_t>(files[f], group, "x", {rows, 1}, x, H5T_STD_I32LE, H5T_NATIVE_INT32);
+      h5_write<std::int32_t>(files[f], group, "y", {rows}, y, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    }
+  }
+  config::DataConfig cfg;
+  cfg.source = config::SourceKind::hdf5;
+  cfg.shards = files;
+  cfg.validation_split = 0.25;
+  const auto rows_of = [](const Dataset& d) {
+    return std::vector<std::uint8_t>(d.x.data<std::uint8_t>(), d.x.data<std::uint8_t>() + d.size());
+  };
+  const DataSplits both = load_splits(cfg, 0);
+  REQUIRE(both.validation.has_value());
+  CHECK(rows_of(*both.validation) == std::vector<std::uint8_t>{7, 8, 9, 105, 106});
+  CHECK(rows_of(both.train) == std::vector<std::uint8_t>{0, 1, 2, 3, 4, 5, 6, 100, 101, 102, 103, 104});
+  CHECK(both.test.size() == 17);
+  std::vector<std::uint8_t> by_worker;
+  for (const std::string& file : files) {
+    const DataSplits mine = load_splits(cfg, 0, {file});
+    REQUIRE(mine.validation.has_value());
+    const auto held = rows_of(*mine.validation);
+    by_worker.insert(by_worker.end(), held.begin(), held.end());
+  }
+  CHECK(by_worker == rows_of(*both.validation));
+  // Every row held out (a fraction that keeps none of either file) is still refused.
+  cfg.validation_split = 0.95;
+  CHECK_THROWS_WITH_AS(load_splits(cfg, 0), doctest::Contains("(the last part of each shard file) leaves 0 for "
+                                                              "training and 17 for validation"),
+                       ConfigError);
+}
+
 TEST_CASE("non-finite inputs are refused at load, naming the file, the dataset and the first sample") {
   TempDir dir;
   SUBCASE("HDF5: a NaN pixel") {
