@@ -266,13 +266,17 @@ BenchReport run_bench(Trainer& trainer, const BenchOptions& options) {
     // a layer whose backward is then the identity (the relu's) moves none and has no bound ('-'),
     // nor one whose forward the layer below applies.
     if (model.applies_activation_backward_below(i)) l.backward_bytes += derivative_bytes(layer, dtype_size(dtype));
-    if (model.forward_moves_nothing(i)) l.forward_bytes = 0.0;
-    if (output_activation) {
-      l.forward_bytes +=
-          layer_bytes(*output_activation, false, false, sizeof(float), static_cast<double>(r.replica_batch)).first;
-    }
-    l.forward_bound_ms = l.forward_bytes > 0.0 ? bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound) : 0.0;
+    const double activation_bytes =
+        output_activation
+            ? layer_bytes(*output_activation, false, false, sizeof(float), static_cast<double>(r.replica_batch)).first
+            : 0.0;
+    l.forward_bytes += activation_bytes;
+    l.forward_bound_ms = bound(l.flops.forward, l.forward_bytes, l.forward_memory_bound);
     l.backward_bound_ms = bound(backward, l.backward_bytes, l.backward_memory_bound);
+    if (model.forward_moves_nothing(i)) {
+      l.forward_bytes = activation_bytes;
+      l.forward_bound_ms = activation_bytes > 0.0 ? bound(l.flops.forward, activation_bytes, l.forward_memory_bound) : 0.0;
+    }
     if (model.backward_moves_nothing(i) || !model.backward_runs(i)) l.backward_bytes = l.backward_bound_ms = 0.0;
     r.flops_per_sample += l.flops.forward + backward;
     if (computed) {
