@@ -80,6 +80,27 @@ T crossentropy_from_probabilities(const T* p, std::int64_t C, const RowTarget<T>
 }
 
 template <class T>
+T sparse_crossentropy_from_probabilities(const T* p, std::int64_t C, const RowTarget<T>& target, T* grad) {
+  // Keras' sparse_categorical_crossentropy: clip each p to [eps, 1 - eps], take the log as
+  // logits, and the softmax crossentropy of those: log sum_j c_j - log c_y (c = the clipped p).
+  // Not the categorical formula (renormalize, then clip) where the row does not sum to 1.
+  const T eps = static_cast<T>(probability_epsilon);
+  const T hi = T(1) - eps;
+  T clipped_sum = 0;
+  for (std::int64_t j = 0; j < C; ++j) clipped_sum += std::clamp(p[j], eps, hi);
+  const T label_clipped = std::clamp(p[target.label], eps, hi);
+  if (grad) {
+    // d/dp_j = (c_j / S - [j == y]) / c_j where p_j is inside the clip range, 0 where clipping
+    // holds it constant.
+    for (std::int64_t j = 0; j < C; ++j) {
+      const bool inside = p[j] >= eps && p[j] <= hi;
+      grad[j] = inside ? T(1) / clipped_sum - (j == target.label ? T(1) / p[j] : T(0)) : T(0);
+    }
+  }
+  return std::log(clipped_sum) - std::log(label_clipped);
+}
+
+template <class T>
 T binary_crossentropy(const T* x, std::int64_t C, const RowTarget<T>& target, bool from_logits, T* grad) {
   const T eps = static_cast<T>(probability_epsilon);
   const T hi = T(1) - eps;
@@ -136,6 +157,8 @@ template <class T>
 T row_loss(const LossSpec& spec, const T* pred, std::int64_t C, RowTarget<T> target, T* grad) {
   switch (spec.kind) {
     case LossKind::sparse_categorical_crossentropy:
+      if (!target.dense && !spec.from_logits) return sparse_crossentropy_from_probabilities(pred, C, target, grad);
+      [[fallthrough]];
     case LossKind::categorical_crossentropy:
       return spec.from_logits ? crossentropy_from_logits(pred, C, target, grad)
                               : crossentropy_from_probabilities(pred, C, target, grad);

@@ -206,12 +206,24 @@ TEST_CASE("crossentropy values match hand computations") {
     CHECK(l[1] == doctest::Approx(0.0));
     CHECK(std::isfinite(l[0]));
   }
-  SUBCASE("probabilities are renormalized and clipped like Keras") {
+  SUBCASE("probabilities: categorical renormalizes then clips, sparse clips then takes a softmax of the logs, "
+          "as Keras") {
+    // Keras 3 (TensorFlow 2.21): sparse [0.6931472, 1.0986123, 16.118095], categorical of the same
+    // labels one-hot [0.6931472, 0.6931472, 16.118095]. The rows that do not sum to 1 tell them apart.
+    const auto p = make_f32({3, 3}, {0.2f, 0.3f, 0.5f, 1, 1, 2, 1, 0, 0});
     const Loss sparse_probs(loss_config(LossKind::sparse_categorical_crossentropy, false), testing::cpu_numerics());
-    l = per_example(sparse_probs, make_f32({3, 3}, {0.2f, 0.3f, 0.5f, 1, 1, 2, 1, 0, 0}), make_labels({2, 2, 1}));
+    l = per_example(sparse_probs, p, make_labels({2, 2, 1}));
+    CHECK(l[0] == doctest::Approx(-std::log(0.5)));
+    CHECK(l[1] == doctest::Approx(std::log(3.0 * (1 - 1e-7))));  // every p clipped to 1 - 1e-7
+    CHECK(l[2] == doctest::Approx(std::log(1 + 1e-7) - std::log(1e-7)).epsilon(1e-5));
+    const Loss categorical_probs(loss_config(LossKind::categorical_crossentropy, false), testing::cpu_numerics());
+    l = per_example(categorical_probs, p, make_f32({3, 3}, {0, 0, 1, 0, 0, 1, 0, 1, 0}));
     CHECK(l[0] == doctest::Approx(-std::log(0.5)));
     CHECK(l[1] == doctest::Approx(-std::log(0.5)));
     CHECK(l[2] == doctest::Approx(-std::log(1e-7)).epsilon(1e-5));
+    // A row of zeros (a relu output): finite for sparse (every p clipped to 1e-7: log 3), as in Keras.
+    l = per_example(sparse_probs, make_f32({1, 3}, {0, 0, 0}), make_labels({0}));
+    CHECK(l[0] == doctest::Approx(std::log(3.0)).epsilon(1e-5));
   }
   SUBCASE("categorical with one-hot targets equals sparse with labels") {
     const Loss categorical(loss_config(LossKind::categorical_crossentropy, true), testing::cpu_numerics());

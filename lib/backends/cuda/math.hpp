@@ -156,6 +156,24 @@ DTRAIN_HD inline float crossentropy_from_probabilities(const float* p, std::int6
   return loss;
 }
 
+// Keras' sparse_categorical_crossentropy of probabilities: the softmax crossentropy of the logs of
+// the clipped p (losses/loss.cpp, the oracle): log sum_j c_j - log c_y.
+DTRAIN_HD inline float sparse_crossentropy_from_probabilities(const float* p, std::int64_t C, const RowTarget& target,
+                                                              float* grad) {
+  const float eps = static_cast<float>(losses::probability_epsilon);
+  const float hi = 1.0f - eps;
+  float clipped_sum = 0;
+  for (std::int64_t j = 0; j < C; ++j) clipped_sum += clamp_f(p[j], eps, hi);
+  const float label_clipped = clamp_f(p[target.label], eps, hi);
+  if (grad) {
+    for (std::int64_t j = 0; j < C; ++j) {
+      const bool inside = p[j] >= eps && p[j] <= hi;
+      grad[j] = inside ? 1.0f / clipped_sum - (j == target.label ? 1.0f / p[j] : 0.0f) : 0.0f;
+    }
+  }
+  return log_f(clipped_sum) - log_f(label_clipped);
+}
+
 DTRAIN_HD inline float binary_crossentropy(const float* x, std::int64_t C, const RowTarget& target, bool from_logits,
                                            float* grad) {
   const float eps = static_cast<float>(losses::probability_epsilon);
@@ -202,6 +220,11 @@ DTRAIN_HD inline float row_loss(config::LossKind kind, bool from_logits, const f
   float loss = 0;
   switch (kind) {
     case config::LossKind::sparse_categorical_crossentropy:
+      if (!target.dense && !from_logits) {
+        loss = sparse_crossentropy_from_probabilities(pred, C, target, grad);
+        break;
+      }
+      [[fallthrough]];
     case config::LossKind::categorical_crossentropy:
       loss = from_logits ? crossentropy_from_logits(pred, C, target, grad)
                          : crossentropy_from_probabilities(pred, C, target, grad);
