@@ -293,25 +293,36 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
         const std::string which = fmt::format("{} of {} shard files ({}{})", files.size(), config.shards.size(),
                                               files.front(), files.size() > 1 ? ", ..." : "");
         if (config.validation_split > 0.0) {
-          // Each shard file holds out the last part of its own rows: the validation set is then the
-          // same whichever files a worker reads (auto_shard: file, any worker count) and when one
-          // process reads them all.
-          const std::int64_t n = total_size(train);
-          std::vector<Dataset> kept, held;
-          for (const Dataset& part : train) {
-            const std::int64_t rows = part.size(), keep = kept_rows(rows, config.validation_split);
-            kept.push_back(take_rows(part, 0, keep, part.description));
-            held.push_back(take_rows(part, keep, rows, part.description));
+          // The validation set is the last part of every shard file's training rows together, in
+          // data.shards order: what one process holds out of them all, and what tools/to_hdf5
+          // --shards puts last. A worker that reads some of the files (auto_shard: file) holds out
+          // the rows of its files that fall in that part, so the set is the same for any worker
+          // count; the sizes of the files it does not read come from their metadata.
+          std::vector<std::int64_t> first_row_of_shard;
+          std::int64_t n = 0;
+          for (std::size_t k = 0, mine = 0; k < config.shards.size(); ++k) {
+            first_row_of_shard.push_back(n);
+            const bool loaded = mine < files.size() && files[mine] == config.shards[k];
+            n += loaded ? train[mine++].size() : hdf5_rows(config.shards[k], "train");
           }
-          const std::int64_t keep = total_size(kept);
+          const std::int64_t keep = kept_rows(n, config.validation_split);
           if (keep <= 0 || keep >= n)
             throw ValidationSplitError(fmt::format(
-                "data.validation_split {} of {} training examples (the last part of each shard file) leaves {} for "
-                "training and {} for validation; both need at least one",
-                config.validation_split, n, keep, n - keep));
-          splits.validation = concatenate(held, fmt::format("validation: the last {} of each shard's /train, {} of {} "
-                                                            "examples from {}",
-                                                            config.validation_split, n - keep, n, which));
+                "data.validation_split {} of the {} training examples of the {} shard files leaves {} for training "
+                "and {} for validation; both need at least one",
+                config.validation_split, n, config.shards.size(), keep, n - keep));
+          std::vector<Dataset> kept, held;
+          for (std::size_t k = 0, mine = 0; k < config.shards.size() && mine < files.size(); ++k) {
+            if (files[mine] != config.shards[k]) continue;
+            const Dataset& part = train[mine++];
+            const std::int64_t rows = part.size();
+            const std::int64_t stays = std::clamp<std::int64_t>(keep - first_row_of_shard[k], 0, rows);
+            kept.push_back(take_rows(part, 0, stays, part.description));
+            held.push_back(take_rows(part, stays, rows, part.description));
+          }
+          splits.validation = concatenate(held, fmt::format("validation: {} examples of {}, the last {} of the {} "
+                                                            "shard files' /train together",
+                                                            total_size(held), which, n - keep, config.shards.size()));
           train = std::move(kept);
         }
         splits.train = concatenate(train, fmt::format("HDF5 /train: {} examples from {}", total_size(train), which));

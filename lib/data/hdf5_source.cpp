@@ -112,10 +112,8 @@ std::optional<int> read_num_classes(hid_t group, const std::string& path, const 
   return static_cast<int>(value);
 }
 
-}  // namespace
-
-Dataset load_hdf5(const std::string& path, const std::string& group) {
-  QuietHdf5Errors quiet;
+// The file, checked as load_hdf5 checks it before reading: present, regular, HDF5, with the group.
+H5Id open_for_group(const std::string& path, const std::string& group) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     throw InputError(fmt::format("{}: no such file; data.path and each of data.shards name an HDF5 file with groups "
@@ -134,6 +132,29 @@ Dataset load_hdf5(const std::string& path, const std::string& group) {
   if (H5Lexists(file.get(), group.c_str(), H5P_DEFAULT) <= 0)
     throw InputError(fmt::format("{}: no group /{}; the file needs groups /train and /test, each with datasets x and y",
                                  path, group));
+  return file;
+}
+
+}  // namespace
+
+std::int64_t hdf5_rows(const std::string& path, const std::string& group) {
+  QuietHdf5Errors quiet;
+  const H5Id file = open_for_group(path, group);
+  const std::string y_name = "/" + group + "/y";
+  H5Id dataset(H5Lexists(file.get(), y_name.c_str(), H5P_DEFAULT) > 0 ? H5Dopen2(file.get(), y_name.c_str(), H5P_DEFAULT)
+                                                                      : -1,
+               H5Dclose);
+  if (!dataset.valid()) throw InputError(fmt::format("{}: no dataset {} ({})", path, y_name, hdf5_detail()));
+  H5Id space(H5Dget_space(dataset.get()), H5Sclose);
+  hsize_t dims[H5S_MAX_RANK] = {};
+  const int rank = space.valid() ? H5Sget_simple_extent_dims(space.get(), dims, nullptr) : -1;
+  if (rank < 1) throw InputError(fmt::format("{}: {} has no first dimension to count its examples by", path, y_name));
+  return static_cast<std::int64_t>(dims[0]);
+}
+
+Dataset load_hdf5(const std::string& path, const std::string& group) {
+  QuietHdf5Errors quiet;
+  const H5Id file = open_for_group(path, group);
   H5Id group_id(H5Gopen2(file.get(), group.c_str(), H5P_DEFAULT), H5Gclose);
   if (!group_id.valid()) throw InputError(fmt::format("{}: /{} is not a group ({})", path, group, hdf5_detail()));
 

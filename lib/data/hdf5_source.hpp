@@ -16,4 +16,8 @@ namespace dtrain::data {
 // error printing is silenced while this runs.
 Dataset load_hdf5(const std::string& path, const std::string& group);
 
+// The number of examples in /<group>/y (its first dimension), without reading them: what a worker
+// needs of the shard files it does not load. Its defects are load_hdf5's InputErrors.
+std::int64_t hdf5_rows(const std::string& path, const std::string& group);
+
 }  // namespace dtrain::data

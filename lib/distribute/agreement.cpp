@@ -1,5 +1,6 @@
 #include "distribute/agreement.hpp"
 
+#include <functional>
 #include <string>
 
 #include <fmt/format.h>
@@ -19,7 +20,13 @@ void agree_on_every_worker(Communicator& job, const char* what, const std::funct
   const int failed = error.empty() ? 0 : 1;
   if (job.all_reduce_max(failed, what) == 0) return;
   const bool every_worker = -job.all_reduce_max(-failed, what) == 1;
-  if (every_worker) throw JobConfigError(error);
+  if (every_worker) {
+    // One error everywhere (one file every process reads) is the chief's to report; different
+    // ones (each rank's own files) are each rank's.
+    const int digest = static_cast<int>(std::hash<std::string>{}(error) & 0x7fffffff);
+    const bool same = job.all_reduce_max(digest, what) == -job.all_reduce_max(-digest, what);
+    throw JobConfigError(error, same ? JobConfigError::chief : JobConfigError::per_rank);
+  }
   if (failed) throw JobConfigError(error, JobConfigError::per_rank);
   throw JobConfigError(fmt::format("other ranks failed {}: each reports its error with its rank", what));
 }

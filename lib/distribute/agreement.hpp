@@ -11,8 +11,9 @@ namespace dtrain::distribute {
 // Runs `step` on every participant of `job` (each calls this at the same point) and agrees on
 // whether it failed (ConfigError or InputError; anything else escapes as it is):
 //  - nowhere: returns;
-//  - everywhere (one file every process reads): each throws JobConfigError with its own error, and
-//    the chief alone reports it;
+//  - everywhere with one error (one file every process reads): each throws JobConfigError with it,
+//    and the chief alone reports it; everywhere with different errors (each one's own files): each
+//    throws its own marked per_rank, and reports it with its rank;
 //  - on some (files of their own, a path missing on one host): those throw JobConfigError marked
 //    per_rank with their error, each reporting it with its rank, and the others a JobConfigError
 //    saying that other ranks failed `what`.

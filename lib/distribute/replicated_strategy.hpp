@@ -45,6 +45,9 @@ class ReplicatedStrategy : public Strategy {
   void place_variables(std::span<const std::vector<Variable*>>) override {}
 
   void run(const ReplicaFn& fn) override;
+  // The local group's device sums (ReplicaGroup::abandon_device_sums); a strategy with device sums
+  // of its own across workers cancels those too.
+  void abandon_device_sums() override { group_->abandon_device_sums(); }
   double reduce_sum(std::span<const double> per_replica) override;
   void all_reduce_sum(std::span<std::int64_t> values, const char* what) override { workers_->all_reduce_sum(values, what); }
   void all_reduce_sum(std::span<double> values, const char* what) override { workers_->all_reduce_sum(values, what); }
@@ -77,9 +80,6 @@ class ReplicatedStrategy : public Strategy {
   Communicator& worker_group() { return *workers_; }
   const ReplicaLayout& layout() const { return layout_; }
   bool collectives_in_backward() const { return collectives_in_backward_; }
-  // After a replica failed in run(): the device sums queued for it are cancelled (ReplicaGroup::
-  // abandon_device_sums); a strategy with device sums of its own across workers cancels those too.
-  virtual void abandon_device_sums() { group_->abandon_device_sums(); }
 
  private:
   std::vector<ReplicaContext> contexts() const;

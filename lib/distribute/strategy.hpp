@@ -76,6 +76,12 @@ class Strategy {
   // calling thread). If a replica throws, the others are released from any collective they wait
   // in (they stop with BarrierBroken) and the first exception is rethrown here.
   virtual void run(const ReplicaFn& fn) = 0;
+  // A step failed (here, on another replica or on another worker): device sums queued on this
+  // process's GPUs may wait for peers that will never queue theirs, and tearing down a context
+  // waits for its stream. Cancels them (NCCL: ncclCommAbort), so that the error is reported and
+  // the process ends; nothing is summed on a device after it across workers. run() calls it when
+  // one of its replicas failed, and the trainer when it is torn down by an error.
+  virtual void abandon_device_sums() {}
   // One value per local replica, summed in replica order and then across the workers
   // (tf.distribute.Strategy.reduce(SUM)).
   virtual double reduce_sum(std::span<const double> per_replica) = 0;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
+#include <exception>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -184,71 +185,76 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
   if (opt_.workers) distribute::agree_on_every_worker(*opt_.workers, "loading the data", load);
   else load();
 
-  // In the strategy's scope, per replica: the model, its loss and metrics, and the optimizer.
-  // Every replica builds its model from the same seed, so mirrored copies start identical; under
-  // central storage the replicas compute with the parameter device's replica's variables. With
-  // train.parallelism: batch each of a replica's threads is a lane (train/lanes.hpp) with its own
-  // model computing with the replica's variables.
-  replicas_.resize(static_cast<std::size_t>(replicas));
-  const bool invariant = exp_.reproducibility.invariant();
-  if (invariant) invariant_lanes(false);  // what the mode refuses, before anything is built
-  int lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
-  for (int r = 0; r < replicas; ++r) {
-    Replica& rep = replicas_[static_cast<std::size_t>(r)];
-    static_cast<Lane&>(rep) = make_lane(r, r == 0);
-    if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
-    if (r == 0 && exp_.loss.from_logits && rep.model->output_activation() != config::Activation::linear &&
-        warns_of_experiment())
-      fmt::print(stderr,
-                 "dtrain: warning: {}loss.from_logits is true, but the model's outputs come from the {} of layer '{}', "
-                 "so they are probabilities; as Keras does, the loss is computed from the {}'s input: say from_logits: "
-                 "false, or end the model with activation: linear\n",
-                 config::given_prefix(exp_.loss.where, {exp_.source_file, 0, 0}),
-                 config::name_of(rep.model->output_activation()), rep.model->layer(rep.model->output_activation_from()).name(),
-                 config::name_of(rep.model->output_activation()));
-    if (r == 0 && invariant) lanes = invariant_lanes(rep.model->synchronizes_replicas());
-    device::Numerics& numerics = rep.ctx->numerics();
-    rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
-    rep.optimizer->place_slots(*rep.ctx);
-    if (r == 0) strategy_->set_collectives_in_backward(rep.model->synchronizes_replicas());
-    strategy_->bind_gradients(r, *rep.ctx, rep.model->gradient_arena(), rep.model->gradient_sizes());
-    rep.gradients_ready = [this, rc = strategy_->replica_context(r)](std::size_t first, std::size_t count) {
-      strategy_->gradients_ready(rc, first, count);
-    };
-    rep.cross_replica = std::make_unique<StrategyCrossReplica>(*strategy_, strategy_->replica_context(r));
-    // Lanes share their replica's variables and sum into its gradients in place: CPU threads over
-    // memory the host reads. A replica on other memory (a GPU, the checked mode) is one lane.
-    if (invariant && !rep.ctx->host_accessible())
-      throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant computes each micro-batch on a CPU "
-                                    "thread over memory the host reads, and {} is not such a device{}; use CPU "
-                                    "devices or mode fast",
-                                    config::given_prefix(exp_.reproducibility.where, {exp_.source_file, 0, 0}),
-                                    strategy_->replica_device(r).to_string(),
-                                    std::getenv("DTRAIN_CHECKED_MEMORY") ? " (DTRAIN_CHECKED_MEMORY is set)" : ""));
-    if (lanes > 1 && rep.ctx->host_accessible()) {
-      for (int l = 1; l < lanes; ++l) rep.more_lanes.push_back(make_lane(r));
-      rep.lanes = std::make_unique<Lanes>(lanes);
-      for (int l = 0; l < lanes; ++l) {
-        rep.lane(l).lane_statistics = std::make_unique<LaneStatistics>(*rep.lanes, l);
-        rep.lane(l).lanes_then_replicas = std::make_unique<LanesThenReplicas>(*rep.lanes, l, *rep.cross_replica);
-        if (invariant)
-          rep.lane(l).micro_statistics = std::make_unique<MicroBatchStatistics>(*rep.lane(l).lanes_then_replicas);
+  // Built on every worker, which then check the data against the model; the workers agree on
+  // the outcome, as on the loading: a rank that alone fails (its own files, its own memory or
+  // cores) reports it with its rank, and no other waits for it in a collective.
+  const auto build_replicas = [&] {
+    // In the strategy's scope, per replica: the model, its loss and metrics, and the optimizer.
+    // Every replica builds its model from the same seed, so mirrored copies start identical; under
+    // central storage the replicas compute with the parameter device's replica's variables. With
+    // train.parallelism: batch each of a replica's threads is a lane (train/lanes.hpp) with its own
+    // model computing with the replica's variables.
+    replicas_.resize(static_cast<std::size_t>(replicas));
+    const bool invariant = exp_.reproducibility.invariant();
+    if (invariant) invariant_lanes(false);  // what the mode refuses, before anything is built
+    int lanes = exp_.train.parallelism == config::Parallelism::batch ? strategy_->threads_per_replica() : 1;
+    for (int r = 0; r < replicas; ++r) {
+      Replica& rep = replicas_[static_cast<std::size_t>(r)];
+      static_cast<Lane&>(rep) = make_lane(r, r == 0);
+      if (r == 0) config::check_loss_fits_model(exp_, rep.model->output_shape().dims());
+      if (r == 0 && exp_.loss.from_logits && rep.model->output_activation() != config::Activation::linear &&
+          warns_of_experiment())
+        fmt::print(stderr,
+                   "dtrain: warning: {}loss.from_logits is true, but the model's outputs come from the {} of layer '{}', "
+                   "so they are probabilities; as Keras does, the loss is computed from the {}'s input: say from_logits: "
+                   "false, or end the model with activation: linear\n",
+                   config::given_prefix(exp_.loss.where, {exp_.source_file, 0, 0}),
+                   config::name_of(rep.model->output_activation()), rep.model->layer(rep.model->output_activation_from()).name(),
+                   config::name_of(rep.model->output_activation()));
+      if (r == 0 && invariant) lanes = invariant_lanes(rep.model->synchronizes_replicas());
+      device::Numerics& numerics = rep.ctx->numerics();
+      rep.optimizer = optim::make_optimizer(exp_.optimizer, numerics);
+      rep.optimizer->place_slots(*rep.ctx);
+      if (r == 0) strategy_->set_collectives_in_backward(rep.model->synchronizes_replicas());
+      strategy_->bind_gradients(r, *rep.ctx, rep.model->gradient_arena(), rep.model->gradient_sizes());
+      rep.gradients_ready = [this, rc = strategy_->replica_context(r)](std::size_t first, std::size_t count) {
+        strategy_->gradients_ready(rc, first, count);
+      };
+      rep.cross_replica = std::make_unique<StrategyCrossReplica>(*strategy_, strategy_->replica_context(r));
+      // Lanes share their replica's variables and sum into its gradients in place: CPU threads over
+      // memory the host reads. A replica on other memory (a GPU, the checked mode) is one lane.
+      if (invariant && !rep.ctx->host_accessible())
+        throw ConfigError(fmt::format("{}reproducibility.mode replica_invariant computes each micro-batch on a CPU "
+                                      "thread over memory the host reads, and {} is not such a device{}; use CPU "
+                                      "devices or mode fast",
+                                      config::given_prefix(exp_.reproducibility.where, {exp_.source_file, 0, 0}),
+                                      strategy_->replica_device(r).to_string(),
+                                      std::getenv("DTRAIN_CHECKED_MEMORY") ? " (DTRAIN_CHECKED_MEMORY is set)" : ""));
+      if (lanes > 1 && rep.ctx->host_accessible()) {
+        for (int l = 1; l < lanes; ++l) rep.more_lanes.push_back(make_lane(r));
+        rep.lanes = std::make_unique<Lanes>(lanes);
+        for (int l = 0; l < lanes; ++l) {
+          rep.lane(l).lane_statistics = std::make_unique<LaneStatistics>(*rep.lanes, l);
+          rep.lane(l).lanes_then_replicas = std::make_unique<LanesThenReplicas>(*rep.lanes, l, *rep.cross_replica);
+          if (invariant)
+            rep.lane(l).micro_statistics = std::make_unique<MicroBatchStatistics>(*rep.lane(l).lanes_then_replicas);
+        }
+      } else if (invariant) {
+        // One lane: the replica's own thread, whose OpenMP team is one thread (invariant_lanes).
+        rep.micro_statistics = std::make_unique<MicroBatchStatistics>(*rep.cross_replica);
       }
-    } else if (invariant) {
-      // One lane: the replica's own thread, whose OpenMP team is one thread (invariant_lanes).
-      rep.micro_statistics = std::make_unique<MicroBatchStatistics>(*rep.cross_replica);
     }
-  }
-  std::vector<std::vector<Variable*>> variables;
-  for (const Replica& rep : replicas_) variables.push_back(rep.model->variables());
-  strategy_->place_variables(variables);
-  // A replica's lanes compute with its variables (after placement: under central storage those
-  // may be the holder's).
-  for (Replica& rep : replicas_)
-    for (Lane& lane : rep.more_lanes) {
-      const std::vector<Variable*>& mine = lane.model->variables();
-      for (std::size_t v = 0; v < mine.size(); ++v) mine[v]->value = rep.model->variables()[v]->value;
-    }
+    std::vector<std::vector<Variable*>> variables;
+    for (const Replica& rep : replicas_) variables.push_back(rep.model->variables());
+    strategy_->place_variables(variables);
+    // A replica's lanes compute with its variables (after placement: under central storage those
+    // may be the holder's).
+    for (Replica& rep : replicas_)
+      for (Lane& lane : rep.more_lanes) {
+        const std::vector<Variable*>& mine = lane.model->variables();
+        for (std::size_t v = 0; v < mine.size(); ++v) mine[v]->value = rep.model->variables()[v]->value;
+      }
+  };
   replica_losses_.assign(static_cast<std::size_t>(replicas), 0.0);
   train_fn_ = [this](const distribute::ReplicaContext& rc) { replica_train_step(rc); };
   eval_fn_ = [this](const distribute::ReplicaContext& rc) { replica_eval_step(rc); };
@@ -267,9 +273,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
         exp_.loss.kind == config::LossKind::categorical_crossentropy)
       data::check_probability_targets(splits_, config::name_of(exp_.loss.kind));
   };
-  // Each worker checks the data it loaded (under auto_shard: file, files of its own), and the
-  // workers agree on the outcome as on the loading: one that alone finds a bad label reports it
-  // with its rank, and no other waits for it in a collective.
+  // Each worker checks the data it loaded (under auto_shard: file, files of its own) against the
+  // model it built.
   const auto check_data = [&] {
     if (splits_.train.classes_from_labels) check_labels();
     // The loaded labels, which validate cannot see for every source (hdf5), against the loss.
@@ -283,7 +288,8 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     const std::int64_t eval_global = exp_.data.eval_batch_size > 0 ? exp_.data.eval_batch_size : global_batch_size();
     const std::int64_t eval_samples =
         std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
-    model().check_batch_memory(std::min(ceil_div(global_batch_size(), in_sync), splits_.train.size()), batch);
+    if (opt_.purpose != TrainerOptions::Purpose::evaluate)
+      model().check_batch_memory(std::min(ceil_div(global_batch_size(), in_sync), splits_.train.size()), batch);
     model().check_batch_memory(std::min(ceil_div(eval_global, in_sync), eval_samples), eval_batch);
     const Shape sample = splits_.train.x.shape().tail();
     if (sample != model().input_shape())
@@ -292,8 +298,14 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
                                     model().input_shape().to_string(), sample.to_string()));
     check_labels();
   };
-  if (opt_.workers) distribute::agree_on_every_worker(*opt_.workers, "checking the data", check_data);
-  else check_data();
+  const auto build_and_check = [&] {
+    build_replicas();
+    check_data();
+  };
+  if (opt_.workers)
+    distribute::agree_on_every_worker(*opt_.workers, "building the model or checking the data", build_and_check);
+  else
+    build_and_check();
   // The job's test split: under auto_shard: file each worker holds its own files' part of it, and
   // a worker whose part is empty still evaluates (its replicas take empty batches).
   const int workers = opt_.workers ? opt_.workers->size() : 1;
@@ -400,6 +412,10 @@ void Trainer::note_resume_changes(const checkpoint::TrainingState& state) const 
 }
 
 Trainer::~Trainer() {
+  // Torn down by an error (another worker lost, a collective that timed out): a device sum this
+  // process queued may still wait for a peer, and the replicas' contexts, destroyed next, wait for
+  // their streams.
+  if (std::uncaught_exceptions() > 0 && strategy_) strategy_->abandon_device_sums();
   if (null_out_) std::fclose(null_out_);
 }
 
@@ -427,7 +443,11 @@ Trainer::Lane Trainer::make_lane(int replica, bool check_run_memory) const {
       copies.optimizer_slots = static_cast<int>(optim::make_optimizer(exp_.optimizer, numerics)->slot_names().size());
       const std::int64_t eval_samples =
           std::max(splits_.test.size(), splits_.validation ? splits_.validation->size() : std::int64_t{0});
-      copies.train_batch = std::min(ceil_div(global_batch_size(), in_sync), std::max<std::int64_t>(1, splits_.train.size()));
+      // Evaluation alone (dtrain eval) holds no training batch.
+      copies.train_batch = opt_.purpose == TrainerOptions::Purpose::evaluate
+                               ? 0
+                               : std::min(ceil_div(global_batch_size(), in_sync),
+                                          std::max<std::int64_t>(1, splits_.train.size()));
       copies.eval_batch = std::min(ceil_div(eval_global, in_sync), std::max<std::int64_t>(1, eval_samples));
       copies.train_key = config::batch_key(exp_, false);
       copies.eval_key = config::batch_key(exp_, true);

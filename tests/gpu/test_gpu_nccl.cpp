@@ -1,6 +1,7 @@
 // NCCL's communicators on real GPUs (distribute/nccl_communicator.hpp): a sum over one GPU (the
 // local group and the workers' communicator, which every machine with a GPU can run), over two
 // GPUs when the machine has them, and mirrored training over two GPUs against one.
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -147,7 +148,15 @@ TEST_CASE("nccl over two GPUs: a sum whose peer never comes is abandoned, and th
   group->abandon_device_sums();
   auto& c0 = cuda::CudaContext::of(*contexts[0]);
   c0.activate();
-  c0.synchronize();  // returns: the aborted sum no longer holds the stream
+  // The aborted sum no longer holds the stream: it drains (a bound, so that a regression fails
+  // here rather than hangs in the synchronize of the teardown).
+  const auto stream = static_cast<cudaStream_t>(contexts[0]->native_stream());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  cudaError_t state = cudaErrorNotReady;
+  while ((state = cudaStreamQuery(stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  REQUIRE_MESSAGE(state != cudaErrorNotReady, "the abandoned NCCL sum still holds replica 0's stream after 60 s");
+  c0.synchronize();
   // A later step makes a new clique and sums as before.
   std::vector<float> ones(n, 1.0f);
   for (int r = 0; r < 2; ++r) {

@@ -225,9 +225,30 @@ EOF
     [ "$rc" -eq 2 ] || fail "a bad label in rank 2's file: exit $rc, wanted 2: $(cat "$scratch/bad.out")"
     grep -q "^dtrain: error: rank 2: .*bad_label.h5 /train/y: label 12 of sample 5 is outside 0..9" "$scratch/bad.out" \
       || fail "rank 2 did not report its bad label: $(cat "$scratch/bad.out")"
-    grep -q "^dtrain: error: other ranks failed checking the data" "$scratch/bad.out" \
+    grep -q "^dtrain: error: other ranks failed building the model or checking the data" "$scratch/bad.out" \
       || fail "the chief did not say that another rank failed: $(cat "$scratch/bad.out")"
     grep -q "MPI_ABORT" "$scratch/bad.out" && fail "a bad label in rank 2's file: the job was aborted"
+    # Both ranks' files bad, each its own way: each reports its own with its rank.
+    /usr/bin/python3 - "$scratch" <<'EOF' || fail "could not write the second bad shard"
+import sys, h5py
+d = sys.argv[1]
+with h5py.File(f"{d}/fm-00000-of-00002.h5", "r") as src, h5py.File(f"{d}/bad_first.h5", "w") as out:
+    for group in ("train", "test"):
+        for name in ("x", "y"):
+            out[f"{group}/{name}"] = src[f"{group}/{name}"][()]
+    y = out["train/y"][()]
+    y[7] = 13
+    out["train/y"][...] = y
+EOF
+    mpi 2 "$dtrain" run "$scratch/files.yaml" "${common[@]}" --set "data.shards=[$scratch/bad_first.h5, $scratch/bad_label.h5]" \
+      --run-dir "$scratch/bad2" >"$scratch/bad2.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "a bad label in each rank's file: exit $rc, wanted 2: $(cat "$scratch/bad2.out")"
+    grep -q "^dtrain: error: rank 0: .*bad_first.h5 /train/y: label 13 of sample 7" "$scratch/bad2.out" \
+      || fail "rank 0 did not report its bad label: $(cat "$scratch/bad2.out")"
+    grep -q "^dtrain: error: rank 1: .*bad_label.h5 /train/y: label 12 of sample 5" "$scratch/bad2.out" \
+      || fail "rank 1 did not report its bad label: $(cat "$scratch/bad2.out")"
+    grep -q "MPI_ABORT" "$scratch/bad2.out" && fail "a bad label in each rank's file: the job was aborted"
     # A resume on another worker count reads other files per worker: said, with what a resume
     # within the epoch does to it.
     mpi 2 "$dtrain" resume "$scratch/run" --set train.epochs=2 >"$scratch/resume.out" 2>&1 \
@@ -365,6 +386,27 @@ EOF
       || fail "the chief did not say that another rank failed: $(cat "$scratch/tf_twice.out")"
     grep -q "MPI_ABORT" "$scratch/tf_twice.out" && fail "TF_CONFIG wrong on one rank: the job was aborted"
     [ ! -e "$scratch/tf_twice" ] || fail "TF_CONFIG wrong on one rank: the run directory was written"
+    # TF_CONFIGs that each fit their rank but describe different jobs (a chief and a worker; two
+    # workers) are refused before the ranks split: the chief's one line, exit 2.
+    cat >"$scratch/tf_other_jobs.sh" <<'EOF'
+#!/usr/bin/env bash
+if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
+  export TF_CONFIG='{"cluster": {"chief": ["h0:1"], "worker": ["h1:1"]}, "task": {"type": "chief", "index": 0}}'
+else
+  export TF_CONFIG='{"cluster": {"worker": ["h0:1", "h1:1"]}, "task": {"type": "worker", "index": 1}}'
+fi
+exec "$@"
+EOF
+    chmod +x "$scratch/tf_other_jobs.sh"
+    mpi 2 "$scratch/tf_other_jobs.sh" "$dtrain" run "$small" "${common[@]}" --set "strategy={kind: multi_worker_mirrored}" \
+      --run-dir "$scratch/tf_other_jobs" >"$scratch/tf_other_jobs.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "TF_CONFIGs of different jobs: exit $rc, wanted 2: $(cat "$scratch/tf_other_jobs.out")"
+    [ "$(grep -c '^dtrain: error:' "$scratch/tf_other_jobs.out")" -eq 1 ] \
+      || fail "TF_CONFIGs of different jobs: wanted one error line: $(cat "$scratch/tf_other_jobs.out")"
+    grep -q "^dtrain: error: the ranks' TF_CONFIG describe different jobs (rank 0's: 1 chief, 1 worker)" \
+      "$scratch/tf_other_jobs.out" || fail "TF_CONFIGs of different jobs: no clear error: $(cat "$scratch/tf_other_jobs.out")"
+    grep -q "MPI_ABORT" "$scratch/tf_other_jobs.out" && fail "TF_CONFIGs of different jobs: the job was aborted"
     ;;
   regularization)
     # L2 is divided by the replicas in sync over ALL workers, whatever each worker's replica count:

@@ -446,10 +446,11 @@ TEST_CASE("load_splits: validation_split holds out the last fraction, Keras-styl
   CHECK_THROWS_AS(load_splits(missing, 0), InputError);
 }
 
-TEST_CASE("load_splits: with data.shards each file holds out the last part of its own rows") {
-  // Files of 10 and 7 rows (x = the row's number), validation_split 0.25: floor(10 * 0.75) = 7 and
-  // floor(7 * 0.75) = 5 stay; rows 7..9 of the first and 5..6 of the second are held out, whether
-  // one process reads both files or two workers read one each (auto_shard: file).
+TEST_CASE("load_splits: with data.shards the last part of all the files' rows together is held out, by any worker") {
+  // Files of 10 and 7 rows (x = 100 * file + row), validation_split 0.25: floor(17 * 0.75) = 12
+  // stay, the first file's 10 and the second's first 2; its last 5 are held out, whether one
+  // process reads both files or two workers read one each (auto_shard: file), as one file of the
+  // 17 rows would hold them out (tools/to_hdf5 --shards puts its validation rows last).
   TempDir dir;
   const std::vector<std::string> files = {dir.file("a.h5"), dir.file("b.h5")};
   for (std::size_t f = 0; f < files.size(); ++f) {
@@ -470,8 +471,8 @@ TEST_CASE("load_splits: with data.shards each file holds out the last part of it
   };
   const DataSplits both = load_splits(cfg, 0);
   REQUIRE(both.validation.has_value());
-  CHECK(rows_of(*both.validation) == std::vector<std::uint8_t>{7, 8, 9, 105, 106});
-  CHECK(rows_of(both.train) == std::vector<std::uint8_t>{0, 1, 2, 3, 4, 5, 6, 100, 101, 102, 103, 104});
+  CHECK(rows_of(*both.validation) == std::vector<std::uint8_t>{102, 103, 104, 105, 106});
+  CHECK(rows_of(both.train) == std::vector<std::uint8_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 100, 101});
   CHECK(both.test.size() == 17);
   std::vector<std::uint8_t> by_worker;
   for (const std::string& file : files) {
@@ -483,8 +484,9 @@ TEST_CASE("load_splits: with data.shards each file holds out the last part of it
   CHECK(by_worker == rows_of(*both.validation));
   // Every row held out (a fraction that keeps none of either file) is still refused.
   cfg.validation_split = 0.95;
-  CHECK_THROWS_WITH_AS(load_splits(cfg, 0), doctest::Contains("(the last part of each shard file) leaves 0 for "
-                                                              "training and 17 for validation"),
+  CHECK_THROWS_WITH_AS(load_splits(cfg, 0), doctest::Contains("data.validation_split 0.95 of the 17 training examples "
+                                                              "of the 2 shard files leaves 0 for training and 17 for "
+                                                              "validation"),
                        ConfigError);
 }
 

@@ -80,9 +80,10 @@ Inputs random_inputs(const Case& c, std::uint64_t seed) {
   const bool crossentropy = c.kind == LossKind::sparse_categorical_crossentropy || c.kind == LossKind::categorical_crossentropy;
   for (std::size_t k = 0; k < nc; ++k) {
     if (c.from_logits || c.kind == LossKind::mean_squared_error) in.pred.push_back(rng.uniform(-3.0f, 3.0f));
-    // Unnormalized positive rows: the renormalization is part of what is checked. Every
-    // normalized probability stays far from the clip range.
-    else if (crossentropy) in.pred.push_back(rng.uniform(0.2f, 1.0f));
+    // Unnormalized positive rows: the categorical renormalization, and the sparse softmax of the
+    // logs of rows that do not sum to 1, are part of what is checked. Every value, and every
+    // normalized probability, stays far from the clip range (the differences' steps too).
+    else if (crossentropy) in.pred.push_back(rng.uniform(0.2f, 0.9f));
     else in.pred.push_back(rng.uniform(0.05f, 0.95f));
   }
   for (std::size_t i = 0; i < n; ++i) in.weights.push_back(rng.uniform(0.5f, 1.5f));
@@ -214,7 +215,7 @@ TEST_CASE("crossentropy values match hand computations") {
     const Loss sparse_probs(loss_config(LossKind::sparse_categorical_crossentropy, false), testing::cpu_numerics());
     l = per_example(sparse_probs, p, make_labels({2, 2, 1}));
     CHECK(l[0] == doctest::Approx(-std::log(0.5)));
-    CHECK(l[1] == doctest::Approx(std::log(3.0 * (1 - 1e-7))));  // every p clipped to 1 - 1e-7
+    CHECK(l[1] == doctest::Approx(std::log(3.0)));  // every p clipped to 1 - 1e-7: log 3 (1 - 1e-7) - log(1 - 1e-7)
     CHECK(l[2] == doctest::Approx(std::log(1 + 1e-7) - std::log(1e-7)).epsilon(1e-5));
     const Loss categorical_probs(loss_config(LossKind::categorical_crossentropy, false), testing::cpu_numerics());
     l = per_example(categorical_probs, p, make_f32({3, 3}, {0, 0, 1, 0, 0, 1, 0, 1, 0}));
@@ -224,6 +225,15 @@ TEST_CASE("crossentropy values match hand computations") {
     // A row of zeros (a relu output): finite for sparse (every p clipped to 1e-7: log 3), as in Keras.
     l = per_example(sparse_probs, make_f32({1, 3}, {0, 0, 0}), make_labels({0}));
     CHECK(l[0] == doctest::Approx(std::log(3.0)).epsilon(1e-5));
+    // The sparse gradient: 1 / S - [j = label] / p_j inside the clip range, and 0 outside it, where
+    // TensorFlow's clip_by_value passes none (S: the clipped row's sum).
+    Tensor d;
+    const std::vector<float> one_weight{1.0f};
+    sparse_probs.gradient(make_f32({1, 3}, {2.0f, 0.5f, 0.0f}), make_labels({1}), one_weight, 1.0f, d);
+    const double s = (1 - 1e-7) + 0.5 + 1e-7;
+    CHECK(d.data<float>()[0] == 0.0f);
+    CHECK(d.data<float>()[1] == doctest::Approx(1 / s - 1 / 0.5));
+    CHECK(d.data<float>()[2] == 0.0f);
   }
   SUBCASE("categorical with one-hot targets equals sparse with labels") {
     const Loss categorical(loss_config(LossKind::categorical_crossentropy, true), testing::cpu_numerics());
