@@ -15,6 +15,37 @@
 
 namespace dtrain::app {
 
+namespace {
+
+// --softmax turns a softmax crossentropy's logits into its probabilities; on any other model the
+// Softmax it appends would give numbers that are not (a one-output model's are all 1).
+void check_softmax_fits(const config::Experiment& exp, const nn::Sequential& model, const std::string& source) {
+  using config::LossKind;
+  if (exp.loss.kind != LossKind::sparse_categorical_crossentropy && exp.loss.kind != LossKind::categorical_crossentropy)
+    throw ConfigError(fmt::format(
+        "{}: --softmax appends the Softmax that turns a softmax crossentropy's logits into probabilities, and this "
+        "model's loss is {}{}; leave out --softmax",
+        source, config::name_of(exp.loss.kind),
+        exp.loss.kind == LossKind::binary_crossentropy
+            ? " (its probabilities are the sigmoid of each output, not a softmax across them)"
+            : ""));
+  const std::int64_t outputs = model.output_shape()[model.output_shape().rank() - 1];
+  if (outputs == 1)
+    throw ConfigError(fmt::format("{}: --softmax over the model's one output would give 1 for every sample; leave out "
+                                  "--softmax",
+                                  source));
+  // The last layer that does not return its input as it is (a linear activation, dropout).
+  std::size_t last = model.num_layers() - 1;
+  while (last > 0 && model.layer(last).returns_its_input()) --last;
+  const config::Activation ends_in = model.layer(last).final_activation();
+  if (ends_in == config::Activation::softmax || ends_in == config::Activation::sigmoid)
+    throw ConfigError(fmt::format("{}: the model's outputs are already probabilities (the {} of layer '{}'), and "
+                                  "--softmax would apply a softmax to them; leave out --softmax",
+                                  source, config::name_of(ends_in), model.layer(last).name()));
+}
+
+}  // namespace
+
 int export_command(const ExportArgs& args) {
   const bool keras = args.format == "keras";
   if (args.checkpoint.empty() && args.experiment.empty())
@@ -68,6 +99,7 @@ int export_command(const ExportArgs& args) {
                args.output, model->num_layers(), model->variables().size());
     return static_cast<int>(kOk);
   }
+  if (args.softmax) check_softmax_fits(exp, *model, source);
   interop::OnnxExportOptions options;
   options.softmax = args.softmax;
   options.model_name = exp.name;

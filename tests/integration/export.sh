@@ -128,6 +128,17 @@ case "$case_name" in
     "$dtrain" export "$ckpt" 2>"$scratch/err"
     rc=$?
     [ "$rc" = 2 ] || fail "no -o: exit $rc"
+    # --softmax where a softmax makes no probabilities: on outputs that already are (this model ends
+    # in one), and on a binary crossentropy's logits (a sigmoid each).
+    "$dtrain" export "$ckpt" --softmax -o "$scratch/twice.onnx" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -q "the model's outputs are already probabilities (the softmax of layer 'dense')" "$scratch/err" \
+      || fail "--softmax on a softmax output: exit $rc, $(cat "$scratch/err")"
+    "$dtrain" export --experiment "$scratch/layers_a.yaml" --set 'loss={kind: binary_crossentropy, from_logits: true}' \
+      --softmax -o "$scratch/binary.onnx" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -q "its probabilities are the sigmoid of each output" "$scratch/err" \
+      || fail "--softmax on a binary crossentropy: exit $rc, $(cat "$scratch/err")"
     [ -z "$(find "$scratch" -name '*.onnx*')" ] || fail "files were left: $(find "$scratch" -name '*.onnx*')"
     # An output onto the file the command reads (under another spelling, or a link) would replace
     # it: refused, the checkpoint untouched.
