@@ -207,17 +207,21 @@ EOF
     grep -q "MPI_ABORT" "$scratch/bad_eval.out" && fail "an eval batch of 2 over 3 workers: the job was aborted"
     # A bad label in the third file, which rank 2 alone reads: it reports it with its rank, the
     # chief says so, exit 2, no abort.
-    /usr/bin/python3 - "$scratch" <<'EOF' || fail "could not write the bad shard"
+    # bad_copy SRC DST SAMPLE LABEL: SRC with training label LABEL at SAMPLE, written to DST.
+    bad_copy() {
+      /usr/bin/python3 - "$@" <<'EOF' || fail "could not write $2"
 import sys, h5py
-d = sys.argv[1]
-with h5py.File(f"{d}/no_test.h5", "r") as src, h5py.File(f"{d}/bad_label.h5", "w") as out:
+src_path, dst_path, sample, label = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with h5py.File(src_path, "r") as src, h5py.File(dst_path, "w") as out:
     for group in ("train", "test"):
         for name in ("x", "y"):
             out[f"{group}/{name}"] = src[f"{group}/{name}"][()]
     y = out["train/y"][()]
-    y[5] = 12
+    y[sample] = label
     out["train/y"][...] = y
 EOF
+    }
+    bad_copy "$scratch/no_test.h5" "$scratch/bad_label.h5" 5 12
     mpi 3 "$dtrain" run "$scratch/files.yaml" "${common[@]}" \
       --set "data.shards=[$scratch/fm-00000-of-00002.h5, $scratch/fm-00001-of-00002.h5, $scratch/bad_label.h5]" \
       --run-dir "$scratch/bad" >"$scratch/bad.out" 2>&1
@@ -229,17 +233,7 @@ EOF
       || fail "the chief did not say that another rank failed: $(cat "$scratch/bad.out")"
     grep -q "MPI_ABORT" "$scratch/bad.out" && fail "a bad label in rank 2's file: the job was aborted"
     # Both ranks' files bad, each its own way: each reports its own with its rank.
-    /usr/bin/python3 - "$scratch" <<'EOF' || fail "could not write the second bad shard"
-import sys, h5py
-d = sys.argv[1]
-with h5py.File(f"{d}/fm-00000-of-00002.h5", "r") as src, h5py.File(f"{d}/bad_first.h5", "w") as out:
-    for group in ("train", "test"):
-        for name in ("x", "y"):
-            out[f"{group}/{name}"] = src[f"{group}/{name}"][()]
-    y = out["train/y"][()]
-    y[7] = 13
-    out["train/y"][...] = y
-EOF
+    bad_copy "$scratch/fm-00000-of-00002.h5" "$scratch/bad_first.h5" 7 13
     mpi 2 "$dtrain" run "$scratch/files.yaml" "${common[@]}" --set "data.shards=[$scratch/bad_first.h5, $scratch/bad_label.h5]" \
       --run-dir "$scratch/bad2" >"$scratch/bad2.out" 2>&1
     rc=$?
