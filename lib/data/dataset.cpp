@@ -298,13 +298,15 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
           // --shards puts last. A worker that reads some of the files (auto_shard: file) holds out
           // the rows of its files that fall in that part, so the set is the same for any worker
           // count; the sizes of the files it does not read come from their metadata.
-          std::vector<std::int64_t> first_row_of_shard;
+          std::vector<std::int64_t> first_row_of_file;  // of each loaded file, in all the files' rows
           std::int64_t n = 0;
-          for (std::size_t k = 0, mine = 0; k < config.shards.size(); ++k) {
-            first_row_of_shard.push_back(n);
+          for (std::size_t k = 0; k < config.shards.size(); ++k) {
+            const std::size_t mine = first_row_of_file.size();
             const bool loaded = mine < files.size() && files[mine] == config.shards[k];
-            n += loaded ? train[mine++].size() : hdf5_rows(config.shards[k], "train");
+            if (loaded) first_row_of_file.push_back(n);
+            n += loaded ? train[mine].size() : hdf5_rows(config.shards[k], "train");
           }
+          DTRAIN_CHECK(first_row_of_file.size() == files.size(), "a worker's shard files are data.shards' in its order");
           const std::int64_t keep = kept_rows(n, config.validation_split);
           if (keep <= 0 || keep >= n)
             throw ValidationSplitError(fmt::format(
@@ -312,13 +314,11 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
                 "and {} for validation; both need at least one",
                 config.validation_split, n, config.shards.size(), keep, n - keep));
           std::vector<Dataset> kept, held;
-          for (std::size_t k = 0, mine = 0; k < config.shards.size() && mine < files.size(); ++k) {
-            if (files[mine] != config.shards[k]) continue;
-            const Dataset& part = train[mine++];
-            const std::int64_t rows = part.size();
-            const std::int64_t stays = std::clamp<std::int64_t>(keep - first_row_of_shard[k], 0, rows);
+          for (std::size_t f = 0; f < files.size(); ++f) {
+            const Dataset& part = train[f];
+            const std::int64_t stays = std::clamp<std::int64_t>(keep - first_row_of_file[f], 0, part.size());
             kept.push_back(take_rows(part, 0, stays, part.description));
-            held.push_back(take_rows(part, stays, rows, part.description));
+            held.push_back(take_rows(part, stays, part.size(), part.description));
           }
           splits.validation = concatenate(held, fmt::format("validation: {} examples of {}, the last {} of the {} "
                                                             "shard files' /train together",

@@ -7,6 +7,11 @@
 
 namespace dtrain::distribute {
 
+bool same_on_every_worker(Communicator& job, const std::string& value, const char* what) {
+  const int digest = static_cast<int>(std::hash<std::string>{}(value) & 0x7fffffff);
+  return job.all_reduce_max(digest, what) == -job.all_reduce_max(-digest, what);
+}
+
 void agree_on_every_worker(Communicator& job, const char* what, const std::function<void()>& step) {
   if (job.size() == 1) return step();
   std::string error;
@@ -23,9 +28,8 @@ void agree_on_every_worker(Communicator& job, const char* what, const std::funct
   if (every_worker) {
     // One error everywhere (one file every process reads) is the chief's to report; different
     // ones (each rank's own files) are each rank's.
-    const int digest = static_cast<int>(std::hash<std::string>{}(error) & 0x7fffffff);
-    const bool same = job.all_reduce_max(digest, what) == -job.all_reduce_max(-digest, what);
-    throw JobConfigError(error, same ? JobConfigError::chief : JobConfigError::per_rank);
+    throw JobConfigError(error, same_on_every_worker(job, error, what) ? JobConfigError::chief
+                                                                       : JobConfigError::per_rank);
   }
   if (failed) throw JobConfigError(error, JobConfigError::per_rank);
   throw JobConfigError(fmt::format("other ranks failed {}: each reports its error with its rank", what));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "distribute/communicator.hpp"
 
@@ -20,5 +21,9 @@ namespace dtrain::distribute {
 // No process is left waiting in a collective, so the job ends without an abort. `what` names the
 // step for the watchdog and the messages ("loading the data").
 void agree_on_every_worker(Communicator& job, const char* what, const std::function<void()>& step);
+
+// Whether every participant of `job` holds the same `value` (compared by a digest of it; each
+// calls this at the same point). `what` names the collective for the watchdog.
+bool same_on_every_worker(Communicator& job, const std::string& value, const char* what);
 
 }  // namespace dtrain::distribute

@@ -50,14 +50,14 @@ class Communicator {
   // gradient arena where backward wrote it, with no staging through the host. The host-memory
   // collectives above stay available (metric counts, losses, agreeing on a stop).
   virtual bool sums_device_memory() const { return false; }
-  // In place over `count` floats at `values`, memory of `ctx`: the sum is queued on ctx's stream
-  // after the work queued before it, and the work queued after it waits for it (the optimizer's
-  // update); returns once queued. Only where sums_device_memory(); elsewhere an InternalError.
   // A step failed on some replica: a device sum this endpoint queued may wait for peers that
   // will never queue theirs, and everything that waits for its stream (a context's teardown) would
   // wait for ever. Cancels what it queued so that the process can report the error (NCCL: an
   // abort of its communicator). Called once the step's threads have stopped; nothing after it.
   virtual void abandon_device_sums() {}
+  // In place over `count` floats at `values`, memory of `ctx`: the sum is queued on ctx's stream
+  // after the work queued before it, and the work queued after it waits for it (the optimizer's
+  // update); returns once queued. Only where sums_device_memory(); elsewhere an InternalError.
   virtual void all_reduce_sum_on_device(device::Context& ctx, float* values, std::size_t count, const char* what) {
     (void)ctx, (void)values, (void)count;
     throw InternalError(std::string(what) + ": the " + name() +

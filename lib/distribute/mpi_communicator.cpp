@@ -125,11 +125,10 @@ std::optional<RolePlan> MpiCommunicator::assign_roles(const config::RolesConfig&
                         [&] { plan = resolve_roles(roles, tf_config, world_size_, world_rank_); });
   // Each rank's TF_CONFIG may pass its own checks and still describe another job than the others'
   // (the ranks would split into other groups, and wait for ever): they must all see one plan.
-  for (const int count : {plan->chiefs, plan->workers, plan->ps, plan->evaluators})
-    if (all_reduce_max(count, "the roles") != -all_reduce_max(-count, "the roles"))
-      throw JobConfigError(fmt::format("the ranks' {} describe different jobs (rank 0's: {}); give every rank the "
-                                       "same cluster",
-                                       plan->source, plan->describe()));
+  if (!same_on_every_worker(*this, plan->describe(), "the roles"))
+    throw JobConfigError(fmt::format("the ranks' {} describe different jobs (rank 0's: {}); give every rank the "
+                                     "same cluster",
+                                     plan->source, plan->describe()));
   split(plan->role_of(world_rank_) != Role::evaluator);
   return plan;
 }

@@ -125,7 +125,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     : exp_(std::move(experiment)), opt_(std::move(options)) {
   threads_ = resolve_threads(exp_.train.threads);
   cap_instruction_set(exp_);
-  strategy_ = distribute::make_strategy(exp_.strategy, threads_, opt_.workers ? *opt_.workers : alone_);
+  strategy_ = distribute::make_strategy(exp_.strategy, threads_, job());
   // The experiment against the job's worker count: every worker finds the same at the same point,
   // so the chief alone reports it (JobConfigError), at the key that decides it.
   const auto for_every_worker = [](const std::string& where, const std::function<void()>& check) {
@@ -182,8 +182,7 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
       throw InputError(at_data + e.what());
     }
   };
-  if (opt_.workers) distribute::agree_on_every_worker(*opt_.workers, "loading the data", load);
-  else load();
+  distribute::agree_on_every_worker(job(), "loading the data", load);
 
   // Built on every worker, which then check the data against the model; the workers agree on
   // the outcome, as on the loading: a rank that alone fails (its own files, its own memory or
@@ -302,19 +301,15 @@ Trainer::Trainer(config::Experiment experiment, TrainerOptions options)
     build_replicas();
     check_data();
   };
-  if (opt_.workers)
-    distribute::agree_on_every_worker(*opt_.workers, "building the model or checking the data", build_and_check);
-  else
-    build_and_check();
+  distribute::agree_on_every_worker(job(), "building the model or checking the data", build_and_check);
   // The job's test split: under auto_shard: file each worker holds its own files' part of it, and
   // a worker whose part is empty still evaluates (its replicas take empty batches).
-  const int workers = opt_.workers ? opt_.workers->size() : 1;
-  const bool test_here = splits_.test.size() > 0;
-  if (!(workers > 1 ? opt_.workers->all_reduce_max(test_here ? 1 : 0, "test split sizes") > 0 : test_here)) {
+  if (job().all_reduce_max(splits_.test.size() > 0 ? 1 : 0, "test split sizes") == 0) {
+    const bool several = job().size() > 1;
     const std::string message = fmt::format("{}the test split of {} is empty{}, so evaluation would report nothing; "
                                             "give the data a test split",
-                                            at_data, splits_.test.description, workers > 1 ? " on every worker" : "");
-    if (workers > 1) throw JobConfigError(message);  // every worker finds it: the chief reports it
+                                            at_data, splits_.test.description, several ? " on every worker" : "");
+    if (several) throw JobConfigError(message);  // every worker finds it: the chief reports it
     throw InputError(message);
   }
   // Micro-batches of one sample leave a batch normalization of flat features (after dense or

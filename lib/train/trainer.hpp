@@ -282,6 +282,8 @@ class Trainer : private LoopHost {
   TrainerOptions opt_;
   int threads_ = 1;
   distribute::SingleCommunicator alone_;  // the workers when options.workers is null
+  // The job's processes: options.workers, or this one alone.
+  distribute::Communicator& job() { return opt_.workers ? *opt_.workers : alone_; }
   std::unique_ptr<distribute::Strategy> strategy_;
   data::ShardPlan shards_;   // this worker's part of the data
   data::DataSplits splits_;  // as this worker loaded them (its files under auto_shard file)
