@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <utility>
+
+#include <sys/stat.h>
 
 #include <fmt/format.h>
 
@@ -260,6 +264,26 @@ Dataset concatenate(const std::vector<Dataset>& parts, std::string description) 
   return out;
 }
 
+namespace {
+
+// data.shards names each file once: the parser refuses one spelling twice, this two spellings of
+// one file ("a.h5" and "./a.h5", or a link to it), which would count its rows twice and, under
+// validation_split with auto_shard: file, hold out rows of the wrong copy. Every worker checks the
+// whole list, so all of them refuse the same job. A file that does not exist is left to loading.
+void check_distinct_files(const std::vector<std::string>& files) {
+  std::map<std::pair<dev_t, ino_t>, const std::string*> seen;
+  for (const std::string& file : files) {
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0) continue;
+    const auto [at, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, &file);
+    if (!fresh)
+      throw InputError(fmt::format("data.shards: '{}' and '{}' are the same file; list each file once", *at->second,
+                                   file));
+  }
+}
+
+}  // namespace
+
 DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, const std::vector<std::string>& shard_files) {
   if (!(config.validation_split >= 0.0 && config.validation_split < 1.0))
     throw ConfigError(fmt::format("data.validation_split is {}; it must lie in [0, 1)", config.validation_split));
@@ -284,6 +308,7 @@ DataSplits load_splits(const config::DataConfig& config, std::uint64_t seed, con
     }
     case config::SourceKind::hdf5: {
       if (!config.shards.empty()) {
+        check_distinct_files(config.shards);
         const std::vector<std::string>& files = shard_files.empty() ? config.shards : shard_files;
         std::vector<Dataset> train, test;
         for (const std::string& file : files) {

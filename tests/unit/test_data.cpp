@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "config/experiment.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
@@ -488,6 +490,29 @@ TEST_CASE("load_splits: with data.shards the last part of all the files' rows to
                                                               "of the 2 shard files leaves 0 for training and 17 for "
                                                               "validation"),
                        ConfigError);
+}
+
+TEST_CASE("load_splits: data.shards that name one file twice, by two spellings or through a link, are refused") {
+  TempDir dir;
+  const std::string a = dir.file("a.h5"), b = dir.file("b.h5");
+  for (const std::string& file : {a, b})
+    for (const char* group : {"train", "test"}) {
+      h5_write<std::int32_t>(file, group, "x", {2, 1}, {1, 2}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+      h5_write<std::int32_t>(file, group, "y", {2}, {0, 0}, H5T_STD_I32LE, H5T_NATIVE_INT32);
+    }
+  const std::string dotted = (fs::path(a).parent_path() / "." / "a.h5").string(), link = dir.file("link.h5");
+  fs::create_symlink(a, link);
+  config::DataConfig cfg;
+  cfg.source = config::SourceKind::hdf5;
+  cfg.shards = {a, b};
+  CHECK(load_splits(cfg, 0).train.size() == 4);
+  for (const std::string& again : {dotted, link}) {
+    cfg.shards = {a, b, again};
+    const std::string expected = fmt::format("data.shards: '{}' and '{}' are the same file", a, again);
+    CHECK_THROWS_WITH_AS(load_splits(cfg, 0), doctest::Contains(expected.c_str()), InputError);
+  }
+  // A worker reading only b (auto_shard: file) refuses the job too.
+  CHECK_THROWS_AS(load_splits(cfg, 0, {b}), InputError);
 }
 
 TEST_CASE("non-finite inputs are refused at load, naming the file, the dataset and the first sample") {
