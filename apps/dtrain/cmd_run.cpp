@@ -59,7 +59,7 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
     // with its rank), and the job ends with its code without an abort.
     if (e.reported_by == JobConfigError::per_rank) {
       std::fflush(stdout);
-      fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
+      fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.world_rank(), e.what());  // mpirun's rank
     } else if (workers.world_rank() == 0) {
       std::fflush(stdout);
       fmt::print(stderr, "dtrain: error: {}\n", e.what());
@@ -72,7 +72,7 @@ int run_as_worker(distribute::WorkerGroup& workers, const std::function<int()>& 
       throw;  // main() reports it
     }
     std::fflush(stdout);
-    fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.rank(), e.what());
+    fmt::print(stderr, "dtrain: error: rank {}: {}\n", workers.world_rank(), e.what());
     code = exit_code_for(e);
     record_job_status(workers, code);
     if (!workers.rank_lost()) workers.abort(code);
@@ -180,7 +180,22 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
     train::TrainerOptions mine = options;
     mine.out = stdout;
     mine.purpose = train::TrainerOptions::Purpose::job_evaluator;
-    train::Trainer trainer(std::move(experiment), mine);
+    std::optional<train::Trainer> evaluating;
+    try {
+      evaluating.emplace(std::move(experiment), mine);
+    } catch (const Error& e) {
+      // An evaluator that cannot build its model or read its data fails alone, as TensorFlow's
+      // evaluator task does: training goes on without it. It says so at once, waits for the
+      // chief's word that training has ended (an error here would have mpirun end the training
+      // ranks), and then ends with its own error, without an abort.
+      std::fflush(stdout);
+      fmt::print(stderr, "dtrain: error: rank {} (evaluator): {}; training goes on without the evaluator\n",
+                 workers.world_rank(), e.what());
+      std::fflush(stderr);
+      train::wait_for_training(workers, options.stop_requested);
+      throw JobConfigError(fmt::format("the evaluator evaluated no checkpoint ({})", e.what()), JobConfigError::per_rank);
+    }
+    train::Trainer& trainer = *evaluating;
     train::EvaluatorOptions eval;
     eval.run_dir = options.run_dir;
     eval.stop_requested = options.stop_requested;

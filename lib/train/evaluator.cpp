@@ -22,6 +22,11 @@ std::string evaluator_line(const std::string& checkpoint, const checkpoint::Trai
   return line;
 }
 
+void wait_for_training(distribute::WorkerGroup& workers, const std::atomic<int>* stop_requested, double poll_seconds) {
+  while (!workers.training_done() && !(stop_requested && stop_requested->load() != 0))
+    std::this_thread::sleep_for(std::chrono::duration<double>(poll_seconds));
+}
+
 int run_evaluator(Trainer& trainer, distribute::WorkerGroup& workers, const EvaluatorOptions& options) {
   const std::string dir = trainer.checkpoint_dir();
   if (dir.empty()) throw ConfigError("the evaluator needs a checkpoint directory: give a run directory or checkpoint.dir");

@@ -191,6 +191,26 @@ EOS
     evaluator=$(sed -nE 's/^Evaluator: ckpt-6.h5 .*Test Loss: ([0-9.]+), Test Accuracy: ([0-9.]+).*/\1 \2/p' "$scratch/ev.out")
     [ -n "$chief" ] && [ "$chief" = "$evaluator" ] || fail "evaluator '$evaluator' differs from the chief's epoch 2 '$chief'"
     echo "ok: the evaluator rank reports the chief's Test figures ($evaluator)"
+    # An evaluator that cannot read its data fails alone: it says so, training runs to its end,
+    # and then the evaluator ends with its error (exit 2), without an abort.
+    cat >"$scratch/evaluator_data.sh" <<'EOS'
+#!/usr/bin/env bash
+if [ "$OMPI_COMM_WORLD_RANK" = 3 ]; then exec "$@" --set data.path=/nonexistent/evaluator.h5; fi
+exec "$@"
+EOS
+    chmod +x "$scratch/evaluator_data.sh"
+    mpi 4 "$scratch/evaluator_data.sh" "$dtrain" run "$small" "${common[@]}" --set train.epochs=2 --set train.steps_per_epoch=3 \
+      --set "strategy={kind: parameter_server, roles: {chief: 1, ps: 1, worker: 1, evaluator: 1}}" --run-dir "$scratch/ev_nodata" \
+      >"$scratch/ev_nodata.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "an evaluator without data: exit $rc, wanted 2: $(tail -5 "$scratch/ev_nodata.out")"
+    grep -q "^dtrain: error: rank 3 (evaluator): .*/nonexistent/evaluator.h5: no such file.*; training goes on without the evaluator" \
+      "$scratch/ev_nodata.out" || fail "no evaluator error: $(head -5 "$scratch/ev_nodata.out")"
+    grep -q "^Epoch 2, Loss" "$scratch/ev_nodata.out" || fail "training did not run to its end: $(tail -5 "$scratch/ev_nodata.out")"
+    [ -f "$scratch/ev_nodata/checkpoints/ckpt-6.h5" ] || fail "no final checkpoint: $(ls "$scratch/ev_nodata/checkpoints")"
+    grep -q "^dtrain: error: rank 3: the evaluator evaluated no checkpoint" "$scratch/ev_nodata.out" \
+      || fail "the evaluator's last word is missing: $(tail -5 "$scratch/ev_nodata.out")"
+    echo "ok: an evaluator that cannot read its data leaves training to finish, then exits 2"
     ;;
   lost_worker)
     # kill -9 of a worker mid-run under --enable-recovery: the coordinator notices it after the
