@@ -191,7 +191,6 @@ int train_or_evaluate(distribute::WorkerGroup& workers, config::Experiment& expe
       std::fflush(stdout);
       fmt::print(stderr, "dtrain: error: rank {} (evaluator): {}; training goes on without the evaluator\n",
                  workers.world_rank(), e.what());
-      std::fflush(stderr);
       train::wait_for_training(workers, options.stop_requested);
       throw JobConfigError(fmt::format("the evaluator evaluated no checkpoint ({})", e.what()), JobConfigError::per_rank);
     }
