@@ -3,7 +3,7 @@
 # (build/venv-anchors) every case exits 77, which CTest counts as skipped; `ctest -LE anchors`
 # leaves them out altogether.
 foreach(case default mirrored multi_worker seed_default seed_mirrored seed_multi_worker varied_default varied_mirrored
-             varied_multi_worker stem_default losses keras_weights)
+             varied_multi_worker stem_default losses random keras_weights)
   add_test(NAME anchors.${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/anchors/anchors.sh ${case} $<TARGET_FILE:dtrain>
                    ${CMAKE_CURRENT_BINARY_DIR}/scratch/anchors_${case}

@@ -27,6 +27,10 @@
 # losses: the other losses on 2 mirrored replicas, 10 steps each: categorical_crossentropy on
 #   one-hot rows, binary_crossentropy on a sigmoid's probabilities (is the item footwear or a bag:
 #   label 5 or more), mean_squared_error of a linear unit to the label's value.
+# random: 8 random models on random data (tests/anchors/random_models.py: shapes, layers' options,
+#   losses, optimizers, schedules, and in turn default, mirrored, central_storage and
+#   multi_worker_mirrored on 2 to 4 replicas), each step held to TensorFlow's own float32 distance
+#   from the float64 step. DTRAIN_RANDOM_MODELS=N DTRAIN_RANDOM_SEED=S hunt further.
 # keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
 #   (load_weights, evaluate: dtrain eval's Test Loss and Accuracy), and weights Keras saved starting a dtrain
 #   run (model.initial_weights) that TensorFlow follows step for step.
@@ -235,6 +239,10 @@ EOF
         >/dev/null || fail "exporting the initial model failed ($loss)"
       follow "$loss" mirrored "$scratch/$loss.weights.h5"
     done
+    ;;
+  random)
+    timeout 550 "$python" tests/anchors/random_models.py --dtrain "$dtrain" --scratch "$scratch" --seed 1 --count 8 \
+      || fail "a random model trains otherwise in TensorFlow (its experiment is named above)"
     ;;
   keras_weights)
     # dtrain -> Keras: a trained checkpoint, exported, evaluates in Keras as dtrain evaluates it.

@@ -2,8 +2,8 @@
 """TensorFlow beside a dtrain run, step for step (tests/anchors/anchors.sh).
 
   tf_step_for_step.py --run RUN_DIR --initial-weights INIT.weights.h5 --steps N
-      [--strategy default|mirrored|multi_worker] [--typical 1e-6] [--most 1e-5 --few 0.1]
-      [--worst 1e-4] [--variable 1e-2] [--free 1e-2] [--free-factor 2 --nudged 3]
+      [--strategy default|mirrored|central_storage|multi_worker] [--typical 1e-6] [--most 1e-5 --few 0.1]
+      [--worst 1e-4] [--variable 1e-2] [--free 1e-2] [--free-factor 2 --nudged 3] [--relative K]
 
 RUN_DIR is a dtrain run of its config.yaml (data.shuffle_buffer: 0, so step k takes the k-th global
 batch of the file; or any shuffle, with --order ORDER.npy written by `dtrain order RUN/config.yaml`)
@@ -40,6 +40,12 @@ from the float64 run within --free-factor times the largest of TensorFlow's floa
 with one of dtrain's flipped steps included: whether TensorFlow's own runs flip one is chance). Under a
 strategy with several replicas, the moving statistics of batch normalization that is not
 synchronized are reported apart (per_replica_moving_statistics).
+
+--relative K judges each step by rounding's own size on that model instead of fixed bounds (the
+random models of tests/anchors/random_models.py, whose conditioning no fixed bound fits): dtrain's
+step, over the variables and for each variable, no farther from the float64 step than K times
+TensorFlow's float32 step is (plus --typical, or --variable for one variable), on all steps but
+--few of them. The free-run bounds stay.
 
 Prints one line per step and a RESULT {json} line (the chief); exit 1 when a bound is exceeded.
 """
@@ -219,7 +225,7 @@ def main():
     ap.add_argument("--run", required=True)
     ap.add_argument("--initial-weights", required=True)
     ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--strategy", choices=["default", "mirrored", "multi_worker"], default="default")
+    ap.add_argument("--strategy", choices=["default", "mirrored", "central_storage", "multi_worker"], default="default")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--order", help="dtrain's training order (dtrain order), for a run that shuffles")
     ap.add_argument("--list", type=int, default=0, help="also list the N variables that differ most at each step")
@@ -237,6 +243,9 @@ def main():
     ap.add_argument("--free-factor", type=float, default=2.0,
                     help="bound of the free run's distance from TensorFlow in float64, as a multiple of the largest "
                          "distance of TensorFlow's float32 runs from it (plus --typical)")
+    ap.add_argument("--relative", type=float, default=0.0,
+                    help="judge steps against K x TensorFlow float32's own distance from the float64 step (0: the "
+                         "fixed bounds)")
     ap.add_argument("--nudged", type=int, default=3,
                     help="TensorFlow float32 runs from the initial variables nudged by one rounding, for the spread")
     ap.add_argument("--worker-process", action="store_true", help=argparse.SUPPRESS)
@@ -263,6 +272,9 @@ def main():
     exact = tf_ctl.Loop(exp, args.strategy, threads=1, workers=args.workers, strategy=loop.strategy, floatx="float64",
                         order=order)
     overall_by_step, judged_by_step, worst_variable, worst_judged, worst_apart = [], [], ("", 0.0), ("", 0.0), 0.0
+    # --relative: each step's excess over K x TensorFlow's distance from the float64 step (over the
+    # variables, and the worst variable's, with its name), positive where dtrain is the farther.
+    relative_excess, variable_excess = [], ("", -math.inf)
     batches, exact_batches = iter(loop.batches()), iter(exact.batches())
     before = dict(initial=args.initial_weights)  # then dtrain's state after the step before
     for k in range(args.steps):
@@ -282,6 +294,9 @@ def main():
         from_exact, overall_from_exact, _ = distances(exact_values, ours, apart)
         tf_from_exact, tf_overall_from_exact, _ = distances(theirs, exact_values, apart)
         judged = {v: min(d, from_exact[v]) for v, d in per_variable.items()}
+        relative_excess.append(overall_from_exact - args.relative * tf_overall_from_exact)
+        variable_excess = max([variable_excess] + [(v, from_exact[v] - args.relative * tf_from_exact[v])
+                                                   for v in from_exact], key=lambda item: item[1])
         name, largest = max(per_variable.items(), key=lambda item: item[1])
         say(f"step {k + 1:3d} ({int(loop.samples_at(k))} samples): ||tf - dtrain|| / ||dtrain|| {overall:.2e} over the "
             f"variables, largest {largest:.2e} ({name}); from the float64 step: dtrain {overall_from_exact:.2e}, "
@@ -322,7 +337,10 @@ def main():
     # free with that one step taken as dtrain took it (its state moved by dtrain's update), and
     # where that lands from the float64 run joins the spread: dtrain's other steps are still
     # judged by whether they carry it further than TensorFlow's own do.
-    flips = [k for k, d in enumerate(judged_by_step) if d > args.most] if above_most <= allowed_above else []
+    # (Under --relative, the steps beyond K x TensorFlow's distance.)
+    flipped = [k for k, d in enumerate(judged_by_step) if d > args.most] if not args.relative else \
+        [k for k, e in enumerate(relative_excess) if e > args.typical]
+    flips = flipped if len(flipped) <= allowed_above else []
     tf_after_flip = []
     for k in flips:
         before_flip = read_checkpoint(checkpoint(k)) if k > 0 else None
@@ -347,15 +365,26 @@ def main():
                                 "per_replica_moving_statistics": worst_apart if apart else None,
                                 "free_running": free, "free_running_dtrain_from_float64": dtrain_from_exact,
                                 "free_running_tf_from_float64": tf_from_exact,
-                                "free_running_tf_after_flips_from_float64": tf_after_flip}), flush=True)
+                                "free_running_tf_after_flips_from_float64": tf_after_flip,
+                                "relative": args.relative or None,
+                                "relative_worst_step_excess": max(relative_excess),
+                                "relative_worst_variable_excess": variable_excess[1],
+                                "relative_worst_variable_name": variable_excess[0]}), flush=True)
     # Each figure is dtrain's distance from the nearer of TensorFlow's float32 result and the same
     # computation in float64 ("judged", step for step; the free run likewise).
+    if args.relative:
+        # What dtrain's float32 step adds to the float64 step's distance beyond K x TensorFlow's.
+        step_bounds = [(f"step for step, steps farther from float64 than {args.relative:g} x TensorFlow's",
+                        len(flipped), allowed_above),
+                       (f"step for step, one variable ({variable_excess[0]}) from float64 beyond "
+                        f"{args.relative:g} x TensorFlow's", variable_excess[1], args.variable)]
+    else:
+        step_bounds = [("step for step, the median step", median(judged_by_step), args.typical),
+                       ("step for step, the worst step", max(judged_by_step), args.worst),
+                       (f"step for step, steps above {args.most:.0e}", above_most, allowed_above),
+                       (f"step for step, one variable ({worst_judged[0]})", worst_judged[1], args.variable)]
     failed = [f"{what} {value:.3g} > {bound:.3g}" for what, value, bound in
-              [("step for step, the median step", median(judged_by_step), args.typical),
-               ("step for step, the worst step", max(judged_by_step), args.worst),
-               (f"step for step, steps above {args.most:.0e}", above_most, allowed_above),
-               (f"step for step, one variable ({worst_judged[0]})", worst_judged[1], args.variable),
-               ("free running", min(free, dtrain_from_exact), args.free),
+              step_bounds + [("free running", min(free, dtrain_from_exact), args.free),
                ("free running, dtrain from float64 against TensorFlow float32's spread", dtrain_from_exact,
                 args.free_factor * spread + args.typical)] if value > bound]
     if failed:

@@ -221,28 +221,30 @@ with h5py.File(src_path, "r") as src, h5py.File(dst_path, "w") as out:
     out["train/y"][...] = y
 EOF
     }
+    # bad_shards NAME RANKS SHARDS PATTERN...: RANKS ranks on SHARDS exit 2, without an abort, and
+    # print a line matching each PATTERN.
+    bad_shards() {
+      local name=$1 ranks=$2 shards=$3 pattern
+      shift 3
+      mpi "$ranks" "$dtrain" run "$scratch/files.yaml" "${common[@]}" --set "data.shards=$shards" \
+        --run-dir "$scratch/$name" >"$scratch/$name.out" 2>&1
+      local rc=$?
+      [ "$rc" -eq 2 ] || fail "$name: exit $rc, wanted 2: $(cat "$scratch/$name.out")"
+      for pattern in "$@"; do
+        grep -q "$pattern" "$scratch/$name.out" || fail "$name: no line '$pattern': $(cat "$scratch/$name.out")"
+      done
+      grep -q "MPI_ABORT" "$scratch/$name.out" && fail "$name: the job was aborted"
+    }
+    # A bad label in rank 2's file: rank 2 reports it, the chief says another rank failed.
     bad_copy "$scratch/no_test.h5" "$scratch/bad_label.h5" 5 12
-    mpi 3 "$dtrain" run "$scratch/files.yaml" "${common[@]}" \
-      --set "data.shards=[$scratch/fm-00000-of-00002.h5, $scratch/fm-00001-of-00002.h5, $scratch/bad_label.h5]" \
-      --run-dir "$scratch/bad" >"$scratch/bad.out" 2>&1
-    rc=$?
-    [ "$rc" -eq 2 ] || fail "a bad label in rank 2's file: exit $rc, wanted 2: $(cat "$scratch/bad.out")"
-    grep -q "^dtrain: error: rank 2: .*bad_label.h5 /train/y: label 12 of sample 5 is outside 0..9" "$scratch/bad.out" \
-      || fail "rank 2 did not report its bad label: $(cat "$scratch/bad.out")"
-    grep -q "^dtrain: error: other ranks failed building the model or checking the data" "$scratch/bad.out" \
-      || fail "the chief did not say that another rank failed: $(cat "$scratch/bad.out")"
-    grep -q "MPI_ABORT" "$scratch/bad.out" && fail "a bad label in rank 2's file: the job was aborted"
+    bad_shards bad 3 "[$scratch/fm-00000-of-00002.h5, $scratch/fm-00001-of-00002.h5, $scratch/bad_label.h5]" \
+      "^dtrain: error: rank 2: .*bad_label.h5 /train/y: label 12 of sample 5 is outside 0..9" \
+      "^dtrain: error: other ranks failed building the model or checking the data"
     # Both ranks' files bad, each its own way: each reports its own with its rank.
     bad_copy "$scratch/fm-00000-of-00002.h5" "$scratch/bad_first.h5" 7 13
-    mpi 2 "$dtrain" run "$scratch/files.yaml" "${common[@]}" --set "data.shards=[$scratch/bad_first.h5, $scratch/bad_label.h5]" \
-      --run-dir "$scratch/bad2" >"$scratch/bad2.out" 2>&1
-    rc=$?
-    [ "$rc" -eq 2 ] || fail "a bad label in each rank's file: exit $rc, wanted 2: $(cat "$scratch/bad2.out")"
-    grep -q "^dtrain: error: rank 0: .*bad_first.h5 /train/y: label 13 of sample 7" "$scratch/bad2.out" \
-      || fail "rank 0 did not report its bad label: $(cat "$scratch/bad2.out")"
-    grep -q "^dtrain: error: rank 1: .*bad_label.h5 /train/y: label 12 of sample 5" "$scratch/bad2.out" \
-      || fail "rank 1 did not report its bad label: $(cat "$scratch/bad2.out")"
-    grep -q "MPI_ABORT" "$scratch/bad2.out" && fail "a bad label in each rank's file: the job was aborted"
+    bad_shards bad2 2 "[$scratch/bad_first.h5, $scratch/bad_label.h5]" \
+      "^dtrain: error: rank 0: .*bad_first.h5 /train/y: label 13 of sample 7" \
+      "^dtrain: error: rank 1: .*bad_label.h5 /train/y: label 12 of sample 5"
     # A resume on another worker count reads other files per worker: said, with what a resume
     # within the epoch does to it.
     mpi 2 "$dtrain" resume "$scratch/run" --set train.epochs=2 >"$scratch/resume.out" 2>&1 \

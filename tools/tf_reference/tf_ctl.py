@@ -171,18 +171,28 @@ def make_optimizer(o):
 
 # ---------------------------------------------------------------- the strategy
 
-def make_strategy(kind, threads):
+def make_strategy(kind, threads, replicas=2):
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    if kind == "mirrored":
-        # Two logical devices on the one CPU, as dtrain's mirrored replicas are threads on cpu:0, cpu:1.
+    if kind in ("mirrored", "central_storage"):
+        # As many logical devices on the one CPU as dtrain has replicas (threads on cpu:0, cpu:1, ...).
         cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+        devices = [f"/cpu:{i}" for i in range(replicas)]
+        if kind == "central_storage":  # the variables on the first, as dtrain's parameter_device default
+            return tf.distribute.experimental.CentralStorageStrategy(devices, parameter_device=devices[0])
+        return tf.distribute.MirroredStrategy(devices)
     if kind == "multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()  # the cluster from TF_CONFIG
     return tf.distribute.get_strategy()
+
+
+def mirrored_replicas(exp):
+    """The replicas of the experiment's mirrored or central_storage strategy: its devices list's
+    length (2 where it names none: the anchors' --set strategy gives cpu:0, cpu:1)."""
+    devices = (exp.get("strategy") or {}).get("devices")
+    return len(devices) if isinstance(devices, list) and devices else 2
 
 
 def free_ports(n):
@@ -257,7 +267,8 @@ class Loop:
         self.exp = exp
         self.data = exp.get("data", {})
         processes = workers if strategy_kind == "multi_worker" else 1
-        self.strategy = strategy or make_strategy(strategy_kind, threads or max(1, (os.cpu_count() or 1) // processes))
+        self.strategy = strategy or make_strategy(strategy_kind, threads or max(1, (os.cpu_count() or 1) // processes),
+                                                  mirrored_replicas(exp))
         self.replicas = self.strategy.num_replicas_in_sync
         self.global_batch = self.data.get("global_batch_size") or \
             (batch_per_replica or self.data.get("batch_size_per_replica", 64)) * self.replicas
@@ -363,7 +374,7 @@ class Loop:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", default=os.path.join(ROOT, "experiments", "fashion_mnist.yaml"))
-    ap.add_argument("--strategy", choices=["default", "mirrored", "multi_worker"], default="default")
+    ap.add_argument("--strategy", choices=["default", "mirrored", "central_storage", "multi_worker"], default="default")
     ap.add_argument("--workers", type=int, default=2, help="multi_worker: processes on localhost")
     ap.add_argument("--threads", type=int, default=0, help="TensorFlow's op threads per process (0: cores / processes)")
     ap.add_argument("--epochs", type=int, default=0, help="0: the experiment's train.epochs")
