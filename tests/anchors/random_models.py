@@ -10,7 +10,7 @@ Model S, S+1, ... S+N-1 each draw, from their seed alone:
   labelled for the loss: sparse labels (int64, int32 or uint8), one-hot rows, a binary or
   multi-label target, or a regression value;
 - on features, 1 to 3 dense layers, or a reshape to [H, W, 1] and what follows for images;
-- on images, a model of 1 to 3 convolution blocks (square or not, strides 1 or 2 on either axis, 'valid' or
+- on images, 1 to 3 convolution blocks (square or not, strides 1 or 2 on either axis, 'valid' or
   'same', each activation, bias or not, L2), batch normalization (momentum, epsilon, center, scale,
   synchronized or not) with an activation layer, max or average pooling (sizes 2..3, their own
   strides and padding), then flatten or global average pooling, up to two dense layers (batch
@@ -19,15 +19,19 @@ Model S, S+1, ... S+N-1 each draw, from their seed alone:
   reduction (none, sum; auto and sum_over_batch_size without replicas), Adam, SGD (momentum,
   Nesterov) or RMSprop (centered, momentum) with their constants, a learning-rate schedule now
   and then;
-- the strategy, in turn by seed: default (1 or 2 threads), mirrored (2..4 replicas),
-  central_storage (2..4 replicas) and multi_worker_mirrored (2..4 ranks under mpirun); the batch
-  per replica; and now and then a whole epoch, whose short last batch leaves some replicas few
-  samples or none.
+- the strategy, in turn by seed: default or one_device (1 or 2 threads), mirrored (2..4
+  replicas), central_storage (2..4 replicas) and multi_worker_mirrored (2..4 ranks under
+  mpirun); the batch per replica, or a global batch the replicas split unevenly; and now and then
+  a whole epoch, whose short last batch leaves some replicas few samples or none.
 
 dtrain trains it (a checkpoint after every step) and tests/anchors/tf_step_for_step.py follows in
 TensorFlow with --relative 3: no fixed bound fits every model's conditioning (a model of a few
 units under Adam moves 1e-4 from exact arithmetic in one float32 step, TensorFlow's step
-included), so each step is held to TensorFlow's own float32 distance from the float64 step.
+included), so each step is held to TensorFlow's own float32 distance from the float64 step. The
+trained model's outputs on the test split (dtrain eval --predictions) must then be Keras 3's on
+its weights (dtrain export --format keras) and ONNX Runtime's on its graph (dtrain export; with
+--onnx-python's onnxruntime) within 1e-4 of the larger of each sample's largest output and the
+split's mean one (a regression's output near zero is a sum that cancels).
 
 A bias below batch normalization has no gradient but rounding, which Adam and RMSprop turn into
 whole steps of either sign: none is drawn. Neither is dropout (TensorFlow's random masks are not
@@ -53,6 +57,9 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STRATEGIES = ["default", "mirrored", "central_storage", "multi_worker"]
+# The trained model's outputs in Keras and ONNX Runtime against dtrain eval's, relative to each
+# sample's largest: their sums in other orders, through up to a dozen layers.
+kInferenceRtol = 1e-4
 
 
 def out_size(n, k, s, padding):
@@ -198,7 +205,8 @@ class Case:
         has_batch_norm = any("batch_normalization" in layer for layer in layers)
         per_replica = r.randint(8, 48)
         n_train = r.randint(150, 500)
-        if r.random() < 0.3 and not has_batch_norm:
+        whole_epoch = r.random() < 0.3 and not has_batch_norm
+        if whole_epoch:
             # A whole epoch: its last batch short, some replicas with few samples or none.
             per_replica = r.randint(8, 24)
             global_batch = per_replica * self.replicas
@@ -228,17 +236,26 @@ class Case:
         elif self.strategy == "multi_worker":
             strategy = {"kind": "multi_worker_mirrored"}
         threads = r.choice([1, 2]) if self.strategy == "default" else 1
+        # Drawn last, so that the draws above stay what they were for a seed.
+        batch = {"batch_size_per_replica": per_replica}
+        if self.replicas > 1 and not whole_epoch and r.random() < 0.3:
+            # A global batch that the replicas split unevenly (ceil(G / R) each in turn).
+            batch = {"global_batch_size": per_replica * self.replicas + r.randint(1, self.replicas - 1)}
+            self.steps = max(1, min(self.steps, n_train // batch["global_batch_size"]))
+        # (auto and sum_over_batch_size are refused under every explicit strategy, as tf.distribute does.)
+        if self.strategy == "default" and r.random() < 0.3 and loss["reduction"] in ("none", "sum"):
+            strategy = {"kind": "one_device", "device": "cpu:0"}
         self.experiment = os.path.join(directory, "experiment.yaml")
         with open(self.experiment, "w") as f:
             yaml.safe_dump({"name": f"random{seed}", "seed": seed, "strategy": strategy,
-                            "data": {"source": "hdf5", "path": self.data, "batch_size_per_replica": per_replica,
-                                     "shuffle_buffer": 0},
+                            "data": {"source": "hdf5", "path": self.data, **batch, "shuffle_buffer": 0},
                             "model": {"input_shape": shape, "layers": layers}, "loss": loss,
                             "optimizer": optimizer, "metrics": [],
                             "train": {"epochs": 1, "threads": threads, "progress": "none", "steps_per_epoch": self.steps},
                             "checkpoint": {"every_steps": 1, "max_to_keep": 100}}, f, sort_keys=False)
         kinds = [next(iter(layer)) for layer in layers]
-        self.summary = (f"{'x'.join(map(str, shape))} -> {outputs}, {len(layers)} layers ({kinds.count('conv2d')} conv, "
+        self.summary = (f"{'x'.join(map(str, shape))} -> {outputs}, {next(iter(batch.items()))[0]} "
+                        f"{next(iter(batch.values()))}, {len(layers)} layers ({kinds.count('conv2d')} conv, "
                         f"{kinds.count('batch_normalization')} batch norm, {kinds.count('dense')} dense), "
                         f"{loss['kind']} {loss['reduction']}, {optimizer['kind']}, {self.steps} steps")
 
@@ -263,6 +280,41 @@ class Case:
                            capture_output=True, text=True)
         return p.returncode, p.stdout + p.stderr
 
+    def infer(self, dtrain, onnx_python):
+        """The trained model's outputs on the test split three ways: `dtrain eval --predictions`,
+        Keras 3 on `dtrain export --format keras`, and ONNX Runtime on `dtrain export` (where
+        `onnx_python` has it). (problems, figures): empty problems where Keras' and ONNX Runtime's
+        outputs are within kInferenceRtol of dtrain's (relative to each sample's largest)."""
+        checkpoint = os.path.join(self.directory, "run", "checkpoints", f"ckpt-{self.steps}.h5")
+        predictions, keras_weights, onnx = (os.path.join(self.directory, name) for name in
+                                            ("predictions.h5", "trained.weights.h5", "trained.onnx"))
+        for command in ([dtrain, "eval", "--checkpoint", checkpoint, "--predictions", predictions],
+                        [dtrain, "export", checkpoint, "--format", "keras", "-o", keras_weights],
+                        [dtrain, "export", checkpoint, "-o", onnx]):
+            p = subprocess.run(command, capture_output=True, text=True)
+            if p.returncode != 0:
+                return [f"{' '.join(command[:2])} failed (exit {p.returncode}): {p.stdout + p.stderr}"], ""
+        with h5py.File(predictions, "r") as f:
+            x, want = f["inputs"][()], f["logits"][()]
+        sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "tf_reference"))
+        import tf_ctl
+        model = tf_ctl.build_model(tf_ctl.load_experiment(os.path.join(self.directory, "run", "config.yaml"))["model"])
+        model.load_weights(keras_weights)
+        got = np.asarray(model.predict(x, batch_size=64, verbose=0))
+        # As onnx_check.py: relative to the larger of the sample's largest output and the split's mean one.
+        scale = np.abs(want).reshape(len(want), -1).max(axis=1)
+        scale = np.maximum(scale, max(scale.mean(), np.finfo(np.float32).tiny))
+        keras = (np.abs(got - want).reshape(len(want), -1).max(axis=1) / scale).max()
+        problems = [f"Keras' outputs {keras:.2e} from dtrain eval's (> {kInferenceRtol})"] if not keras <= kInferenceRtol else []
+        figures = f"inference: Keras {keras:.1e}"
+        if onnx_python:
+            p = subprocess.run([onnx_python, os.path.join(HERE, "..", "integration", "onnx_check.py"), onnx, predictions,
+                                "--rtol", str(kInferenceRtol)], capture_output=True, text=True)
+            if p.returncode != 0:
+                problems.append(f"ONNX Runtime: {p.stdout + p.stderr}")
+            figures += ", ONNX Runtime " + p.stdout.strip().rsplit(" ", 1)[-1]
+        return problems, figures
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -270,7 +322,13 @@ def main():
     ap.add_argument("--scratch", required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=8)
+    ap.add_argument("--onnx-python", default="build/venv/bin/python",
+                    help="a Python with onnxruntime and h5py (tools/setup's build/venv); none there: no ONNX check")
     args = ap.parse_args()
+    onnx_python = args.onnx_python if subprocess.run([args.onnx_python, "-c", "import onnxruntime, h5py"],
+                                                     capture_output=True).returncode == 0 else None
+    if not onnx_python:
+        print(f"no onnxruntime in {args.onnx_python}: the exported ONNX models are not run (tools/setup installs it)")
     first = int(os.environ.get("DTRAIN_RANDOM_SEED", args.seed))
     count = int(os.environ.get("DTRAIN_RANDOM_MODELS", args.count))
     differ, diverged = [], []
@@ -293,9 +351,15 @@ def main():
             differ.append(seed)
             print(f"{where}: DIFFERS from TensorFlow: {case.experiment}\n{out[-3000:]}", flush=True)
             continue
+        problems, inference = case.infer(args.dtrain, onnx_python)
+        if problems:
+            differ.append(seed)
+            print(f"{where}: the trained model's outputs differ: {case.experiment}\n" + "\n".join(problems), flush=True)
+            continue
         print(f"{where}: ok, steps {result['step_for_step_median']:.1e} median from TensorFlow, free run "
               f"{result['free_running_dtrain_from_float64']:.1e} from float64 (TensorFlow float32 "
-              f"{max(result['free_running_tf_from_float64']):.1e}) [{time.perf_counter() - started:.0f} s]", flush=True)
+              f"{max(result['free_running_tf_from_float64']):.1e}); {inference} [{time.perf_counter() - started:.0f} s]",
+              flush=True)
     print(f"{count - len(differ) - len(diverged)} of {count} models as TensorFlow trains them"
           + (f"; {len(diverged)} diverged (not compared): {diverged}" if diverged else "")
           + (f"; differ: {differ}" if differ else ""))
