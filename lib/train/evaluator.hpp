@@ -28,7 +28,7 @@ int run_evaluator(Trainer& trainer, distribute::WorkerGroup& workers, const Eval
 // Until the chief says training has ended (or a signal asks to stop): what an evaluator that
 // cannot evaluate does, so that its error ends no training rank.
 void wait_for_training(distribute::WorkerGroup& workers, const std::atomic<int>* stop_requested,
-                       double poll_seconds = 0.2);
+                       double poll_seconds = EvaluatorOptions{}.poll_seconds);
 
 // "Evaluator: ckpt-70.h5 (after epoch 1, global step 70), Test Loss: 0.4012, Test Accuracy: 85.60", or
 // "(epoch 2, step 5 of it, ...)" for a checkpoint saved within an epoch.

@@ -28,9 +28,10 @@
 #   one-hot rows, binary_crossentropy on a sigmoid's probabilities (is the item footwear or a bag:
 #   label 5 or more), mean_squared_error of a linear unit to the label's value.
 # random: 8 random models on random data (tests/anchors/random_models.py: shapes, layers' options,
-#   losses, optimizers, schedules, and in turn default, mirrored, central_storage and
+#   losses, optimizers, schedules, and in turn default or one_device, mirrored, central_storage and
 #   multi_worker_mirrored on 2 to 4 replicas), each step held to TensorFlow's own float32 distance
-#   from the float64 step. DTRAIN_RANDOM_MODELS=N DTRAIN_RANDOM_SEED=S hunt further.
+#   from the float64 step; the trained model's outputs in Keras 3 and ONNX Runtime must be dtrain
+#   eval's. DTRAIN_RANDOM_MODELS=N DTRAIN_RANDOM_SEED=S hunt further.
 # keras_weights: dtrain's trained weights through dtrain export --format keras into Keras 3
 #   (load_weights, evaluate: dtrain eval's Test Loss and Accuracy), and weights Keras saved starting a dtrain
 #   run (model.initial_weights) that TensorFlow follows step for step.

@@ -56,6 +56,8 @@ import numpy as np
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "..", "tools", "tf_reference"), os.path.join(HERE, "..", "integration")]
+from onnx_check import relative_difference  # noqa: E402
 STRATEGIES = ["default", "mirrored", "central_storage", "multi_worker"]
 # The trained model's outputs in Keras and ONNX Runtime against dtrain eval's, relative to each
 # sample's largest: their sums in other orders, through up to a dozen layers.
@@ -284,7 +286,7 @@ class Case:
         """The trained model's outputs on the test split three ways: `dtrain eval --predictions`,
         Keras 3 on `dtrain export --format keras`, and ONNX Runtime on `dtrain export` (where
         `onnx_python` has it). (problems, figures): empty problems where Keras' and ONNX Runtime's
-        outputs are within kInferenceRtol of dtrain's (relative to each sample's largest)."""
+        outputs are within kInferenceRtol of dtrain's (onnx_check.relative_difference)."""
         checkpoint = os.path.join(self.directory, "run", "checkpoints", f"ckpt-{self.steps}.h5")
         predictions, keras_weights, onnx = (os.path.join(self.directory, name) for name in
                                             ("predictions.h5", "trained.weights.h5", "trained.onnx"))
@@ -296,15 +298,11 @@ class Case:
                 return [f"{' '.join(command[:2])} failed (exit {p.returncode}): {p.stdout + p.stderr}"], ""
         with h5py.File(predictions, "r") as f:
             x, want = f["inputs"][()], f["logits"][()]
-        sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "tf_reference"))
-        import tf_ctl
+        import tf_ctl  # TensorFlow, imported once the first model needs it
         model = tf_ctl.build_model(tf_ctl.load_experiment(os.path.join(self.directory, "run", "config.yaml"))["model"])
         model.load_weights(keras_weights)
         got = np.asarray(model.predict(x, batch_size=64, verbose=0))
-        # As onnx_check.py: relative to the larger of the sample's largest output and the split's mean one.
-        scale = np.abs(want).reshape(len(want), -1).max(axis=1)
-        scale = np.maximum(scale, max(scale.mean(), np.finfo(np.float32).tiny))
-        keras = (np.abs(got - want).reshape(len(want), -1).max(axis=1) / scale).max()
+        keras = relative_difference(got, want).max()
         problems = [f"Keras' outputs {keras:.2e} from dtrain eval's (> {kInferenceRtol})"] if not keras <= kInferenceRtol else []
         figures = f"inference: Keras {keras:.1e}"
         if onnx_python:

@@ -14,10 +14,20 @@ import sys
 
 import h5py
 import numpy as np
-import onnxruntime as ort
+
+
+def relative_difference(got, want):
+    """Per sample, the largest |got - want| over the larger of the sample's largest |want| and the
+    split's mean one (an output near zero, a regression's say, is a sum that cancels and carries
+    rounding of its terms' size). Also tests/anchors/random_models.py's measure."""
+    scale = np.abs(want).reshape(len(want), -1).max(axis=1)
+    scale = np.maximum(scale, max(scale.mean(), np.finfo(np.float32).tiny))
+    return np.abs(got - want).reshape(len(want), -1).max(axis=1) / scale
 
 
 def main():
+    import onnxruntime as ort
+
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("predictions")
@@ -48,17 +58,15 @@ def main():
     if args.softmax:
         shifted = np.exp(want - want.max(axis=-1, keepdims=True))
         want = shifted / shifted.sum(axis=-1, keepdims=True)
-    scale = np.abs(want).reshape(len(want), -1).max(axis=1)
-    scale = np.maximum(scale, max(scale.mean(), np.finfo(np.float32).tiny))
-    rel = (np.abs(got - want).reshape(len(want), -1).max(axis=1) / scale).max()
-    rel_17 = (np.abs(got_17 - want).reshape(len(want), -1).max(axis=1) / scale).max()
+    per_sample = relative_difference(got, want)
+    rel, rel_17 = per_sample.max(), relative_difference(got_17, want).max()
     compared = ""
     if args.accuracy is not None:
         accuracy = 100.0 * np.mean(np.argmax(got.reshape(len(got), -1), axis=1) == labels)
         compared = f", Test Accuracy {accuracy:.2f} (dtrain eval {args.accuracy:.2f})"
     print(f"onnxruntime {ort.__version__}: {len(x)} samples{compared}, max relative logit difference {max(rel, rel_17):.2e}")
     if not rel <= args.rtol or not rel_17 <= args.rtol:
-        worst = int(np.argmax(np.abs(got - want).reshape(len(want), -1).max(axis=1) / scale))
+        worst = int(np.argmax(per_sample))
         problems.append(f"logits differ by {max(rel, rel_17):.2e} relative (> {args.rtol}); sample {worst}: "
                         f"onnxruntime {got[worst].ravel()[:10]}, dtrain {want[worst].ravel()[:10]}")
     if args.accuracy is not None and f"{accuracy:.2f}" != f"{args.accuracy:.2f}":
